@@ -1,0 +1,49 @@
+"""mscheduler: a reliable multi-worker task scheduler on a MongoDB collection."""
+
+from .__about__ import __version__
+from .api import Scheduler
+from .clock import Clock, ManualClock, SystemClock
+from .errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    LeaseLost,
+    MSchedulerError,
+    PayloadError,
+    StoreError,
+    TaskNotFound,
+    TaskRunning,
+)
+from .models import (
+    ErrorInfo,
+    Lease,
+    PublishResult,
+    Task,
+    TaskOptions,
+    TaskState,
+    WorkerState,
+    WorkerStateKind,
+)
+
+__all__ = [
+    "BackendUnavailable",
+    "Clock",
+    "ConfigurationError",
+    "ErrorInfo",
+    "Lease",
+    "LeaseLost",
+    "MSchedulerError",
+    "ManualClock",
+    "PayloadError",
+    "PublishResult",
+    "Scheduler",
+    "StoreError",
+    "SystemClock",
+    "Task",
+    "TaskNotFound",
+    "TaskOptions",
+    "TaskRunning",
+    "TaskState",
+    "WorkerState",
+    "WorkerStateKind",
+    "__version__",
+]

@@ -1,0 +1,117 @@
+"""`Scheduler`: the public entry point. It owns a `TaskStore` and, after `connect`, the client."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from . import constants as c
+from .backends import (
+    DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+    Connection,
+    check_collection,
+    open_collection,
+)
+from .clock import Clock, SystemClock
+from .models import PublishResult, Task, TaskOptions
+from .store import TaskStore
+
+
+class Scheduler:
+    """Publish, inspect and cancel tasks in one collection; build consumers of them.
+
+    ``Scheduler(collection)`` wraps a collection you already have (pymongo's
+    ``AsyncCollection`` or Motor's); `Scheduler.connect` opens one from a URI and closes it
+    on `close` or at the end of ``async with``.
+    """
+
+    def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
+        check_collection(collection)
+        self.clock: Clock = clock or SystemClock()
+        self.store = TaskStore(collection, self.clock)
+        self._connection: Connection | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str = "memory://",
+        *,
+        database: str | None = None,
+        collection: str = c.DEFAULT_COLLECTION,
+        clock: Clock | None = None,
+        server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+    ) -> Scheduler:
+        """Open ``uri`` and ensure the indexes, so a bad URI or an unreachable server fails
+        here, within the server-selection timeout, rather than at the first publish."""
+        connection = await open_collection(
+            uri,
+            database=database,
+            collection=collection,
+            server_selection_timeout_ms=server_selection_timeout_ms,
+        )
+        scheduler = cls(connection.collection, clock=clock)
+        scheduler._connection = connection
+        try:
+            await scheduler.store.ensure_indexes()
+        except BaseException:
+            await scheduler.close()
+            raise
+        return scheduler
+
+    @property
+    def collection(self) -> Any:
+        return self.store.collection
+
+    async def close(self) -> None:
+        """Close the client `connect` opened; a collection passed in is the caller's to close."""
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            await connection.close()
+
+    async def __aenter__(self) -> Scheduler:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def ensure_indexes(self) -> list[str]:
+        return await self.store.ensure_indexes()
+
+    async def publish(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        update_payload: bool = False,
+        replace_finished: bool = False,
+    ) -> PublishResult:
+        """Publish a task, idempotently by ``key``.
+
+        An existing key returns the existing task (``created=False``) and changes nothing,
+        unless ``update_payload`` (a task not running gets the new payload) or
+        ``replace_finished`` (a finished task is published anew). A running task is never
+        replaced: `TaskRunning`.
+        """
+        return await self.store.publish(
+            key,
+            payload,
+            name=name,
+            options=options,
+            update_payload=update_payload,
+            replace_finished=replace_finished,
+        )
+
+    async def get(self, key: str) -> Task | None:
+        return await self.store.get(key)
+
+    async def cancel(self, key: str, reason: str = "cancelled") -> bool:
+        """Cancel a task that has not finished. Running workers lose their lease: their next
+        ping fails and their handlers are cancelled."""
+        return await self.store.cancel(key, reason)

@@ -1,0 +1,128 @@
+"""Turn a URI into a collection: ``memory://[NAME]`` in process, ``mongodb[+srv]://`` a server."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.collection import Collection as SyncCollection
+from pymongo.errors import ConfigurationError as PyMongoConfigurationError
+from pymongo.errors import InvalidURI, PyMongoError
+
+from . import constants as c
+from .errors import BackendUnavailable, ConfigurationError
+from .memory import memory_server
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+_MEMORY_OPTIONS = {"notablescan"}
+
+
+@dataclass
+class Connection:
+    collection: Any
+    close: Callable[[], Awaitable[None]]
+    kind: str  # "memory" or "mongodb"
+
+
+def redact(uri: str) -> str:
+    """The URI without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", uri)
+
+
+async def _nothing_to_close() -> None:
+    return None
+
+
+async def open_collection(
+    uri: str,
+    *,
+    database: str | None = None,
+    collection: str = c.DEFAULT_COLLECTION,
+    server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+) -> Connection:
+    if not isinstance(uri, str) or "://" not in uri:
+        raise ConfigurationError(
+            f"uri: {uri!r} is not a URI; use memory://[NAME], mongodb:// or mongodb+srv://"
+        )
+    _check_name("collection", collection)
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme == "memory":
+        return _open_memory(uri, database or c.DEFAULT_DATABASE, collection)
+    if scheme in ("mongodb", "mongodb+srv"):
+        return await _open_mongodb(uri, database, collection, server_selection_timeout_ms)
+    raise ConfigurationError(
+        f"uri: unsupported scheme {scheme!r} in {redact(uri)!r}; use memory://[NAME], "
+        "mongodb:// or mongodb+srv://"
+    )
+
+
+def _check_name(field: str, value: str) -> None:
+    if not isinstance(value, str) or not value or any(ch in value for ch in "$\x00"):
+        raise ConfigurationError(f"{field}: {value!r} is not a valid MongoDB {field} name")
+
+
+def _open_memory(uri: str, database: str, collection: str) -> Connection:
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.path not in ("", "/"):
+        raise ConfigurationError(f"uri: {uri!r}: a memory URI is memory://[NAME][?notablescan=1]")
+    options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+    unknown = set(options) - _MEMORY_OPTIONS
+    if unknown:
+        raise ConfigurationError(f"uri: unknown memory:// option(s) {sorted(unknown)}")
+    notablescan = options.get("notablescan", ["0"])[-1].lower() in ("1", "true", "yes")
+    _check_name("database", database)
+    server = memory_server(parsed.netloc)
+    return Connection(
+        server.collection(database, collection, notablescan=notablescan),
+        _nothing_to_close,
+        "memory",
+    )
+
+
+async def _open_mongodb(
+    uri: str, database: str | None, collection: str, server_selection_timeout_ms: int
+) -> Connection:
+    options: dict[str, Any] = {"tz_aware": True, "appname": "mscheduler"}
+    if "serverselectiontimeoutms" not in uri.lower():
+        options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
+    try:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
+    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
+        raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
+    try:
+        await client.admin.command("ping")
+    except PyMongoError as exc:
+        await client.close()
+        raise BackendUnavailable(f"cannot reach MongoDB at {redact(uri)!r}: {exc}") from exc
+    if database is None:
+        database = client.get_default_database(default=c.DEFAULT_DATABASE).name
+    _check_name("database", database)
+    log.info(
+        "connected to MongoDB",
+        extra={"action": "connected", "uri": redact(uri), "database": database},
+    )
+    return Connection(client[database][collection], client.close, "mongodb")
+
+
+def check_collection(collection: Any) -> None:
+    """Refuse what is not an async collection: a sync pymongo one would block the event loop."""
+    if isinstance(collection, SyncCollection):
+        raise ConfigurationError(
+            "collection: a synchronous pymongo Collection; pass an AsyncCollection "
+            "(from AsyncMongoClient) or a Motor collection"
+        )
+    method = getattr(collection, "find_one_and_update", None)
+    is_motor = type(collection).__module__.split(".")[0] in ("motor", "mongomock_motor")
+    if method is None or not (inspect.iscoroutinefunction(method) or is_motor):
+        raise ConfigurationError(
+            f"collection: expected an async MongoDB collection (pymongo AsyncCollection or "
+            f"Motor), got {type(collection).__name__}"
+        )

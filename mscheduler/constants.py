@@ -1,0 +1,55 @@
+"""The storage layout on one page: defaults, limits and every index the store's queries rely on."""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_DATABASE: Final = "mscheduler"
+DEFAULT_COLLECTION: Final = "tasks"
+
+# Task option defaults, as in the original mscheduler.
+DEFAULT_PRIORITY: Final = 0
+DEFAULT_CONCURRENT_WORKER_CNT: Final = 1
+DEFAULT_MAX_UNEXPECTED_RETRIES: Final = 3
+DEFAULT_UNEXPECTED_RETRY_DELAY_MS: Final = 10_000
+DEFAULT_PING_INTERVAL_MS: Final = 30_000
+DEFAULT_WORKER_TIMEOUT_MS: Final = 60_000
+
+# Bounds on what callers pass in.
+MAX_KEY_LENGTH: Final = 512
+MAX_NAME_LENGTH: Final = 128
+MAX_WORKER_ID_LENGTH: Final = 256
+MAX_SPECIFIC_WORKERS: Final = 1_000
+MAX_CONCURRENT_WORKER_CNT: Final = 1_000
+MAX_UNEXPECTED_RETRIES: Final = 1_000
+
+# Size budget of one task document. MongoDB refuses documents over 16 MiB; a task grows after
+# publish (one worker state per attempt, results, errors), so publish keeps room for that.
+MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
+MAX_RESULT_BYTES: Final = 1024 * 1024
+MAX_ERROR_MESSAGE_CHARS: Final = 4_000
+MAX_TRACEBACK_LINES: Final = 20
+MAX_TRACEBACK_CHARS: Final = 8_000
+MAX_ERROR_BYTES: Final = 16 * 1024
+
+# Indexes: (name, keys, extra options). Every query in queries.py is served by one of these;
+# tests run the memory backend with a "notablescan" check that refuses any query none serves.
+INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (
+    # Idempotent publish and every per-task write: publishing a key twice never makes two tasks.
+    ("key_unique", (("key", 1),), {"unique": True}),
+    # claim_next: equality on name and state, sort by priority (high first) then age, range on
+    # next_claim_at (Equality-Sort-Range order).
+    (
+        "claim_order",
+        (
+            ("name", 1),
+            ("state", 1),
+            ("options.priority", -1),
+            ("created_at", 1),
+            ("next_claim_at", 1),
+        ),
+        {},
+    ),
+    # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
+    ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
+)

@@ -1,0 +1,71 @@
+"""Checks that payloads and results can be stored, before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+from bson.errors import InvalidDocument
+from pydantic import BaseModel
+
+from . import constants as c
+from .errors import PayloadError
+from .models import TaskOptions
+
+
+def to_storable(value: Any, field: str) -> Any:
+    """A pydantic model becomes its JSON-mode dump; anything else must already be BSON."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    _check_field_names(value, field)
+    encoded_size(value, field)
+    return value
+
+
+def encoded_size(value: Any, field: str) -> int:
+    try:
+        return len(bson.encode({field: value}))
+    except (InvalidDocument, TypeError, OverflowError) as exc:
+        raise PayloadError(
+            f"{field}: cannot be stored as BSON ({type(value).__name__}): {exc}"
+        ) from exc
+
+
+def _check_field_names(value: Any, path: str) -> None:
+    # "$"-prefixed names are operators to MongoDB: such a field cannot be updated or queried.
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            if isinstance(name, str) and name.startswith("$"):
+                raise PayloadError(f"{path}: field name {name!r} starts with '$'")
+            _check_field_names(item, f"{path}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_field_names(item, f"{path}[{index}]")
+
+
+def growth_reserve(options: TaskOptions) -> int:
+    """Bytes a task may still grow by after publish: results of its successes, errors of its
+    failures (each bounded). Publish refuses a document that would not leave this room."""
+    successes = options.concurrent_worker_cnt
+    failures = options.max_unexpected_retries + 1
+    return 2 * successes * c.MAX_RESULT_BYTES + (successes + failures) * c.MAX_ERROR_BYTES
+
+
+def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> None:
+    size = len(bson.encode(document))
+    budget = c.MAX_DOCUMENT_BYTES - growth_reserve(options)
+    if size > budget:
+        raise PayloadError(
+            f"payload: the task document would be {size} bytes; with room kept for results "
+            f"and errors the limit is {budget} bytes (MongoDB's maximum is "
+            f"{c.MAX_DOCUMENT_BYTES})"
+        )
+
+
+def check_result(result: Any) -> Any:
+    result = to_storable(result, "result")
+    size = encoded_size(result, "result")
+    if size > c.MAX_RESULT_BYTES:
+        raise PayloadError(f"result: {size} bytes encoded; the limit is {c.MAX_RESULT_BYTES} bytes")
+    return result

@@ -1,0 +1,48 @@
+"""Every exception mscheduler raises; a driver error that caused one is its ``__cause__``."""
+
+from __future__ import annotations
+
+
+class MSchedulerError(Exception):
+    """An mscheduler operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(MSchedulerError, ValueError):
+    """An option, URI or argument is invalid; nothing was written."""
+
+
+class PayloadError(MSchedulerError, ValueError):
+    """A payload or result cannot be stored as a BSON document; nothing was written."""
+
+
+class BackendUnavailable(MSchedulerError):
+    """The MongoDB server could not be reached within the server-selection timeout.
+
+    Transient: the consumer retries with backoff; other callers may retry too."""
+
+
+class TaskNotFound(MSchedulerError, KeyError):
+    """No task has this key."""
+
+    def __str__(self) -> str:
+        # KeyError would repr() the message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class TaskRunning(MSchedulerError):
+    """The task is running, so it cannot be replaced or have its payload changed."""
+
+
+class LeaseLost(MSchedulerError):
+    """This worker no longer holds the task: its lease expired, was taken over, or the task ended.
+
+    Raised by ping, success, fail and release when the fenced write matches nothing; the
+    worker must stop working on the task, because another worker may already be running it.
+    """
+
+
+class StoreError(MSchedulerError):
+    """MongoDB refused or failed an operation; the driver's error is in ``__cause__``."""

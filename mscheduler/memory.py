@@ -1,0 +1,421 @@
+"""The embedded ``memory://`` backend: mongomock-motor plus a change feed and an index check.
+
+It runs the store's very filters and updates. Three things make it behave like the server
+where mongomock does not on its own:
+- every write publishes a change event (`changefeed.ChangeFeed`), so the consumer's change
+  stream listener runs for real;
+- ``$add`` of a date and milliseconds gives a date, and the elements of an array literal are
+  evaluated as expressions, as on MongoDB (mongomock only adds numbers, and stores array
+  literals unevaluated);
+- with ``notablescan`` (as the server parameter of that name) a query that no declared index
+  serves raises ``OperationFailure`` code 291, so the test suite proves index coverage.
+
+Operations run synchronously inside the event loop, so each one is atomic, as a single-document
+write is on the server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import numbers
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mongomock import aggregate as mongomock_aggregate
+from mongomock_motor import AsyncMongoMockClient
+from pymongo import DeleteMany, DeleteOne, IndexModel, InsertOne, ReplaceOne, UpdateMany, UpdateOne
+from pymongo.errors import OperationFailure
+from pymongo.results import BulkWriteResult
+
+from .changefeed import ChangeFeed, MemoryChangeStream
+
+NO_QUERY_EXECUTION_PLANS = 291
+_RANGE_OPERATORS = {"$lt", "$lte", "$gt", "$gte", "$ne", "$nin", "$exists"}
+_EQUALITY_OPERATORS = {"$eq", "$in"}
+
+
+# ---------------------------------------------------------------- what mongomock lacks
+
+_original_arithmetic = mongomock_aggregate._Parser._handle_arithmetic_operator
+
+
+@functools.wraps(_original_arithmetic)
+def _arithmetic_with_dates(self: Any, operator: str, values: Any) -> Any:
+    if operator == "$add" and isinstance(values, (list, tuple)):
+        parsed = list(self.parse_many(values))
+        dates = [v for v in parsed if isinstance(v, dt.datetime)]
+        if len(dates) == 1 and all(
+            v is dates[0] or isinstance(v, numbers.Number) for v in parsed if v is not None
+        ):
+            if any(v is None for v in parsed):
+                return None
+            millis = sum(v for v in parsed if not isinstance(v, dt.datetime))
+            return dates[0] + dt.timedelta(milliseconds=millis)
+    return _original_arithmetic(self, operator, values)
+
+
+_original_basic_expression = mongomock_aggregate._Parser._parse_basic_expression
+
+
+@functools.wraps(_original_basic_expression)
+def _basic_expression_with_arrays(self: Any, expression: Any) -> Any:
+    if isinstance(expression, list):
+        return [self.parse(element) for element in expression]
+    return _original_basic_expression(self, expression)
+
+
+mongomock_aggregate._Parser._handle_arithmetic_operator = _arithmetic_with_dates  # type: ignore[method-assign]
+mongomock_aggregate._Parser._parse_basic_expression = _basic_expression_with_arrays  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------- notablescan
+
+
+def _field_kinds(query: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """Top-level fields a plan could seek on: (equality fields, range fields)."""
+    equality: set[str] = set()
+    ranges: set[str] = set()
+    for field, condition in query.items():
+        if field.startswith("$"):
+            continue
+        if isinstance(condition, Mapping) and any(str(k).startswith("$") for k in condition):
+            operators = set(condition)
+            if operators <= _EQUALITY_OPERATORS:
+                equality.add(field)
+            elif operators & _RANGE_OPERATORS:
+                ranges.add(field)
+        else:
+            equality.add(field)
+    return equality, ranges
+
+
+def index_serves(
+    index_keys: Sequence[tuple[str, int]],
+    query: Mapping[str, Any],
+    sort: Sequence[tuple[str, int]] | None = None,
+) -> bool:
+    """Whether an index gives a plan without a collection scan and without an in-memory sort:
+    its first key is sought on, and the sort keys follow in order (or all reversed), with only
+    equality-matched keys in between."""
+    equality, ranges = _field_kinds(query)
+    fields = [field for field, _ in index_keys]
+    if not sort and fields[0] not in equality | ranges:
+        return False
+    if not sort:
+        return True
+    if fields[0] not in equality | ranges and fields[0] != sort[0][0]:
+        return False
+    directions = dict(index_keys)
+    position = 0
+    flip: int | None = None
+    for field, direction in sort:
+        while position < len(fields) and fields[position] != field:
+            if fields[position] not in equality:
+                return False
+            position += 1
+        if position == len(fields):
+            return False
+        relative = 1 if directions[field] == direction else -1
+        if flip is None:
+            flip = relative
+        elif flip != relative:
+            return False
+        position += 1
+    return True
+
+
+# ---------------------------------------------------------------- the collection
+
+
+@dataclass
+class _Cursor:
+    """What ``await collection.aggregate(...)`` returns: async iteration and ``to_list``."""
+
+    documents: list[dict[str, Any]]
+
+    def __aiter__(self) -> _Cursor:
+        self._iterator = iter(self.documents)
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def to_list(self, length: int | None = None) -> list[dict[str, Any]]:
+        return self.documents if length is None else self.documents[:length]
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryCollection:
+    """The subset of pymongo's ``AsyncCollection`` the library uses, on mongomock."""
+
+    def __init__(
+        self,
+        inner: Any,
+        feed: ChangeFeed,
+        indexes: list[tuple[str, list[tuple[str, int]]]],
+        *,
+        notablescan: bool = False,
+    ) -> None:
+        self._inner = inner
+        self.changes = feed
+        self.notablescan = notablescan
+        self.name: str = inner.name
+        self.full_name: str = inner.full_name
+        self._indexes = indexes  # shared by every wrapper of this collection
+
+    # -- indexes
+
+    async def create_indexes(self, indexes: Sequence[IndexModel], **_: Any) -> list[str]:
+        names = await self._inner.create_indexes(list(indexes))
+        for model in indexes:
+            spec = model.document
+            keys = [(field, int(direction)) for field, direction in spec["key"].items()]
+            if spec["name"] not in {name for name, _ in self._indexes}:
+                self._indexes.append((spec["name"], keys))
+        return list(names)
+
+    async def index_information(self) -> dict[str, Any]:
+        return dict(await self._inner.index_information())
+
+    def _check_plan(self, query: Mapping[str, Any] | None, sort: Any = None) -> None:
+        if not self.notablescan:
+            return
+        sort_keys = [(field, int(direction)) for field, direction in sort or ()]
+        if any(index_serves(keys, query or {}, sort_keys) for _, keys in self._indexes):
+            return
+        raise OperationFailure(
+            f"No query solutions: no index serves filter {dict(query or {})!r} with sort "
+            f"{sort_keys!r} (notablescan)",
+            code=NO_QUERY_EXECUTION_PLANS,
+        )
+
+    # -- reads
+
+    def find(
+        self,
+        filter: Mapping[str, Any] | None = None,
+        projection: Any = None,
+        *,
+        sort: Any = None,
+        limit: int = 0,
+        skip: int = 0,
+        **_: Any,
+    ) -> Any:
+        self._check_plan(filter, sort)
+        return self._inner.find(filter or {}, projection, sort=sort, limit=limit, skip=skip)
+
+    async def find_one(
+        self, filter: Mapping[str, Any] | None = None, projection: Any = None, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        kwargs.pop("session", None)
+        self._check_plan(filter, kwargs.get("sort"))
+        return await self._inner.find_one(filter or {}, projection, **kwargs)
+
+    async def count_documents(self, filter: Mapping[str, Any], **_: Any) -> int:
+        self._check_plan(filter)
+        return int(await self._inner.count_documents(filter))
+
+    async def aggregate(self, pipeline: Sequence[Mapping[str, Any]], **_: Any) -> _Cursor:
+        first = pipeline[0] if pipeline else {}
+        if "$match" in first:
+            following = pipeline[1] if len(pipeline) > 1 else {}
+            self._check_plan(first["$match"], list(following.get("$sort", {}).items()) or None)
+        elif "$sort" in first:
+            self._check_plan({}, list(first["$sort"].items()))
+        else:
+            self._check_plan({})
+        return _Cursor(await self._inner.aggregate(list(pipeline)).to_list(None))
+
+    async def watch(
+        self,
+        pipeline: Sequence[Mapping[str, Any]] | None = None,
+        full_document: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        *,
+        start_after: Mapping[str, Any] | None = None,
+        **_: Any,
+    ) -> MemoryChangeStream:
+        return self.changes.open(pipeline, full_document, start_after or resume_after)
+
+    # -- writes: each one publishes the change it made
+
+    def _emit(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
+        if after is None and before is not None:
+            self.changes.publish("delete", before["_id"], None)
+        elif before is None and after is not None:
+            self.changes.publish("insert", after["_id"], after)
+        elif before is not None and after is not None and before != after:
+            self.changes.publish("update", after["_id"], after)
+
+    async def insert_one(self, document: dict[str, Any], **_: Any) -> Any:
+        result = await self._inner.insert_one(document)
+        self._emit(None, await self._inner.find_one({"_id": result.inserted_id}))
+        return result
+
+    async def find_one_and_update(
+        self,
+        filter: Mapping[str, Any],
+        update: Any,
+        projection: Any = None,
+        *,
+        sort: Any = None,
+        upsert: bool = False,
+        return_document: bool = False,
+        **_: Any,
+    ) -> dict[str, Any] | None:
+        self._check_plan(filter, sort)
+        before = await self._inner.find_one(filter, sort=sort)
+        target = {"_id": before["_id"]} if before is not None else filter
+        after = await self._inner.find_one_and_update(
+            target, update, upsert=upsert and before is None, return_document=True
+        )
+        self._emit(before, after)
+        chosen = after if return_document else before
+        if chosen is not None and projection is not None:
+            chosen = await self._inner.find_one({"_id": chosen["_id"]}, projection)
+        return chosen
+
+    async def find_one_and_replace(
+        self,
+        filter: Mapping[str, Any],
+        replacement: Mapping[str, Any],
+        *,
+        return_document: bool = False,
+        **_: Any,
+    ) -> dict[str, Any] | None:
+        self._check_plan(filter)
+        before = await self._inner.find_one(filter)
+        if before is None:
+            return None
+        await self._inner.replace_one({"_id": before["_id"]}, dict(replacement))
+        after = await self._inner.find_one({"_id": before["_id"]})
+        if before != after:
+            self.changes.publish("replace", before["_id"], after)
+        return after if return_document else before
+
+    async def update_one(
+        self, filter: Mapping[str, Any], update: Any, upsert: bool = False, **_: Any
+    ) -> Any:
+        return await self._update(filter, update, upsert=upsert, many=False)
+
+    async def update_many(
+        self, filter: Mapping[str, Any], update: Any, upsert: bool = False, **_: Any
+    ) -> Any:
+        return await self._update(filter, update, upsert=upsert, many=True)
+
+    async def _update(
+        self, filter: Mapping[str, Any], update: Any, *, upsert: bool, many: bool
+    ) -> Any:
+        self._check_plan(filter)
+        befores = await self._matching(filter, many)
+        if not befores:
+            result = await self._inner.update_one(filter, update, upsert=upsert)
+            if result.upserted_id is not None:
+                self._emit(None, await self._inner.find_one({"_id": result.upserted_id}))
+            return result
+        ids = [doc["_id"] for doc in befores]
+        result = await self._inner.update_many({"_id": {"$in": ids}}, update)
+        afters = {doc["_id"]: doc async for doc in self._inner.find({"_id": {"$in": ids}})}
+        for before in befores:
+            self._emit(before, afters.get(before["_id"]))
+        return result
+
+    async def delete_one(self, filter: Mapping[str, Any], **_: Any) -> Any:
+        return await self._delete(filter, many=False)
+
+    async def delete_many(self, filter: Mapping[str, Any], **_: Any) -> Any:
+        return await self._delete(filter, many=True)
+
+    async def _delete(self, filter: Mapping[str, Any], *, many: bool) -> Any:
+        self._check_plan(filter)
+        befores = await self._matching(filter, many)
+        result = await self._inner.delete_many({"_id": {"$in": [d["_id"] for d in befores]}})
+        for before in befores:
+            self._emit(before, None)
+        return result
+
+    async def _matching(self, filter: Mapping[str, Any], many: bool) -> list[dict[str, Any]]:
+        cursor = self._inner.find(filter, limit=0 if many else 1)
+        return [doc async for doc in cursor]
+
+    async def bulk_write(self, requests: Iterable[Any], ordered: bool = True, **_: Any) -> Any:
+        """Each request in turn (pymongo's request classes keep their arguments in ``_filter``
+        and ``_doc``); an error stops an ordered bulk, as on the server."""
+        counts: dict[str, Any] = {
+            "nInserted": 0,
+            "nMatched": 0,
+            "nModified": 0,
+            "nRemoved": 0,
+            "nUpserted": 0,
+            "upserted": [],
+        }
+        for request in requests:
+            if isinstance(request, InsertOne):
+                await self.insert_one(request._doc)
+                counts["nInserted"] += 1
+            elif isinstance(request, (UpdateOne, UpdateMany, ReplaceOne)):
+                if isinstance(request, ReplaceOne):
+                    replaced = await self.find_one_and_replace(request._filter, request._doc)
+                    matched = modified = int(replaced is not None)
+                else:
+                    result = await self._update(
+                        request._filter,
+                        request._doc,
+                        upsert=bool(request._upsert),
+                        many=isinstance(request, UpdateMany),
+                    )
+                    matched, modified = result.matched_count, result.modified_count
+                counts["nMatched"] += matched
+                counts["nModified"] += modified
+            elif isinstance(request, (DeleteOne, DeleteMany)):
+                result = await self._delete(request._filter, many=isinstance(request, DeleteMany))
+                counts["nRemoved"] += result.deleted_count
+            else:
+                raise TypeError(f"bulk_write: unsupported request {request!r}")
+        return BulkWriteResult(counts, acknowledged=True)
+
+
+# ---------------------------------------------------------------- named in-process databases
+
+
+class MemoryServer:
+    """One in-process "server"; ``memory://NAME`` URIs with the same NAME share it."""
+
+    def __init__(self) -> None:
+        self.client: Any = AsyncMongoMockClient(tz_aware=False)
+        self._feeds: dict[tuple[str, str], ChangeFeed] = {}
+        self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
+
+    def collection(
+        self, database: str, collection: str, *, notablescan: bool = False
+    ) -> MemoryCollection:
+        namespace = (database, collection)
+        feed = self._feeds.setdefault(namespace, ChangeFeed(database, collection))
+        indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
+        inner = self.client[database][collection]
+        return MemoryCollection(inner, feed, indexes, notablescan=notablescan)
+
+
+_servers: dict[str, MemoryServer] = {}
+_servers_lock = threading.Lock()
+
+
+def memory_server(name: str) -> MemoryServer:
+    """The shared server called ``name``; an empty name always gives a new, private one."""
+    if not name:
+        return MemoryServer()
+    with _servers_lock:
+        return _servers.setdefault(name, MemoryServer())
+
+
+def forget_memory_server(name: str) -> None:
+    with _servers_lock:
+        _servers.pop(name, None)

@@ -1,0 +1,248 @@
+"""Pydantic models of the task document; field names are the document's, so the shell reads them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import traceback
+from typing import Annotated, Any
+
+from bson import ObjectId
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from . import constants as c
+from .clock import to_bson_time
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "pending"
+    BLOCKED = "blocked"  # waiting on dependencies
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAIL = "fail"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCESS, TaskState.FAIL, TaskState.CANCELLED})
+CLAIMABLE_STATES = (TaskState.PENDING, TaskState.RUNNING)
+
+
+class WorkerStateKind(str, enum.Enum):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAIL = "fail"  # the handler failed: counts against max_unexpected_retries
+    TIMEOUT = "timeout"  # the worker stopped pinging: counts against max_unexpected_retries
+    RELEASED = "released"  # given back (shutdown, cancel): does not count as a failure
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    # pymongo returns naive UTC unless tz_aware=True, mongomock always does.
+    return None if value is None else to_bson_time(value)
+
+
+UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc)]
+
+
+def _object_id(value: Any) -> ObjectId:
+    if isinstance(value, ObjectId):
+        return value
+    if isinstance(value, str) and ObjectId.is_valid(value):
+        return ObjectId(value)
+    raise ValueError(f"{value!r} is not an ObjectId")
+
+
+ObjectIdField = Annotated[
+    ObjectId,
+    PlainValidator(_object_id),
+    PlainSerializer(lambda oid: str(oid), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string"}),
+]
+
+
+def _check_text(value: str, field: str, max_length: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field} must be a non-empty string")
+    if len(value) > max_length:
+        raise ValueError(f"{field} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value:
+        raise ValueError(f"{field} must not contain NUL characters")
+    return value
+
+
+def check_key(key: str) -> str:
+    return _check_text(key, "key", c.MAX_KEY_LENGTH)
+
+
+def check_name(name: str) -> str:
+    return _check_text(name, "name", c.MAX_NAME_LENGTH)
+
+
+def check_worker_id(worker_id: str) -> str:
+    return _check_text(worker_id, "worker_id", c.MAX_WORKER_ID_LENGTH)
+
+
+class TaskOptions(BaseModel):
+    """How a task is claimed and retried; stored as the document's ``options``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priority: int = Field(default=c.DEFAULT_PRIORITY, ge=-(2**31), le=2**31 - 1)
+    concurrent_worker_cnt: int = Field(
+        default=c.DEFAULT_CONCURRENT_WORKER_CNT, ge=1, le=c.MAX_CONCURRENT_WORKER_CNT
+    )
+    max_unexpected_retries: int = Field(
+        default=c.DEFAULT_MAX_UNEXPECTED_RETRIES, ge=0, le=c.MAX_UNEXPECTED_RETRIES
+    )
+    unexpected_retry_delay_ms: int = Field(default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0)
+    ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1)
+    worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1)
+    specific_worker_ids: list[str] = Field(default_factory=list, max_length=c.MAX_SPECIFIC_WORKERS)
+    not_before: UtcDatetime | None = None
+
+    @field_validator("specific_worker_ids")
+    @classmethod
+    def _worker_ids(cls, ids: list[str]) -> list[str]:
+        for worker_id in ids:
+            check_worker_id(worker_id)
+        return sorted(set(ids))
+
+    @model_validator(mode="after")
+    def _timeout_exceeds_ping(self) -> TaskOptions:
+        if self.worker_timeout_ms <= self.ping_interval_ms:
+            raise ValueError(
+                f"worker_timeout_ms ({self.worker_timeout_ms}) must be greater than "
+                f"ping_interval_ms ({self.ping_interval_ms}), or every lease expires "
+                "between two pings"
+            )
+        return self
+
+    def to_document(self) -> dict[str, Any]:
+        """The stored ``options``: ``not_before`` lives at the top level of the task instead."""
+        return self.model_dump(exclude={"not_before"})
+
+
+class ErrorInfo(BaseModel):
+    """A bounded summary of why an attempt failed: enough to debug, never a 16 MiB traceback."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        tail = "".join(lines[-c.MAX_TRACEBACK_LINES :])[-c.MAX_TRACEBACK_CHARS :]
+        return cls(
+            type=type(exc).__qualname__,
+            message=str(exc)[: c.MAX_ERROR_MESSAGE_CHARS],
+            traceback=tail,
+        )
+
+    @classmethod
+    def from_message(cls, type_: str, message: str) -> ErrorInfo:
+        return cls(type=type_, message=message[: c.MAX_ERROR_MESSAGE_CHARS])
+
+
+class WorkerState(BaseModel):
+    """One worker's claim on a task and how it ended."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    run_id: str
+    state: WorkerStateKind
+    started_at: UtcDatetime
+    ping_expire_at: UtcDatetime | None = None  # set only while running
+    finished_at: UtcDatetime | None = None
+    error: ErrorInfo | None = None
+    result: Any = None
+
+    def is_live(self, now: dt.datetime) -> bool:
+        return (
+            self.state is WorkerStateKind.RUNNING
+            and self.ping_expire_at is not None
+            and self.ping_expire_at > now
+        )
+
+
+class Task(BaseModel):
+    """A task document as read from the collection."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: ObjectIdField = Field(alias="_id")
+    key: str
+    name: str
+    payload: Any = None
+    options: TaskOptions
+    state: TaskState
+    next_claim_at: UtcDatetime | None = None
+    not_before: UtcDatetime | None = None
+    retry_at: UtcDatetime | None = None
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    version: int = 0
+    depends_on: list[str] = Field(default_factory=list)
+    deps_pending: int = 0
+    worker_states: list[WorkerState] = Field(default_factory=list)
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_with_not_before(cls, data: Any) -> Any:
+        # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
+        if isinstance(data, dict) and isinstance(data.get("options"), dict):
+            data = dict(data)
+            data["options"] = {**data["options"], "not_before": data.get("not_before")}
+        return data
+
+    def states(self, kind: WorkerStateKind) -> list[WorkerState]:
+        return [ws for ws in self.worker_states if ws.state is kind]
+
+    @property
+    def unexpected_failures(self) -> int:
+        return len(self.states(WorkerStateKind.FAIL)) + len(self.states(WorkerStateKind.TIMEOUT))
+
+
+class PublishResult(BaseModel):
+    """What publish did: ``created`` a new task, ``replaced`` a finished one, or neither."""
+
+    task: Task
+    created: bool
+    replaced: bool = False
+    payload_updated: bool = False
+
+
+class Lease(BaseModel):
+    """A worker's fenced hold on a task: every write for it matches ``key + worker_id + run_id``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    worker_id: str
+    run_id: str
+    task: Task
+
+    @property
+    def ping_expire_at(self) -> dt.datetime | None:
+        for ws in self.task.worker_states:
+            if ws.run_id == self.run_id:
+                return ws.ping_expire_at
+        return None

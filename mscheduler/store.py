@@ -1,0 +1,365 @@
+"""Runs the queries of `queries.py` against a collection: the only module that talks to MongoDB.
+
+It turns results into models and driver errors into mscheduler errors, and counts nothing it
+does not need to: publish, claim, ping, succeed, fail and release are one round trip each.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+from bson import ObjectId
+from pymongo import IndexModel, ReturnDocument, UpdateOne
+from pymongo.errors import (
+    ConnectionFailure,
+    DocumentTooLarge,
+    DuplicateKeyError,
+    PyMongoError,
+)
+
+from . import constants as c
+from . import queries as q
+from .clock import Clock
+from .encoding import check_document_size, check_result, to_storable
+from .errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    LeaseLost,
+    PayloadError,
+    StoreError,
+    TaskRunning,
+)
+from .models import (
+    ErrorInfo,
+    Lease,
+    PublishResult,
+    Task,
+    TaskOptions,
+    TaskState,
+    WorkerStateKind,
+    check_key,
+    check_name,
+    check_worker_id,
+)
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_PUBLISH_ATTEMPTS = 5  # re-reads when a concurrent writer changed the task under a publish
+
+
+def _driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Driver errors become mscheduler errors, the original kept as ``__cause__``."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except ConnectionFailure as exc:
+            raise BackendUnavailable(f"MongoDB is unreachable: {exc}") from exc
+        except DocumentTooLarge as exc:
+            raise PayloadError(f"the task document is too large: {exc}") from exc
+        except PyMongoError as exc:
+            raise StoreError(f"{method.__name__} failed: {exc}") from exc
+
+    return wrapper
+
+
+def _validated(check: Callable[[str], str], value: str) -> str:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+class TaskStore:
+    """Every task operation, each one a fenced or conditional write on one document."""
+
+    def __init__(self, collection: Any, clock: Clock) -> None:
+        self.collection = collection
+        self.clock = clock
+        self._indexes_ready = False
+        self._indexes_lock = anyio.Lock()
+
+    # ------------------------------------------------------------ indexes
+
+    @_driver_errors
+    async def ensure_indexes(self) -> list[str]:
+        """Create the declared indexes (idempotent); the unique key index is what makes
+        publish idempotent, so every other operation ensures it first."""
+        async with self._indexes_lock:
+            models = [
+                IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
+            ]
+            names = list(await self.collection.create_indexes(models))
+            self._indexes_ready = True
+            return names
+
+    async def _ready(self) -> None:
+        if not self._indexes_ready:
+            await self.ensure_indexes()
+
+    # ------------------------------------------------------------ publish
+
+    @_driver_errors
+    async def publish(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        update_payload: bool = False,
+        replace_finished: bool = False,
+    ) -> PublishResult:
+        key = _validated(check_key, key)
+        name = _validated(check_name, name)
+        if options is not None and not isinstance(options, TaskOptions):
+            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+        options = options or TaskOptions()
+        payload = to_storable(payload, "payload")
+        document = q.new_task_document(
+            key=key,
+            name=name,
+            payload=payload,
+            options=options,
+            now=self.clock.now(),
+            task_id=ObjectId(),
+        )
+        check_document_size(document, options)
+        await self._ready()
+
+        task = await self._insert_unless_exists(document)
+        if task.id == document["_id"]:
+            log.info("task published", extra={"action": "task_published", "key": key})
+            return PublishResult(task=task, created=True)
+        for _ in range(_PUBLISH_ATTEMPTS):
+            outcome = await self._publish_over(task, document, update_payload, replace_finished)
+            if isinstance(outcome, PublishResult):
+                return outcome
+            task = outcome  # changed under us: decide again on what is there now
+        raise StoreError(f"publish {key!r}: the task kept changing; try again")
+
+    async def _insert_unless_exists(self, document: dict[str, Any]) -> Task:
+        upsert_filter, update = q.publish_upsert(document)
+        try:
+            found = await self.collection.find_one_and_update(
+                upsert_filter, update, upsert=True, return_document=ReturnDocument.AFTER
+            )
+        except DuplicateKeyError:
+            # A concurrent publish of the same key inserted first: that document is the task.
+            found = await self.collection.find_one(q.by_key(document["key"]))
+        if found is None:  # pragma: no cover - an upsert always returns a document
+            raise StoreError(f"publish {document['key']!r}: upsert returned nothing")
+        return Task.model_validate(found)
+
+    async def _publish_over(
+        self,
+        task: Task,
+        document: dict[str, Any],
+        update_payload: bool,
+        replace_finished: bool,
+    ) -> PublishResult | Task:
+        """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
+        key = task.key
+        if replace_finished and task.state.is_terminal:
+            replacement = {k: v for k, v in document.items() if k != "_id"}
+            replacement["version"] = task.version + 1
+            replaced = await self.collection.find_one_and_replace(
+                q.replace_finished_filter(key, task.version),
+                replacement,
+                return_document=ReturnDocument.AFTER,
+            )
+            if replaced is not None:
+                log.info("finished task replaced", extra={"action": "task_replaced", "key": key})
+                return PublishResult(
+                    task=Task.model_validate(replaced), created=False, replaced=True
+                )
+            return await self._reread(key)
+        if task.name != document["name"]:
+            raise ConfigurationError(
+                f"key {key!r} already names a task of name {task.name!r}, not {document['name']!r}"
+            )
+        if (update_payload or replace_finished) and task.state is TaskState.RUNNING:
+            raise TaskRunning(f"task {key!r} is running; it cannot be replaced or updated now")
+        if update_payload and task.payload != document["payload"]:
+            update_filter, update = q.update_payload(key, document["payload"], self.clock.now())
+            updated = await self.collection.find_one_and_update(
+                update_filter, update, return_document=ReturnDocument.AFTER
+            )
+            if updated is None:
+                return await self._reread(key)
+            return PublishResult(
+                task=Task.model_validate(updated), created=False, payload_updated=True
+            )
+        return PublishResult(task=task, created=False)
+
+    async def _reread(self, key: str) -> Task:
+        found = await self.collection.find_one(q.by_key(key))
+        if found is None:  # deleted in between: publishing again creates it
+            raise StoreError(f"publish {key!r}: the task was deleted meanwhile; publish again")
+        return Task.model_validate(found)
+
+    # ------------------------------------------------------------ reads
+
+    @_driver_errors
+    async def get(self, key: str) -> Task | None:
+        await self._ready()
+        found = await self.collection.find_one(q.by_key(_validated(check_key, key)))
+        return None if found is None else Task.model_validate(found)
+
+    # ------------------------------------------------------------ claim and the lease
+
+    @_driver_errors
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        names: Sequence[str] | None = None,
+        key: str | None = None,
+    ) -> Lease | None:
+        """Claim one task: ``key`` if given, else the best of ``names`` (priority, then age).
+
+        None when nothing is claimable, or when the only write was recording timeouts that
+        exhausted the task's retries (the task is then ``fail``)."""
+        worker_id = _validated(check_worker_id, worker_id)
+        if key is None and not names:
+            raise ConfigurationError("claim: give a key or at least one task name")
+        await self._ready()
+        run_id = uuid.uuid4().hex
+        now = self.clock.now()
+        found = await self.collection.find_one_and_update(
+            q.claim_filter(worker_id, now, names=names, key=key),
+            q.claim_update(worker_id, run_id, now),
+            sort=q.CLAIM_SORT if key is None else None,
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is None:
+            return None
+        task = Task.model_validate(found)
+        if not any(ws.run_id == run_id for ws in task.worker_states):
+            log.info(
+                "task failed: retries exhausted by timeouts",
+                extra={"action": "task_failed", "key": task.key},
+            )
+            return None
+        log.debug(
+            "task claimed",
+            extra={"action": "task_claimed", "key": task.key, "worker_id": worker_id},
+        )
+        return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
+
+    async def _fenced_write(self, lease: Lease, update: list[dict[str, Any]], now: Any) -> Task:
+        found = await self.collection.find_one_and_update(
+            q.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
+            update,
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is None:
+            raise LeaseLost(await self._why_lost(lease, now))
+        return Task.model_validate(found)
+
+    async def _why_lost(self, lease: Lease, now: Any) -> str:
+        """Only on the failure path: one read to tell the worker what happened."""
+        prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
+        found = await self.collection.find_one(q.by_key(lease.key))
+        if found is None:
+            return f"{prefix}; the task was deleted"
+        task = Task.model_validate(found)
+        own = next((ws for ws in task.worker_states if ws.run_id == lease.run_id), None)
+        if task.state.is_terminal:
+            return f"{prefix}; the task is {task.state.value}"
+        if own is None:
+            return f"{prefix}; the task was re-published"
+        if own.state is WorkerStateKind.RUNNING and own.ping_expire_at is not None:
+            return f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
+        return f"{prefix}; its state is {own.state.value}"
+
+    @_driver_errors
+    async def ping(self, lease: Lease) -> Task:
+        now = self.clock.now()
+        return await self._fenced_write(
+            lease, q.ping_update(lease.worker_id, lease.run_id, now), now
+        )
+
+    @_driver_errors
+    async def ping_many(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Extend many leases in one bulk write; returns those that were lost."""
+        if not leases:
+            return []
+        now = self.clock.now()
+        requests = [
+            UpdateOne(
+                q.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
+                q.ping_update(lease.worker_id, lease.run_id, now),
+            )
+            for lease in leases
+        ]
+        result = await self.collection.bulk_write(requests, ordered=False)
+        if result.matched_count == len(leases):
+            return []
+        # Some did not match: one read to find which (only on this path).
+        cursor = self.collection.find({"key": {"$in": [lease.key for lease in leases]}})
+        live = {
+            (ws.worker_id, ws.run_id)
+            async for document in cursor
+            for ws in Task.model_validate(document).worker_states
+            if ws.is_live(now)
+        }
+        return [lease for lease in leases if (lease.worker_id, lease.run_id) not in live]
+
+    @_driver_errors
+    async def succeed(self, lease: Lease, result: Any = None) -> Task:
+        stored = check_result(result)
+        now = self.clock.now()
+        task = await self._fenced_write(
+            lease, q.success_update(lease.worker_id, lease.run_id, stored, now), now
+        )
+        log.info(
+            "attempt succeeded",
+            extra={"action": "task_succeeded", "key": lease.key, "state": task.state.value},
+        )
+        return task
+
+    @_driver_errors
+    async def fail(self, lease: Lease, error: BaseException | ErrorInfo) -> Task:
+        info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
+        now = self.clock.now()
+        task = await self._fenced_write(
+            lease, q.fail_update(lease.worker_id, lease.run_id, info, now), now
+        )
+        log.info(
+            "attempt failed",
+            extra={"action": "task_attempt_failed", "key": lease.key, "state": task.state.value},
+        )
+        return task
+
+    @_driver_errors
+    async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
+        now = self.clock.now()
+        return await self._fenced_write(
+            lease, q.release_update(lease.worker_id, lease.run_id, reason, now), now
+        )
+
+    # ------------------------------------------------------------ cancel
+
+    @_driver_errors
+    async def cancel(self, key: str, reason: str = "cancelled") -> bool:
+        """True if this call cancelled the task; False if it was already finished or missing."""
+        await self._ready()
+        now = self.clock.now()
+        found = await self.collection.find_one_and_update(
+            q.cancel_filter(_validated(check_key, key)),
+            q.cancel_update(reason, now),
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is not None:
+            log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
+        return found is not None
