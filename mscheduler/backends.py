@@ -6,6 +6,7 @@ import inspect
 import logging
 import re
 import urllib.parse
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +95,12 @@ async def _open_mongodb(
     if "serverselectiontimeoutms" not in uri.lower():
         options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
     try:
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
-    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
+        # pymongo only warns about an unknown or invalid URI option, then ignores it: a typo
+        # such as tls=ture would silently connect without TLS. Refuse it instead.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
+    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError, UserWarning) as exc:
         raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
     try:
         await client.admin.command("ping")

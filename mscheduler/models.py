@@ -146,8 +146,9 @@ class ErrorInfo(BaseModel):
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> ErrorInfo:
-        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        tail = "".join(lines[-c.MAX_TRACEBACK_LINES :])[-c.MAX_TRACEBACK_CHARS :]
+        # Frames only (the message is stored once, bounded): the innermost ones matter most.
+        frames = traceback.format_tb(exc.__traceback__)
+        tail = "".join(frames[-c.MAX_TRACEBACK_LINES :])[-c.MAX_TRACEBACK_CHARS :]
         return cls(
             type=type(exc).__qualname__,
             message=str(exc)[: c.MAX_ERROR_MESSAGE_CHARS],

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+import mscheduler as ms
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def clock() -> ms.ManualClock:
+    return ms.ManualClock()
+
+
+@pytest.fixture
+async def scheduler(clock: ms.ManualClock) -> AsyncIterator[ms.Scheduler]:
+    """A private in-process database that refuses any query no declared index serves."""
+    async with await ms.Scheduler.connect("memory://?notablescan=1", clock=clock) as sched:
+        yield sched

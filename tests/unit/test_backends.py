@@ -1,0 +1,72 @@
+"""Connecting: URIs, unreachable servers, and the collections a Scheduler accepts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mongomock_motor import AsyncMongoMockClient
+from pymongo import MongoClient
+
+import mscheduler as ms
+from mscheduler.backends import redact
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("localhost:27017", "is not a URI"),
+        ("redis://localhost", "unsupported scheme 'redis'"),
+        ("mongodb://", "is not a valid MongoDB URI"),
+        ("mongodb://h:notaport", "is not a valid MongoDB URI"),
+        ("mongodb://u:secret@h:1/?tls=maybe", "tls must be 'true' or 'false'"),
+        ("mongodb://u:secret@h:1/?wtimeoutMS=soon", "wtimeoutms must be an integer"),
+        ("mongodb://h/?replicaSett=rs0", "Unknown option: replicasett"),
+        ("memory://x/path", "a memory URI is memory://"),
+        ("memory://x?colour=red", "unknown memory:// option"),
+    ],
+)
+async def test_malformed_uris_are_refused(uri: str, message: str):
+    with pytest.raises(ms.ConfigurationError, match=message) as info:
+        await ms.Scheduler.connect(uri)
+    assert "secret" not in str(info.value)
+
+
+async def test_unreachable_server_fails_within_the_timeout():
+    started = time.monotonic()
+    with pytest.raises(ms.BackendUnavailable, match="cannot reach MongoDB"):
+        await ms.Scheduler.connect("mongodb://127.0.0.1:1/", server_selection_timeout_ms=300)
+    assert time.monotonic() - started < 5
+
+
+def test_password_is_redacted():
+    assert redact("mongodb://app:s3cret@db:27017/x") == "mongodb://app:***@db:27017/x"
+
+
+def test_a_sync_collection_is_refused():
+    client: MongoClient[dict[str, object]] = MongoClient("mongodb://127.0.0.1:1", connect=False)
+    with pytest.raises(ms.ConfigurationError, match="synchronous pymongo Collection"):
+        ms.Scheduler(client["db"]["tasks"])
+
+
+def test_something_else_is_refused():
+    with pytest.raises(ms.ConfigurationError, match="expected an async MongoDB collection"):
+        ms.Scheduler({"not": "a collection"})
+
+
+async def test_a_motor_style_collection_works(clock: ms.ManualClock):
+    collection = AsyncMongoMockClient()["db"]["tasks"]
+    sched = ms.Scheduler(collection, clock=clock)
+    assert (await sched.publish("k", 1, name="job")).created
+    lease = await sched.store.claim("w1", names=["job"])
+    assert lease is not None
+    assert (await sched.store.succeed(lease, 2)).state is ms.TaskState.SUCCESS
+    info = await collection.index_information()
+    assert info["key_unique"]["unique"], "indexes are ensured before the first write"
+
+
+async def test_invalid_collection_name():
+    with pytest.raises(ms.ConfigurationError, match="collection"):
+        await ms.Scheduler.connect("memory://", collection="bad$name")

@@ -1,0 +1,100 @@
+"""Bad input gets an error naming the field and the problem, and nothing is written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+import mscheduler as ms
+
+pytestmark = pytest.mark.anyio
+
+
+def test_defaults_are_those_of_the_original_mscheduler():
+    opts = ms.TaskOptions()
+    assert (opts.priority, opts.concurrent_worker_cnt, opts.max_unexpected_retries) == (0, 1, 3)
+    assert (opts.ping_interval_ms, opts.worker_timeout_ms) == (30_000, 60_000)
+    assert opts.unexpected_retry_delay_ms == 10_000
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"concurrent_worker_cnt": 0}, "concurrent_worker_cnt"),
+        ({"max_unexpected_retries": -1}, "max_unexpected_retries"),
+        ({"unexpected_retry_delay_ms": -5}, "unexpected_retry_delay_ms"),
+        ({"ping_interval_ms": 30_000, "worker_timeout_ms": 30_000}, "worker_timeout_ms"),
+        ({"specific_worker_ids": [""]}, "worker_id must be a non-empty string"),
+        ({"priority": "high"}, "priority"),
+        ({"retries": 3}, "retries"),
+    ],
+)
+def test_invalid_options_name_the_field(fields: dict[str, Any], message: str):
+    with pytest.raises(ValidationError, match=message):
+        ms.TaskOptions(**fields)
+
+
+async def _nothing_written(scheduler: ms.Scheduler) -> None:
+    assert await scheduler.collection.count_documents({"key": {"$exists": True}}) == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "name", "message"),
+    [
+        ("", "job", "key must be a non-empty string"),
+        ("   ", "job", "key must be a non-empty string"),
+        ("k" * 513, "job", "key is 513 characters long; the limit is 512"),
+        ("k", "", "name must be a non-empty string"),
+        ("k", "n" * 129, "name is 129 characters long"),
+        (42, "job", "key must be a non-empty string"),
+    ],
+)
+async def test_bad_keys_and_names(scheduler: ms.Scheduler, key: Any, name: str, message: str):
+    with pytest.raises(ms.ConfigurationError, match=message):
+        await scheduler.publish(key, None, name=name)
+    await _nothing_written(scheduler)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"when": {1, 2}}, "payload: cannot be stored as BSON"),
+        ({"amount": decimal.Decimal("1.5")}, "cannot be stored as BSON"),
+        (object(), "payload: cannot be stored as BSON"),
+        ({"$set": 1}, "payload: field name '\\$set' starts with '\\$'"),
+        ({"a": [{"$inc": 1}]}, "payload.a\\[0\\]: field name"),
+        ({1: "int key"}, "cannot be stored as BSON"),
+    ],
+)
+async def test_payloads_that_cannot_be_stored(scheduler: ms.Scheduler, payload: Any, message: str):
+    with pytest.raises(ms.PayloadError, match=message):
+        await scheduler.publish("k", payload, name="job")
+    await _nothing_written(scheduler)
+
+
+async def test_oversize_document_is_refused_before_writing(scheduler: ms.Scheduler):
+    with pytest.raises(ms.PayloadError, match="the limit is"):
+        await scheduler.publish("k", {"blob": "x" * (15 * 1024 * 1024)}, name="job")
+    await _nothing_written(scheduler)
+
+
+async def test_options_of_the_wrong_type(scheduler: ms.Scheduler):
+    with pytest.raises(ms.ConfigurationError, match="options: expected TaskOptions"):
+        await scheduler.publish("k", None, name="job", options={"priority": 1})  # type: ignore[arg-type]
+    await _nothing_written(scheduler)
+
+
+async def test_claim_needs_a_key_or_names(scheduler: ms.Scheduler):
+    with pytest.raises(ms.ConfigurationError, match="give a key or at least one task name"):
+        await scheduler.store.claim("w1")
+    with pytest.raises(ms.ConfigurationError, match="worker_id"):
+        await scheduler.store.claim("", names=["job"])
+
+
+def test_naive_not_before_is_taken_as_utc():
+    opts = ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 12, 0, 0, 123456))
+    assert opts.not_before == dt.datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=dt.timezone.utc)

@@ -1,0 +1,58 @@
+"""Every query shape the store sends is served by a declared index.
+
+The memory backend also enforces this at run time (``notablescan``) in every test; this file
+names each query explicitly, so a new query without an index fails here by name."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from mscheduler import constants as c
+from mscheduler import queries as q
+from mscheduler.memory import index_serves
+
+NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+
+QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
+    "publish upsert": (q.publish_upsert({"key": "k"})[0], None),
+    "get by key": (q.by_key("k"), None),
+    "replace finished": (q.replace_finished_filter("k", 3), None),
+    "update payload": (q.update_payload("k", {}, NOW)[0], None),
+    "claim next": (q.claim_filter("w", NOW, names=["a", "b"]), q.CLAIM_SORT),
+    "claim by key": (q.claim_filter("w", NOW, key="k"), None),
+    "lease write": (q.lease_filter("k", "w", "r", NOW), None),
+    "cancel": (q.cancel_filter("k"), None),
+    "lost leases": ({"key": {"$in": ["a", "b"]}}, None),
+}
+
+
+@pytest.mark.parametrize("shape", QUERY_SHAPES)
+def test_query_is_served_by_a_declared_index(shape: str):
+    query, sort = QUERY_SHAPES[shape]
+    serving = [name for name, keys, _ in c.INDEXES if index_serves(keys, query, sort)]
+    assert serving, f"no declared index serves {shape}: {query} sort {sort}"
+
+
+def test_claim_next_uses_the_claim_order_index():
+    query, sort = QUERY_SHAPES["claim next"]
+    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["claim_order"]
+    assert index_serves(keys, query, sort)
+
+
+@pytest.mark.parametrize(
+    ("keys", "query", "sort", "served"),
+    [
+        ((("a", 1),), {"a": 1}, None, True),
+        ((("a", 1),), {"b": 1}, None, False),
+        ((("a", 1), ("b", 1)), {"a": 1}, [("b", -1)], True),
+        ((("a", 1), ("b", 1)), {"a": {"$gt": 1}}, [("b", 1)], False),
+        ((("a", 1), ("b", -1), ("c", 1)), {"a": 1}, [("b", -1), ("c", -1)], False),
+        ((("a", 1), ("b", -1), ("c", 1)), {"a": 1}, [("b", 1), ("c", -1)], True),
+        ((("_id", 1),), {}, [("_id", 1)], True),
+    ],
+)
+def test_index_serves_follows_equality_sort_range(keys, query, sort, served):
+    assert index_serves(keys, query, sort) is served

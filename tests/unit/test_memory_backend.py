@@ -1,0 +1,171 @@
+"""The memory backend behaves as MongoDB where the library relies on it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+import pytest
+from pymongo import ReturnDocument
+from pymongo.errors import AutoReconnect, OperationFailure
+
+import mscheduler as ms
+from mscheduler.backends import open_collection
+from mscheduler.memory import MemoryCollection, forget_memory_server
+
+pytestmark = pytest.mark.anyio
+UTC = dt.timezone.utc
+
+
+@pytest.fixture
+async def collection() -> MemoryCollection:
+    connection = await open_collection("memory://")
+    assert isinstance(connection.collection, MemoryCollection)
+    return connection.collection
+
+
+async def test_every_write_publishes_a_change(collection: MemoryCollection):
+    stream = await collection.watch(full_document="updateLookup")
+    await collection.insert_one({"_id": 1, "key": "a", "n": 0})
+    await collection.update_one({"_id": 1}, {"$set": {"n": 1}})
+    await collection.find_one_and_update({"_id": 1}, [{"$set": {"n": {"$add": ["$n", 1]}}}])
+    await collection.find_one_and_replace({"_id": 1}, {"key": "a", "n": 10})
+    await collection.delete_one({"_id": 1})
+    events = [await stream.next() for _ in range(5)]
+    assert [e["operationType"] for e in events] == [
+        "insert",
+        "update",
+        "update",
+        "replace",
+        "delete",
+    ]
+    assert [e.get("fullDocument", {}).get("n") for e in events] == [0, 1, 2, 10, None]
+    assert all(e["documentKey"] == {"_id": 1} for e in events)
+    assert len({str(e["_id"]) for e in events}) == 5, "each event has its own resume token"
+
+
+async def test_a_write_that_changes_nothing_publishes_nothing(collection: MemoryCollection):
+    await collection.insert_one({"_id": 1, "key": "a"})
+    stream = await collection.watch()
+    await collection.find_one_and_update(
+        {"key": "a"}, {"$setOnInsert": {"x": 1}}, upsert=True, return_document=ReturnDocument.AFTER
+    )
+    assert await stream.try_next() is None
+
+
+async def test_match_pipeline_filters_events(collection: MemoryCollection):
+    stream = await collection.watch(
+        [{"$match": {"fullDocument.name": {"$in": ["email"]}}}], full_document="updateLookup"
+    )
+    await collection.insert_one({"name": "sms"})
+    await collection.insert_one({"name": "email"})
+    event = await stream.next()
+    assert event["fullDocument"]["name"] == "email"
+    assert await stream.try_next() is None
+
+
+async def test_resume_after_a_token_misses_nothing(collection: MemoryCollection):
+    stream = await collection.watch()
+    await collection.insert_one({"n": 1})
+    first = await stream.next()
+    await stream.close()
+    await collection.insert_one({"n": 2})
+    await collection.insert_one({"n": 3})
+    resumed = await collection.watch(resume_after=first["_id"])
+    assert [(await resumed.next())["fullDocument"]["n"] for _ in range(2)] == [2, 3]
+
+
+async def test_resume_token_counts_only_events_handed_out(collection: MemoryCollection):
+    stream = await collection.watch()
+    for n in range(3):
+        await collection.insert_one({"n": n})
+    await stream.next()
+    token = stream.resume_token
+    resumed = await collection.watch(resume_after=token)
+    assert [(await resumed.next())["fullDocument"]["n"] for _ in range(2)] == [1, 2]
+
+
+async def test_lost_history_cannot_be_resumed(collection: MemoryCollection):
+    stream = await collection.watch()
+    await collection.insert_one({"n": 1})
+    token = (await stream.next())["_id"]
+    await collection.insert_one({"n": 2})
+    collection.changes.forget_history()
+    with pytest.raises(OperationFailure) as info:
+        await collection.watch(resume_after=token)
+    assert info.value.code == 286
+
+
+async def test_injected_error_reaches_open_streams_once(collection: MemoryCollection):
+    stream = await collection.watch()
+    collection.changes.inject_error(AutoReconnect("network is down"))
+    with pytest.raises(AutoReconnect):
+        await stream.try_next()
+    fresh = await collection.watch(resume_after=stream.resume_token)
+    await collection.insert_one({"n": 1})
+    assert (await fresh.next())["fullDocument"] == {
+        "_id": (await collection.find_one())["_id"],
+        "n": 1,
+    }
+
+
+async def test_a_waiting_stream_wakes_on_a_write(collection: MemoryCollection):
+    stream = await collection.watch()
+    received: list[int] = []
+
+    async def listen() -> None:
+        received.append((await stream.next())["fullDocument"]["n"])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listen)
+        await anyio.wait_all_tasks_blocked()
+        assert received == []
+        await collection.insert_one({"n": 7})
+    assert received == [7]
+
+
+async def test_notablescan_refuses_an_unindexed_query():
+    connection = await open_collection("memory://?notablescan=1")
+    collection = connection.collection
+    await ms.Scheduler(collection).ensure_indexes()
+    assert await collection.find_one({"key": "x"}) is None  # served by key_unique
+    with pytest.raises(OperationFailure, match="no index serves") as info:
+        await collection.find_one({"payload.to": "x"})
+    assert info.value.code == 291
+    with pytest.raises(OperationFailure, match="no index serves"):
+        await collection.find_one({"name": "a"}, sort=[("updated_at", 1)])
+
+
+async def test_add_of_a_date_and_milliseconds_gives_a_date(collection: MemoryCollection):
+    start = dt.datetime(2030, 1, 1, tzinfo=UTC)
+    await collection.insert_one({"_id": 1, "at": start, "ms": 1500, "none": None})
+    found = await collection.find_one_and_update(
+        {"_id": 1},
+        [{"$set": {"later": {"$add": ["$at", "$ms", 500]}, "null": {"$add": ["$at", "$none"]}}}],
+        return_document=ReturnDocument.AFTER,
+    )
+    assert found is not None
+    assert found["later"].replace(tzinfo=UTC) == start + dt.timedelta(seconds=2)
+    assert found["null"] is None
+
+
+async def test_array_literal_elements_are_expressions(collection: MemoryCollection):
+    await collection.insert_one({"_id": 1, "a": 1, "xs": []})
+    found = await collection.find_one_and_update(
+        {"_id": 1},
+        [{"$set": {"xs": {"$concatArrays": ["$xs", [{"v": "$a", "w": {"$literal": "$a"}}]]}}}],
+        return_document=ReturnDocument.AFTER,
+    )
+    assert found is not None and found["xs"] == [{"v": 1, "w": "$a"}]
+
+
+async def test_same_memory_name_shares_one_database():
+    try:
+        one = await ms.Scheduler.connect("memory://shared-test")
+        two = await ms.Scheduler.connect("memory://shared-test")
+        other = await ms.Scheduler.connect("memory://")
+        await one.publish("k", None, name="job")
+        assert await two.get("k") is not None
+        assert await other.get("k") is None
+    finally:
+        forget_memory_server("shared-test")

@@ -1,0 +1,377 @@
+"""Store scenarios: publish, claim, lease, finish. `tests/integration` runs them on a server."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.oracle import check_consistent
+
+pytestmark = pytest.mark.anyio
+K = ms.WorkerStateKind
+S = ms.TaskState
+
+FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=10_000)
+
+
+async def claim(sched: ms.Scheduler, worker: str, name: str = "job") -> ms.Lease | None:
+    lease = await sched.store.claim(worker, names=[name])
+    if lease is not None:
+        check_consistent(lease.task)
+    return lease
+
+
+async def must_claim(sched: ms.Scheduler, worker: str, name: str = "job") -> ms.Lease:
+    lease = await claim(sched, worker, name)
+    assert lease is not None, f"{worker} could not claim"
+    return lease
+
+
+async def current(sched: ms.Scheduler, key: str) -> ms.Task:
+    task = await sched.get(key)
+    assert task is not None
+    check_consistent(task)
+    return task
+
+
+# ------------------------------------------------------------------------ publish
+
+
+async def test_publish_creates_a_pending_task(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    result = await scheduler.publish("email:1", {"to": "a@b.c"}, name="email")
+    assert result.created
+    task = await current(scheduler, "email:1")
+    assert task.state is S.PENDING
+    assert task.payload == {"to": "a@b.c"}
+    assert task.next_claim_at == clock.now()
+    assert task.options == ms.TaskOptions()
+
+
+async def test_publish_is_idempotent_by_key(scheduler: ms.Scheduler):
+    first = await scheduler.publish("k", {"n": 1}, name="job")
+    second = await scheduler.publish("k", {"n": 2}, name="job")
+    assert (first.created, second.created) == (True, False)
+    assert second.task.id == first.task.id
+    assert second.task.payload == {"n": 1}, "a repeated publish must change nothing"
+    assert second.task.version == first.task.version
+
+
+async def test_fifty_concurrent_publishes_make_one_task(scheduler: ms.Scheduler):
+    results: list[ms.PublishResult] = []
+
+    async def publish(i: int) -> None:
+        results.append(await scheduler.publish("same", {"i": i}, name="job"))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(publish, i)
+    assert sum(r.created for r in results) == 1
+    assert len({r.task.id for r in results}) == 1
+    assert await scheduler.collection.count_documents({"key": "same"}) == 1
+
+
+async def test_update_payload_changes_a_waiting_task(scheduler: ms.Scheduler):
+    await scheduler.publish("k", {"n": 1}, name="job")
+    result = await scheduler.publish("k", {"n": 2}, name="job", update_payload=True)
+    assert result.payload_updated and not result.created
+    assert (await current(scheduler, "k")).payload == {"n": 2}
+
+
+async def test_running_task_is_never_replaced_or_updated(scheduler: ms.Scheduler):
+    await scheduler.publish("k", {"n": 1}, name="job")
+    await must_claim(scheduler, "w1")
+    with pytest.raises(ms.TaskRunning):
+        await scheduler.publish("k", {"n": 2}, name="job", update_payload=True)
+    with pytest.raises(ms.TaskRunning):
+        await scheduler.publish("k", {"n": 2}, name="job", replace_finished=True)
+    assert (await current(scheduler, "k")).payload == {"n": 1}
+
+
+@pytest.mark.parametrize("outcome", ["success", "fail"])
+async def test_replace_finished_runs_the_task_again(scheduler: ms.Scheduler, outcome: str):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("k", {"n": 1}, name="job", options=opts)
+    lease = await must_claim(scheduler, "w1")
+    if outcome == "success":
+        await scheduler.store.succeed(lease, "done")
+    else:
+        await scheduler.store.fail(lease, RuntimeError("boom"))
+    finished = await current(scheduler, "k")
+    assert finished.state.value == outcome
+
+    unchanged = await scheduler.publish("k", {"n": 2}, name="job")
+    assert not unchanged.created and unchanged.task.state.value == outcome
+
+    again = await scheduler.publish("k", {"n": 2}, name="job", replace_finished=True)
+    assert again.replaced
+    task = await current(scheduler, "k")
+    assert (task.state, task.payload, task.worker_states) == (S.PENDING, {"n": 2}, [])
+    assert task.id == finished.id and task.version > finished.version
+    assert await claim(scheduler, "w1") is not None
+
+
+async def test_publish_under_another_name_is_refused(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    with pytest.raises(ms.ConfigurationError, match="name 'job'"):
+        await scheduler.publish("k", None, name="other")
+
+
+async def test_pydantic_payload_is_stored_as_plain_fields(scheduler: ms.Scheduler):
+    from pydantic import BaseModel
+
+    class Email(BaseModel):
+        to: str
+        at: dt.datetime
+
+    when = dt.datetime(2030, 5, 1, tzinfo=dt.timezone.utc)
+    await scheduler.publish("k", Email(to="x@y.z", at=when), name="email")
+    assert (await current(scheduler, "k")).payload == {"to": "x@y.z", "at": "2030-05-01T00:00:00Z"}
+
+
+# ------------------------------------------------------------------------ claim rules
+
+
+async def test_claim_takes_only_the_names_asked_for(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="email")
+    assert await claim(scheduler, "w1", "sms") is None
+    assert await claim(scheduler, "w1", "email") is not None
+
+
+async def test_claim_waits_for_not_before(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    later = clock.now() + dt.timedelta(minutes=5)
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(not_before=later))
+    assert (await current(scheduler, "k")).next_claim_at == later
+    clock.advance(299)
+    assert await claim(scheduler, "w1") is None
+    clock.advance(1)
+    assert await claim(scheduler, "w1") is not None
+
+
+async def test_claim_waits_for_pending_dependencies(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    # Flows set deps_pending; here we set it as they will, to check the claim honours it.
+    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": 1}})
+    assert await claim(scheduler, "w1") is None
+    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": 0}})
+    assert await claim(scheduler, "w1") is not None
+
+
+async def test_specific_worker_ids_restrict_who_claims(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(specific_worker_ids=["w2"])
+    await scheduler.publish("k", None, name="job", options=opts)
+    assert await claim(scheduler, "w1") is None
+    lease = await must_claim(scheduler, "w2")
+    assert lease.worker_id == "w2"
+
+
+async def test_a_worker_never_holds_two_states_of_one_task(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(concurrent_worker_cnt=3)
+    await scheduler.publish("k", None, name="job", options=opts)
+    await must_claim(scheduler, "w1")
+    assert await claim(scheduler, "w1") is None
+    await must_claim(scheduler, "w2")
+
+
+async def test_claim_refused_when_every_slot_is_held(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(concurrent_worker_cnt=2)
+    await scheduler.publish("k", None, name="job", options=opts)
+    await must_claim(scheduler, "w1")
+    await must_claim(scheduler, "w2")
+    assert await claim(scheduler, "w3") is None
+    task = await current(scheduler, "k")
+    assert len(task.states(K.RUNNING)) == 2
+
+
+async def test_claim_refused_once_retries_are_exhausted(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+    await scheduler.publish("k", None, name="job", options=opts)
+    for _ in range(2):
+        await scheduler.store.fail(await must_claim(scheduler, "w1"), ValueError("bad"))
+    task = await current(scheduler, "k")
+    assert task.state is S.FAIL
+    assert task.error is not None and task.error.type == "ValueError"
+    assert await claim(scheduler, "w2") is None
+
+
+async def test_claim_order_is_priority_then_age(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    for key, priority in [("old-low", 0), ("old-high", 5), ("new-high", 5), ("new-low", 0)]:
+        await scheduler.publish(key, None, name="job", options=ms.TaskOptions(priority=priority))
+        clock.advance(1)
+    order = [(await must_claim(scheduler, f"w{i}")).key for i in range(4)]
+    assert order == ["old-high", "new-high", "old-low", "new-low"]
+
+
+async def test_claim_by_key(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job")
+    lease = await scheduler.store.claim("w1", key="b")
+    assert lease is not None and lease.key == "b"
+    assert await scheduler.store.claim("w2", key="b") is None
+
+
+# ------------------------------------------------------------------------ leases
+
+
+async def test_takeover_after_expiry_and_not_before(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    first = await must_claim(scheduler, "w1")
+    assert first.ping_expire_at == clock.now() + dt.timedelta(seconds=10)
+    clock.advance(9.999)
+    assert await claim(scheduler, "w2") is None, "taken over before the lease expired"
+    clock.advance(0.001)
+    second = await must_claim(scheduler, "w2")
+    task = second.task
+    assert [ws.state for ws in task.worker_states] == [K.TIMEOUT, K.RUNNING]
+    assert task.worker_states[0].finished_at == first.ping_expire_at
+    assert task.unexpected_failures == 1
+
+
+async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    lease = await must_claim(scheduler, "w1")
+    clock.advance(8)
+    task = await scheduler.store.ping(lease)
+    check_consistent(task)
+    assert task.worker_states[0].ping_expire_at == clock.now() + dt.timedelta(seconds=10)
+    clock.advance(8)
+    assert await claim(scheduler, "w2") is None, "a pinged lease was taken over"
+
+
+@pytest.mark.parametrize("write", ["ping", "succeed", "fail", "release"])
+async def test_late_worker_gets_lease_lost(scheduler: ms.Scheduler, clock, write: str):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    late = await must_claim(scheduler, "w1")
+    clock.advance(11)
+    await must_claim(scheduler, "w2")
+    before = await current(scheduler, "k")
+    calls = {
+        "ping": lambda: scheduler.store.ping(late),
+        "succeed": lambda: scheduler.store.succeed(late, "late result"),
+        "fail": lambda: scheduler.store.fail(late, RuntimeError("late")),
+        "release": lambda: scheduler.store.release(late),
+    }
+    with pytest.raises(ms.LeaseLost, match="w1"):
+        await calls[write]()
+    after = await current(scheduler, "k")
+    assert after.version == before.version, "a late worker's write changed the task"
+
+
+async def test_expired_lease_is_dead_even_before_takeover(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    lease = await must_claim(scheduler, "w1")
+    clock.advance(10)
+    with pytest.raises(ms.LeaseLost, match="expired"):
+        await scheduler.store.succeed(lease, 1)
+
+
+async def test_success_stores_the_result(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    await scheduler.publish("k", None, name="job")
+    lease = await must_claim(scheduler, "w1")
+    clock.advance(2)
+    task = await scheduler.store.succeed(lease, {"rows": 3, "path": "$not.a.path"})
+    check_consistent(task)
+    assert task.state is S.SUCCESS
+    assert task.result == {"rows": 3, "path": "$not.a.path"}
+    assert task.worker_states[0].finished_at == clock.now()
+
+
+async def test_fail_stores_a_bounded_error_summary(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0))
+    lease = await must_claim(scheduler, "w1")
+
+    def deep(n: int) -> None:
+        if n == 0:
+            raise KeyError("x" * 100_000)
+        deep(n - 1)
+
+    try:
+        deep(200)
+    except KeyError as exc:
+        task = await scheduler.store.fail(lease, exc)
+    assert task.state is S.FAIL and task.error is not None
+    assert task.error.type == "KeyError"
+    assert len(task.error.message) <= 4_000
+    assert "deep" in task.error.traceback and len(task.error.traceback) <= 8_000
+
+
+async def test_concurrency_two_needs_two_distinct_workers(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(concurrent_worker_cnt=2))
+    one = await must_claim(scheduler, "w1")
+    await scheduler.store.succeed(one, "a")
+    assert (await current(scheduler, "k")).state is S.PENDING
+    assert await claim(scheduler, "w1") is None, "the same worker succeeded twice"
+    two = await must_claim(scheduler, "w2")
+    task = await scheduler.store.succeed(two, "b")
+    assert task.state is S.SUCCESS
+    assert {ws.worker_id for ws in task.states(K.SUCCESS)} == {"w1", "w2"}
+
+
+async def test_retries_exhausted_by_timeouts_end_in_fail(scheduler: ms.Scheduler, clock):
+    opts = ms.TaskOptions(max_unexpected_retries=2, ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await scheduler.publish("k", None, name="job", options=opts)
+    for attempt in range(3):
+        await must_claim(scheduler, f"w{attempt}")
+        clock.advance(5)
+    # The next claim records the third timeout, finds the retries exhausted and takes nothing.
+    assert await claim(scheduler, "w9") is None
+    task = await current(scheduler, "k")
+    assert task.state is S.FAIL
+    assert [ws.state for ws in task.worker_states] == [K.TIMEOUT] * 3
+    assert task.error is not None and task.error.type == "WorkerTimeout"
+
+
+async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    opts = ms.TaskOptions(unexpected_retry_delay_ms=3_000)
+    await scheduler.publish("k", None, name="job", options=opts)
+    await scheduler.store.fail(await must_claim(scheduler, "w1"), RuntimeError("x"))
+    clock.advance(2.999)
+    assert await claim(scheduler, "w1") is None
+    clock.advance(0.001)
+    assert await claim(scheduler, "w1") is not None, "the same worker may retry its failure"
+
+
+async def test_release_frees_the_slot_without_counting_a_failure(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    lease = await must_claim(scheduler, "w1")
+    task = await scheduler.store.release(lease, "shutting down")
+    assert task.state is S.PENDING and task.unexpected_failures == 0
+    assert await claim(scheduler, "w2") is not None
+
+
+async def test_cancel_ends_the_task_and_fences_its_workers(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    lease = await must_claim(scheduler, "w1")
+    assert await scheduler.cancel("k", "no longer needed")
+    task = await current(scheduler, "k")
+    assert task.state is S.CANCELLED
+    assert task.error is not None and task.error.message == "no longer needed"
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    with pytest.raises(ms.LeaseLost, match="cancelled"):
+        await scheduler.store.ping(lease)
+    assert not await scheduler.cancel("k"), "cancelling twice reports nothing done"
+    assert await claim(scheduler, "w2") is None
+
+
+async def test_ping_many_reports_only_lost_leases(scheduler: ms.Scheduler, clock):
+    opts = ms.TaskOptions(concurrent_worker_cnt=1, ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    for key in ("a", "b", "c"):
+        await scheduler.publish(key, None, name="job", options=opts)
+    leases = [await must_claim(scheduler, "w1") for _ in range(3)]
+    await scheduler.cancel("b")
+    assert await scheduler.store.ping_many(leases) == [leases[1]]
+    clock.advance(4)
+    assert await scheduler.store.ping_many([leases[0], leases[2]]) == []
+
+
+async def test_result_that_cannot_be_stored_keeps_the_lease(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    lease = await must_claim(scheduler, "w1")
+    with pytest.raises(ms.PayloadError, match="result"):
+        await scheduler.store.succeed(lease, {"blob": "x" * (2 * 1024 * 1024)})
+    with pytest.raises(ms.PayloadError, match="result"):
+        await scheduler.store.succeed(lease, object())
+    task = await scheduler.store.succeed(lease, "small")
+    assert task.state is S.SUCCESS
