@@ -3,6 +3,7 @@
 from .__about__ import __version__
 from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
+from .consumer import Consumer
 from .errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -13,6 +14,7 @@ from .errors import (
     TaskNotFound,
     TaskRunning,
 )
+from .executor import ConsumerStats
 from .models import (
     ErrorInfo,
     Lease,
@@ -20,6 +22,7 @@ from .models import (
     Task,
     TaskOptions,
     TaskState,
+    WorkerOptions,
     WorkerState,
     WorkerStateKind,
 )
@@ -28,6 +31,8 @@ __all__ = [
     "BackendUnavailable",
     "Clock",
     "ConfigurationError",
+    "Consumer",
+    "ConsumerStats",
     "ErrorInfo",
     "Lease",
     "LeaseLost",
@@ -43,6 +48,7 @@ __all__ = [
     "TaskOptions",
     "TaskRunning",
     "TaskState",
+    "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",
     "__version__",

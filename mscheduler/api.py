@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -13,7 +14,9 @@ from .backends import (
     open_collection,
 )
 from .clock import Clock, SystemClock
-from .models import PublishResult, Task, TaskOptions
+from .consumer import Consumer
+from .executor import Handler
+from .models import PublishResult, Task, TaskOptions, WorkerOptions
 from .store import TaskStore
 
 
@@ -110,6 +113,19 @@ class Scheduler:
 
     async def get(self, key: str) -> Task | None:
         return await self.store.get(key)
+
+    def consumer(
+        self, handlers: Mapping[str, Handler], *, options: WorkerOptions | None = None
+    ) -> Consumer:
+        """A consumer that runs ``handlers`` (task name → ``async def handler(task)``; the
+        return value is stored as the result). Start it with ``await consumer.run()`` or
+        ``async with consumer:``."""
+        return Consumer(self.store, handlers, options)
+
+    async def set_options(self, key: str, options: TaskOptions) -> Task | None:
+        """Replace the options of a task that has not finished (None if it has). Running
+        workers no longer in ``specific_worker_ids`` stop and give the task back."""
+        return await self.store.set_options(key, options)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

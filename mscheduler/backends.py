@@ -23,7 +23,7 @@ from .memory import memory_server
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
-_MEMORY_OPTIONS = {"notablescan"}
+_MEMORY_OPTIONS = {"notablescan", "changestreams"}
 
 
 @dataclass
@@ -73,16 +73,26 @@ def _check_name(field: str, value: str) -> None:
 def _open_memory(uri: str, database: str, collection: str) -> Connection:
     parsed = urllib.parse.urlsplit(uri)
     if parsed.path not in ("", "/"):
-        raise ConfigurationError(f"uri: {uri!r}: a memory URI is memory://[NAME][?notablescan=1]")
+        raise ConfigurationError(
+            f"uri: {uri!r}: a memory URI is memory://[NAME][?notablescan=1&changestreams=0]"
+        )
     options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
     unknown = set(options) - _MEMORY_OPTIONS
     if unknown:
         raise ConfigurationError(f"uri: unknown memory:// option(s) {sorted(unknown)}")
-    notablescan = options.get("notablescan", ["0"])[-1].lower() in ("1", "true", "yes")
+
+    def flag(option: str, default: str) -> bool:
+        return options.get(option, [default])[-1].lower() in ("1", "true", "yes")
+
     _check_name("database", database)
     server = memory_server(parsed.netloc)
     return Connection(
-        server.collection(database, collection, notablescan=notablescan),
+        server.collection(
+            database,
+            collection,
+            notablescan=flag("notablescan", "0"),
+            change_streams=flag("changestreams", "1"),
+        ),
         _nothing_to_close,
         "memory",
     )

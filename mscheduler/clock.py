@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Protocol
 
+import anyio
+
 UTC = dt.timezone.utc
 
 
@@ -25,10 +27,28 @@ class Clock(Protocol):
         """The current time, aware UTC, millisecond precision."""
         ...
 
+    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
+        """Return when ``event`` is set or the clock reaches ``deadline`` (None: no deadline).
+
+        Every timer of the consumer goes through this, so a test's clock drives them all."""
+        ...
+
+
+async def sleep(clock: Clock, seconds: float) -> None:
+    await clock.wait_until(clock.now() + dt.timedelta(seconds=seconds), anyio.Event())
+
 
 class SystemClock:
     def now(self) -> dt.datetime:
         return to_bson_time(dt.datetime.now(UTC))
+
+    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
+        if deadline is None:
+            await event.wait()
+            return
+        delay = (deadline - dt.datetime.now(UTC)).total_seconds()
+        with anyio.move_on_after(max(delay, 0.0)):
+            await event.wait()
 
 
 class ManualClock:
@@ -36,13 +56,36 @@ class ManualClock:
 
     def __init__(self, start: dt.datetime | None = None) -> None:
         self._now = to_bson_time(start or dt.datetime(2030, 1, 1, tzinfo=UTC))
+        self._waiters: list[tuple[dt.datetime, anyio.Event]] = []
 
     def now(self) -> dt.datetime:
         return self._now
 
     def advance(self, seconds: float = 0.0, *, ms: int = 0) -> dt.datetime:
-        self._now = to_bson_time(self._now + dt.timedelta(seconds=seconds, milliseconds=ms))
+        self.set(self._now + dt.timedelta(seconds=seconds, milliseconds=ms))
         return self._now
 
     def set(self, moment: dt.datetime) -> None:
         self._now = to_bson_time(moment)
+        due = [(deadline, event) for deadline, event in self._waiters if deadline <= self._now]
+        for entry in due:
+            self._waiters.remove(entry)
+            entry[1].set()
+
+    @property
+    def next_deadline(self) -> dt.datetime | None:
+        """The earliest time someone waits for: tests advance to it to step the consumer."""
+        return min((deadline for deadline, _ in self._waiters), default=None)
+
+    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
+        if deadline is not None and deadline <= self._now:
+            await anyio.lowlevel.checkpoint()
+            return
+        entry = None if deadline is None else (deadline, event)
+        if entry is not None:
+            self._waiters.append(entry)
+        try:
+            await event.wait()
+        finally:
+            if entry is not None and entry in self._waiters:
+                self._waiters.remove(entry)

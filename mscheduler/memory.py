@@ -163,10 +163,12 @@ class MemoryCollection:
         indexes: list[tuple[str, list[tuple[str, int]]]],
         *,
         notablescan: bool = False,
+        change_streams: bool = True,
     ) -> None:
         self._inner = inner
         self.changes = feed
         self.notablescan = notablescan
+        self.change_streams = change_streams
         self.name: str = inner.name
         self.full_name: str = inner.full_name
         self._indexes = indexes  # shared by every wrapper of this collection
@@ -243,6 +245,10 @@ class MemoryCollection:
         start_after: Mapping[str, Any] | None = None,
         **_: Any,
     ) -> MemoryChangeStream:
+        if not self.change_streams:  # as a standalone mongod answers
+            raise OperationFailure(
+                "The $changeStream stage is only supported on replica sets", code=40573
+            )
         return self.changes.open(pipeline, full_document, start_after or resume_after)
 
     # -- writes: each one publishes the change it made
@@ -395,13 +401,20 @@ class MemoryServer:
         self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
 
     def collection(
-        self, database: str, collection: str, *, notablescan: bool = False
+        self,
+        database: str,
+        collection: str,
+        *,
+        notablescan: bool = False,
+        change_streams: bool = True,
     ) -> MemoryCollection:
         namespace = (database, collection)
         feed = self._feeds.setdefault(namespace, ChangeFeed(database, collection))
         indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
         inner = self.client[database][collection]
-        return MemoryCollection(inner, feed, indexes, notablescan=notablescan)
+        return MemoryCollection(
+            inner, feed, indexes, notablescan=notablescan, change_streams=change_streams
+        )
 
 
 _servers: dict[str, MemoryServer] = {}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import os
+import secrets
+import socket
 import traceback
 from typing import Annotated, Any
 
@@ -221,6 +224,22 @@ class Task(BaseModel):
     def unexpected_failures(self) -> int:
         return len(self.states(WorkerStateKind.FAIL)) + len(self.states(WorkerStateKind.TIMEOUT))
 
+    def next_claim_for(self, worker_id: str, now: dt.datetime) -> dt.datetime | None:
+        """When ``worker_id`` might claim this task (None: not as things stand).
+
+        The client-side half of the claim filter, used only to decide what to try: the claim
+        itself re-checks everything atomically on the server."""
+        if self.state not in CLAIMABLE_STATES or self.deps_pending > 0:
+            return None
+        if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:
+            return None
+        for ws in self.worker_states:
+            if ws.worker_id == worker_id and (
+                ws.state is WorkerStateKind.SUCCESS or ws.is_live(now)
+            ):
+                return None
+        return self.next_claim_at
+
 
 class PublishResult(BaseModel):
     """What publish did: ``created`` a new task, ``replaced`` a finished one, or neither."""
@@ -247,3 +266,36 @@ class Lease(BaseModel):
             if ws.run_id == self.run_id:
                 return ws.ping_expire_at
         return None
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class WorkerOptions(BaseModel):
+    """How a consumer runs: its identity, capacity, local retries and shutdown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker_id: str = Field(default_factory=_default_worker_id)
+    max_running: int = Field(default=16, ge=1, le=100_000)
+    handler_retries: int = Field(default=0, ge=0, le=100)
+    """Local re-runs of a failed handler, within the same lease, before recording ``fail``."""
+    retry_backoff_ms: int = Field(default=200, ge=0)
+    retry_backoff_max_ms: int = Field(default=10_000, ge=0)
+    shutdown_grace_ms: int = Field(default=30_000, ge=0)
+    heap_size: int = Field(default=10_000, ge=1)
+    fetch_batch_size: int = Field(default=500, ge=1)
+    poll_interval_ms: int = Field(default=5_000, ge=10)
+    """Re-fetch interval when the server has no change streams (standalone mongod)."""
+    reconnect_backoff_ms: int = Field(default=500, ge=1)
+    reconnect_backoff_max_ms: int = Field(default=30_000, ge=1)
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, worker_id: str) -> str:
+        return check_worker_id(worker_id)
+
+    def backoff_ms(self, attempt: int) -> float:
+        """Exponential backoff for local handler retries: base * 2**attempt, capped."""
+        return float(min(self.retry_backoff_ms * 2**attempt, self.retry_backoff_max_ms))

@@ -441,6 +441,42 @@ def release_update(worker_id: str, run_id: str, reason: str, now: dt.datetime) -
     ]
 
 
+# ---------------------------------------------------------------- the consumer's fetch
+
+
+def fetch_filter(names: Sequence[str]) -> Document:
+    """Tasks that are or will become claimable (pending, or running with a lease that may
+    expire or a free slot), earliest first: the consumer's heap is filled from these."""
+    return {"name": {"$in": list(names)}, "state": {"$in": _CLAIMABLE}}
+
+
+FETCH_SORT: list[tuple[str, int]] = [("next_claim_at", 1)]
+FETCH_PROJECTION: Document = {"payload": 0, "result": 0, "worker_states.result": 0}
+
+
+# ---------------------------------------------------------------- options
+
+
+def options_filter(key: str) -> Document:
+    return {"key": key, "state": {"$nin": _TERMINAL}}
+
+
+def options_update(options: TaskOptions, now: dt.datetime) -> Pipeline:
+    """New options take effect at once: the state and ``next_claim_at`` follow them, and the
+    consumers watching the task see the change (a worker no longer in
+    ``specific_worker_ids`` stops; a new ping interval applies from the next ping)."""
+    return [
+        _sweep_expired(now),
+        {
+            "$set": {
+                "options": _literal(options.to_document()),
+                "not_before": options.not_before,
+            }
+        },
+        *_recompute(now),
+    ]
+
+
 # ---------------------------------------------------------------- cancel
 
 

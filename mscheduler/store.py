@@ -348,6 +348,30 @@ class TaskStore:
             lease, q.release_update(lease.worker_id, lease.run_id, reason, now), now
         )
 
+    @_driver_errors
+    async def fetch(self, names: Sequence[str], limit: int, batch_size: int) -> list[Task]:
+        """The ``limit`` tasks of ``names`` that become claimable first (payloads left out)."""
+        await self._ready()
+        cursor = self.collection.find(
+            q.fetch_filter(names),
+            q.FETCH_PROJECTION,
+            sort=q.FETCH_SORT,
+            limit=limit,
+            batch_size=batch_size,
+        )
+        return [Task.model_validate(document) async for document in cursor]
+
+    @_driver_errors
+    async def set_options(self, key: str, options: TaskOptions) -> Task | None:
+        """Change the options of a task that has not finished; None if it has (or is gone)."""
+        await self._ready()
+        found = await self.collection.find_one_and_update(
+            q.options_filter(_validated(check_key, key)),
+            q.options_update(options, self.clock.now()),
+            return_document=ReturnDocument.AFTER,
+        )
+        return None if found is None else Task.model_validate(found)
+
     # ------------------------------------------------------------ cancel
 
     @_driver_errors

@@ -26,6 +26,8 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "lease write": (q.lease_filter("k", "w", "r", NOW), None),
     "cancel": (q.cancel_filter("k"), None),
     "lost leases": ({"key": {"$in": ["a", "b"]}}, None),
+    "consumer fetch": (q.fetch_filter(["a", "b"]), q.FETCH_SORT),
+    "set options": (q.options_filter("k"), None),
 }
 
 

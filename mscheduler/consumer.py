@@ -1,0 +1,232 @@
+"""`Consumer`: runs handlers for tasks of some names, in one anyio task group.
+
+- listener (`listener.py`): change events of the consumer's names → heap; running tasks that
+  changed → executor (cancelled remotely, worker excluded, new ping interval).
+- fetcher: the tasks that become claimable first → heap; at start (after the stream is open),
+  after an unresumable stream loss, when the heap drained after overflowing, and on every
+  poll interval when the server has no change streams.
+- heap (`heap.py`): next-claim time per key; the claimer sleeps until the earliest.
+- claimer: while a slot is free and something is due, claims the best task of its names
+  (server-side: priority, then age), so a later, higher-priority task still goes first.
+- executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
+
+Idle, it makes no database call at all: every loop waits on the clock or an event.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from .clock import sleep
+from .errors import BackendUnavailable, ConfigurationError
+from .executor import ConsumerStats, Executor, Handler
+from .heap import ClaimHeap
+from .listener import ChangeListener
+from .models import Task, WorkerOptions, check_name
+from .store import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+def _check_handlers(handlers: Any) -> dict[str, Handler]:
+    if not isinstance(handlers, Mapping) or not handlers:
+        raise ConfigurationError(
+            "handlers: expected a non-empty mapping of task name to async function"
+        )
+    checked: dict[str, Handler] = {}
+    for name, handler in handlers.items():
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise ConfigurationError(f"handlers: {exc}") from None
+        call = getattr(handler, "__call__", None)  # noqa: B004 - async callables objects too
+        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
+            raise ConfigurationError(
+                f"handlers[{name!r}]: expected an async function (task) -> result, got "
+                f"{type(handler).__name__}"
+            )
+        checked[name] = handler
+    return checked
+
+
+class Consumer:
+    """Claims and runs tasks of the handled names until `stop` or cancellation."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        handlers: Mapping[str, Handler],
+        options: WorkerOptions | None = None,
+    ) -> None:
+        if options is not None and not isinstance(options, WorkerOptions):
+            raise ConfigurationError(
+                f"options: expected WorkerOptions, got {type(options).__name__}"
+            )
+        self.options = options or WorkerOptions()
+        self.handlers = _check_handlers(handlers)
+        self.names = sorted(self.handlers)
+        self.worker_id = self.options.worker_id
+        self.stats = ConsumerStats()
+        self._store = store
+        self._clock = store.clock
+        self._heap = ClaimHeap(self.options.heap_size)
+        self._wake = anyio.Event()
+        self._stop_requested = anyio.Event()
+        self._executor = Executor(
+            store, self.handlers, self.options, self._clock, self.stats, self._wake_claimer
+        )
+        self._listener = ChangeListener(
+            store.collection, self.names, self.options, self._clock, self._on_change, self._fetch
+        )
+        self._own_task_group: TaskGroup | None = None
+
+    @property
+    def polling(self) -> bool:
+        """True when the server has no change streams and the consumer polls instead."""
+        return self._listener.polling
+
+    @property
+    def running(self) -> list[str]:
+        """Keys of the tasks this consumer is running now."""
+        return self._executor.running_keys
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Run until `stop` (graceful) or cancellation (hard: running leases left to expire)."""
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(self._serve)
+
+    def stop(self) -> None:
+        """Stop claiming, let running handlers finish within the grace period, release the rest."""
+        self._stop_requested.set()
+
+    async def __aenter__(self) -> Consumer:
+        """Returns once the change stream is open and the first fetch is done."""
+        self._own_task_group = anyio.create_task_group()
+        await self._own_task_group.__aenter__()
+        try:
+            await self._own_task_group.start(self._serve)
+        except BaseException as exc:
+            await self._own_task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._own_task_group is not None
+        self.stop()
+        return await self._own_task_group.__aexit__(exc_type, exc, tb)
+
+    async def _serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        log.info(
+            "consumer starting",
+            extra={"action": "consumer_start", "worker_id": self.worker_id, "names": self.names},
+        )
+        async with anyio.create_task_group() as task_group:
+            self._executor.bind(task_group)
+            await task_group.start(self._listener.run)  # the stream is open before the fetch
+            await self._fetch()
+            task_group.start_soon(self._executor.ping_loop)
+            claiming = anyio.CancelScope()
+            task_group.start_soon(self._claim_and_poll, claiming)
+            task_status.started()
+            await self._stop_requested.wait()
+            claiming.cancel()
+            await self._executor.shutdown()
+            task_group.cancel_scope.cancel()
+        log.info(
+            "consumer stopped",
+            extra={"action": "consumer_stop", "worker_id": self.worker_id},
+        )
+
+    async def _claim_and_poll(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(self._claim_loop)
+                if self._listener.polling:
+                    task_group.start_soon(self._poll_loop)
+
+    # ------------------------------------------------------------ feeding the heap
+
+    def _on_change(self, task: Task) -> None:
+        self._executor.on_change(task)
+        self._offer(task)
+
+    def _offer(self, task: Task) -> None:
+        when = task.next_claim_for(self.worker_id, self._clock.now())
+        if self._heap.offer(task.key, when, task.version):
+            self._wake_claimer()
+
+    async def _fetch(self) -> None:
+        """Fill the heap with the tasks claimable soonest; retried until the database answers."""
+        attempt = 0
+        while True:
+            try:
+                tasks = await self._store.fetch(
+                    self.names, self.options.heap_size, self.options.fetch_batch_size
+                )
+                break
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "fetch_retry"})
+                backoff_ms = min(
+                    self.options.reconnect_backoff_ms * 2**attempt,
+                    self.options.reconnect_backoff_max_ms,
+                )
+                await sleep(self._clock, backoff_ms / 1000)
+                attempt += 1
+        self._heap.overflowed = len(tasks) >= self.options.heap_size
+        for task in tasks:
+            self._offer(task)
+        self._wake_claimer()
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await sleep(self._clock, self.options.poll_interval_ms / 1000)
+            await self._fetch()
+
+    # ------------------------------------------------------------ claiming
+
+    def _wake_claimer(self) -> None:
+        self._wake.set()
+
+    async def _claim_loop(self) -> None:
+        while True:
+            self._wake = wake = anyio.Event()
+            now = self._clock.now()
+            earliest = self._heap.earliest()
+            if self._executor.free_slots <= 0 or earliest is None or earliest > now:
+                if earliest is None and self._heap.overflowed:
+                    await self._fetch()  # drained after dropping entries: look again
+                    continue
+                deadline = earliest if self._executor.free_slots > 0 else None
+                await self._clock.wait_until(deadline, wake)
+                continue
+            await self._claim_due(now)
+
+    async def _claim_due(self, now: Any) -> None:
+        try:
+            lease = await self._store.claim(self.worker_id, names=self.names)
+        except BackendUnavailable as exc:
+            log.warning(str(exc), extra={"action": "claim_retry"})
+            await sleep(self._clock, self.options.reconnect_backoff_ms / 1000)
+            return
+        if lease is None:
+            # Nothing due is claimable by us after all (taken, or changed): the change stream
+            # brings these keys back when they change.
+            self._heap.pop_due(now)
+            return
+        self._heap.discard(lease.key)
+        self.stats.claimed += 1
+        self._executor.start(lease)

@@ -1,0 +1,278 @@
+"""Runs a consumer's handlers: local retries, one bulk ping per interval, fenced finish, release.
+
+Each running task has its own cancel scope, so a lost lease, a remote cancel or a shutdown
+stops exactly that handler. What a worker writes for a task is always fenced by its run_id
+(see `queries.lease_filter`): whatever this module decides, a late write changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .clock import Clock, sleep
+from .errors import BackendUnavailable, LeaseLost, PayloadError
+from .models import Lease, Task, WorkerOptions, WorkerStateKind
+from .store import TaskStore
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Task], Awaitable[Any]]
+
+_RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
+
+
+@dataclasses.dataclass
+class ConsumerStats:
+    """What a consumer did; read by tests, benchmarks and the metrics exporter."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    handler_retries: int = 0
+    lease_lost: int = 0
+    released: int = 0
+    cancelled: int = 0
+    pings: int = 0
+
+
+@dataclasses.dataclass
+class _Running:
+    lease: Lease
+    scope: anyio.CancelScope
+    next_ping_at: dt.datetime
+    expire_at: dt.datetime
+    ping_interval_ms: int
+    worker_timeout_ms: int
+    stop_reason: str | None = None
+    release_on_stop: bool = False
+
+    def stop(self, reason: str, *, release: bool) -> None:
+        if self.stop_reason is None:
+            self.stop_reason, self.release_on_stop = reason, release
+            self.scope.cancel()
+
+
+@dataclasses.dataclass
+class _Outcome:
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Executor:
+    def __init__(
+        self,
+        store: TaskStore,
+        handlers: Mapping[str, Handler],
+        options: WorkerOptions,
+        clock: Clock,
+        stats: ConsumerStats,
+        on_slot_freed: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._handlers = handlers
+        self._options = options
+        self._clock = clock
+        self._stats = stats
+        self._on_slot_freed = on_slot_freed
+        self._running: dict[str, _Running] = {}
+        self._ping_wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._task_group: TaskGroup | None = None
+
+    @property
+    def free_slots(self) -> int:
+        return self._options.max_running - len(self._running)
+
+    @property
+    def running_keys(self) -> list[str]:
+        return list(self._running)
+
+    def bind(self, task_group: TaskGroup) -> None:
+        self._task_group = task_group
+
+    # ------------------------------------------------------------ running one task
+
+    def start(self, lease: Lease) -> None:
+        assert self._task_group is not None, "Executor.bind() first"
+        now = self._clock.now()
+        options = lease.task.options
+        self._running[lease.key] = _Running(
+            lease=lease,
+            scope=anyio.CancelScope(),
+            next_ping_at=now + dt.timedelta(milliseconds=options.ping_interval_ms),
+            expire_at=lease.ping_expire_at or now,
+            ping_interval_ms=options.ping_interval_ms,
+            worker_timeout_ms=options.worker_timeout_ms,
+        )
+        self._ping_wake.set()
+        self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
+
+    async def _run(self, key: str) -> None:
+        entry = self._running[key]
+        try:
+            with entry.scope:
+                outcome = await self._call_handler(entry.lease.task)
+            if entry.stop_reason is not None:
+                await self._after_stop(entry)
+            else:
+                await self._finish(entry, outcome)
+        finally:
+            del self._running[key]
+            if not self._running:
+                self._idle.set()
+            self._on_slot_freed()
+
+    async def _call_handler(self, task: Task) -> _Outcome:
+        handler = self._handlers[task.name]
+        for attempt in range(self._options.handler_retries + 1):
+            try:
+                return _Outcome(result=await handler(task))
+            except Exception as exc:
+                if attempt == self._options.handler_retries:
+                    return _Outcome(error=exc)
+                self._stats.handler_retries += 1
+                log.info(
+                    "handler failed, retrying locally",
+                    extra={"action": "handler_retry", "key": task.key, "attempt": attempt + 1},
+                    exc_info=exc,
+                )
+                await sleep(self._clock, self._options.backoff_ms(attempt) / 1000)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _finish(self, entry: _Running, outcome: _Outcome) -> None:
+        """Record the outcome, retrying while the database is unreachable and the lease lives."""
+        lease = entry.lease
+        attempt = 0
+        while True:
+            try:
+                if outcome.error is None:
+                    try:
+                        await self._store.succeed(lease, outcome.result)
+                        self._stats.succeeded += 1
+                        return
+                    except PayloadError as exc:
+                        outcome = _Outcome(error=exc)  # the result cannot be stored: a failure
+                assert outcome.error is not None
+                await self._store.fail(lease, outcome.error)
+                self._stats.failed += 1
+                return
+            except LeaseLost as exc:
+                self._stats.lease_lost += 1
+                log.warning(str(exc), extra={"action": "lease_lost", "key": lease.key})
+                return
+            except BackendUnavailable as exc:
+                if self._clock.now() >= entry.expire_at:
+                    log.warning(
+                        "outcome not recorded: the lease expired while MongoDB was unreachable",
+                        extra={"action": "outcome_lost", "key": lease.key},
+                    )
+                    return
+                log.warning(str(exc), extra={"action": "finish_retry", "key": lease.key})
+                await sleep(self._clock, self._reconnect_backoff(attempt))
+                attempt += 1
+
+    async def _after_stop(self, entry: _Running) -> None:
+        lease = entry.lease
+        log.info(
+            "handler stopped: %s",
+            entry.stop_reason,
+            extra={"action": "handler_stopped", "key": lease.key},
+        )
+        if not entry.release_on_stop:
+            self._stats.cancelled += 1
+            return
+        with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
+            try:
+                await self._store.release(lease, entry.stop_reason or "released")
+                self._stats.released += 1
+            except (LeaseLost, BackendUnavailable) as exc:
+                log.warning(str(exc), extra={"action": "release_failed", "key": lease.key})
+
+    def _reconnect_backoff(self, attempt: int) -> float:
+        millis: int = min(
+            self._options.reconnect_backoff_ms * 2**attempt, self._options.reconnect_backoff_max_ms
+        )
+        return millis / 1000
+
+    # ------------------------------------------------------------ what the listener saw
+
+    def on_change(self, task: Task) -> None:
+        """A running task changed: stop its handler if it was cancelled, taken over or no
+        longer ours to run; otherwise pick up a new ping interval."""
+        entry = self._running.get(task.key)
+        if entry is None or task.version <= entry.lease.task.version:
+            return  # not ours, or a snapshot from before our claim
+        own = next((ws for ws in task.worker_states if ws.run_id == entry.lease.run_id), None)
+        if task.state.is_terminal or own is None or own.state is not WorkerStateKind.RUNNING:
+            entry.stop(f"the task is {task.state.value} and no longer held", release=False)
+        elif (
+            task.options.specific_worker_ids
+            and self._options.worker_id not in task.options.specific_worker_ids
+        ):
+            entry.stop("this worker was removed from specific_worker_ids", release=True)
+        else:
+            entry.ping_interval_ms = task.options.ping_interval_ms
+            entry.worker_timeout_ms = task.options.worker_timeout_ms
+
+    # ------------------------------------------------------------ pinging
+
+    async def ping_loop(self) -> None:
+        """One bulk write pings every lease that is due (or due within half its interval)."""
+        attempt = 0
+        while True:
+            self._ping_wake = wake = anyio.Event()
+            deadline = min((e.next_ping_at for e in self._running.values()), default=None)
+            await self._clock.wait_until(deadline, wake)
+            now = self._clock.now()
+            for entry in self._running.values():
+                if entry.expire_at <= now:
+                    entry.stop("the lease expired before a ping got through", release=False)
+            batch = [
+                e
+                for e in self._running.values()
+                if e.stop_reason is None
+                and e.next_ping_at - dt.timedelta(milliseconds=e.ping_interval_ms / 2) <= now
+            ]
+            if not batch or min(e.next_ping_at for e in batch) > now:
+                continue
+            try:
+                lost = await self._store.ping_many([e.lease for e in batch])
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "ping_retry"})
+                retry_at = now + dt.timedelta(seconds=self._reconnect_backoff(attempt))
+                for entry in batch:
+                    entry.next_ping_at = min(retry_at, entry.expire_at)
+                attempt += 1
+                continue
+            attempt = 0
+            self._stats.pings += 1
+            lost_runs = {lease.run_id for lease in lost}
+            for entry in batch:
+                if entry.lease.run_id in lost_runs:
+                    self._stats.lease_lost += 1
+                    entry.stop("the lease was lost (found at ping)", release=False)
+                else:
+                    entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)
+                    entry.next_ping_at = now + dt.timedelta(milliseconds=entry.ping_interval_ms)
+
+    # ------------------------------------------------------------ shutdown
+
+    async def shutdown(self) -> None:
+        """Let handlers finish within the grace period, then stop the rest and release them,
+        so another worker can claim at once instead of waiting for the leases to expire."""
+        deadline = self._clock.now() + dt.timedelta(milliseconds=self._options.shutdown_grace_ms)
+        while self._running and self._clock.now() < deadline:
+            self._idle = idle = anyio.Event()
+            await self._clock.wait_until(deadline, idle)
+        for entry in list(self._running.values()):
+            entry.stop("the worker is shutting down", release=True)
+        while self._running:
+            self._idle = idle = anyio.Event()
+            await idle.wait()

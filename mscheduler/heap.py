@@ -1,0 +1,86 @@
+"""The consumer's view of what it may claim next: one entry per key, earliest time first."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import heapq
+
+
+class ClaimHeap:
+    """Next-claim times keyed by task key, bounded, fed by change events and fetches.
+
+    - One entry per key: a newer offer replaces the older one (lazy deletion in the heap).
+    - Offers carry the document ``version``; an older snapshot than one already seen (a fetch
+      racing a change event, an event delivered twice or out of order) changes nothing.
+    - Never more than ``bound`` entries: past it the latest are dropped and ``overflowed`` is
+      set, so the fetcher knows to look again once the heap drains.
+    """
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.overflowed = False
+        self._entries: dict[str, dt.datetime] = {}
+        self._heap: list[tuple[dt.datetime, str]] = []
+        # Versions of keys seen lately, kept after removal so stale snapshots stay ignored.
+        self._versions: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def _newer(self, key: str, version: int) -> bool:
+        seen = self._versions.get(key)
+        if seen is not None and version < seen:
+            return False
+        self._versions[key] = version
+        self._versions.move_to_end(key)
+        while len(self._versions) > 2 * self.bound:
+            self._versions.popitem(last=False)
+        return True
+
+    def offer(self, key: str, when: dt.datetime | None, version: int) -> bool:
+        """Record that ``key`` is claimable from ``when`` (None: not by us). True if the
+        earliest time moved earlier, i.e. the claimer should wake."""
+        if not self._newer(key, version):
+            return False
+        if when is None:
+            self._entries.pop(key, None)
+            return False
+        if self._entries.get(key) == when:
+            return False
+        earliest = self.earliest()
+        self._entries[key] = when
+        heapq.heappush(self._heap, (when, key))
+        if len(self._entries) > self.bound:
+            self._shrink()
+        return key in self._entries and (earliest is None or when < earliest)
+
+    def discard(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def earliest(self) -> dt.datetime | None:
+        self._drop_stale_top()
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: dt.datetime) -> list[str]:
+        """Remove and return every key due at ``now``, earliest first."""
+        due: list[str] = []
+        while (earliest := self.earliest()) is not None and earliest <= now:
+            _, key = heapq.heappop(self._heap)
+            del self._entries[key]
+            due.append(key)
+        return due
+
+    def _drop_stale_top(self) -> None:
+        while self._heap and self._entries.get(self._heap[0][1]) != self._heap[0][0]:
+            heapq.heappop(self._heap)
+
+    def _shrink(self) -> None:
+        keep = heapq.nsmallest(self.bound, self._entries.items(), key=lambda item: item[1])
+        self._entries = dict(keep)
+        self._heap = [(when, key) for key, when in keep]
+        heapq.heapify(self._heap)
+        self.overflowed = True

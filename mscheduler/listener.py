@@ -1,0 +1,165 @@
+"""The consumer's change-stream listener: the reason an idle consumer costs the database nothing.
+
+Opened before the first fetch, so no task published in between is missed. Keeps the resume
+token; after an error it reopens from that token; if the server can no longer resume (the
+oplog rolled past it), it opens a fresh stream *first* and then asks for a full re-fetch, so
+again nothing is missed. A server without change streams (a standalone mongod) makes it report
+"polling" once, with a warning, and return.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from pydantic import ValidationError
+from pymongo.errors import OperationFailure, PyMongoError
+
+from .clock import Clock, sleep
+from .models import Task, WorkerOptions
+
+log = logging.getLogger(__name__)
+
+# The server cannot run change streams at all: poll instead.
+CHANGE_STREAMS_UNSUPPORTED = frozenset({40573, 40324, 115})
+# The stream cannot be resumed from our token: start afresh and re-fetch everything.
+RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
+
+
+def change_stream_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
+    """Server-side filter: only writes to the consumer's task names. Deletes are left out:
+    a deleted task's claim or ping simply matches nothing."""
+    return [
+        {
+            "$match": {
+                "operationType": {"$in": ["insert", "update", "replace"]},
+                "fullDocument.name": {"$in": list(names)},
+            }
+        }
+    ]
+
+
+class ChangeListener:
+    def __init__(
+        self,
+        collection: Any,
+        names: Sequence[str],
+        options: WorkerOptions,
+        clock: Clock,
+        on_change: Callable[[Task], None],
+        on_resync: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._collection = collection
+        self._names = list(names)
+        self._options = options
+        self._clock = clock
+        self._on_change = on_change
+        self._on_resync = on_resync
+        self.resume_token: Any = None
+        self.polling = False
+        self.reopened = 0
+        self.resyncs = 0
+
+    async def _open(self, resume_token: Any) -> Any:
+        kwargs: dict[str, Any] = {"full_document": "updateLookup"}
+        if resume_token is not None:
+            kwargs["resume_after"] = resume_token
+        stream = self._collection.watch(change_stream_pipeline(self._names), **kwargs)
+        if inspect.isawaitable(stream):  # pymongo's async API; Motor returns the stream
+            stream = await stream
+        return stream
+
+    async def run(self, *, task_status: TaskStatus[bool] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Reports True once the stream is open, or False when polling must replace it."""
+        try:
+            stream = await self._open(None)
+        except OperationFailure as exc:
+            if exc.code not in CHANGE_STREAMS_UNSUPPORTED:
+                raise
+            self.polling = True
+            log.warning(
+                "change streams are not available (%s); polling for tasks every %.1f s "
+                "instead, which reacts more slowly and costs a query per interval",
+                exc,
+                self._options.poll_interval_ms / 1000,
+                extra={"action": "polling_fallback"},
+            )
+            task_status.started(False)
+            return
+        self.resume_token = stream.resume_token
+        task_status.started(True)
+        attempt = 0
+        while True:
+            try:
+                await self._read(stream)
+            except PyMongoError as exc:
+                log.warning(
+                    "change stream failed, reopening: %s", exc, extra={"action": "stream_error"}
+                )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _close_quietly(stream)
+            stream = await self._reopen(attempt)
+            attempt += 1
+
+    async def _read(self, stream: Any) -> None:
+        while True:
+            event = await stream.next()
+            self.resume_token = stream.resume_token or event.get("_id")
+            document = event.get("fullDocument")
+            if document is None:
+                continue  # deleted before the lookup: nothing to claim
+            try:
+                task = Task.model_validate(document)
+            except ValidationError as exc:
+                log.warning(
+                    "ignoring a document that is not a task: %s",
+                    exc,
+                    extra={"action": "foreign_document"},
+                )
+                continue
+            self._on_change(task)
+
+    async def _reopen(self, attempt: int) -> Any:
+        """Reopen from the resume token; if that is impossible, afresh plus a full re-fetch."""
+        while True:
+            delay_ms = min(
+                self._options.reconnect_backoff_ms * 2**attempt,
+                self._options.reconnect_backoff_max_ms,
+            )
+            await sleep(self._clock, delay_ms / 1000)
+            try:
+                try:
+                    stream = await self._open(self.resume_token)
+                except OperationFailure as exc:
+                    if exc.code not in RESUME_IMPOSSIBLE:
+                        raise
+                    log.warning(
+                        "change stream cannot resume (%s); re-fetching all tasks",
+                        exc,
+                        extra={"action": "stream_resync"},
+                    )
+                    stream = await self._open(None)
+                    self.resume_token = stream.resume_token
+                    self.resyncs += 1
+                    await self._on_resync()
+                self.reopened += 1
+                return stream
+            except PyMongoError as exc:
+                log.warning(
+                    "change stream reopen failed: %s", exc, extra={"action": "stream_error"}
+                )
+                attempt += 1
+
+
+async def _close_quietly(stream: Any) -> None:
+    try:
+        result = stream.close()
+        if inspect.isawaitable(result):
+            await result
+    except PyMongoError:
+        pass

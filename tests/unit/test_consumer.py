@@ -1,0 +1,396 @@
+"""Consumer scenarios on the memory backend: several consumers in one process, a manual clock.
+
+Nothing here sleeps: `settle` waits until every task in the process is blocked (each consumer
+idle, waiting on the clock or an event), and the clock moves only when a test moves it."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import pytest
+from pymongo.errors import AutoReconnect
+
+import mscheduler as ms
+from mscheduler.testing import CountingCollection
+from tests.oracle import check_consistent
+
+pytestmark = pytest.mark.anyio
+K = ms.WorkerStateKind
+S = ms.TaskState
+FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
+
+
+async def settle() -> None:
+    """Let every consumer run until it blocks; a few rounds for chains of wake-ups."""
+    for _ in range(3):
+        await anyio.wait_all_tasks_blocked()
+
+
+class Recorder:
+    """A handler that records who ran what; optionally waits on a gate or fails."""
+
+    def __init__(self, *, gate: anyio.Event | None = None, fail: bool = False) -> None:
+        self.runs: list[tuple[str, str]] = []
+        self.cancelled: list[str] = []
+        self.gate = gate
+        self.fail = fail
+
+    def for_worker(self, worker_id: str) -> Callable[[ms.Task], Any]:
+        async def handler(task: ms.Task) -> Any:
+            self.runs.append((task.key, worker_id))
+            try:
+                if self.gate is not None:
+                    await self.gate.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancelled.append(task.key)
+                raise
+            if self.fail:
+                raise RuntimeError(f"{task.key} failed")
+            return {"by": worker_id}
+
+        return handler
+
+
+@contextlib.asynccontextmanager
+async def consumers(
+    sched: ms.Scheduler, recorder: Recorder, count: int = 1, **options: Any
+) -> AsyncIterator[list[ms.Consumer]]:
+    started = [
+        sched.consumer(
+            {"job": recorder.for_worker(f"w{i}")},
+            options=ms.WorkerOptions(worker_id=f"w{i}", **options),
+        )
+        for i in range(count)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in started:
+            await stack.enter_async_context(consumer)
+        yield started
+
+
+async def test_tasks_before_and_after_start_each_run_once(scheduler: ms.Scheduler):
+    for n in range(50):
+        await scheduler.publish(f"before:{n}", {"n": n}, name="job")
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, count=3):
+        for n in range(50):
+            await scheduler.publish(f"after:{n}", {"n": n}, name="job")
+        await settle()
+    keys = [key for key, _ in recorder.runs]
+    assert sorted(keys) == sorted(
+        [f"before:{n}" for n in range(50)] + [f"after:{n}" for n in range(50)]
+    )
+    assert len(set(keys)) == 100, "a task ran twice"
+    assert len({worker for _, worker in recorder.runs}) > 1, "the work was not shared"
+    for key in keys[:5]:
+        task = await scheduler.get(key)
+        assert task is not None and task.state is S.SUCCESS
+        check_consistent(task)
+
+
+async def test_concurrency_two_runs_on_exactly_two_workers(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(concurrent_worker_cnt=2)
+    await scheduler.publish("pair", None, name="job", options=opts)
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, count=3):
+        await settle()
+    task = await scheduler.get("pair")
+    assert task is not None and task.state is S.SUCCESS
+    assert len(recorder.runs) == 2
+    assert len({ws.worker_id for ws in task.states(K.SUCCESS)}) == 2
+
+
+async def test_specific_worker_runs_its_task(scheduler: ms.Scheduler):
+    for n in range(5):
+        opts = ms.TaskOptions(specific_worker_ids=["w2"])
+        await scheduler.publish(f"only-w2:{n}", None, name="job", options=opts)
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, count=3):
+        await settle()
+    assert {worker for _, worker in recorder.runs} == {"w2"}
+    assert len(recorder.runs) == 5
+
+
+async def test_higher_priority_published_later_runs_first(scheduler: ms.Scheduler, clock):
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(scheduler, recorder, max_running=1):
+        await scheduler.publish("blocker", None, name="job")
+        await settle()
+        await scheduler.publish("low", None, name="job", options=ms.TaskOptions(priority=0))
+        clock.advance(1)
+        await scheduler.publish("high", None, name="job", options=ms.TaskOptions(priority=9))
+        await settle()
+        assert [key for key, _ in recorder.runs] == ["blocker"]
+        gate.set()
+        await settle()
+    assert [key for key, _ in recorder.runs] == ["blocker", "high", "low"]
+
+
+async def test_not_before_wakes_the_consumer_when_due_without_polling(clock):
+    sched = ms.Scheduler(CountingCollection(_memory_collection()), clock=clock)
+    recorder = Recorder()
+    async with consumers(sched, recorder):
+        due = clock.now() + dt.timedelta(minutes=1)
+        await sched.publish("later", None, name="job", options=ms.TaskOptions(not_before=due))
+        await settle()
+        sched.collection.reset()
+        clock.advance(59.999)
+        await settle()
+        assert recorder.runs == []
+        assert sched.collection.calls == 0, "an idle consumer queried the database"
+        clock.advance(0.001)
+        await settle()
+        assert recorder.runs == [("later", "w0")]
+
+
+async def test_takeover_of_a_vanished_workers_task(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("orphan", None, name="job", options=FAST)
+    ghost = await scheduler.store.claim("ghost", names=["job"])
+    assert ghost is not None
+    recorder = Recorder()
+    async with consumers(scheduler, recorder):
+        await settle()
+        clock.advance(4.999)
+        await settle()
+        assert recorder.runs == [], "taken over before the lease expired"
+        clock.advance(0.001)
+        await settle()
+        assert recorder.runs == [("orphan", "w0")]
+    with pytest.raises(ms.LeaseLost):
+        await scheduler.store.succeed(ghost, "too late")
+    task = await scheduler.get("orphan")
+    assert task is not None and task.state is S.SUCCESS and task.result == {"by": "w0"}
+    assert [ws.state for ws in task.worker_states] == [K.TIMEOUT, K.SUCCESS]
+
+
+async def test_pings_keep_a_long_task_and_one_write_covers_all(clock):
+    sched = ms.Scheduler(CountingCollection(_memory_collection()), clock=clock)
+    for n in range(10):
+        await sched.publish(f"long:{n}", None, name="job", options=FAST)
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(sched, recorder, count=1) as (consumer,):
+        await settle()
+        assert len(recorder.runs) == 10
+        sched.collection.reset()
+        for _ in range(20):  # 20 s: four times the worker timeout
+            clock.advance(1)
+            await settle()
+        assert sched.collection.counts == {"bulk_write": 20}, sched.collection.counts
+        assert consumer.stats.pings == 20
+        gate.set()
+        await settle()
+    assert consumer.stats.succeeded == 10 and consumer.stats.lease_lost == 0
+
+
+async def test_a_new_ping_interval_applies_from_the_next_ping(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    gate = anyio.Event()
+    async with consumers(scheduler, Recorder(gate=gate)) as (consumer,):
+        await settle()
+        slower = ms.TaskOptions(ping_interval_ms=3_000, worker_timeout_ms=10_000)
+        await scheduler.set_options("k", slower)
+        await settle()
+        clock.advance(1)  # the ping already scheduled happens
+        await settle()
+        assert consumer.stats.pings == 1
+        clock.advance(2)
+        await settle()
+        assert consumer.stats.pings == 1, "pinged at the old interval"
+        clock.advance(1)
+        await settle()
+        assert consumer.stats.pings == 2
+        gate.set()
+
+
+async def test_remote_cancel_stops_the_handler(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    recorder = Recorder(gate=anyio.Event())
+    async with consumers(scheduler, recorder) as (consumer,):
+        await settle()
+        assert await scheduler.cancel("k")
+        await settle()
+        assert recorder.cancelled == ["k"]
+        assert consumer.running == []
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.CANCELLED
+    assert consumer.stats.cancelled == 1
+
+
+async def test_excluded_worker_stops_and_gives_the_task_back(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(scheduler, recorder, count=2):
+        await settle()
+        ((_, first_worker),) = recorder.runs
+        other = "w1" if first_worker == "w0" else "w0"
+        await scheduler.set_options("k", ms.TaskOptions(specific_worker_ids=[other]))
+        await settle()
+        assert recorder.cancelled == ["k"]
+        gate.set()
+        await settle()
+    assert recorder.runs == [("k", first_worker), ("k", other)]
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED, K.SUCCESS]
+    assert task.unexpected_failures == 0
+
+
+async def test_handler_errors_retry_locally_then_fail(scheduler: ms.Scheduler, clock):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("k", None, name="job", options=opts)
+    recorder = Recorder(fail=True)
+    async with consumers(scheduler, recorder, handler_retries=2, retry_backoff_ms=100) as (
+        consumer,
+    ):
+        await settle()
+        assert len(recorder.runs) == 1
+        clock.advance(0.1)
+        await settle()
+        assert len(recorder.runs) == 2
+        clock.advance(0.2)  # backoff doubles
+        await settle()
+        assert len(recorder.runs) == 3
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.FAIL
+    assert task.error is not None and task.error.message == "k failed"
+    assert consumer.stats.handler_retries == 2 and consumer.stats.failed == 1
+
+
+async def test_graceful_stop_releases_running_tasks(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("k", None, name="job")
+    recorder = Recorder(gate=anyio.Event())
+    consumer = scheduler.consumer(
+        {"job": recorder.for_worker("w0")},
+        options=ms.WorkerOptions(worker_id="w0", shutdown_grace_ms=1_000),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await settle()
+        consumer.stop()
+        await settle()
+        assert recorder.cancelled == [], "cancelled before the grace period ended"
+        clock.advance(1)
+    assert recorder.cancelled == ["k"]
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.PENDING
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    assert await scheduler.store.claim("w1", names=["job"]) is not None, "not claimable at once"
+
+
+async def test_graceful_stop_lets_a_handler_finish_within_grace(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    consumer = scheduler.consumer({"job": recorder.for_worker("w0")})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await settle()
+        consumer.stop()
+        await settle()
+        gate.set()
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS
+
+
+async def test_hard_stop_leaves_the_lease_to_expire(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("k", None, name="job", options=FAST)
+    recorder = Recorder(gate=anyio.Event())
+    consumer = scheduler.consumer({"job": recorder.for_worker("w0")})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await settle()
+        tg.cancel_scope.cancel()
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.RUNNING
+    assert await scheduler.store.claim("w1", names=["job"]) is None
+    clock.advance(5)
+    assert await scheduler.store.claim("w1", names=["job"]) is not None
+
+
+async def test_stream_error_is_resumed_without_missing_a_task(scheduler: ms.Scheduler, clock):
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
+        scheduler.collection.changes.inject_error(AutoReconnect("connection reset"))
+        await settle()
+        await scheduler.publish("during-outage", None, name="job")
+        await settle()
+        assert recorder.runs == [], "the stream was supposed to be down"
+        clock.advance(0.1)
+        await settle()
+        assert recorder.runs == [("during-outage", "w0")]
+        assert consumer._listener.reopened == 1 and consumer._listener.resyncs == 0
+
+
+async def test_unresumable_stream_loss_refetches_everything(scheduler: ms.Scheduler, clock):
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
+        feed = scheduler.collection.changes
+        feed.inject_error(AutoReconnect("connection reset"))
+        await settle()
+        await scheduler.publish("lost-event", None, name="job")
+        feed.forget_history()  # the oplog rolled past our resume token
+        clock.advance(0.1)
+        await settle()
+        assert recorder.runs == [("lost-event", "w0")]
+        assert consumer._listener.resyncs == 1
+        await scheduler.publish("after", None, name="job")
+        await settle()
+        assert ("after", "w0") in recorder.runs
+
+
+async def test_polling_fallback_warns_and_keeps_working(clock, caplog):
+    sched = await ms.Scheduler.connect("memory://?changestreams=0", clock=clock)
+    recorder = Recorder(gate=anyio.Event())
+    with caplog.at_level(logging.WARNING, logger="mscheduler"):
+        async with consumers(sched, recorder, poll_interval_ms=2_000) as (consumer,):
+            assert consumer.polling
+            await sched.publish("k1", None, name="job", options=FAST)
+            await settle()
+            assert recorder.runs == []
+            clock.advance(2)
+            await settle()
+            assert recorder.runs == [("k1", "w0")]
+            # Without a stream, a remote cancel is noticed at the next ping (LeaseLost).
+            await sched.cancel("k1")
+            clock.advance(1)
+            await settle()
+            assert recorder.cancelled == ["k1"]
+            assert consumer.stats.lease_lost == 1
+    warnings = [r for r in caplog.records if getattr(r, "action", "") == "polling_fallback"]
+    assert len(warnings) == 1
+    assert "only supported on replica sets" in warnings[0].getMessage()
+    assert "every 2.0 s" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("handlers", "message"),
+    [
+        ({}, "non-empty mapping"),
+        ([("job", None)], "non-empty mapping"),
+        ({"job": "not callable"}, "handlers\\['job'\\]: expected an async function"),
+        ({"job": lambda task: None}, "expected an async function"),
+        ({"": Recorder().for_worker("w")}, "name must be a non-empty string"),
+    ],
+)
+async def test_bad_handlers_are_refused(scheduler: ms.Scheduler, handlers: Any, message: str):
+    with pytest.raises(ms.ConfigurationError, match=message):
+        scheduler.consumer(handlers)
+
+
+def test_bad_worker_options_name_the_field():
+    with pytest.raises(ValueError, match="max_running"):
+        ms.WorkerOptions(max_running=0)
+
+
+def _memory_collection() -> Any:
+    from mscheduler.memory import memory_server
+
+    return memory_server("").collection("db", "tasks", notablescan=True)
