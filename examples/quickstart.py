@@ -1,4 +1,4 @@
-"""Publish a few tasks and work through them, on the embedded backend by default.
+"""Publish a few tasks and let three consumers run them, on the embedded backend by default.
 
 python examples/quickstart.py                      # in-process, nothing to set up
 python examples/quickstart.py --uri "mongodb://localhost:27017/?directConnection=true"
@@ -7,6 +7,7 @@ python examples/quickstart.py --uri "mongodb://localhost:27017/?directConnection
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 import anyio
@@ -14,30 +15,52 @@ import anyio
 import mscheduler as ms
 
 
+async def send_email(task: ms.Task) -> dict[str, str]:
+    """A handler: its return value is stored as the task's result; an exception is a failure."""
+    if task.payload["to"].startswith("bounce"):
+        raise ValueError(f"mailbox of {task.payload['to']} is full")
+    await anyio.sleep(0.01)  # the work
+    return {"sent_to": task.payload["to"]}
+
+
+async def all_finished(sched: ms.Scheduler, keys: list[str]) -> bool:
+    for key in keys:
+        task = await sched.get(key)
+        if task is None or not task.state.is_terminal:
+            return False
+    return True
+
+
 async def main(uri: str) -> None:
     async with await ms.Scheduler.connect(uri, collection="quickstart") as sched:
         options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
-        for n in range(5):
-            to = {"to": f"user{n}@example.com"}
-            result = await sched.publish(f"email:{n}", to, name="email", options=options)
-            print(f"published {result.task.key:<10} created={result.created}")
-        again = await sched.publish("email:0", {"to": "someone-else@example.com"}, name="email")
-        print(f"published {again.task.key:<10} created={again.created}  (same key: no new task)")
+        recipients = ["ada", "grace", "bounce", "linus", "barbara"]
+        keys = [f"email:{name}" for name in recipients]
+        for key, name in zip(keys, recipients, strict=True):
+            result = await sched.publish(key, {"to": name}, name="email", options=options)
+            print(f"published {key:<15} created={result.created}")
+        again = await sched.publish("email:ada", {"to": "someone-else"}, name="email")
+        print(f"published {'email:ada':<15} created={again.created}  (same key: no new task)")
+        urgent = ms.TaskOptions(priority=10)
+        await sched.publish("email:urgent", {"to": "ops"}, name="email", options=urgent)
+        keys.append("email:urgent")
 
-        # A worker's loop, written against the store: claim, do the work, record the outcome.
-        while (lease := await sched.store.claim("worker-1", names=["email"])) is not None:
-            task = lease.task
-            if task.key == "email:3":
-                done = await sched.store.fail(lease, ValueError("mailbox full"))
-            else:
-                done = await sched.store.succeed(lease, {"sent_to": task.payload["to"]})
-            print(f"ran       {task.key:<10} -> {done.state.value}")
+        async with contextlib.AsyncExitStack() as stack:
+            for n in range(3):
+                worker = ms.WorkerOptions(worker_id=f"worker-{n}", max_running=2)
+                await stack.enter_async_context(
+                    sched.consumer({"email": send_email}, options=worker)
+                )
+            with anyio.fail_after(30):
+                while not await all_finished(sched, keys):  # noqa: ASYNC110 - until sched.wait()
+                    await anyio.sleep(0.01)
 
-        for n in range(5):
-            task = await sched.get(f"email:{n}")
+        for key in keys:
+            task = await sched.get(key)
             assert task is not None
-            outcome = task.result if task.error is None else f"error: {task.error.message}"
-            print(f"final     {task.key:<10} {task.state.value:<8} {outcome}")
+            runs = ", ".join(f"{ws.worker_id}:{ws.state.value}" for ws in task.worker_states)
+            outcome = task.result if task.state is ms.TaskState.SUCCESS else task.error.message  # type: ignore[union-attr]
+            print(f"final     {key:<15} {task.state.value:<8} [{runs}] {outcome}")
 
 
 if __name__ == "__main__":
