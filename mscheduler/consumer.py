@@ -180,11 +180,7 @@ class Consumer:
                 break
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "fetch_retry"})
-                backoff_ms = min(
-                    self.options.reconnect_backoff_ms * 2**attempt,
-                    self.options.reconnect_backoff_max_ms,
-                )
-                await sleep(self._clock, backoff_ms / 1000)
+                await sleep(self._clock, self.options.reconnect_delay(attempt))
                 attempt += 1
         self._heap.overflowed = len(tasks) >= self.options.heap_size
         for task in tasks:
@@ -220,7 +216,7 @@ class Consumer:
             lease = await self._store.claim(self.worker_id, names=self.names)
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "claim_retry"})
-            await sleep(self._clock, self.options.reconnect_backoff_ms / 1000)
+            await sleep(self._clock, self.options.reconnect_delay(0))
             return
         if lease is None:
             # Nothing due is claimable by us after all (taken, or changed): the change stream

@@ -143,7 +143,7 @@ class Executor:
                     extra={"action": "handler_retry", "key": task.key, "attempt": attempt + 1},
                     exc_info=exc,
                 )
-                await sleep(self._clock, self._options.backoff_ms(attempt) / 1000)
+                await sleep(self._clock, self._options.handler_retry_delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _finish(self, entry: _Running, outcome: _Outcome) -> None:
@@ -175,7 +175,7 @@ class Executor:
                     )
                     return
                 log.warning(str(exc), extra={"action": "finish_retry", "key": lease.key})
-                await sleep(self._clock, self._reconnect_backoff(attempt))
+                await sleep(self._clock, self._options.reconnect_delay(attempt))
                 attempt += 1
 
     async def _after_stop(self, entry: _Running) -> None:
@@ -194,12 +194,6 @@ class Executor:
                 self._stats.released += 1
             except (LeaseLost, BackendUnavailable) as exc:
                 log.warning(str(exc), extra={"action": "release_failed", "key": lease.key})
-
-    def _reconnect_backoff(self, attempt: int) -> float:
-        millis: int = min(
-            self._options.reconnect_backoff_ms * 2**attempt, self._options.reconnect_backoff_max_ms
-        )
-        return millis / 1000
 
     # ------------------------------------------------------------ what the listener saw
 
@@ -246,7 +240,7 @@ class Executor:
                 lost = await self._store.ping_many([e.lease for e in batch])
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "ping_retry"})
-                retry_at = now + dt.timedelta(seconds=self._reconnect_backoff(attempt))
+                retry_at = now + dt.timedelta(seconds=self._options.reconnect_delay(attempt))
                 for entry in batch:
                     entry.next_ping_at = min(retry_at, entry.expire_at)
                 attempt += 1

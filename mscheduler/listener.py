@@ -127,11 +127,7 @@ class ChangeListener:
     async def _reopen(self, attempt: int) -> Any:
         """Reopen from the resume token; if that is impossible, afresh plus a full re-fetch."""
         while True:
-            delay_ms = min(
-                self._options.reconnect_backoff_ms * 2**attempt,
-                self._options.reconnect_backoff_max_ms,
-            )
-            await sleep(self._clock, delay_ms / 1000)
+            await sleep(self._clock, self._options.reconnect_delay(attempt))
             try:
                 try:
                     stream = await self._open(self.resume_token)

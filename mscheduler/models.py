@@ -296,6 +296,15 @@ class WorkerOptions(BaseModel):
     def _worker_id(cls, worker_id: str) -> str:
         return check_worker_id(worker_id)
 
-    def backoff_ms(self, attempt: int) -> float:
-        """Exponential backoff for local handler retries: base * 2**attempt, capped."""
-        return float(min(self.retry_backoff_ms * 2**attempt, self.retry_backoff_max_ms))
+    def handler_retry_delay(self, attempt: int) -> float:
+        """Seconds before local handler retry ``attempt`` (0-based): doubling, capped."""
+        return _doubling(self.retry_backoff_ms, self.retry_backoff_max_ms, attempt)
+
+    def reconnect_delay(self, attempt: int) -> float:
+        """Seconds before retrying the database after ``attempt`` failures: doubling, capped."""
+        return _doubling(self.reconnect_backoff_ms, self.reconnect_backoff_max_ms, attempt)
+
+
+def _doubling(base_ms: int, max_ms: int, attempt: int) -> float:
+    delay_ms: int = min(base_ms * 2 ** min(attempt, 32), max_ms)
+    return delay_ms / 1000

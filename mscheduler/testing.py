@@ -6,7 +6,34 @@ of calls per task holds on any machine, unlike timings."""
 from __future__ import annotations
 
 import collections
+import inspect
+from collections.abc import Callable, Coroutine
 from typing import Any
+
+_ASYNC_METHODS = (
+    "aggregate",
+    "bulk_write",
+    "count_documents",
+    "create_indexes",
+    "delete_many",
+    "find_one",
+    "find_one_and_replace",
+    "find_one_and_update",
+    "update_many",
+    "update_one",
+    "watch",
+)
+
+
+def _counted(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+    async def method(self: CountingCollection, *args: Any, **kwargs: Any) -> Any:
+        self.counts[name] += 1
+        result = getattr(self.wrapped, name)(*args, **kwargs)
+        # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
+        return await result if inspect.isawaitable(result) else result
+
+    method.__name__ = name
+    return method
 
 
 class CountingCollection:
@@ -30,52 +57,11 @@ class CountingCollection:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
-    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["find_one_and_update"] += 1
-        return await self.wrapped.find_one_and_update(*args, **kwargs)
-
-    async def find_one_and_replace(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["find_one_and_replace"] += 1
-        return await self.wrapped.find_one_and_replace(*args, **kwargs)
-
-    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["find_one"] += 1
-        return await self.wrapped.find_one(*args, **kwargs)
-
     def find(self, *args: Any, **kwargs: Any) -> Any:
+        """Synchronous, as on the driver: it returns a cursor."""
         self.counts["find"] += 1
         return self.wrapped.find(*args, **kwargs)
 
-    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["bulk_write"] += 1
-        return await self.wrapped.bulk_write(*args, **kwargs)
 
-    async def update_one(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["update_one"] += 1
-        return await self.wrapped.update_one(*args, **kwargs)
-
-    async def update_many(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["update_many"] += 1
-        return await self.wrapped.update_many(*args, **kwargs)
-
-    async def delete_many(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["delete_many"] += 1
-        return await self.wrapped.delete_many(*args, **kwargs)
-
-    async def count_documents(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["count_documents"] += 1
-        return await self.wrapped.count_documents(*args, **kwargs)
-
-    async def aggregate(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["aggregate"] += 1
-        cursor = self.wrapped.aggregate(*args, **kwargs)
-        return await cursor if hasattr(cursor, "__await__") else cursor
-
-    async def create_indexes(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["create_indexes"] += 1
-        return await self.wrapped.create_indexes(*args, **kwargs)
-
-    async def watch(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts["watch"] += 1
-        stream = self.wrapped.watch(*args, **kwargs)
-        return await stream if hasattr(stream, "__await__") else stream
+for _name in _ASYNC_METHODS:
+    setattr(CountingCollection, _name, _counted(_name))
