@@ -46,6 +46,7 @@ class ChangeFeed:
         self._forgotten_before = 1  # the oldest sequence a stream may still resume from
         self._changed = anyio.Event()
         self._pending_errors: list[PyMongoError] = []
+        self._generation = 0  # bumped by end_streams(): older streams stop
 
     @property
     def last_token(self) -> dict[str, str]:
@@ -76,6 +77,11 @@ class ChangeFeed:
     def inject_error(self, error: PyMongoError) -> None:
         """The next read of every open stream raises ``error`` (a test's network fault)."""
         self._pending_errors.append(error)
+        self._wake()
+
+    def end_streams(self) -> None:
+        """Every open stream ends (as after an invalidate event: the collection was dropped)."""
+        self._generation += 1
         self._wake()
 
     def forget_history(self) -> None:
@@ -131,6 +137,7 @@ class MemoryChangeStream:
         self._position = start  # resume point: the last event returned (or passed over)
         self._scanned = start  # the last event read from the feed into the buffer
         self._errors_seen = len(feed._pending_errors)
+        self._generation = feed._generation
         self._buffer: collections.deque[dict[str, Any]] = collections.deque()
         self._closed = False
 
@@ -168,7 +175,8 @@ class MemoryChangeStream:
                 await changed.wait()
 
     async def try_next(self) -> dict[str, Any] | None:
-        if self._closed:
+        if self._closed or self._generation != self._feed._generation:
+            self._closed = True
             raise StopAsyncIteration
         await anyio.lowlevel.checkpoint()
         self._raise_injected_error()
@@ -189,6 +197,7 @@ class MemoryChangeStream:
     def _nothing_new(self) -> bool:
         return (
             not self._buffer
+            and self._generation == self._feed._generation
             and self._feed._sequence <= self._scanned
             and len(self._feed._pending_errors) <= self._errors_seen
         )

@@ -100,6 +100,10 @@ class ChangeListener:
                 log.warning(
                     "change stream failed, reopening: %s", exc, extra={"action": "stream_error"}
                 )
+            except StopAsyncIteration:
+                # The server ended the stream (an invalidate: the collection was dropped or
+                # renamed); reopen it like a failed one.
+                log.warning("change stream ended, reopening", extra={"action": "stream_ended"})
             finally:
                 with anyio.CancelScope(shield=True):
                     await _close_quietly(stream)

@@ -240,8 +240,10 @@ def by_key(key: str) -> Document:
 
 def publish_upsert(document: Document) -> tuple[Document, Document]:
     """Insert unless the key exists. The unique index on ``key`` makes concurrent publishes of
-    one key produce one document; the caller tells "created" by the ``_id`` it chose."""
-    return by_key(document["key"]), {"$setOnInsert": document}
+    one key produce one document; the caller tells "created" by the ``_id`` it chose. The
+    upsert takes ``key`` from the equality filter, so ``$setOnInsert`` does not repeat it."""
+    on_insert = {field: value for field, value in document.items() if field != "key"}
+    return by_key(document["key"]), {"$setOnInsert": on_insert}
 
 
 def replace_finished_filter(key: str, version: int) -> Document:

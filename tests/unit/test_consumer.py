@@ -329,6 +329,18 @@ async def test_stream_error_is_resumed_without_missing_a_task(scheduler: ms.Sche
         assert consumer._listener.reopened == 1 and consumer._listener.resyncs == 0
 
 
+async def test_an_ended_stream_is_reopened(scheduler: ms.Scheduler, clock):
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
+        scheduler.collection.changes.end_streams()
+        await settle()
+        await scheduler.publish("after-invalidate", None, name="job")
+        clock.advance(0.1)
+        await settle()
+        assert recorder.runs == [("after-invalidate", "w0")]
+        assert consumer._listener.reopened == 1
+
+
 async def test_unresumable_stream_loss_refetches_everything(scheduler: ms.Scheduler, clock):
     recorder = Recorder()
     async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
