@@ -31,10 +31,9 @@ from pymongo.errors import OperationFailure
 from pymongo.results import BulkWriteResult
 
 from .changefeed import ChangeFeed, MemoryChangeStream
+from .index_plan import index_serves
 
 NO_QUERY_EXECUTION_PLANS = 291
-_RANGE_OPERATORS = {"$lt", "$lte", "$gt", "$gte", "$ne", "$nin", "$exists"}
-_EQUALITY_OPERATORS = {"$eq", "$in"}
 
 
 # ---------------------------------------------------------------- what mongomock lacks
@@ -69,62 +68,6 @@ def _basic_expression_with_arrays(self: Any, expression: Any) -> Any:
 
 mongomock_aggregate._Parser._handle_arithmetic_operator = _arithmetic_with_dates  # type: ignore[method-assign]
 mongomock_aggregate._Parser._parse_basic_expression = _basic_expression_with_arrays  # type: ignore[method-assign]
-
-
-# ---------------------------------------------------------------- notablescan
-
-
-def _field_kinds(query: Mapping[str, Any]) -> tuple[set[str], set[str]]:
-    """Top-level fields a plan could seek on: (equality fields, range fields)."""
-    equality: set[str] = set()
-    ranges: set[str] = set()
-    for field, condition in query.items():
-        if field.startswith("$"):
-            continue
-        if isinstance(condition, Mapping) and any(str(k).startswith("$") for k in condition):
-            operators = set(condition)
-            if operators <= _EQUALITY_OPERATORS:
-                equality.add(field)
-            elif operators & _RANGE_OPERATORS:
-                ranges.add(field)
-        else:
-            equality.add(field)
-    return equality, ranges
-
-
-def index_serves(
-    index_keys: Sequence[tuple[str, int]],
-    query: Mapping[str, Any],
-    sort: Sequence[tuple[str, int]] | None = None,
-) -> bool:
-    """Whether an index gives a plan without a collection scan and without an in-memory sort:
-    its first key is sought on, and the sort keys follow in order (or all reversed), with only
-    equality-matched keys in between."""
-    equality, ranges = _field_kinds(query)
-    fields = [field for field, _ in index_keys]
-    if not sort and fields[0] not in equality | ranges:
-        return False
-    if not sort:
-        return True
-    if fields[0] not in equality | ranges and fields[0] != sort[0][0]:
-        return False
-    directions = dict(index_keys)
-    position = 0
-    flip: int | None = None
-    for field, direction in sort:
-        while position < len(fields) and fields[position] != field:
-            if fields[position] not in equality:
-                return False
-            position += 1
-        if position == len(fields):
-            return False
-        relative = 1 if directions[field] == direction else -1
-        if flip is None:
-            flip = relative
-        elif flip != relative:
-            return False
-        position += 1
-    return True
 
 
 # ---------------------------------------------------------------- the collection

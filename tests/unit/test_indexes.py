@@ -12,7 +12,7 @@ import pytest
 
 from mscheduler import constants as c
 from mscheduler import queries as q
-from mscheduler.memory import index_serves
+from mscheduler.index_plan import index_serves
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 

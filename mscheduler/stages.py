@@ -1,0 +1,185 @@
+"""Aggregation-pipeline stages shared by every task write (see `queries.py`).
+
+Every pipeline update sweeps expired leases first and ends with `recompute`, so the derived
+fields (``state``, ``next_claim_at``, ``result``, ``error``) are always a function of the
+worker states, whichever write ran last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from .models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
+
+Document = dict[str, Any]
+Pipeline = list[Document]
+
+RUNNING = WorkerStateKind.RUNNING.value
+SUCCESS = WorkerStateKind.SUCCESS.value
+FAIL = WorkerStateKind.FAIL.value
+TIMEOUT = WorkerStateKind.TIMEOUT.value
+RELEASED = WorkerStateKind.RELEASED.value
+TERMINAL = sorted(s.value for s in TERMINAL_STATES)
+CLAIMABLE = [TaskState.PENDING.value, TaskState.RUNNING.value]
+
+WORKER_STATE_FIELDS = (
+    "worker_id",
+    "run_id",
+    "state",
+    "started_at",
+    "ping_expire_at",
+    "finished_at",
+    "error",
+    "result",
+)
+
+_TIMEOUT_ERROR = ErrorInfo.from_message(
+    "WorkerTimeout", "the worker stopped pinging before its lease expired"
+).model_dump()
+
+
+def literal(value: Any) -> Document:
+    return {"$literal": value}
+
+
+# ---------------------------------------------------------------- expression helpers
+
+
+def count_states(cond: Document) -> Document:
+    """How many worker states satisfy ``cond`` (an expression over ``$$ws``)."""
+    return {"$size": {"$filter": {"input": "$worker_states", "as": "ws", "cond": cond}}}
+
+
+def state_is(*kinds: str) -> Document:
+    return {"$in": ["$$ws.state", list(kinds)]}
+
+
+def is_live(now: dt.datetime) -> Document:
+    return {"$and": [{"$eq": ["$$ws.state", RUNNING]}, {"$gt": ["$$ws.ping_expire_at", now]}]}
+
+
+def rebuilt_state(**overrides: Any) -> Document:
+    # No $mergeObjects (the memory backend lacks it): rebuild the state field by field.
+    return {field: overrides.get(field, f"$$ws.{field}") for field in WORKER_STATE_FIELDS}
+
+
+def map_states(when: Document, then: Document) -> Document:
+    return {
+        "$set": {
+            "worker_states": {
+                "$map": {
+                    "input": "$worker_states",
+                    "as": "ws",
+                    "in": {"$cond": [when, then, "$$ws"]},
+                }
+            }
+        }
+    }
+
+
+def lease_expiry(now: dt.datetime) -> Document:
+    return {"$add": [now, "$options.worker_timeout_ms"]}
+
+
+def latest(kinds: Sequence[str], field: str) -> Document:
+    """``field`` of the last worker state of one of ``kinds``, or null."""
+    last = {
+        "$arrayElemAt": [
+            {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(*kinds)}},
+            -1,
+        ]
+    }
+    return {
+        "$cond": [
+            {"$gt": [count_states(state_is(*kinds)), 0]},
+            {"$let": {"vars": {"last": last}, "in": {"$ifNull": [f"$$last.{field}", None]}}},
+            None,
+        ]
+    }
+
+
+# ---------------------------------------------------------------- stages shared by every write
+
+
+def sweep_expired(now: dt.datetime) -> Document:
+    """A running state whose ping expired becomes ``timeout``, ended at its expiry: it counts
+    as an unexpected failure and frees its slot. Done by every write, so no reaper is needed."""
+    return map_states(
+        {"$and": [{"$eq": ["$$ws.state", RUNNING]}, {"$lte": ["$$ws.ping_expire_at", now]}]},
+        rebuilt_state(
+            state=TIMEOUT,
+            ping_expire_at=None,
+            finished_at="$$ws.ping_expire_at",
+            error=literal(_TIMEOUT_ERROR),
+        ),
+    )
+
+
+def recompute(now: dt.datetime) -> Pipeline:
+    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states.
+
+    Runs after `sweep_expired`, so every running state here is live. Invariants:
+    - success once ``concurrent_worker_cnt`` workers succeeded; fail once unexpected failures
+      exceed ``max_unexpected_retries``; a terminal state is never left;
+    - a terminal task holds no running state (they become ``released``), so no late ping,
+      success or fail can match it;
+    - ``next_claim_at`` is null unless the task is pending or running; with a free slot it is
+      ``max(not_before, retry_at)`` (or ``created_at``); with every slot held it is the
+      earliest lease expiry, when a slot frees up.
+    """
+    succeeded = count_states(state_is(SUCCESS))
+    running = count_states(state_is(RUNNING))
+    failed = count_states(state_is(FAIL, TIMEOUT))
+    state = {
+        "$switch": {
+            "branches": [
+                {"case": {"$in": ["$state", TERMINAL]}, "then": "$state"},
+                {"case": {"$gt": ["$deps_pending", 0]}, "then": TaskState.BLOCKED.value},
+                {
+                    "case": {"$gte": [succeeded, "$options.concurrent_worker_cnt"]},
+                    "then": TaskState.SUCCESS.value,
+                },
+                {
+                    "case": {"$gt": [failed, "$options.max_unexpected_retries"]},
+                    "then": TaskState.FAIL.value,
+                },
+                {"case": {"$gt": [running, 0]}, "then": TaskState.RUNNING.value},
+            ],
+            "default": TaskState.PENDING.value,
+        }
+    }
+    next_claim_at = {
+        "$cond": [
+            {"$in": ["$state", CLAIMABLE]},
+            {
+                "$cond": [
+                    {"$lt": [{"$add": [succeeded, running]}, "$options.concurrent_worker_cnt"]},
+                    {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, "$created_at"]},
+                    {"$min": "$worker_states.ping_expire_at"},
+                ]
+            },
+            None,
+        ]
+    }
+    return [
+        {"$set": {"state": state, "updated_at": now, "version": {"$add": ["$version", 1]}}},
+        map_states(
+            {"$and": [{"$in": ["$state", TERMINAL]}, {"$eq": ["$$ws.state", RUNNING]}]},
+            rebuilt_state(state=RELEASED, ping_expire_at=None, finished_at=now),
+        ),
+        {
+            "$set": {
+                "next_claim_at": next_claim_at,
+                "result": latest([SUCCESS], "result"),
+                "error": {
+                    "$cond": [
+                        {"$eq": ["$state", TaskState.CANCELLED.value]},
+                        "$error",
+                        latest([FAIL, TIMEOUT], "error"),
+                    ]
+                },
+            }
+        },
+    ]
