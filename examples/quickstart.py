@@ -23,14 +23,6 @@ async def send_email(task: ms.Task) -> dict[str, str]:
     return {"sent_to": task.payload["to"]}
 
 
-async def all_finished(sched: ms.Scheduler, keys: list[str]) -> bool:
-    for key in keys:
-        task = await sched.get(key)
-        if task is None or not task.state.is_terminal:
-            return False
-    return True
-
-
 async def main(uri: str) -> None:
     async with await ms.Scheduler.connect(uri, collection="quickstart") as sched:
         options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
@@ -51,13 +43,9 @@ async def main(uri: str) -> None:
                 await stack.enter_async_context(
                     sched.consumer({"email": send_email}, options=worker)
                 )
-            with anyio.fail_after(30):
-                while not await all_finished(sched, keys):  # noqa: ASYNC110 - until sched.wait()
-                    await anyio.sleep(0.01)
+            finished = await sched.wait_many(keys, timeout=30)  # from the change stream
 
-        for key in keys:
-            task = await sched.get(key)
-            assert task is not None
+        for key, task in finished.items():
             runs = ", ".join(f"{ws.worker_id}:{ws.state.value}" for ws in task.worker_states)
             outcome = task.result if task.state is ms.TaskState.SUCCESS else task.error.message  # type: ignore[union-attr]
             print(f"final     {key:<15} {task.state.value:<8} [{runs}] {outcome}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -18,6 +18,7 @@ from .consumer import Consumer
 from .executor import Handler
 from .models import PublishResult, Task, TaskOptions, WorkerOptions
 from .store import TaskStore
+from .waiting import wait_for
 
 
 class Scheduler:
@@ -126,6 +127,15 @@ class Scheduler:
         """Replace the options of a task that has not finished (None if it has). Running
         workers no longer in ``specific_worker_ids`` stop and give the task back."""
         return await self.store.set_options(key, options)
+
+    async def wait(self, key: str, timeout: float | None = None) -> Task:
+        """The task once it is terminal (success, fail or cancelled), from the change stream.
+        `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key."""
+        return (await wait_for(self.store, [key], timeout=timeout))[key]
+
+    async def wait_many(self, keys: Sequence[str], timeout: float | None = None) -> dict[str, Task]:
+        """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
+        return await wait_for(self.store, keys, timeout=timeout)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

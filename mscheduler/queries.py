@@ -86,6 +86,10 @@ def by_key(key: str) -> Document:
     return {"key": key}
 
 
+def by_keys(keys: Sequence[str]) -> Document:
+    return {"key": {"$in": list(keys)}}
+
+
 def publish_upsert(document: Document) -> tuple[Document, Document]:
     """Insert unless the key exists. The unique index on ``key`` makes concurrent publishes of
     one key produce one document; the caller tells "created" by the ``_id`` it chose. The

@@ -215,6 +215,12 @@ class TaskStore:
         found = await self.collection.find_one(q.by_key(_validated(check_key, key)))
         return None if found is None else Task.model_validate(found)
 
+    @_driver_errors
+    async def get_many(self, keys: Sequence[str]) -> list[Task]:
+        await self._ready()
+        cursor = self.collection.find(q.by_keys([_validated(check_key, k) for k in keys]))
+        return [Task.model_validate(document) async for document in cursor]
+
     # ------------------------------------------------------------ claim and the lease
 
     @_driver_errors
@@ -306,7 +312,7 @@ class TaskStore:
         if result.matched_count == len(leases):
             return []
         # Some did not match: one read to find which (only on this path).
-        cursor = self.collection.find({"key": {"$in": [lease.key for lease in leases]}})
+        cursor = self.collection.find(q.by_keys([lease.key for lease in leases]))
         live = {
             (ws.worker_id, ws.run_id)
             async for document in cursor

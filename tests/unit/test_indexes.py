@@ -25,7 +25,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "claim by key": (q.claim_filter("w", NOW, key="k"), None),
     "lease write": (q.lease_filter("k", "w", "r", NOW), None),
     "cancel": (q.cancel_filter("k"), None),
-    "lost leases": ({"key": {"$in": ["a", "b"]}}, None),
+    "get many, lost leases": (q.by_keys(["a", "b"]), None),
     "consumer fetch": (q.fetch_filter(["a", "b"]), q.FETCH_SORT),
     "set options": (q.options_filter("k"), None),
 }

@@ -1,0 +1,121 @@
+"""Waiting for tasks to finish, on the change stream rather than by polling.
+
+The stream is opened *before* the current states are read, so a task that finishes in
+between is seen either by the read or by the stream. After a stream error the states are
+simply read again. A server without change streams is polled every ``poll_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from pymongo.errors import OperationFailure, PyMongoError
+
+from .clock import sleep
+from .errors import TaskNotFound
+from .listener import CHANGE_STREAMS_UNSUPPORTED
+from .models import Task
+from .store import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+class _Waiter:
+    def __init__(self, store: TaskStore, keys: Sequence[str], poll_interval_ms: int) -> None:
+        self._store = store
+        self._keys = list(dict.fromkeys(keys))
+        self._poll_s = poll_interval_ms / 1000
+        self.finished: dict[str, Task] = {}
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+
+    @property
+    def remaining(self) -> list[str]:
+        return [key for key in self._keys if key not in self.finished]
+
+    def _take(self, task: Task) -> None:
+        if task.key in self._keys and task.state.is_terminal:
+            self.finished[task.key] = task
+            if not self.remaining:
+                self.done.set()
+
+    async def _read_all(self) -> None:
+        found = {task.key: task for task in await self._store.get_many(self.remaining)}
+        missing = [key for key in self.remaining if key not in found]
+        if missing:
+            raise TaskNotFound(f"no task has the key(s) {missing}")
+        for task in found.values():
+            self._take(task)
+
+    async def follow(self) -> None:
+        try:
+            while not self.done.is_set():
+                stream = await self._open_stream()
+                try:
+                    await self._read_all()
+                    if stream is None:
+                        while not self.done.is_set():
+                            await sleep(self._store.clock, self._poll_s)
+                            await self._read_all()
+                    else:
+                        while not self.done.is_set():
+                            event = await stream.next()
+                            if event.get("fullDocument") is not None:
+                                self._take(Task.model_validate(event["fullDocument"]))
+                except (PyMongoError, StopAsyncIteration) as exc:
+                    log.warning("wait: change stream lost (%s); reading again", exc)
+                finally:
+                    if stream is not None:
+                        with anyio.CancelScope(shield=True):
+                            closing = stream.close()
+                            if inspect.isawaitable(closing):
+                                await closing
+        except Exception as exc:
+            self.error = exc
+            self.done.set()
+
+    async def _open_stream(self) -> Any:
+        pipeline = [
+            {
+                "$match": {
+                    "operationType": {"$in": ["insert", "update", "replace"]},
+                    "fullDocument.key": {"$in": self.remaining},
+                }
+            }
+        ]
+        try:
+            stream = self._store.collection.watch(pipeline, full_document="updateLookup")
+            return await stream if inspect.isawaitable(stream) else stream
+        except OperationFailure as exc:
+            if exc.code in CHANGE_STREAMS_UNSUPPORTED:
+                return None
+            raise
+
+
+async def wait_for(
+    store: TaskStore,
+    keys: Sequence[str],
+    *,
+    timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
+    poll_interval_ms: int = 1_000,
+) -> dict[str, Task]:
+    """Every task of ``keys`` once terminal, in the order given; `TimeoutError` after
+    ``timeout`` seconds (on the store's clock), `TaskNotFound` for a key with no task."""
+    waiter = _Waiter(store, keys, poll_interval_ms)
+    deadline = None if timeout is None else store.clock.now() + dt.timedelta(seconds=timeout)
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(waiter.follow)
+        await store.clock.wait_until(deadline, waiter.done)
+        task_group.cancel_scope.cancel()
+    if waiter.error is not None:
+        raise waiter.error
+    if waiter.remaining:
+        raise TimeoutError(
+            f"after {timeout} s these tasks have not finished: {waiter.remaining[:20]}"
+        )
+    return {key: waiter.finished[key] for key in dict.fromkeys(keys)}

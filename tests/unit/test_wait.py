@@ -1,0 +1,102 @@
+"""`Scheduler.wait` and `wait_many`: the terminal task, from the change stream."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.unit.test_consumer import settle
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+
+
+async def _finish_later(sched: ms.Scheduler, key: str, outcome: str) -> None:
+    await settle()  # the waiter is blocked on its stream by now
+    lease = await sched.store.claim("w1", key=key)
+    assert lease is not None
+    if outcome == "success":
+        await sched.store.succeed(lease, {"answer": 42})
+    elif outcome == "fail":
+        await sched.store.fail(lease, RuntimeError("broken"))
+    else:
+        await sched.cancel(key, "not needed")
+
+
+@pytest.mark.parametrize("outcome", ["success", "fail", "cancelled"])
+async def test_wait_returns_the_terminal_task(scheduler: ms.Scheduler, outcome: str):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("k", None, name="job", options=opts)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_finish_later, scheduler, "k", outcome)
+        task = await scheduler.wait("k")
+    assert task.state.value == outcome
+    if outcome == "success":
+        assert task.result == {"answer": 42}
+    else:
+        assert task.error is not None
+
+
+async def test_wait_times_out_on_the_clock(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    await scheduler.publish("k", None, name="job")
+    outcome: list[BaseException] = []
+
+    async def waiter() -> None:
+        try:
+            await scheduler.wait("k", timeout=30)
+        except TimeoutError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await settle()
+        clock.advance(29.999)
+        await settle()
+        assert outcome == []
+        clock.advance(0.001)
+    assert len(outcome) == 1 and "'k'" in str(outcome[0])
+
+
+async def test_wait_on_a_finished_task_returns_at_once(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    await scheduler.cancel("k")
+    assert (await scheduler.wait("k", timeout=0.001)).state is S.CANCELLED
+
+
+async def test_wait_on_an_unknown_key(scheduler: ms.Scheduler):
+    with pytest.raises(ms.TaskNotFound, match="nope"):
+        await scheduler.wait("nope")
+
+
+async def test_wait_many_returns_all_in_order(scheduler: ms.Scheduler):
+    for key in ("a", "b", "c"):
+        await scheduler.publish(key, None, name="job")
+
+    async def finish_all() -> None:
+        for key in ("c", "a", "b"):
+            await _finish_later(scheduler, key, "success")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(finish_all)
+        tasks = await scheduler.wait_many(["a", "b", "c"])
+    assert list(tasks) == ["a", "b", "c"]
+    assert all(task.state is S.SUCCESS for task in tasks.values())
+
+
+async def test_wait_without_change_streams_polls(clock: ms.ManualClock):
+    sched = await ms.Scheduler.connect("memory://?changestreams=0", clock=clock)
+    await sched.publish("k", None, name="job")
+    found: list[ms.Task] = []
+
+    async def waiter() -> None:
+        found.append(await sched.wait("k"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await settle()
+        await sched.cancel("k")
+        await settle()
+        assert found == [], "no stream, so nothing until the next poll"
+        clock.advance(1)
+    assert found[0].state is S.CANCELLED
