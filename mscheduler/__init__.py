@@ -7,6 +7,7 @@ from .consumer import Consumer
 from .errors import (
     BackendUnavailable,
     ConfigurationError,
+    DependencyError,
     LeaseLost,
     MSchedulerError,
     PayloadError,
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigurationError",
     "Consumer",
     "ConsumerStats",
+    "DependencyError",
     "ErrorInfo",
     "Lease",
     "LeaseLost",

@@ -95,6 +95,8 @@ class Scheduler:
         options: TaskOptions | None = None,
         update_payload: bool = False,
         replace_finished: bool = False,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``.
 
@@ -110,6 +112,8 @@ class Scheduler:
             options=options,
             update_payload=update_payload,
             replace_finished=replace_finished,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
         )
 
     async def get(self, key: str) -> Task | None:
@@ -122,6 +126,12 @@ class Scheduler:
         return value is stored as the result). Start it with ``await consumer.run()`` or
         ``async with consumer:``."""
         return Consumer(self.store, handlers, options)
+
+    async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
+        """Make existing tasks wait: each ``(before, after)`` makes ``after`` depend on
+        ``before``. Refused (nothing written) if an ``after`` started or finished, a key is
+        missing, or an edge would close a cycle."""
+        return await self.store.add_dependencies(edges)
 
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Replace the options of a task that has not finished (None if it has). Running

@@ -177,6 +177,7 @@ class Consumer:
                 tasks = await self._store.fetch(
                     self.names, self.options.heap_size, self.options.fetch_batch_size
                 )
+                await self._store.recover_dependents()
                 break
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "fetch_retry"})

@@ -14,6 +14,10 @@ class ConfigurationError(MSchedulerError, ValueError):
     """An option, URI or argument is invalid; nothing was written."""
 
 
+class DependencyError(ConfigurationError):
+    """A dependency is missing, would close a cycle, or comes too late; nothing was written."""
+
+
 class PayloadError(MSchedulerError, ValueError):
     """A payload or result cannot be stored as a BSON document; nothing was written."""
 

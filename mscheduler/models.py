@@ -8,7 +8,8 @@ import os
 import secrets
 import socket
 import traceback
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from bson import ObjectId
 from pydantic import (
@@ -25,6 +26,7 @@ from pydantic import (
 
 from . import constants as c
 from .clock import to_bson_time
+from .errors import ConfigurationError
 
 
 class TaskState(str, enum.Enum):
@@ -86,6 +88,14 @@ def _check_text(value: str, field: str, max_length: int) -> str:
     return value
 
 
+def checked(check: Callable[[str], str], value: str) -> str:
+    """Run one of the checks below, as a `ConfigurationError` naming the problem."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def check_key(key: str) -> str:
     return _check_text(key, "key", c.MAX_KEY_LENGTH)
 
@@ -115,6 +125,10 @@ class TaskOptions(BaseModel):
     worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1)
     specific_worker_ids: list[str] = Field(default_factory=list, max_length=c.MAX_SPECIFIC_WORKERS)
     not_before: UtcDatetime | None = None
+    max_tries: int | None = Field(default=None, ge=1)
+    """Attempts in all, ``RetryLater`` ones included; None: only the retry limit applies."""
+    on_dependency_failure: Literal["cancel", "run"] = "cancel"
+    """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -203,7 +217,10 @@ class Task(BaseModel):
     updated_at: UtcDatetime
     version: int = 0
     depends_on: list[str] = Field(default_factory=list)
-    deps_pending: int = 0
+    deps_pending: list[str] = Field(default_factory=list)  # dependencies not yet succeeded
+    deps_failed: list[str] = Field(default_factory=list)  # dependencies that failed/cancelled
+    dependent_count: int = 0
+    dependents_notified: bool | None = None
     worker_states: list[WorkerState] = Field(default_factory=list)
     result: Any = None
     error: ErrorInfo | None = None
@@ -229,7 +246,7 @@ class Task(BaseModel):
 
         The client-side half of the claim filter, used only to decide what to try: the claim
         itself re-checks everything atomically on the server."""
-        if self.state not in CLAIMABLE_STATES or self.deps_pending > 0:
+        if self.state not in CLAIMABLE_STATES or self.deps_pending:
             return None
         if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:
             return None

@@ -59,26 +59,45 @@ def new_task_document(
     options: TaskOptions,
     now: dt.datetime,
     task_id: Any,
+    depends_on: Sequence[str] = (),
+    deps_pending: Sequence[str] = (),
+    deps_failed: Sequence[str] = (),
 ) -> Document:
-    """A fresh task. ``next_claim_at`` follows the `recompute` rule for a task with no states."""
+    """A fresh task: its state and ``next_claim_at`` follow the `recompute` rule for a task
+    with no worker states (a failed dependency cancels it unless it runs anyway)."""
+    cancelled = bool(deps_failed) and options.on_dependency_failure == "cancel"
+    if cancelled:
+        state = TaskState.CANCELLED
+    elif deps_pending:
+        state = TaskState.BLOCKED
+    else:
+        state = TaskState.PENDING
+    error = None
+    if cancelled:
+        error = ErrorInfo.from_message(
+            "DependencyFailed", f"dependency {deps_failed[0]!r} did not succeed"
+        ).model_dump()
     return {
         "_id": task_id,
         "key": key,
         "name": name,
         "payload": payload,
         "options": options.to_document(),
-        "state": TaskState.PENDING.value,
-        "next_claim_at": options.not_before or now,
+        "state": state.value,
+        "next_claim_at": (options.not_before or now) if state is TaskState.PENDING else None,
         "not_before": options.not_before,
         "retry_at": None,
         "created_at": now,
         "updated_at": now,
         "version": 1,
-        "depends_on": [],
-        "deps_pending": 0,
+        "depends_on": list(depends_on),
+        "deps_pending": list(deps_pending),
+        "deps_failed": list(deps_failed),
+        "dependent_count": 0,
+        "dependents_notified": None,
         "worker_states": [],
         "result": None,
-        "error": None,
+        "error": error,
     }
 
 
@@ -144,7 +163,7 @@ def claim_filter(
         {
             "state": {"$in": CLAIMABLE},
             "next_claim_at": {"$lte": now},
-            "deps_pending": 0,
+            "deps_pending": {"$size": 0},
             "$or": [
                 {"options.specific_worker_ids": {"$size": 0}},
                 {"options.specific_worker_ids": worker_id},
@@ -165,6 +184,12 @@ def claim_filter(
                 "$and": [
                     {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
                     {"$lte": [failed, "$options.max_unexpected_retries"]},
+                    {
+                        "$or": [
+                            {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
+                            {"$lt": [{"$size": "$worker_states"}, "$options.max_tries"]},
+                        ]
+                    },
                 ]
             },
         }

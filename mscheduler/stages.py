@@ -117,12 +117,25 @@ def sweep_expired(now: dt.datetime) -> Document:
     )
 
 
+def tries_exhausted(running: Document) -> Document:
+    """``max_tries`` (when set) counts every attempt, ``RetryLater`` ones included."""
+    return {
+        "$and": [
+            {"$ne": [{"$ifNull": ["$options.max_tries", None]}, None]},
+            {"$gte": [{"$size": "$worker_states"}, "$options.max_tries"]},
+            {"$eq": [running, 0]},
+        ]
+    }
+
+
 def recompute(now: dt.datetime) -> Pipeline:
     """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states.
 
     Runs after `sweep_expired`, so every running state here is live. Invariants:
-    - success once ``concurrent_worker_cnt`` workers succeeded; fail once unexpected failures
-      exceed ``max_unexpected_retries``; a terminal state is never left;
+    - blocked while ``deps_pending`` lists a dependency; success once
+      ``concurrent_worker_cnt`` workers succeeded; fail once unexpected failures exceed
+      ``max_unexpected_retries`` or ``max_tries`` attempts were made; a terminal state is
+      never left;
     - a terminal task holds no running state (they become ``released``), so no late ping,
       success or fail can match it;
     - ``next_claim_at`` is null unless the task is pending or running; with a free slot it is
@@ -136,7 +149,10 @@ def recompute(now: dt.datetime) -> Pipeline:
         "$switch": {
             "branches": [
                 {"case": {"$in": ["$state", TERMINAL]}, "then": "$state"},
-                {"case": {"$gt": ["$deps_pending", 0]}, "then": TaskState.BLOCKED.value},
+                {
+                    "case": {"$gt": [{"$size": "$deps_pending"}, 0]},
+                    "then": TaskState.BLOCKED.value,
+                },
                 {
                     "case": {"$gte": [succeeded, "$options.concurrent_worker_cnt"]},
                     "then": TaskState.SUCCESS.value,
@@ -145,6 +161,7 @@ def recompute(now: dt.datetime) -> Pipeline:
                     "case": {"$gt": [failed, "$options.max_unexpected_retries"]},
                     "then": TaskState.FAIL.value,
                 },
+                {"case": tries_exhausted(running), "then": TaskState.FAIL.value},
                 {"case": {"$gt": [running, 0]}, "then": TaskState.RUNNING.value},
             ],
             "default": TaskState.PENDING.value,
@@ -172,6 +189,19 @@ def recompute(now: dt.datetime) -> Pipeline:
         {
             "$set": {
                 "next_claim_at": next_claim_at,
+                # false: finished, and its dependents still to be told (flows); else null.
+                "dependents_notified": {
+                    "$cond": [
+                        {
+                            "$and": [
+                                {"$in": ["$state", TERMINAL]},
+                                {"$gt": ["$dependent_count", 0]},
+                            ]
+                        },
+                        {"$ifNull": ["$dependents_notified", False]},
+                        None,
+                    ]
+                },
                 "result": latest([SUCCESS], "result"),
                 "error": {
                     "$cond": [

@@ -13,39 +13,37 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
-from bson import ObjectId
 from pymongo import IndexModel, ReturnDocument, UpdateOne
 from pymongo.errors import (
     ConnectionFailure,
     DocumentTooLarge,
-    DuplicateKeyError,
     PyMongoError,
 )
 
 from . import constants as c
 from . import queries as q
 from .clock import Clock
-from .encoding import check_document_size, check_result, to_storable
+from .encoding import check_result
 from .errors import (
     BackendUnavailable,
     ConfigurationError,
     LeaseLost,
     PayloadError,
     StoreError,
-    TaskRunning,
 )
+from .flows import Flows
 from .models import (
     ErrorInfo,
     Lease,
     PublishResult,
     Task,
     TaskOptions,
-    TaskState,
     WorkerStateKind,
     check_key,
-    check_name,
     check_worker_id,
+    checked,
 )
+from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +70,6 @@ def _driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
     return wrapper
 
 
-def _validated(check: Callable[[str], str], value: str) -> str:
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
-
-
 class TaskStore:
     """Every task operation, each one a fenced or conditional write on one document."""
 
@@ -87,6 +78,8 @@ class TaskStore:
         self.clock = clock
         self._indexes_ready = False
         self._indexes_lock = anyio.Lock()
+        self.flows = Flows(self)
+        self._publisher = Publisher(self)
 
     # ------------------------------------------------------------ indexes
 
@@ -118,107 +111,38 @@ class TaskStore:
         options: TaskOptions | None = None,
         update_payload: bool = False,
         replace_finished: bool = False,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
     ) -> PublishResult:
-        key = _validated(check_key, key)
-        name = _validated(check_name, name)
-        if options is not None and not isinstance(options, TaskOptions):
-            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
-        options = options or TaskOptions()
-        payload = to_storable(payload, "payload")
-        document = q.new_task_document(
-            key=key,
+        return await self._publisher.publish(
+            key,
+            payload,
             name=name,
-            payload=payload,
             options=options,
-            now=self.clock.now(),
-            task_id=ObjectId(),
+            update_payload=update_payload,
+            replace_finished=replace_finished,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
         )
-        check_document_size(document, options)
-        await self._ready()
 
-        task = await self._insert_unless_exists(document)
-        if task.id == document["_id"]:
-            log.info("task published", extra={"action": "task_published", "key": key})
-            return PublishResult(task=task, created=True)
-        for _ in range(_PUBLISH_ATTEMPTS):
-            outcome = await self._publish_over(task, document, update_payload, replace_finished)
-            if isinstance(outcome, PublishResult):
-                return outcome
-            task = outcome  # changed under us: decide again on what is there now
-        raise StoreError(f"publish {key!r}: the task kept changing; try again")
-
-    async def _insert_unless_exists(self, document: dict[str, Any]) -> Task:
-        upsert_filter, update = q.publish_upsert(document)
-        try:
-            found = await self.collection.find_one_and_update(
-                upsert_filter, update, upsert=True, return_document=ReturnDocument.AFTER
-            )
-        except DuplicateKeyError:
-            # A concurrent publish of the same key inserted first: that document is the task.
-            found = await self.collection.find_one(q.by_key(document["key"]))
-        if found is None:  # pragma: no cover - an upsert always returns a document
-            raise StoreError(f"publish {document['key']!r}: upsert returned nothing")
-        return Task.model_validate(found)
-
-    async def _publish_over(
-        self,
-        task: Task,
-        document: dict[str, Any],
-        update_payload: bool,
-        replace_finished: bool,
-    ) -> PublishResult | Task:
-        """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
-        key = task.key
-        if replace_finished and task.state.is_terminal:
-            replacement = {k: v for k, v in document.items() if k != "_id"}
-            replacement["version"] = task.version + 1
-            replaced = await self.collection.find_one_and_replace(
-                q.replace_finished_filter(key, task.version),
-                replacement,
-                return_document=ReturnDocument.AFTER,
-            )
-            if replaced is not None:
-                log.info("finished task replaced", extra={"action": "task_replaced", "key": key})
-                return PublishResult(
-                    task=Task.model_validate(replaced), created=False, replaced=True
-                )
-            return await self._reread(key)
-        if task.name != document["name"]:
-            raise ConfigurationError(
-                f"key {key!r} already names a task of name {task.name!r}, not {document['name']!r}"
-            )
-        if (update_payload or replace_finished) and task.state is TaskState.RUNNING:
-            raise TaskRunning(f"task {key!r} is running; it cannot be replaced or updated now")
-        if update_payload and task.payload != document["payload"]:
-            update_filter, update = q.update_payload(key, document["payload"], self.clock.now())
-            updated = await self.collection.find_one_and_update(
-                update_filter, update, return_document=ReturnDocument.AFTER
-            )
-            if updated is None:
-                return await self._reread(key)
-            return PublishResult(
-                task=Task.model_validate(updated), created=False, payload_updated=True
-            )
-        return PublishResult(task=task, created=False)
-
-    async def _reread(self, key: str) -> Task:
-        found = await self.collection.find_one(q.by_key(key))
-        if found is None:  # deleted in between: publishing again creates it
-            raise StoreError(f"publish {key!r}: the task was deleted meanwhile; publish again")
-        return Task.model_validate(found)
+    async def _after_write(self, task: Task) -> Task:
+        """A write that ended a task with dependents tells them (only then: no extra call)."""
+        if task.dependents_notified is False:
+            await self.flows.notify(task)
+        return task
 
     # ------------------------------------------------------------ reads
 
     @_driver_errors
     async def get(self, key: str) -> Task | None:
         await self._ready()
-        found = await self.collection.find_one(q.by_key(_validated(check_key, key)))
+        found = await self.collection.find_one(q.by_key(checked(check_key, key)))
         return None if found is None else Task.model_validate(found)
 
     @_driver_errors
     async def get_many(self, keys: Sequence[str]) -> list[Task]:
         await self._ready()
-        cursor = self.collection.find(q.by_keys([_validated(check_key, k) for k in keys]))
+        cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
         return [Task.model_validate(document) async for document in cursor]
 
     # ------------------------------------------------------------ claim and the lease
@@ -235,7 +159,7 @@ class TaskStore:
 
         None when nothing is claimable, or when the only write was recording timeouts that
         exhausted the task's retries (the task is then ``fail``)."""
-        worker_id = _validated(check_worker_id, worker_id)
+        worker_id = checked(check_worker_id, worker_id)
         if key is None and not names:
             raise ConfigurationError("claim: give a key or at least one task name")
         await self._ready()
@@ -249,7 +173,7 @@ class TaskStore:
         )
         if found is None:
             return None
-        task = Task.model_validate(found)
+        task = await self._after_write(Task.model_validate(found))
         if not any(ws.run_id == run_id for ws in task.worker_states):
             log.info(
                 "task failed: retries exhausted by timeouts",
@@ -270,7 +194,7 @@ class TaskStore:
         )
         if found is None:
             raise LeaseLost(await self._why_lost(lease, now))
-        return Task.model_validate(found)
+        return await self._after_write(Task.model_validate(found))
 
     async def _why_lost(self, lease: Lease, now: Any) -> str:
         """Only on the failure path: one read to tell the worker what happened."""
@@ -372,11 +296,21 @@ class TaskStore:
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         await self._ready()
         found = await self.collection.find_one_and_update(
-            q.options_filter(_validated(check_key, key)),
+            q.options_filter(checked(check_key, key)),
             q.options_update(options, self.clock.now()),
             return_document=ReturnDocument.AFTER,
         )
-        return None if found is None else Task.model_validate(found)
+        return None if found is None else await self._after_write(Task.model_validate(found))
+
+    @_driver_errors
+    async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
+        await self._ready()
+        return await self.flows.add_dependencies(edges)
+
+    @_driver_errors
+    async def recover_dependents(self) -> int:
+        await self._ready()
+        return await self.flows.recover()
 
     # ------------------------------------------------------------ cancel
 
@@ -386,10 +320,11 @@ class TaskStore:
         await self._ready()
         now = self.clock.now()
         found = await self.collection.find_one_and_update(
-            q.cancel_filter(_validated(check_key, key)),
+            q.cancel_filter(checked(check_key, key)),
             q.cancel_update(reason, now),
             return_document=ReturnDocument.AFTER,
         )
         if found is not None:
             log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
+            await self._after_write(Task.model_validate(found))
         return found is not None

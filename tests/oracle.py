@@ -25,7 +25,7 @@ def check_consistent(task: ms.Task) -> None:
         assert not running, "a finished task still has running workers"
         assert task.next_claim_at is None
         return
-    if task.deps_pending > 0:
+    if task.deps_pending:
         assert task.state is ms.TaskState.BLOCKED
     elif running:
         assert task.state is ms.TaskState.RUNNING
@@ -33,6 +33,8 @@ def check_consistent(task: ms.Task) -> None:
         assert task.state is ms.TaskState.PENDING
     assert len(succeeded) < opts.concurrent_worker_cnt
     assert task.unexpected_failures <= opts.max_unexpected_retries
+    if opts.max_tries is not None:
+        assert len(task.worker_states) < opts.max_tries or running
     if task.state is ms.TaskState.BLOCKED:
         assert task.next_claim_at is None
     elif len(running) + len(succeeded) >= opts.concurrent_worker_cnt:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mscheduler import constants as c
+from mscheduler import flow_queries as fq
 from mscheduler import queries as q
 from mscheduler.index_plan import index_serves
 
@@ -28,6 +29,12 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "get many, lost leases": (q.by_keys(["a", "b"]), None),
     "consumer fetch": (q.fetch_filter(["a", "b"]), q.FETCH_SORT),
     "set options": (q.options_filter("k"), None),
+    "dependents waiting": (fq.dependents_waiting_on("k"), None),
+    "unnotified": (fq.unnotified(), None),
+    "unnotified dependents": (fq.unnotified_dependents_of("k"), None),
+    "mark notified": (fq.mark_notified("k")[0], None),
+    "add dependency": (fq.add_dependency_filter("k"), None),
+    "count dependent": (fq.count_dependent(["a"])[0], None),
 }
 
 

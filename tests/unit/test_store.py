@@ -153,9 +153,9 @@ async def test_claim_waits_for_not_before(scheduler: ms.Scheduler, clock: ms.Man
 async def test_claim_waits_for_pending_dependencies(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     # Flows set deps_pending; here we set it as they will, to check the claim honours it.
-    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": 1}})
+    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": ["x"]}})
     assert await claim(scheduler, "w1") is None
-    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": 0}})
+    await scheduler.collection.update_one({"key": "k"}, {"$set": {"deps_pending": []}})
     assert await claim(scheduler, "w1") is not None
 
 

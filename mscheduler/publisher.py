@@ -1,0 +1,153 @@
+"""Idempotent publish: insert unless the key exists, else decide what the caller asked for.
+
+Part of the store layer (it writes through `TaskStore`'s collection and runs only queries
+from `queries.py`); `TaskStore.publish` is its entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bson import ObjectId
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from . import queries as q
+from .encoding import check_document_size, to_storable
+from .errors import ConfigurationError, StoreError, TaskRunning
+from .flows import check_dependencies
+from .models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
+
+if TYPE_CHECKING:
+    from .store import TaskStore
+
+log = logging.getLogger(__name__)
+
+_PUBLISH_ATTEMPTS = 5  # re-reads when a concurrent writer changed the task under a publish
+
+
+class Publisher:
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
+
+    async def publish(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        update_payload: bool = False,
+        replace_finished: bool = False,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+    ) -> PublishResult:
+        key = checked(check_key, key)
+        dependencies = check_dependencies(key, depends_on or [])
+        name = checked(check_name, name)
+        if options is not None and not isinstance(options, TaskOptions):
+            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+        options = options or TaskOptions()
+        payload = to_storable(payload, "payload")
+        await self._store._ready()
+        present: list[str] = []
+        pending: list[str] = []
+        failed: list[str] = []
+        if dependencies:
+            present, pending, failed = await self._store.flows.resolve(
+                key, dependencies, allow_missing
+            )
+        document = q.new_task_document(
+            key=key,
+            name=name,
+            payload=payload,
+            options=options,
+            now=self._store.clock.now(),
+            task_id=ObjectId(),
+            depends_on=present,
+            deps_pending=pending,
+            deps_failed=failed,
+        )
+        check_document_size(document, options)
+
+        task = await self._insert_unless_exists(document)
+        if task.id == document["_id"]:
+            log.info("task published", extra={"action": "task_published", "key": key})
+            return PublishResult(task=await self._attached(task), created=True)
+        for _ in range(_PUBLISH_ATTEMPTS):
+            outcome = await self._publish_over(task, document, update_payload, replace_finished)
+            if isinstance(outcome, PublishResult):
+                return outcome
+            task = outcome  # changed under us: decide again on what is there now
+        raise StoreError(f"publish {key!r}: the task kept changing; try again")
+
+    async def _insert_unless_exists(self, document: dict[str, Any]) -> Task:
+        upsert_filter, update = q.publish_upsert(document)
+        try:
+            found = await self._store.collection.find_one_and_update(
+                upsert_filter, update, upsert=True, return_document=ReturnDocument.AFTER
+            )
+        except DuplicateKeyError:
+            # A concurrent publish of the same key inserted first: that document is the task.
+            found = await self._store.collection.find_one(q.by_key(document["key"]))
+        if found is None:  # pragma: no cover - an upsert always returns a document
+            raise StoreError(f"publish {document['key']!r}: upsert returned nothing")
+        return Task.model_validate(found)
+
+    async def _publish_over(
+        self,
+        task: Task,
+        document: dict[str, Any],
+        update_payload: bool,
+        replace_finished: bool,
+    ) -> PublishResult | Task:
+        """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
+        key = task.key
+        if replace_finished and task.state.is_terminal:
+            replacement = {k: v for k, v in document.items() if k != "_id"}
+            replacement["version"] = task.version + 1
+            replaced = await self._store.collection.find_one_and_replace(
+                q.replace_finished_filter(key, task.version),
+                replacement,
+                return_document=ReturnDocument.AFTER,
+            )
+            if replaced is not None:
+                log.info("finished task replaced", extra={"action": "task_replaced", "key": key})
+                task = await self._attached(Task.model_validate(replaced))
+                return PublishResult(task=task, created=False, replaced=True)
+            return await self._reread(key)
+        if task.name != document["name"]:
+            raise ConfigurationError(
+                f"key {key!r} already names a task of name {task.name!r}, not {document['name']!r}"
+            )
+        if (update_payload or replace_finished) and task.state is TaskState.RUNNING:
+            raise TaskRunning(f"task {key!r} is running; it cannot be replaced or updated now")
+        if update_payload and task.payload != document["payload"]:
+            update_filter, update = q.update_payload(
+                key, document["payload"], self._store.clock.now()
+            )
+            updated = await self._store.collection.find_one_and_update(
+                update_filter, update, return_document=ReturnDocument.AFTER
+            )
+            if updated is None:
+                return await self._reread(key)
+            return PublishResult(
+                task=Task.model_validate(updated), created=False, payload_updated=True
+            )
+        return PublishResult(task=task, created=False)
+
+    async def _attached(self, task: Task) -> Task:
+        """A new task with dependencies, once counted in on them (re-read: they may have
+        ended meanwhile and changed it)."""
+        if not task.depends_on:
+            return task
+        await self._store.flows.attach(task)
+        return await self._reread(task.key)
+
+    async def _reread(self, key: str) -> Task:
+        found = await self._store.collection.find_one(q.by_key(key))
+        if found is None:  # deleted in between: publishing again creates it
+            raise StoreError(f"publish {key!r}: the task was deleted meanwhile; publish again")
+        return Task.model_validate(found)

@@ -1,0 +1,244 @@
+"""Dependencies: blocked until every dependency succeeded, failures cascade, no cycles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.oracle import check_consistent
+from tests.unit.test_consumer import settle
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+
+
+async def state_of(sched: ms.Scheduler, key: str) -> ms.TaskState:
+    task = await sched.get(key)
+    assert task is not None
+    check_consistent(task)
+    return task.state
+
+
+async def finish(sched: ms.Scheduler, key: str, outcome: str = "success") -> ms.Task:
+    lease = await sched.store.claim("w", key=key)
+    assert lease is not None, f"{key} is not claimable"
+    if outcome == "success":
+        return await sched.store.succeed(lease, key)
+    return await sched.store.fail(lease, RuntimeError(f"{key} broke"))
+
+
+async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
+    """Run every task with consumers until nothing is left to do; the order they started."""
+    order: list[str] = []
+
+    async def handler(task: ms.Task) -> Any:
+        order.append(task.key)
+        for dependency in task.depends_on:
+            finished = await sched.get(dependency)
+            assert finished is not None
+            assert finished.state is S.SUCCESS or dependency in task.deps_failed, (
+                f"{task.key} started before {dependency}"
+            )
+        return None
+
+    consumers = [
+        sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id=f"w{i}"))
+        for i in range(workers)
+    ]
+    async with anyio.create_task_group() as tg:
+        for consumer in consumers:
+            tg.start_soon(consumer.run)
+        await settle()
+        for consumer in consumers:
+            consumer.stop()
+    return order
+
+
+async def test_blocked_until_every_dependency_succeeded(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job")
+    result = await scheduler.publish("c", None, name="job", depends_on=["a", "b"])
+    assert result.task.state is S.BLOCKED and result.task.deps_pending == ["a", "b"]
+    assert await scheduler.store.claim("w", key="c") is None
+    await finish(scheduler, "a")
+    assert await state_of(scheduler, "c") is S.BLOCKED
+    await finish(scheduler, "b")
+    assert await state_of(scheduler, "c") is S.PENDING
+    await finish(scheduler, "c")
+
+
+async def test_dependencies_that_already_succeeded_count_at_once(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await finish(scheduler, "a")
+    result = await scheduler.publish("b", None, name="job", depends_on=["a"])
+    assert result.task.state is S.PENDING and result.task.deps_pending == []
+
+
+async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Scheduler):
+    with pytest.raises(ms.DependencyError, match="no task has the key"):
+        await scheduler.publish("b", None, name="job", depends_on=["ghost"])
+    assert await scheduler.get("b") is None, "a refused publish wrote something"
+    result = await scheduler.publish("b", None, name="job", depends_on=["ghost"], allow_missing=True)
+    assert result.task.state is S.PENDING and result.task.depends_on == []
+
+
+async def test_self_dependency_is_refused(scheduler: ms.Scheduler):
+    with pytest.raises(ms.DependencyError, match="cannot depend on itself"):
+        await scheduler.publish("a", None, name="job", depends_on=["a"])
+
+
+async def test_chain_of_ten_runs_in_order(scheduler: ms.Scheduler):
+    keys = [f"step:{n}" for n in range(10)]
+    for previous, key in zip([None, *keys], keys, strict=False):
+        await scheduler.publish(key, None, name="job", depends_on=[previous] if previous else [])
+    assert await run_all(scheduler) == keys
+
+
+async def test_fan_out_of_fifty_joined_by_one(scheduler: ms.Scheduler):
+    parts = [f"part:{n}" for n in range(50)]
+    for key in parts:
+        await scheduler.publish(key, None, name="job")
+    await scheduler.publish("join", None, name="job", depends_on=parts)
+    order = await run_all(scheduler)
+    assert sorted(order[:50]) == sorted(parts) and order[50] == "join"
+
+
+async def test_divisor_graph_never_runs_a_task_before_its_divisors(scheduler: ms.Scheduler):
+    """63 tasks; task n depends on every proper divisor of n greater than 1."""
+    for n in range(2, 65):
+        divisors = [f"n{d}" for d in range(2, n) if n % d == 0]
+        await scheduler.publish(f"n{n}", None, name="job", depends_on=divisors)
+    order = await run_all(scheduler, workers=4)
+    assert len(order) == 63 and len(set(order)) == 63
+    position = {key: index for index, key in enumerate(order)}
+    for n in range(2, 65):
+        for d in range(2, n):
+            if n % d == 0:
+                assert position[f"n{d}"] < position[f"n{n}"], f"n{n} ran before n{d}"
+
+
+async def test_failure_cancels_dependents_through_three_levels(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("root", None, name="job", options=opts)
+    await scheduler.publish("child", None, name="job", depends_on=["root"])
+    await scheduler.publish("grandchild", None, name="job", depends_on=["child"])
+    await scheduler.publish("great", None, name="job", depends_on=["grandchild"])
+    await scheduler.publish("unrelated", None, name="job")
+    await finish(scheduler, "root", "fail")
+    for key, cause in [("child", "root"), ("grandchild", "child"), ("great", "grandchild")]:
+        task = await scheduler.get(key)
+        assert task is not None and task.state is S.CANCELLED, key
+        assert task.error is not None and f"dependency {cause!r}" in task.error.message
+    assert await state_of(scheduler, "unrelated") is S.PENDING
+
+
+async def test_cancel_cascades_like_a_failure(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    await scheduler.cancel("a")
+    assert await state_of(scheduler, "b") is S.CANCELLED
+
+
+async def test_on_dependency_failure_run_sees_what_failed(scheduler: ms.Scheduler):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("good", None, name="job")
+    await scheduler.publish("bad", None, name="job", options=opts)
+    anyway = ms.TaskOptions(on_dependency_failure="run")
+    await scheduler.publish("report", None, name="job", options=anyway, depends_on=["good", "bad"])
+    await finish(scheduler, "bad", "fail")
+    assert await state_of(scheduler, "report") is S.BLOCKED
+    await finish(scheduler, "good")
+    task = await scheduler.get("report")
+    assert task is not None and task.state is S.PENDING and task.deps_failed == ["bad"]
+    lease = await scheduler.store.claim("w", key="report")
+    assert lease is not None and lease.task.deps_failed == ["bad"]
+
+
+async def test_publishing_on_a_failed_dependency_cancels_at_once(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.cancel("a")
+    result = await scheduler.publish("b", None, name="job", depends_on=["a"])
+    assert result.task.state is S.CANCELLED
+    assert result.task.error is not None and "'a'" in result.task.error.message
+
+
+async def test_dependency_ending_during_publish_is_not_missed(scheduler: ms.Scheduler, monkeypatch):
+    """The dependency finishes after the publisher read it as running but before the
+    dependent is counted in: the re-read after insert catches it."""
+    await scheduler.publish("a", None, name="job")
+    lease = await scheduler.store.claim("w", key="a")
+    assert lease is not None
+    flows = scheduler.store.flows
+    original = flows.resolve
+
+    async def resolve_then_finish(*args: Any, **kwargs: Any) -> Any:
+        resolved = await original(*args, **kwargs)
+        await scheduler.store.succeed(lease, "done")  # nobody depends on a yet
+        return resolved
+
+    monkeypatch.setattr(flows, "resolve", resolve_then_finish)
+    result = await scheduler.publish("b", None, name="job", depends_on=["a"])
+    assert result.task.state is S.PENDING, "b waits forever for a dependency that succeeded"
+
+
+async def test_dependents_of_a_crashed_writer_are_told_on_recovery(scheduler: ms.Scheduler):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    lease = await scheduler.store.claim("w", key="a")
+    assert lease is not None
+
+    async def crash(task: ms.Task) -> ms.Task:
+        raise ConnectionError("the worker died right after its success was written")
+
+    scheduler.store._after_write = crash  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await scheduler.store.succeed(lease, "done")
+    del scheduler.store._after_write
+    assert await state_of(scheduler, "b") is S.BLOCKED
+    assert await scheduler.store.recover_dependents() == 1
+    assert await state_of(scheduler, "b") is S.PENDING
+    assert await scheduler.store.recover_dependents() == 0
+
+
+async def test_add_dependencies_to_existing_tasks(scheduler: ms.Scheduler):
+    for key in ("a", "b", "c"):
+        await scheduler.publish(key, None, name="job")
+    await finish(scheduler, "c")
+    await scheduler.add_dependencies([("a", "b"), ("c", "b")])
+    task = await scheduler.get("b")
+    assert task is not None and task.state is S.BLOCKED
+    assert task.depends_on == ["a", "c"] and task.deps_pending == ["a"]
+    await finish(scheduler, "a")
+    assert await state_of(scheduler, "b") is S.PENDING
+
+
+@pytest.mark.parametrize(
+    ("edges", "error", "message"),
+    [
+        ([("b", "a")], ms.DependencyError, "closes a cycle"),
+        ([("c", "a")], ms.DependencyError, "closes a cycle"),
+        ([("x", "y"), ("y", "x")], ms.DependencyError, "closes a cycle"),
+        ([("a", "a")], ms.DependencyError, "cannot depend on itself"),
+        ([("a", "ghost")], ms.DependencyError, "no task has the key"),
+        ([("x", "running")], ms.TaskRunning, "already running"),
+        ([("x", "done")], ms.DependencyError, "has already success"),
+    ],
+)
+async def test_bad_edges_are_refused_and_write_nothing(
+    scheduler: ms.Scheduler, edges: list[tuple[str, str]], error: type[Exception], message: str
+):
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    await scheduler.publish("c", None, name="job", depends_on=["b"])
+    for key in ("x", "y", "running", "done"):
+        await scheduler.publish(key, None, name="job")
+    assert await scheduler.store.claim("w", key="running") is not None
+    await finish(scheduler, "done")
+    before = {t.key: t.version for t in await scheduler.store.get_many(["a", "b", "c", "x", "y"])}
+    with pytest.raises(error, match=message):
+        await scheduler.add_dependencies(edges)
+    after = {t.key: t.version for t in await scheduler.store.get_many(["a", "b", "c", "x", "y"])}
+    assert after == before
