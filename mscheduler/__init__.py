@@ -5,12 +5,14 @@ from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
 from .consumer import Consumer
 from .errors import (
+    Abort,
     BackendUnavailable,
     ConfigurationError,
     DependencyError,
     LeaseLost,
     MSchedulerError,
     PayloadError,
+    RetryLater,
     StoreError,
     TaskNotFound,
     TaskRunning,
@@ -29,6 +31,7 @@ from .models import (
 )
 
 __all__ = [
+    "Abort",
     "BackendUnavailable",
     "Clock",
     "ConfigurationError",
@@ -42,6 +45,7 @@ __all__ = [
     "ManualClock",
     "PayloadError",
     "PublishResult",
+    "RetryLater",
     "Scheduler",
     "StoreError",
     "SystemClock",

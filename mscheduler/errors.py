@@ -50,3 +50,25 @@ class LeaseLost(MSchedulerError):
 
 class StoreError(MSchedulerError):
     """MongoDB refused or failed an operation; the driver's error is in ``__cause__``."""
+
+
+class Abort(MSchedulerError):
+    """Raised by a handler to end its task as failed at once: no retries, dependents cancelled."""
+
+    def __init__(self, reason: str = "aborted by the handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RetryLater(MSchedulerError):
+    """Raised by a handler to put its task back, claimable again after ``delay`` seconds.
+
+    Not a failure: it does not count against ``max_unexpected_retries``, only against
+    ``max_tries`` when that is set."""
+
+    def __init__(self, delay: float = 0.0, reason: str = "retry later") -> None:
+        if delay < 0:
+            raise ValueError(f"RetryLater: delay must be >= 0, got {delay}")
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason

@@ -17,7 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .clock import Clock, sleep
-from .errors import BackendUnavailable, LeaseLost, PayloadError
+from .errors import Abort, BackendUnavailable, LeaseLost, PayloadError, RetryLater
 from .models import Lease, Task, WorkerOptions, WorkerStateKind
 from .store import TaskStore
 
@@ -36,6 +36,8 @@ class ConsumerStats:
     succeeded: int = 0
     failed: int = 0
     handler_retries: int = 0
+    aborted: int = 0
+    deferred: int = 0  # RetryLater
     lease_lost: int = 0
     released: int = 0
     cancelled: int = 0
@@ -134,6 +136,8 @@ class Executor:
         for attempt in range(self._options.handler_retries + 1):
             try:
                 return _Outcome(result=await handler(task))
+            except (Abort, RetryLater) as exc:
+                return _Outcome(error=exc)  # the handler's decision: no local retry
             except Exception as exc:
                 if attempt == self._options.handler_retries:
                     return _Outcome(error=exc)
@@ -159,8 +163,14 @@ class Executor:
                         return
                     except PayloadError as exc:
                         outcome = _Outcome(error=exc)  # the result cannot be stored: a failure
-                assert outcome.error is not None
-                await self._store.fail(lease, outcome.error)
+                error = outcome.error
+                assert error is not None
+                if isinstance(error, RetryLater):
+                    await self._store.retry_later(lease, error.delay, error.reason)
+                    self._stats.deferred += 1
+                    return
+                await self._store.fail(lease, error, final=isinstance(error, Abort))
+                self._stats.aborted += isinstance(error, Abort)
                 self._stats.failed += 1
                 return
             except LeaseLost as exc:

@@ -286,9 +286,12 @@ def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -
     ]
 
 
-def fail_update(worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime) -> Pipeline:
+def fail_update(
+    worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime, *, final: bool = False
+) -> Pipeline:
     """A handler failure counts against the retries and delays the next claim by
-    ``unexpected_retry_delay_ms`` (a timeout does not: the worker timeout was the delay)."""
+    ``unexpected_retry_delay_ms`` (a timeout does not: the worker timeout was the delay).
+    ``final`` (the handler raised `Abort`) ends the task as failed whatever retries are left."""
     return [
         sweep_expired(now),
         _own_state(
@@ -300,6 +303,27 @@ def fail_update(worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime)
             error=literal(error.model_dump()),
         ),
         {"$set": {"retry_at": {"$add": [now, "$options.unexpected_retry_delay_ms"]}}},
+        *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
+        *recompute(now),
+    ]
+
+
+def retry_later_update(
+    worker_id: str, run_id: str, reason: str, retry_at: dt.datetime, now: dt.datetime
+) -> Pipeline:
+    """The handler asked to be run again later (`RetryLater`): the slot is given back, the
+    task is claimable from ``retry_at``, and it is not an unexpected failure."""
+    return [
+        sweep_expired(now),
+        _own_state(
+            worker_id,
+            run_id,
+            state=RELEASED,
+            ping_expire_at=None,
+            finished_at=now,
+            error=literal(ErrorInfo.from_message("RetryLater", reason).model_dump()),
+        ),
+        {"$set": {"retry_at": retry_at}},
         *recompute(now),
     ]
 

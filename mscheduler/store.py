@@ -6,6 +6,7 @@ does not need to: publish, claim, ping, succeed, fail and release are one round 
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import logging
 import uuid
@@ -22,7 +23,7 @@ from pymongo.errors import (
 
 from . import constants as c
 from . import queries as q
-from .clock import Clock
+from .clock import Clock, to_bson_time
 from .encoding import check_result
 from .errors import (
     BackendUnavailable,
@@ -259,17 +260,27 @@ class TaskStore:
         return task
 
     @_driver_errors
-    async def fail(self, lease: Lease, error: BaseException | ErrorInfo) -> Task:
+    async def fail(
+        self, lease: Lease, error: BaseException | ErrorInfo, *, final: bool = False
+    ) -> Task:
+        """Record a failed attempt; ``final`` fails the task whatever retries are left."""
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
         now = self.clock.now()
         task = await self._fenced_write(
-            lease, q.fail_update(lease.worker_id, lease.run_id, info, now), now
+            lease, q.fail_update(lease.worker_id, lease.run_id, info, now, final=final), now
         )
         log.info(
             "attempt failed",
             extra={"action": "task_attempt_failed", "key": lease.key, "state": task.state.value},
         )
         return task
+
+    @_driver_errors
+    async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
+        now = self.clock.now()
+        retry_at = to_bson_time(now + dt.timedelta(seconds=delay))
+        update = q.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
+        return await self._fenced_write(lease, update, now)
 
     @_driver_errors
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:

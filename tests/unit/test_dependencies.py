@@ -81,7 +81,9 @@ async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Sched
     with pytest.raises(ms.DependencyError, match="no task has the key"):
         await scheduler.publish("b", None, name="job", depends_on=["ghost"])
     assert await scheduler.get("b") is None, "a refused publish wrote something"
-    result = await scheduler.publish("b", None, name="job", depends_on=["ghost"], allow_missing=True)
+    result = await scheduler.publish(
+        "b", None, name="job", depends_on=["ghost"], allow_missing=True
+    )
     assert result.task.state is S.PENDING and result.task.depends_on == []
 
 
@@ -242,3 +244,73 @@ async def test_bad_edges_are_refused_and_write_nothing(
         await scheduler.add_dependencies(edges)
     after = {t.key: t.version for t in await scheduler.store.get_many(["a", "b", "c", "x", "y"])}
     assert after == before
+
+
+# ------------------------------------------------------------------------ handler decisions
+
+
+async def _run_one(
+    sched: ms.Scheduler, handler: Any, clock: ms.ManualClock, steps: int = 0
+) -> ms.Consumer:
+    consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w0"))
+    async with consumer:
+        await settle()
+        for _ in range(steps):
+            clock.advance(1)
+            await settle()
+    return consumer
+
+
+async def test_abort_fails_at_once_and_cancels_dependents(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("a", None, name="job", options=ms.TaskOptions(max_unexpected_retries=5))
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    calls: list[str] = []
+
+    async def handler(task: ms.Task) -> None:
+        calls.append(task.key)
+        raise ms.Abort("the input is corrupt")
+
+    consumer = await _run_one(scheduler, handler, clock, steps=30)
+    assert calls == ["a"], "an aborted task was retried"
+    task = await scheduler.get("a")
+    assert task is not None and task.state is S.FAIL
+    assert task.error is not None and task.error.type == "Abort"
+    assert task.error.message == "the input is corrupt"
+    assert await state_of(scheduler, "b") is S.CANCELLED
+    assert consumer.stats.aborted == 1
+
+
+async def test_retry_later_is_not_a_failure(scheduler: ms.Scheduler, clock):
+    opts = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("a", None, name="job", options=opts)
+    calls: list[str] = []
+
+    async def handler(task: ms.Task) -> str:
+        calls.append(str(clock.now().time()))
+        if len(calls) < 3:
+            raise ms.RetryLater(5, "the bucket is not ready")
+        return "done"
+
+    consumer = await _run_one(scheduler, handler, clock, steps=12)
+    assert calls == ["00:00:00", "00:00:05", "00:00:10"]
+    task = await scheduler.get("a")
+    assert task is not None and task.state is S.SUCCESS and task.unexpected_failures == 0
+    assert consumer.stats.deferred == 2
+
+
+async def test_max_tries_caps_retry_later(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("a", None, name="job", options=ms.TaskOptions(max_tries=2))
+    calls: list[int] = []
+
+    async def handler(task: ms.Task) -> None:
+        calls.append(1)
+        raise ms.RetryLater(1)
+
+    await _run_one(scheduler, handler, clock, steps=10)
+    assert len(calls) == 2
+    assert await state_of(scheduler, "a") is S.FAIL
+
+
+def test_retry_later_refuses_a_negative_delay():
+    with pytest.raises(ValueError, match="delay must be >= 0"):
+        ms.RetryLater(-1)
