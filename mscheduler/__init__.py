@@ -12,6 +12,7 @@ from .errors import (
     LeaseLost,
     MSchedulerError,
     PayloadError,
+    PreconditionFailed,
     RetryLater,
     StoreError,
     TaskNotFound,
@@ -29,6 +30,7 @@ from .models import (
     WorkerState,
     WorkerStateKind,
 )
+from .specs import Flow, TaskSpec, chain, chord, group
 
 __all__ = [
     "Abort",
@@ -39,11 +41,13 @@ __all__ = [
     "ConsumerStats",
     "DependencyError",
     "ErrorInfo",
+    "Flow",
     "Lease",
     "LeaseLost",
     "MSchedulerError",
     "ManualClock",
     "PayloadError",
+    "PreconditionFailed",
     "PublishResult",
     "RetryLater",
     "Scheduler",
@@ -53,9 +57,13 @@ __all__ = [
     "TaskNotFound",
     "TaskOptions",
     "TaskRunning",
+    "TaskSpec",
     "TaskState",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",
     "__version__",
+    "chain",
+    "chord",
+    "group",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from . import batches
 from . import constants as c
 from .backends import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
@@ -16,7 +17,8 @@ from .backends import (
 from .clock import Clock, SystemClock
 from .consumer import Consumer
 from .executor import Handler
-from .models import PublishResult, Task, TaskOptions, WorkerOptions
+from .models import Lease, PublishResult, Task, TaskOptions, WorkerOptions
+from .specs import Step
 from .store import TaskStore
 from .waiting import wait_for
 
@@ -114,6 +116,51 @@ class Scheduler:
             replace_finished=replace_finished,
             depends_on=depends_on,
             allow_missing=allow_missing,
+        )
+
+    async def publish_many(
+        self, specs: Step | Iterable[Step], *, allow_missing: bool = False
+    ) -> list[PublishResult]:
+        """Publish many tasks, all or nothing: specs, or structures from `chain`, `group`
+        and `chord`. Dependencies inside the batch are written in order; any invalid spec,
+        missing dependency or cycle raises before anything is written. Each key is
+        idempotent, as with `publish`."""
+        return await batches.publish_many(self.store, specs, allow_missing=allow_missing)
+
+    async def replace(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+    ) -> PublishResult:
+        """Publish ``key`` anew over a task that is not running (as if it were cancelled and
+        published again); a running task raises `TaskRunning`."""
+        return await self.store.replace(
+            key,
+            payload,
+            name=name,
+            options=options,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
+        )
+
+    async def commit(
+        self,
+        *,
+        complete: Iterable[Lease | tuple[Lease, Any]] = (),
+        publish: Step | Iterable[Step] = (),
+        delete: Iterable[str] = (),
+        require: Mapping[str, int] | None = None,
+    ) -> list[PublishResult]:
+        """In one transaction: finish the worker's own tasks (``(lease, result)``, fenced by
+        run_id), publish follow-up tasks, delete tasks, and require that other tasks are still
+        at the given ``version``. `PreconditionFailed` or `LeaseLost` write nothing."""
+        return await batches.commit(
+            self.store, complete=complete, publish=publish, delete=delete, require=require
         )
 
     async def get(self, key: str) -> Task | None:

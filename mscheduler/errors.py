@@ -48,6 +48,14 @@ class LeaseLost(MSchedulerError):
     """
 
 
+class PreconditionFailed(MSchedulerError):
+    """A task a commit required to be unchanged has changed (or is gone); nothing was written."""
+
+    def __init__(self, message: str | None = None, *, keys: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.keys = keys or []
+
+
 class StoreError(MSchedulerError):
     """MongoDB refused or failed an operation; the driver's error is in ``__cause__``."""
 

@@ -6,6 +6,8 @@ from `queries.py`); `TaskStore.publish` is its entry point.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,45 @@ log = logging.getLogger(__name__)
 _PUBLISH_ATTEMPTS = 5  # re-reads when a concurrent writer changed the task under a publish
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A publish's arguments, checked: nothing about them can fail once writing starts."""
+
+    key: str
+    name: str
+    options: TaskOptions
+    payload: Any
+    dependencies: list[str]
+
+
+def prepare(
+    key: str,
+    payload: Any,
+    name: str,
+    options: TaskOptions | None,
+    depends_on: Sequence[str] | None,
+) -> Prepared:
+    key = checked(check_key, key)
+    dependencies = check_dependencies(key, depends_on or [])
+    name = checked(check_name, name)
+    if options is not None and not isinstance(options, TaskOptions):
+        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+    options = options or TaskOptions()
+    payload = to_storable(payload, "payload")
+    document = q.new_task_document(
+        key=key,
+        name=name,
+        payload=payload,
+        options=options,
+        now=dt.datetime.now(dt.timezone.utc),
+        task_id=ObjectId(),
+        depends_on=dependencies,
+        deps_pending=dependencies,
+    )
+    check_document_size(document, options)
+    return Prepared(key, name, options, payload, dependencies)
+
+
 class Publisher:
     def __init__(self, store: TaskStore) -> None:
         self._store = store
@@ -44,44 +85,90 @@ class Publisher:
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
     ) -> PublishResult:
-        key = checked(check_key, key)
-        dependencies = check_dependencies(key, depends_on or [])
-        name = checked(check_name, name)
-        if options is not None and not isinstance(options, TaskOptions):
-            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
-        options = options or TaskOptions()
-        payload = to_storable(payload, "payload")
+        prepared = prepare(key, payload, name, options, depends_on)
         await self._store._ready()
-        present: list[str] = []
-        pending: list[str] = []
-        failed: list[str] = []
-        if dependencies:
-            present, pending, failed = await self._store.flows.resolve(
-                key, dependencies, allow_missing
-            )
-        document = q.new_task_document(
-            key=key,
-            name=name,
-            payload=payload,
-            options=options,
-            now=self._store.clock.now(),
-            task_id=ObjectId(),
-            depends_on=present,
-            deps_pending=pending,
-            deps_failed=failed,
-        )
-        check_document_size(document, options)
-
+        document = await self._document(prepared, allow_missing)
         task = await self._insert_unless_exists(document)
         if task.id == document["_id"]:
-            log.info("task published", extra={"action": "task_published", "key": key})
+            log.info("task published", extra={"action": "task_published", "key": task.key})
             return PublishResult(task=await self._attached(task), created=True)
         for _ in range(_PUBLISH_ATTEMPTS):
             outcome = await self._publish_over(task, document, update_payload, replace_finished)
             if isinstance(outcome, PublishResult):
                 return outcome
             task = outcome  # changed under us: decide again on what is there now
-        raise StoreError(f"publish {key!r}: the task kept changing; try again")
+        raise StoreError(f"publish {task.key!r}: the task kept changing; try again")
+
+    async def replace(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+    ) -> PublishResult:
+        """Publish anew over a task that is not running, as if it had been cancelled and
+        published again (its waiting dependents now wait for the new one)."""
+        prepared = prepare(key, payload, name, options, depends_on)
+        await self._store._ready()
+        for _ in range(_PUBLISH_ATTEMPTS):
+            current = await self._store.get(prepared.key)
+            if current is None:
+                return await self.publish(
+                    key,
+                    payload,
+                    name=name,
+                    options=options,
+                    depends_on=depends_on,
+                    allow_missing=allow_missing,
+                )
+            if current.state is TaskState.RUNNING:
+                raise TaskRunning(f"task {key!r} is running; it cannot be replaced now")
+            document = await self._document(prepared, allow_missing)
+            replaced = await self._replace(
+                current, document, q.replace_filter(key, current.version)
+            )
+            if replaced is not None:
+                return PublishResult(task=replaced, created=False, replaced=True)
+        raise StoreError(f"replace {key!r}: the task kept changing; try again")
+
+    async def _document(self, prepared: Prepared, allow_missing: bool) -> dict[str, Any]:
+        present: list[str] = []
+        pending: list[str] = []
+        failed: list[str] = []
+        if prepared.dependencies:
+            present, pending, failed = await self._store.flows.resolve(
+                prepared.key, prepared.dependencies, allow_missing
+            )
+        return q.new_task_document(
+            key=prepared.key,
+            name=prepared.name,
+            payload=prepared.payload,
+            options=prepared.options,
+            now=self._store.clock.now(),
+            task_id=ObjectId(),
+            depends_on=present,
+            deps_pending=pending,
+            deps_failed=failed,
+        )
+
+    async def _replace(
+        self, current: Task, document: dict[str, Any], query: dict[str, Any]
+    ) -> Task | None:
+        """Replace ``current`` (matched by ``query``, which pins its version) keeping its
+        identity and its count of dependents; None if it changed meanwhile."""
+        replacement = {k: v for k, v in document.items() if k != "_id"}
+        replacement["version"] = current.version + 1
+        replacement["dependent_count"] = current.dependent_count
+        replaced = await self._store.collection.find_one_and_replace(
+            query, replacement, return_document=ReturnDocument.AFTER
+        )
+        if replaced is None:
+            return None
+        log.info("task replaced", extra={"action": "task_replaced", "key": current.key})
+        return await self._attached(Task.model_validate(replaced))
 
     async def _insert_unless_exists(self, document: dict[str, Any]) -> Task:
         upsert_filter, update = q.publish_upsert(document)
@@ -106,17 +193,10 @@ class Publisher:
         """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
         key = task.key
         if replace_finished and task.state.is_terminal:
-            replacement = {k: v for k, v in document.items() if k != "_id"}
-            replacement["version"] = task.version + 1
-            replaced = await self._store.collection.find_one_and_replace(
-                q.replace_finished_filter(key, task.version),
-                replacement,
-                return_document=ReturnDocument.AFTER,
-            )
+            query = q.replace_finished_filter(key, task.version)
+            replaced = await self._replace(task, document, query)
             if replaced is not None:
-                log.info("finished task replaced", extra={"action": "task_replaced", "key": key})
-                task = await self._attached(Task.model_validate(replaced))
-                return PublishResult(task=task, created=False, replaced=True)
+                return PublishResult(task=replaced, created=False, replaced=True)
             return await self._reread(key)
         if task.name != document["name"]:
             raise ConfigurationError(

@@ -123,6 +123,11 @@ def replace_finished_filter(key: str, version: int) -> Document:
     return {"key": key, "state": {"$in": TERMINAL}, "version": version}
 
 
+def replace_filter(key: str, version: int) -> Document:
+    """`Scheduler.replace`: any task that is not running, at the version the caller read."""
+    return {"key": key, "state": {"$ne": TaskState.RUNNING.value}, "version": version}
+
+
 def update_payload(key: str, payload: Any, now: dt.datetime) -> tuple[Document, Document]:
     """A running handler keeps the payload it started with: never change it under it."""
     return (

@@ -59,6 +59,9 @@ def _driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
 
     @functools.wraps(method)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if getattr(args[0], "in_transaction", False):
+            # Raw inside a transaction: the driver retries it on transient errors by label.
+            return await method(*args, **kwargs)
         try:
             return await method(*args, **kwargs)
         except ConnectionFailure as exc:
@@ -81,6 +84,15 @@ class TaskStore:
         self._indexes_lock = anyio.Lock()
         self.flows = Flows(self)
         self._publisher = Publisher(self)
+        self.in_transaction = False
+
+    def bound_to(self, collection: Any) -> TaskStore:
+        """This store writing through ``collection`` (a session-bound view inside a
+        transaction), with the indexes known to be there."""
+        view = TaskStore(collection, self.clock)
+        view._indexes_ready = True
+        view.in_transaction = collection is not self.collection
+        return view
 
     # ------------------------------------------------------------ indexes
 
@@ -131,6 +143,26 @@ class TaskStore:
         if task.dependents_notified is False:
             await self.flows.notify(task)
         return task
+
+    @_driver_errors
+    async def replace(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+    ) -> PublishResult:
+        return await self._publisher.replace(
+            key,
+            payload,
+            name=name,
+            options=options,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
+        )
 
     # ------------------------------------------------------------ reads
 

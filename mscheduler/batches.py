@@ -1,0 +1,136 @@
+"""All-or-nothing writes of many tasks: `publish_many` and `commit` (TaskStore / MassTasker).
+
+Everything that can be checked without writing is checked first (specs, results, leases,
+preconditions), then the writes run through `transactions.run_atomically`: a transaction on
+a replica set, and on the memory backend a sequence that nothing can interleave. A failed
+check raises before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import queries as q
+from .encoding import check_result
+from .errors import DependencyError, LeaseLost, PreconditionFailed
+from .models import Lease, PublishResult, WorkerStateKind, check_key, checked
+from .publisher import prepare
+from .specs import Step, TaskSpec, dependency_order, flatten
+from .transactions import run_atomically
+
+if TYPE_CHECKING:
+    from .store import TaskStore
+
+Completion = Lease | tuple[Lease, Any]
+
+
+def _checked_specs(specs: Step | Iterable[Step]) -> list[TaskSpec]:
+    ordered = dependency_order(flatten(specs))
+    for spec in ordered:
+        prepare(spec.key, spec.payload, spec.name, spec.options, spec.depends_on)
+    return ordered
+
+
+async def _check_external(store: TaskStore, specs: Sequence[TaskSpec], allow_missing: bool) -> None:
+    in_batch = {spec.key for spec in specs}
+    external = sorted({d for spec in specs for d in spec.depends_on if d not in in_batch})
+    if not external or allow_missing:
+        return
+    found = {task.key for task in await store.get_many(external)}
+    missing = [key for key in external if key not in found]
+    if missing:
+        raise DependencyError(f"publish_many: no task has the key(s) {missing}")
+
+
+async def _publish_all(
+    store: TaskStore, specs: Sequence[TaskSpec], allow_missing: bool
+) -> list[PublishResult]:
+    return [
+        await store.publish(
+            spec.key,
+            spec.payload,
+            name=spec.name,
+            options=spec.options,
+            depends_on=list(spec.depends_on),
+            allow_missing=allow_missing,
+        )
+        for spec in specs
+    ]
+
+
+async def publish_many(
+    store: TaskStore, specs: Step | Iterable[Step], *, allow_missing: bool = False
+) -> list[PublishResult]:
+    ordered = _checked_specs(specs)
+    if not ordered:
+        return []
+    await store._ready()
+    await _check_external(store, ordered, allow_missing)
+
+    async def write(collection: Any) -> list[PublishResult]:
+        return await _publish_all(store.bound_to(collection), ordered, allow_missing)
+
+    return await run_atomically(store.collection, write)
+
+
+async def commit(
+    store: TaskStore,
+    *,
+    complete: Iterable[Completion] = (),
+    publish: Step | Iterable[Step] = (),
+    delete: Iterable[str] = (),
+    require: Mapping[str, int] | None = None,
+) -> list[PublishResult]:
+    """In one transaction: finish this worker's tasks (fenced by run_id), publish follow-up
+    tasks, delete tasks, and require that other tasks are still at the given ``version``."""
+    completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
+    results = [(lease, check_result(result)) for lease, result in completions]
+    ordered = _checked_specs(publish)
+    deletions = [checked(check_key, key) for key in delete]
+    required = {checked(check_key, key): version for key, version in (require or {}).items()}
+    await store._ready()
+    await _check_external(store, ordered, allow_missing=False)
+
+    async def write(collection: Any) -> list[PublishResult]:
+        view = store.bound_to(collection)
+        await _check_preconditions(view, required)
+        await _check_leases(view, [lease for lease, _ in results])
+        for lease, result in results:
+            await view.succeed(lease, result)
+        published = await _publish_all(view, ordered, allow_missing=False)
+        if deletions:
+            await collection.delete_many(q.by_keys(deletions))
+        return published
+
+    return await run_atomically(store.collection, write)
+
+
+async def _check_preconditions(store: TaskStore, required: Mapping[str, int]) -> None:
+    if not required:
+        return
+    versions = {task.key: task.version for task in await store.get_many(list(required))}
+    stale = [key for key, version in required.items() if versions.get(key) != version]
+    if stale:
+        raise PreconditionFailed(
+            f"commit: these tasks changed or are gone: {stale} "
+            f"(required {[required[k] for k in stale]}, found "
+            f"{[versions.get(k) for k in stale]})",
+            keys=stale,
+        )
+
+
+async def _check_leases(store: TaskStore, leases: Sequence[Lease]) -> None:
+    """Read first, so a lost lease fails the commit before anything is written."""
+    if not leases:
+        return
+    now = store.clock.now()
+    tasks = {task.key: task for task in await store.get_many([lease.key for lease in leases])}
+    for lease in leases:
+        task = tasks.get(lease.key)
+        live = task is not None and any(
+            ws.run_id == lease.run_id and ws.state is WorkerStateKind.RUNNING and ws.is_live(now)
+            for ws in task.worker_states
+        )
+        if not live:
+            raise LeaseLost(f"commit: worker {lease.worker_id!r} no longer holds {lease.key!r}")

@@ -1,0 +1,138 @@
+"""Structures, all-or-nothing publish_many, replace, and commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import mscheduler as ms
+from tests.unit.test_dependencies import finish, run_all, state_of
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+
+
+def spec(key: str, **fields: Any) -> ms.TaskSpec:
+    return ms.TaskSpec(key=key, name="job", **fields)
+
+
+async def snapshot(sched: ms.Scheduler) -> list[tuple[str, int]]:
+    cursor = sched.collection.find({}, sort=[("_id", 1)])
+    return [(doc["key"], doc["version"]) async for doc in cursor]
+
+
+def test_chain_group_and_chord_fill_in_the_edges():
+    flow = ms.chain(spec("a"), ms.group(spec("b1"), spec("b2")), spec("c"))
+    edges = {s.key: s.depends_on for s in flow.specs}
+    assert edges == {"a": (), "b1": ("a",), "b2": ("a",), "c": ("b1", "b2")}
+    assert (flow.heads, flow.tails) == (("a",), ("c",))
+    fan_in = ms.chord([spec("x"), spec("y")], spec("z"))
+    assert {s.key: s.depends_on for s in fan_in.specs}["z"] == ("x", "y")
+
+
+async def test_chord_of_fifty_runs_the_join_last(scheduler: ms.Scheduler):
+    parts = [spec(f"part:{n}") for n in range(50)]
+    results = await scheduler.publish_many(ms.chord(parts, spec("join")))
+    assert len(results) == 51 and all(r.created for r in results)
+    order = await run_all(scheduler)
+    assert order[-1] == "join" and len(order) == 51
+
+
+async def test_publish_many_is_idempotent(scheduler: ms.Scheduler):
+    flow = ms.chain(spec("a"), spec("b"))
+    await scheduler.publish_many(flow)
+    again = await scheduler.publish_many(flow)
+    assert [r.created for r in again] == [False, False]
+    assert len(await snapshot(scheduler)) == 2
+
+
+@pytest.mark.parametrize(
+    ("specs", "error", "message"),
+    [
+        ([spec("a"), spec("b", payload={1, 2})], ms.PayloadError, "cannot be stored"),
+        ([spec("a"), spec("", payload=None)], ms.ConfigurationError, "key must be"),
+        ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], ms.DependencyError, "cycle"),
+        ([spec("a"), spec("a", payload=2)], ms.DependencyError, "given twice"),
+        ([spec("a"), spec("b", depends_on=("ghost",))], ms.DependencyError, "ghost"),
+    ],
+)
+async def test_one_bad_spec_writes_nothing(
+    scheduler: ms.Scheduler, specs: list[ms.TaskSpec], error: type[Exception], message: str
+):
+    await scheduler.publish("existing", None, name="job")
+    before = await snapshot(scheduler)
+    with pytest.raises(error, match=message):
+        await scheduler.publish_many(specs)
+    assert await snapshot(scheduler) == before
+
+
+async def test_replace_a_waiting_task(scheduler: ms.Scheduler):
+    """lakeFS's next-export: replaced while it waits, its dependents keep waiting for it."""
+    await scheduler.publish("done-export", None, name="job")
+    await scheduler.publish("next-export", {"commit": 1}, name="job", depends_on=["done-export"])
+    await scheduler.publish("after", None, name="job", depends_on=["next-export"])
+    result = await scheduler.replace(
+        "next-export", {"commit": 2}, name="job", depends_on=["done-export"]
+    )
+    assert result.replaced and result.task.payload == {"commit": 2}
+    assert result.task.state is S.BLOCKED
+    await finish(scheduler, "done-export")
+    await finish(scheduler, "next-export")
+    assert await state_of(scheduler, "after") is S.PENDING
+
+
+async def test_replace_refuses_a_running_task_and_creates_a_missing_one(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    assert await scheduler.store.claim("w", key="k") is not None
+    with pytest.raises(ms.TaskRunning):
+        await scheduler.replace("k", 2, name="job")
+    assert (await scheduler.replace("new", 1, name="job")).created
+
+
+async def test_commit_finishes_publishes_and_deletes_together(scheduler: ms.Scheduler):
+    await scheduler.publish("mine", None, name="job")
+    await scheduler.publish("consumed", None, name="job")
+    config = (await scheduler.publish("config", {"v": 1}, name="config")).task
+    lease = await scheduler.store.claim("w", key="mine")
+    assert lease is not None
+    published = await scheduler.commit(
+        complete=[(lease, {"rows": 3})],
+        publish=[spec("follow-up")],
+        delete=["consumed"],
+        require={"config": config.version},
+    )
+    assert [r.task.key for r in published] == ["follow-up"]
+    mine = await scheduler.get("mine")
+    assert mine is not None and mine.state is S.SUCCESS and mine.result == {"rows": 3}
+    assert await scheduler.get("consumed") is None
+    assert await state_of(scheduler, "follow-up") is S.PENDING
+
+
+async def test_commit_with_a_stale_requirement_writes_nothing(scheduler: ms.Scheduler):
+    await scheduler.publish("mine", None, name="job")
+    config = (await scheduler.publish("config", {"v": 1}, name="config")).task
+    await scheduler.publish("config", {"v": 2}, name="config", update_payload=True)
+    lease = await scheduler.store.claim("w", key="mine")
+    assert lease is not None
+    before = await snapshot(scheduler)
+    with pytest.raises(ms.PreconditionFailed, match="config") as info:
+        await scheduler.commit(
+            complete=[lease], publish=[spec("x")], require={"config": config.version}
+        )
+    assert info.value.keys == ["config"]
+    assert await snapshot(scheduler) == before
+
+
+async def test_commit_with_a_lost_lease_writes_nothing(scheduler: ms.Scheduler, clock):
+    opts = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await scheduler.publish("a", None, name="job", options=opts)
+    await scheduler.publish("b", None, name="job")
+    lease_b = await scheduler.store.claim("w", key="b")
+    lease_a = await scheduler.store.claim("w", key="a")
+    assert lease_a is not None and lease_b is not None
+    clock.advance(5)  # a's lease expires; b's (60 s) does not
+    before = await snapshot(scheduler)
+    with pytest.raises(ms.LeaseLost, match="'a'"):
+        await scheduler.commit(complete=[lease_b, lease_a], publish=[spec("x")])
+    assert await snapshot(scheduler) == before
