@@ -4,6 +4,7 @@ from .__about__ import __version__
 from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
 from .consumer import Consumer
+from .context import current_lease
 from .errors import (
     Abort,
     BackendUnavailable,
@@ -65,5 +66,6 @@ __all__ = [
     "__version__",
     "chain",
     "chord",
+    "current_lease",
     "group",
 ]

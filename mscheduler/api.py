@@ -156,9 +156,10 @@ class Scheduler:
         delete: Iterable[str] = (),
         require: Mapping[str, int] | None = None,
     ) -> list[PublishResult]:
-        """In one transaction: finish the worker's own tasks (``(lease, result)``, fenced by
-        run_id), publish follow-up tasks, delete tasks, and require that other tasks are still
-        at the given ``version``. `PreconditionFailed` or `LeaseLost` write nothing."""
+        """In one transaction: require that other tasks are still at the given ``version``,
+        finish the worker's own tasks (``(lease, result)``, fenced by run_id; a handler gets
+        its lease from `current_lease()`), delete tasks, then publish tasks.
+        `PreconditionFailed` or `LeaseLost` write nothing."""
         return await batches.commit(
             self.store, complete=complete, publish=publish, delete=delete, require=require
         )

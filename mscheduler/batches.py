@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import context
 from . import queries as q
 from .encoding import check_result
 from .errors import DependencyError, LeaseLost, PreconditionFailed
@@ -44,19 +45,27 @@ async def _check_external(store: TaskStore, specs: Sequence[TaskSpec], allow_mis
 
 
 async def _publish_all(
-    store: TaskStore, specs: Sequence[TaskSpec], allow_missing: bool
+    store: TaskStore,
+    specs: Sequence[TaskSpec],
+    allow_missing: bool,
+    replacing: frozenset[str] = frozenset(),
 ) -> list[PublishResult]:
-    return [
-        await store.publish(
-            spec.key,
-            spec.payload,
-            name=spec.name,
-            options=spec.options,
-            depends_on=list(spec.depends_on),
-            allow_missing=allow_missing,
-        )
-        for spec in specs
-    ]
+    """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
+    version (a commit that deletes and publishes one key)."""
+    results = []
+    for spec in specs:
+        arguments: dict[str, Any] = {
+            "name": spec.name,
+            "options": spec.options,
+            "depends_on": list(spec.depends_on),
+            "allow_missing": allow_missing,
+        }
+        if spec.key in replacing:
+            result = await store.replace(spec.key, spec.payload, running_ok=True, **arguments)
+        else:
+            result = await store.publish(spec.key, spec.payload, **arguments)
+        results.append(result)
+    return results
 
 
 async def publish_many(
@@ -82,13 +91,17 @@ async def commit(
     delete: Iterable[str] = (),
     require: Mapping[str, int] | None = None,
 ) -> list[PublishResult]:
-    """In one transaction: finish this worker's tasks (fenced by run_id), publish follow-up
-    tasks, delete tasks, and require that other tasks are still at the given ``version``."""
+    """In one transaction: require that other tasks are still at the given ``version``,
+    finish this worker's tasks (fenced by run_id), delete tasks, publish tasks. A key both
+    deleted and published is replaced (a barrier task): its version goes on from the old
+    one, so a stale ``require`` can never match the new task."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
     results = [(lease, check_result(result)) for lease, result in completions]
     ordered = _checked_specs(publish)
     deletions = [checked(check_key, key) for key in delete]
     required = {checked(check_key, key): version for key, version in (require or {}).items()}
+    replacing = frozenset(deletions) & {spec.key for spec in ordered}
+    only_deleted = [key for key in deletions if key not in replacing]
     await store._ready()
     await _check_external(store, ordered, allow_missing=False)
 
@@ -98,12 +111,13 @@ async def commit(
         await _check_leases(view, [lease for lease, _ in results])
         for lease, result in results:
             await view.succeed(lease, result)
-        published = await _publish_all(view, ordered, allow_missing=False)
-        if deletions:
-            await collection.delete_many(q.by_keys(deletions))
-        return published
+        if only_deleted:
+            await collection.delete_many(q.by_keys(only_deleted))
+        return await _publish_all(view, ordered, allow_missing=False, replacing=replacing)
 
-    return await run_atomically(store.collection, write)
+    published = await run_atomically(store.collection, write)
+    context.mark_completed({lease.run_id for lease, _ in results})
+    return published
 
 
 async def _check_preconditions(store: TaskStore, required: Mapping[str, int]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from . import context
 from .clock import Clock, sleep
 from .errors import Abort, BackendUnavailable, LeaseLost, PayloadError, RetryLater
 from .models import Lease, Task, WorkerOptions, WorkerStateKind
@@ -118,11 +119,18 @@ class Executor:
 
     async def _run(self, key: str) -> None:
         entry = self._running[key]
+        run = context.Run(entry.lease)
         try:
             with entry.scope:
-                outcome = await self._call_handler(entry.lease.task)
+                token = context.enter(run)
+                try:
+                    outcome = await self._call_handler(entry.lease.task)
+                finally:
+                    context.leave(token)
             if entry.stop_reason is not None:
                 await self._after_stop(entry)
+            elif run.completed:
+                self._stats.succeeded += 1  # the handler committed its own outcome
             else:
                 await self._finish(entry, outcome)
         finally:

@@ -108,9 +108,11 @@ class Publisher:
         options: TaskOptions | None = None,
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
+        running_ok: bool = False,
     ) -> PublishResult:
         """Publish anew over a task that is not running, as if it had been cancelled and
-        published again (its waiting dependents now wait for the new one)."""
+        published again (its waiting dependents now wait for the new one). ``running_ok``:
+        a commit replacing a task it deletes, whatever its state."""
         prepared = prepare(key, payload, name, options, depends_on)
         await self._store._ready()
         for _ in range(_PUBLISH_ATTEMPTS):
@@ -124,12 +126,11 @@ class Publisher:
                     depends_on=depends_on,
                     allow_missing=allow_missing,
                 )
-            if current.state is TaskState.RUNNING:
+            if current.state is TaskState.RUNNING and not running_ok:
                 raise TaskRunning(f"task {key!r} is running; it cannot be replaced now")
             document = await self._document(prepared, allow_missing)
-            replaced = await self._replace(
-                current, document, q.replace_filter(key, current.version)
-            )
+            query = q.replace_filter(key, current.version, running_ok=running_ok)
+            replaced = await self._replace(current, document, query)
             if replaced is not None:
                 return PublishResult(task=replaced, created=False, replaced=True)
         raise StoreError(f"replace {key!r}: the task kept changing; try again")

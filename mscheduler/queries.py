@@ -123,9 +123,14 @@ def replace_finished_filter(key: str, version: int) -> Document:
     return {"key": key, "state": {"$in": TERMINAL}, "version": version}
 
 
-def replace_filter(key: str, version: int) -> Document:
-    """`Scheduler.replace`: any task that is not running, at the version the caller read."""
-    return {"key": key, "state": {"$ne": TaskState.RUNNING.value}, "version": version}
+def replace_filter(key: str, version: int, *, running_ok: bool = False) -> Document:
+    """`Scheduler.replace`: a task that is not running (any, inside a commit), at the version
+    the caller read. The replacement continues that version, so a ``require`` that read an
+    older incarnation can never match a newer one."""
+    query: Document = {"key": key, "version": version}
+    if not running_ok:
+        query["state"] = {"$ne": TaskState.RUNNING.value}
+    return query
 
 
 def update_payload(key: str, payload: Any, now: dt.datetime) -> tuple[Document, Document]:

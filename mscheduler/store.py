@@ -154,6 +154,7 @@ class TaskStore:
         options: TaskOptions | None = None,
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
+        running_ok: bool = False,
     ) -> PublishResult:
         return await self._publisher.replace(
             key,
@@ -162,6 +163,7 @@ class TaskStore:
             options=options,
             depends_on=depends_on,
             allow_missing=allow_missing,
+            running_ok=running_ok,
         )
 
     # ------------------------------------------------------------ reads

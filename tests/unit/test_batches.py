@@ -136,3 +136,30 @@ async def test_commit_with_a_lost_lease_writes_nothing(scheduler: ms.Scheduler, 
     with pytest.raises(ms.LeaseLost, match="'a'"):
         await scheduler.commit(complete=[lease_b, lease_a], publish=[spec("x")])
     assert await snapshot(scheduler) == before
+
+
+async def test_replacing_in_a_commit_continues_the_version(scheduler: ms.Scheduler):
+    """ABA: a barrier deleted and published again must not match a require made against the
+    old one, even though both were 'freshly published'."""
+    old = (await scheduler.publish("barrier", {"done": []}, name="barrier")).task
+    for n in range(2):
+        await scheduler.publish(f"r{n}", None, name="job")
+    first = await scheduler.store.claim("w1", key="r0")
+    second = await scheduler.store.claim("w2", key="r1")
+    assert first is not None and second is not None
+    replaced = await scheduler.commit(
+        complete=[first],
+        delete=["barrier"],
+        publish=[ms.TaskSpec(key="barrier", name="barrier", payload={"done": ["r0"]})],
+        require={"barrier": old.version},
+    )
+    assert replaced[0].replaced and replaced[0].task.version == old.version + 1
+    with pytest.raises(ms.PreconditionFailed):
+        await scheduler.commit(
+            complete=[second],
+            delete=["barrier"],
+            publish=[ms.TaskSpec(key="barrier", name="barrier", payload={"done": ["r1"]})],
+            require={"barrier": old.version},  # read before the first commit: stale
+        )
+    barrier = await scheduler.get("barrier")
+    assert barrier is not None and barrier.payload == {"done": ["r0"]}
