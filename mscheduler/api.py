@@ -186,14 +186,19 @@ class Scheduler:
         workers no longer in ``specific_worker_ids`` stop and give the task back."""
         return await self.store.set_options(key, options)
 
-    async def wait(self, key: str, timeout: float | None = None) -> Task:
+    async def wait(
+        self, key: str, timeout: float | None = None, *, missing_ok: bool = False
+    ) -> Task:
         """The task once it is terminal (success, fail or cancelled), from the change stream.
-        `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key."""
-        return (await wait_for(self.store, [key], timeout=timeout))[key]
+        `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key,
+        unless ``missing_ok`` (then a task that a flow will publish is waited for)."""
+        return (await wait_for(self.store, [key], timeout=timeout, missing_ok=missing_ok))[key]
 
-    async def wait_many(self, keys: Sequence[str], timeout: float | None = None) -> dict[str, Task]:
+    async def wait_many(
+        self, keys: Sequence[str], timeout: float | None = None, *, missing_ok: bool = False
+    ) -> dict[str, Task]:
         """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
-        return await wait_for(self.store, keys, timeout=timeout)
+        return await wait_for(self.store, keys, timeout=timeout, missing_ok=missing_ok)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class _Waiter:
-    def __init__(self, store: TaskStore, keys: Sequence[str], poll_interval_ms: int) -> None:
+    def __init__(
+        self, store: TaskStore, keys: Sequence[str], poll_interval_ms: int, missing_ok: bool
+    ) -> None:
         self._store = store
+        self._missing_ok = missing_ok
         self._keys = list(dict.fromkeys(keys))
         self._poll_s = poll_interval_ms / 1000
         self.finished: dict[str, Task] = {}
@@ -47,7 +50,7 @@ class _Waiter:
     async def _read_all(self) -> None:
         found = {task.key: task for task in await self._store.get_many(self.remaining)}
         missing = [key for key in self.remaining if key not in found]
-        if missing:
+        if missing and not self._missing_ok:
             raise TaskNotFound(f"no task has the key(s) {missing}")
         for task in found.values():
             self._take(task)
@@ -102,11 +105,13 @@ async def wait_for(
     keys: Sequence[str],
     *,
     timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
+    missing_ok: bool = False,
     poll_interval_ms: int = 1_000,
 ) -> dict[str, Task]:
     """Every task of ``keys`` once terminal, in the order given; `TimeoutError` after
-    ``timeout`` seconds (on the store's clock), `TaskNotFound` for a key with no task."""
-    waiter = _Waiter(store, keys, poll_interval_ms)
+    ``timeout`` seconds (on the store's clock), `TaskNotFound` for a key with no task unless
+    ``missing_ok`` (then it is waited for, as a task a flow will publish)."""
+    waiter = _Waiter(store, keys, poll_interval_ms, missing_ok)
     deadline = None if timeout is None else store.clock.now() + dt.timedelta(seconds=timeout)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(waiter.follow)

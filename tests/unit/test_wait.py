@@ -100,3 +100,17 @@ async def test_wait_without_change_streams_polls(clock: ms.ManualClock):
         assert found == [], "no stream, so nothing until the next poll"
         clock.advance(1)
     assert found[0].state is S.CANCELLED
+
+
+async def test_wait_for_a_task_a_flow_will_publish(scheduler: ms.Scheduler):
+    found: list[ms.Task] = []
+
+    async def waiter() -> None:
+        found.append(await scheduler.wait("later", missing_ok=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await settle()
+        await scheduler.publish("later", None, name="job")
+        await scheduler.cancel("later")
+    assert found[0].state is S.CANCELLED
