@@ -30,7 +30,6 @@ from .models import ErrorInfo, TaskOptions, TaskState
 from .stages import (
     CLAIMABLE,
     FAIL,
-    RELEASED,
     RUNNING,
     SUCCESS,
     TERMINAL,
@@ -41,8 +40,6 @@ from .stages import (
     is_live,
     lease_expiry,
     literal,
-    map_states,
-    rebuilt_state,
     recompute,
     state_is,
     sweep_expired,
@@ -237,119 +234,6 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
                 }
             }
         },
-        *recompute(now),
-    ]
-
-
-# ---------------------------------------------------------------- fenced writes of a lease holder
-
-
-def lease_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
-    """Fencing: only the holder of a *live* state with this ``run_id`` may write. An expired
-    lease is dead even before anyone takes over, so a success or fail is only ever recorded
-    for the current holder of a live state; a late worker matches nothing (`LeaseLost`)."""
-    return {
-        "key": key,
-        "worker_states": {
-            "$elemMatch": {
-                "worker_id": worker_id,
-                "run_id": run_id,
-                "state": RUNNING,
-                "ping_expire_at": {"$gt": now},
-            }
-        },
-    }
-
-
-def _own_state(worker_id: str, run_id: str, **overrides: Any) -> Document:
-    return map_states(
-        {
-            "$and": [
-                {"$eq": ["$$ws.run_id", literal(run_id)]},
-                {"$eq": ["$$ws.worker_id", literal(worker_id)]},
-            ]
-        },
-        rebuilt_state(**overrides),
-    )
-
-
-def ping_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
-    return [
-        sweep_expired(now),
-        _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
-        *recompute(now),
-    ]
-
-
-def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -> Pipeline:
-    return [
-        sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=SUCCESS,
-            ping_expire_at=None,
-            finished_at=now,
-            result=literal(result),
-        ),
-        *recompute(now),
-    ]
-
-
-def fail_update(
-    worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime, *, final: bool = False
-) -> Pipeline:
-    """A handler failure counts against the retries and delays the next claim by
-    ``unexpected_retry_delay_ms`` (a timeout does not: the worker timeout was the delay).
-    ``final`` (the handler raised `Abort`) ends the task as failed whatever retries are left."""
-    return [
-        sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=FAIL,
-            ping_expire_at=None,
-            finished_at=now,
-            error=literal(error.model_dump()),
-        ),
-        {"$set": {"retry_at": {"$add": [now, "$options.unexpected_retry_delay_ms"]}}},
-        *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
-        *recompute(now),
-    ]
-
-
-def retry_later_update(
-    worker_id: str, run_id: str, reason: str, retry_at: dt.datetime, now: dt.datetime
-) -> Pipeline:
-    """The handler asked to be run again later (`RetryLater`): the slot is given back, the
-    task is claimable from ``retry_at``, and it is not an unexpected failure."""
-    return [
-        sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=RELEASED,
-            ping_expire_at=None,
-            finished_at=now,
-            error=literal(ErrorInfo.from_message("RetryLater", reason).model_dump()),
-        ),
-        {"$set": {"retry_at": retry_at}},
-        *recompute(now),
-    ]
-
-
-def release_update(worker_id: str, run_id: str, reason: str, now: dt.datetime) -> Pipeline:
-    """Give the slot back at once (graceful shutdown): not a failure, claimable immediately."""
-    return [
-        sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=RELEASED,
-            ping_expire_at=None,
-            finished_at=now,
-            error=literal(ErrorInfo.from_message("Released", reason).model_dump()),
-        ),
         *recompute(now),
     ]
 

@@ -22,6 +22,7 @@ from pymongo.errors import (
 )
 
 from . import constants as c
+from . import lease_queries as lq
 from . import queries as q
 from .clock import Clock, to_bson_time
 from .encoding import check_result
@@ -223,7 +224,7 @@ class TaskStore:
 
     async def _fenced_write(self, lease: Lease, update: list[dict[str, Any]], now: Any) -> Task:
         found = await self.collection.find_one_and_update(
-            q.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
+            lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
             update,
             return_document=ReturnDocument.AFTER,
         )
@@ -251,7 +252,7 @@ class TaskStore:
     async def ping(self, lease: Lease) -> Task:
         now = self.clock.now()
         return await self._fenced_write(
-            lease, q.ping_update(lease.worker_id, lease.run_id, now), now
+            lease, lq.ping_update(lease.worker_id, lease.run_id, now), now
         )
 
     @_driver_errors
@@ -262,8 +263,8 @@ class TaskStore:
         now = self.clock.now()
         requests = [
             UpdateOne(
-                q.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
-                q.ping_update(lease.worker_id, lease.run_id, now),
+                lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
+                lq.ping_update(lease.worker_id, lease.run_id, now),
             )
             for lease in leases
         ]
@@ -285,7 +286,7 @@ class TaskStore:
         stored = check_result(result)
         now = self.clock.now()
         task = await self._fenced_write(
-            lease, q.success_update(lease.worker_id, lease.run_id, stored, now), now
+            lease, lq.success_update(lease.worker_id, lease.run_id, stored, now), now
         )
         log.info(
             "attempt succeeded",
@@ -301,7 +302,7 @@ class TaskStore:
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
         now = self.clock.now()
         task = await self._fenced_write(
-            lease, q.fail_update(lease.worker_id, lease.run_id, info, now, final=final), now
+            lease, lq.fail_update(lease.worker_id, lease.run_id, info, now, final=final), now
         )
         log.info(
             "attempt failed",
@@ -313,14 +314,14 @@ class TaskStore:
     async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
         now = self.clock.now()
         retry_at = to_bson_time(now + dt.timedelta(seconds=delay))
-        update = q.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
+        update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
         return await self._fenced_write(lease, update, now)
 
     @_driver_errors
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
         now = self.clock.now()
         return await self._fenced_write(
-            lease, q.release_update(lease.worker_id, lease.run_id, reason, now), now
+            lease, lq.release_update(lease.worker_id, lease.run_id, reason, now), now
         )
 
     @_driver_errors

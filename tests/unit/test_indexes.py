@@ -12,6 +12,7 @@ import pytest
 
 from mscheduler import constants as c
 from mscheduler import flow_queries as fq
+from mscheduler import lease_queries as lq
 from mscheduler import queries as q
 from mscheduler.index_plan import index_serves
 
@@ -24,7 +25,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "update payload": (q.update_payload("k", {}, NOW)[0], None),
     "claim next": (q.claim_filter("w", NOW, names=["a", "b"]), q.CLAIM_SORT),
     "claim by key": (q.claim_filter("w", NOW, key="k"), None),
-    "lease write": (q.lease_filter("k", "w", "r", NOW), None),
+    "lease write": (lq.lease_filter("k", "w", "r", NOW), None),
     "cancel": (q.cancel_filter("k"), None),
     "get many, lost leases": (q.by_keys(["a", "b"]), None),
     "consumer fetch": (q.fetch_filter(["a", "b"]), q.FETCH_SORT),
