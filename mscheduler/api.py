@@ -17,7 +17,7 @@ from .backends import (
 from .clock import Clock, SystemClock
 from .consumer import Consumer
 from .executor import Handler
-from .models import Lease, PublishResult, Task, TaskOptions, WorkerOptions
+from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
 from .specs import Step
 from .store import TaskStore
 from .waiting import wait_for
@@ -199,6 +199,11 @@ class Scheduler:
     ) -> dict[str, Task]:
         """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
         return await wait_for(self.store, keys, timeout=timeout, missing_ok=missing_ok)
+
+    async def stats(self) -> list[StatsRow]:
+        """Task counts by name and state (one aggregation), with the running workers and,
+        for pending tasks, how long the oldest has waited."""
+        return await self.store.stats()
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

@@ -258,6 +258,16 @@ class Task(BaseModel):
         return self.next_claim_at
 
 
+class StatsRow(BaseModel):
+    """Tasks of one name in one state (`Scheduler.stats`)."""
+
+    name: str
+    state: TaskState
+    count: int
+    running_workers: int = 0
+    oldest_age_s: float | None = None  # pending only: how long the oldest has waited
+
+
 class PublishResult(BaseModel):
     """What publish did: ``created`` a new task, ``replaced`` a finished one, or neither."""
 

@@ -274,6 +274,25 @@ def options_update(options: TaskOptions, now: dt.datetime) -> Pipeline:
     ]
 
 
+# ---------------------------------------------------------------- statistics
+
+
+def stats_pipeline() -> Pipeline:
+    """Counts by name and state in one pass; the leading sort walks the claim index."""
+    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    return [
+        {"$sort": {"name": 1, "state": 1}},
+        {
+            "$group": {
+                "_id": {"name": "$name", "state": "$state"},
+                "count": {"$sum": 1},
+                "running_workers": {"$sum": {"$size": running}},
+                "oldest_created_at": {"$min": "$created_at"},
+            }
+        },
+    ]
+
+
 # ---------------------------------------------------------------- cancel
 
 

@@ -375,3 +375,24 @@ async def test_result_that_cannot_be_stored_keeps_the_lease(scheduler: ms.Schedu
         await scheduler.store.succeed(lease, object())
     task = await scheduler.store.succeed(lease, "small")
     assert task.state is S.SUCCESS
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+async def test_stats_count_by_name_and_state(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    await scheduler.publish("old", None, name="email")
+    clock.advance(30)
+    await scheduler.publish("new", None, name="email")
+    await scheduler.publish("s1", None, name="sms", options=ms.TaskOptions(concurrent_worker_cnt=2))
+    await must_claim(scheduler, "w1", "sms")
+    await must_claim(scheduler, "w2", "sms")
+    await scheduler.publish("gone", None, name="sms")
+    await scheduler.cancel("gone")
+    clock.advance(10)
+    rows = {(row.name, row.state): row for row in await scheduler.stats()}
+    assert set(rows) == {("email", S.PENDING), ("sms", S.RUNNING), ("sms", S.CANCELLED)}
+    assert rows["email", S.PENDING].count == 2
+    assert rows["email", S.PENDING].oldest_age_s == 40
+    assert rows["sms", S.RUNNING].running_workers == 2
+    assert rows["sms", S.CANCELLED].count == 1
