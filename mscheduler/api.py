@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import batches
+from . import batches, operations
 from . import constants as c
 from .backends import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
@@ -85,8 +86,31 @@ class Scheduler:
     ) -> None:
         await self.close()
 
-    async def ensure_indexes(self) -> list[str]:
-        return await self.store.ensure_indexes()
+    async def ensure_indexes(self, *, finished_ttl: dt.timedelta | None = None) -> list[str]:
+        """Create the indexes (idempotent). With ``finished_ttl``, also a TTL index that makes
+        MongoDB delete finished tasks that long after they ended."""
+        names = await self.store.ensure_indexes()
+        if finished_ttl is not None:
+            names.append(await operations.ensure_finished_ttl(self.store, finished_ttl))
+        return names
+
+    async def list_tasks(
+        self, *, name: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[Task]:
+        """The newest tasks, optionally of one name and one state."""
+        return await operations.list_tasks(self.store, name=name, state=state, limit=limit)
+
+    async def retry(self, key: str) -> PublishResult:
+        """Run a failed or cancelled task again (same name, payload and options)."""
+        return await operations.retry(self.store, key)
+
+    async def retry_failed(self, *, name: str | None = None) -> list[PublishResult]:
+        """The dead-letter queue: run every failed task (of ``name``) again."""
+        return await operations.retry_failed(self.store, name=name)
+
+    async def purge(self, *, states: Sequence[str], older_than: dt.timedelta) -> int:
+        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago."""
+        return await operations.purge(self.store, states=states, older_than=older_than)
 
     async def publish(
         self,

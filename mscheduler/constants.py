@@ -32,6 +32,10 @@ MAX_TRACEBACK_LINES: Final = 20
 MAX_TRACEBACK_CHARS: Final = 8_000
 MAX_ERROR_BYTES: Final = 16 * 1024
 
+# Optional TTL index (`ensure_indexes(finished_ttl=...)`): MongoDB deletes finished tasks
+# this long after they ended; running and pending tasks have finished_at null and stay.
+FINISHED_TTL_INDEX = "finished_ttl"
+
 # Indexes: (name, keys, extra options). Every query in queries.py is served by one of these;
 # tests run the memory backend with a "notablescan" check that refuses any query none serves.
 INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (
@@ -55,4 +59,6 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     # Flows: the dependents of a task, and finished tasks whose dependents were not told.
     ("dependents", (("depends_on", 1),), {}),
     ("dependents_notified", (("dependents_notified", 1),), {}),
+    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
+    ("finished", (("state", 1), ("finished_at", 1)), {}),
 )

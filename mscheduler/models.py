@@ -221,6 +221,7 @@ class Task(BaseModel):
     deps_failed: list[str] = Field(default_factory=list)  # dependencies that failed/cancelled
     dependent_count: int = 0
     dependents_notified: bool | None = None
+    finished_at: UtcDatetime | None = None  # when the task ended
     worker_states: list[WorkerState] = Field(default_factory=list)
     result: Any = None
     error: ErrorInfo | None = None

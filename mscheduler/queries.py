@@ -92,6 +92,7 @@ def new_task_document(
         "deps_failed": list(deps_failed),
         "dependent_count": 0,
         "dependents_notified": None,
+        "finished_at": now if cancelled else None,
         "worker_states": [],
         "result": None,
         "error": error,
@@ -272,6 +273,32 @@ def options_update(options: TaskOptions, now: dt.datetime) -> Pipeline:
         },
         *recompute(now),
     ]
+
+
+# ---------------------------------------------------------------- operating
+
+
+def list_filter(name: str | None, state: str | None) -> Document:
+    query: Document = {}
+    if name is not None:
+        query["name"] = name
+    if state is not None:
+        query["state"] = state
+    return query
+
+
+LIST_SORT: list[tuple[str, int]] = [("_id", -1)]  # newest first
+
+
+def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Document:
+    return {"state": {"$in": list(states)}, "finished_at": {"$lt": finished_before}}
+
+
+def failed_filter(name: str | None) -> Document:
+    query: Document = {"state": TaskState.FAIL.value}
+    if name is not None:
+        query["name"] = name
+    return query
 
 
 # ---------------------------------------------------------------- statistics

@@ -189,6 +189,14 @@ def recompute(now: dt.datetime) -> Pipeline:
         {
             "$set": {
                 "next_claim_at": next_claim_at,
+                # when the task ended (purge and the optional TTL index use it), else null
+                "finished_at": {
+                    "$cond": [
+                        {"$in": ["$state", TERMINAL]},
+                        {"$ifNull": ["$finished_at", now]},
+                        None,
+                    ]
+                },
                 # false: finished, and its dependents still to be told (flows); else null.
                 "dependents_notified": {
                     "$cond": [

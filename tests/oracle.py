@@ -21,6 +21,7 @@ def check_consistent(task: ms.Task) -> None:
         assert (ws.finished_at is None) == (ws.state is K.RUNNING), ws
     assert len(running) + len(succeeded) <= max(opts.concurrent_worker_cnt, len(succeeded))
     assert len({ws.worker_id for ws in running}) == len(running), "a worker holds two states"
+    assert (task.finished_at is not None) == task.state.is_terminal
     if task.state.is_terminal:
         assert not running, "a finished task still has running workers"
         assert task.next_claim_at is None

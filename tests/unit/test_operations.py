@@ -1,0 +1,73 @@
+"""Operating the queue: list, retry (the dead-letter queue), purge, TTL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import mscheduler as ms
+from tests.unit.test_dependencies import finish
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+NO_RETRY = ms.TaskOptions(max_unexpected_retries=0)
+
+
+async def test_list_newest_first_with_filters(scheduler: ms.Scheduler):
+    for n in range(5):
+        await scheduler.publish(f"e{n}", None, name="email")
+    await scheduler.publish("s0", None, name="sms")
+    await finish(scheduler, "e0")
+    assert [t.key for t in await scheduler.list_tasks(limit=3)] == ["s0", "e4", "e3"]
+    assert [t.key for t in await scheduler.list_tasks(name="email", state="success")] == ["e0"]
+    with pytest.raises(ms.ConfigurationError, match="'done' is not one of pending"):
+        await scheduler.list_tasks(state="done")
+
+
+async def test_retry_runs_a_failed_task_again(scheduler: ms.Scheduler):
+    await scheduler.publish("k", {"to": "x"}, name="email", options=NO_RETRY)
+    await finish(scheduler, "k", "fail")
+    result = await scheduler.retry("k")
+    assert result.replaced and result.task.state is S.PENDING
+    assert result.task.payload == {"to": "x"} and result.task.options == NO_RETRY
+    assert result.task.worker_states == []
+
+
+async def test_retry_refuses_what_did_not_fail(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="email")
+    with pytest.raises(ms.ConfigurationError, match="is pending: only failed or cancelled"):
+        await scheduler.retry("k")
+    with pytest.raises(ms.TaskNotFound):
+        await scheduler.retry("nope")
+
+
+async def test_retry_failed_drains_the_dead_letter_queue(scheduler: ms.Scheduler):
+    for key, name in [("a", "email"), ("b", "email"), ("c", "sms")]:
+        await scheduler.publish(key, None, name=name, options=NO_RETRY)
+        await finish(scheduler, key, "fail")
+    assert sorted(r.task.key for r in await scheduler.retry_failed(name="email")) == ["a", "b"]
+    assert (await scheduler.get("c")).state is S.FAIL  # type: ignore[union-attr]
+
+
+async def test_purge_deletes_finished_tasks_by_age(scheduler: ms.Scheduler, clock):
+    await scheduler.publish("old", None, name="job")
+    await finish(scheduler, "old")
+    clock.advance(8 * 86_400)
+    await scheduler.publish("recent", None, name="job")
+    await finish(scheduler, "recent")
+    await scheduler.publish("waiting", None, name="job")
+    clock.advance(86_400)
+    deleted = await scheduler.purge(states=["success"], older_than=dt.timedelta(days=7))
+    assert deleted == 1
+    assert await scheduler.get("old") is None
+    assert await scheduler.get("recent") is not None and await scheduler.get("waiting") is not None
+    with pytest.raises(ms.ConfigurationError, match="only finished tasks"):
+        await scheduler.purge(states=["pending"], older_than=dt.timedelta(0))
+
+
+async def test_finished_ttl_index(scheduler: ms.Scheduler):
+    names = await scheduler.ensure_indexes(finished_ttl=dt.timedelta(days=30))
+    assert "finished_ttl" in names
+    info = await scheduler.collection.index_information()
+    assert info["finished_ttl"]["expireAfterSeconds"] == 30 * 86_400
