@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -21,7 +21,7 @@ from .executor import Handler
 from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
 from .specs import Step
 from .store import TaskStore
-from .waiting import wait_for
+from .waiting import wait_for, watch_tasks
 
 
 class Scheduler:
@@ -228,6 +228,10 @@ class Scheduler:
         """Task counts by name and state (one aggregation), with the running workers and,
         for pending tasks, how long the oldest has waited."""
         return await self.store.stats()
+
+    def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
+        """Every change to a task (of ``names``) as it happens, from the change stream."""
+        return watch_tasks(self.store, names)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

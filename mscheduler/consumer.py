@@ -93,6 +93,10 @@ class Consumer:
         return self._listener.polling
 
     @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    @property
     def running(self) -> list[str]:
         """Keys of the tasks this consumer is running now."""
         return self._executor.running_keys

@@ -10,14 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
 from .clock import sleep
-from .errors import TaskNotFound
+from .errors import StoreError, TaskNotFound
 from .listener import CHANGE_STREAMS_UNSUPPORTED
 from .models import Task
 from .store import TaskStore
@@ -124,3 +124,27 @@ async def wait_for(
             f"after {timeout} s these tasks have not finished: {waiter.remaining[:20]}"
         )
     return {key: waiter.finished[key] for key in dict.fromkeys(keys)}
+
+
+async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIterator[Task]:
+    """Every change to a task (of ``names``), as the task after the change."""
+    match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
+    if names:
+        match["fullDocument.name"] = {"$in": list(names)}
+    try:
+        stream = store.collection.watch([{"$match": match}], full_document="updateLookup")
+        stream = await stream if inspect.isawaitable(stream) else stream
+    except OperationFailure as exc:
+        if exc.code in CHANGE_STREAMS_UNSUPPORTED:
+            raise StoreError(f"watching needs change streams (a replica set): {exc}") from exc
+        raise
+    try:
+        while True:
+            event = await stream.next()
+            if event.get("fullDocument") is not None:
+                yield Task.model_validate(event["fullDocument"])
+    finally:
+        with anyio.CancelScope(shield=True):
+            closing = stream.close()
+            if inspect.isawaitable(closing):
+                await closing

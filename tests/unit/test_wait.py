@@ -114,3 +114,29 @@ async def test_wait_for_a_task_a_flow_will_publish(scheduler: ms.Scheduler):
         await scheduler.publish("later", None, name="job")
         await scheduler.cancel("later")
     assert found[0].state is S.CANCELLED
+
+
+async def test_watch_yields_every_change(scheduler: ms.Scheduler):
+    seen: list[tuple[str, str]] = []
+
+    async def watcher() -> None:
+        async for task in scheduler.watch(names=["job"]):
+            seen.append((task.key, task.state.value))
+            if len(seen) == 3:
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher)
+        await settle()
+        await scheduler.publish("a", None, name="job")
+        await scheduler.publish("other", None, name="sms")
+        await scheduler.cancel("a")
+        await scheduler.publish("b", None, name="job")
+    assert seen == [("a", "pending"), ("a", "cancelled"), ("b", "pending")]
+
+
+async def test_watch_needs_change_streams():
+    sched = await ms.Scheduler.connect("memory://?changestreams=0")
+    with pytest.raises(ms.StoreError, match="needs change streams"):
+        async for _ in sched.watch():
+            pass

@@ -1,0 +1,386 @@
+"""The ``mscheduler`` command. Every global option can also be set from ``MSCHEDULER_*``.
+
+A user error (bad JSON, an unknown state, an unreachable server, a missing task) prints one
+line on stderr and exits with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import importlib
+import json
+import logging
+import re
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import anyio
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from . import constants as c
+from .__about__ import __version__
+from .api import Scheduler
+from .demo import run_demo, stats_table
+from .errors import ConfigurationError, MSchedulerError
+from .models import Task, TaskOptions, WorkerOptions
+
+app = typer.Typer(
+    name="mscheduler",
+    help="A reliable multi-worker task scheduler on a MongoDB collection.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+T = TypeVar("T")
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@dataclasses.dataclass
+class Settings:
+    uri: str
+    database: str
+    collection: str
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    uri: Annotated[
+        str, typer.Option(envvar="MSCHEDULER_URI", help="memory://[NAME] or mongodb://…")
+    ] = "memory://",
+    database: Annotated[str, typer.Option(envvar="MSCHEDULER_DATABASE")] = c.DEFAULT_DATABASE,
+    collection: Annotated[str, typer.Option(envvar="MSCHEDULER_COLLECTION")] = c.DEFAULT_COLLECTION,
+    log_level: Annotated[str, typer.Option(envvar="MSCHEDULER_LOG_LEVEL")] = "warning",
+) -> None:
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    ctx.obj = Settings(uri, database, collection)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'value'}: {error['msg']}"
+            for error in exc.errors()
+        )
+    return " ".join(str(exc).split())
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def run(ctx: typer.Context, work: Callable[[Scheduler], Awaitable[T]]) -> T:
+    settings: Settings = ctx.obj
+
+    async def session() -> T:
+        async with await Scheduler.connect(
+            settings.uri, database=settings.database, collection=settings.collection
+        ) as sched:
+            return await work(sched)
+
+    try:
+        return anyio.run(session)
+    except (MSchedulerError, ValidationError, ValueError, TimeoutError) as exc:
+        fail(_one_line(exc))
+
+
+def emit(value: BaseModel | list[Any] | dict[str, Any]) -> None:
+    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    typer.echo(json.dumps(data, default=str, indent=2))
+
+
+def _tasks_table(tasks: list[Task]) -> Table:
+    table = Table()
+    for column in ("key", "name", "state", "priority", "attempts", "updated"):
+        table.add_column(column)
+    for task in tasks:
+        table.add_row(
+            task.key,
+            task.name,
+            task.state.value,
+            str(task.options.priority),
+            str(len(task.worker_states)),
+            task.updated_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if match is None:
+        fail(f"older-than: {text!r} is not a duration such as 90s, 15m, 12h, 7d or 2w")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    return dt.timedelta(**{unit[match[2]]: float(match[1])})
+
+
+# ------------------------------------------------------------------------ commands
+
+
+@app.command()
+def demo(ctx: typer.Context, emails: int = 24) -> None:
+    """Run the main job: publish a realistic mix of tasks and let three consumers run them."""
+    run(ctx, lambda sched: run_demo(sched, console, emails=emails))
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    key: str,
+    name: Annotated[str, typer.Option(help="The kind of task (a handler's name).")],
+    payload: Annotated[str, typer.Option(help="The payload, as JSON.")] = "null",
+    priority: int = 0,
+    not_before: Annotated[str | None, typer.Option(help="ISO 8601 time.")] = None,
+    depends_on: Annotated[list[str] | None, typer.Option(help="A key; repeat for more.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Publish a task (idempotent by key)."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        fail(f"payload: not valid JSON ({exc.msg} at column {exc.colno})")
+    try:
+        when = dt.datetime.fromisoformat(not_before) if not_before else None
+    except ValueError:
+        fail(f"not-before: {not_before!r} is not an ISO 8601 time")
+
+    async def work(sched: Scheduler) -> None:
+        options = TaskOptions(priority=priority, not_before=when)
+        result = await sched.publish(key, body, name=name, options=options, depends_on=depends_on)
+        if json_output:
+            emit(result)
+        else:
+            said = "published" if result.created else "exists, unchanged"
+            typer.echo(f"{said}: {key} ({result.task.state.value})")
+
+    run(ctx, work)
+
+
+@app.command()
+def show(ctx: typer.Context, key: str, json_output: JsonFlag = False) -> None:
+    """Show one task: its state, options, worker states, result and error."""
+
+    async def work(sched: Scheduler) -> None:
+        task = await sched.get(key)
+        if task is None:
+            fail(f"no task has the key {key!r}")
+        if json_output:
+            emit(task)
+        else:
+            console.print_json(task.model_dump_json())
+
+    run(ctx, work)
+
+
+@app.command("ls")
+def list_tasks(
+    ctx: typer.Context,
+    name: str | None = None,
+    state: str | None = None,
+    limit: int = 50,
+    json_output: JsonFlag = False,
+) -> None:
+    """List the newest tasks, optionally of one name and state."""
+
+    async def work(sched: Scheduler) -> None:
+        tasks = await sched.list_tasks(name=name, state=state, limit=limit)
+        if json_output:
+            emit([task.model_dump(mode="json") for task in tasks])
+        else:
+            console.print(_tasks_table(tasks))
+
+    run(ctx, work)
+
+
+@app.command()
+def stats(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+    """Count tasks by name and state."""
+
+    async def work(sched: Scheduler) -> None:
+        rows = await sched.stats()
+        if json_output:
+            emit([row.model_dump(mode="json") for row in rows])
+        else:
+            console.print(stats_table(rows))
+
+    run(ctx, work)
+
+
+@app.command()
+def cancel(ctx: typer.Context, key: str, reason: str = "cancelled from the command line") -> None:
+    """Cancel a task that has not finished; its running handlers are stopped."""
+
+    async def work(sched: Scheduler) -> None:
+        if await sched.get(key) is None:
+            fail(f"no task has the key {key!r}")
+        if not await sched.cancel(key, reason):
+            fail(f"task {key!r} has already finished")
+        typer.echo(f"cancelled: {key}")
+
+    run(ctx, work)
+
+
+@app.command()
+def retry(
+    ctx: typer.Context,
+    key: Annotated[str | None, typer.Argument()] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="Every failed task.")] = False,
+    name: Annotated[str | None, typer.Option(help="With --failed: of this name only.")] = None,
+) -> None:
+    """Run a failed or cancelled task again, or (--failed) every failed task."""
+    if (key is None) == (not failed):
+        fail("give a KEY or --failed, not both")
+
+    async def work(sched: Scheduler) -> None:
+        results = [await sched.retry(key)] if key else await sched.retry_failed(name=name)
+        typer.echo(f"retried {len(results)} task(s)")
+
+    run(ctx, work)
+
+
+@app.command()
+def purge(
+    ctx: typer.Context,
+    state: Annotated[list[str] | None, typer.Option(help="Finished state; repeatable.")] = None,
+    older_than: Annotated[str, typer.Option(help="e.g. 90s, 15m, 12h, 7d, 2w")] = "7d",
+) -> None:
+    """Delete finished tasks that ended more than --older-than ago."""
+    age = parse_duration(older_than)
+
+    async def work(sched: Scheduler) -> None:
+        deleted = await sched.purge(states=state or ["success"], older_than=age)
+        typer.echo(f"deleted {deleted} task(s)")
+
+    run(ctx, work)
+
+
+@app.command()
+def indexes(
+    ctx: typer.Context,
+    finished_ttl: Annotated[
+        str | None, typer.Option(help="Expire finished tasks, e.g. 30d.")
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Create the indexes (idempotent) and list them."""
+    ttl = parse_duration(finished_ttl) if finished_ttl else None
+
+    async def work(sched: Scheduler) -> None:
+        await sched.ensure_indexes(finished_ttl=ttl)
+        info = await sched.collection.index_information()
+        listing = {name: [list(k) for k in spec["key"]] for name, spec in info.items()}
+        if json_output:
+            emit(listing)
+        else:
+            for name, keys in listing.items():
+                typer.echo(f"{name}: {', '.join(f'{f} {d}' for f, d in keys)}")
+
+    run(ctx, work)
+
+
+@app.command()
+def watch(
+    ctx: typer.Context,
+    name: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
+    limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Print task changes as they happen (from the change stream)."""
+
+    async def work(sched: Scheduler) -> None:
+        seen = 0
+        async for task in sched.watch(names=name):
+            if json_output:
+                typer.echo(
+                    json.dumps(
+                        {
+                            "key": task.key,
+                            "name": task.name,
+                            "state": task.state.value,
+                            "version": task.version,
+                        }
+                    )
+                )
+            else:
+                at = task.updated_at.isoformat(timespec="milliseconds")
+                typer.echo(f"{at} {task.state.value:<9} {task.name} {task.key}")
+            seen += 1
+            if limit and seen >= limit:
+                return
+
+    run(ctx, work)
+
+
+def load_handlers(target: str) -> Mapping[str, Any]:
+    """``module:attribute``: a mapping of name → handler, or an object with ``.handlers``."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"worker: {target!r} is not module:attribute")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"worker: cannot load {target!r}: {exc}") from exc
+    handlers = found if isinstance(found, Mapping) else getattr(found, "handlers", None)
+    if not isinstance(handlers, Mapping):
+        raise ConfigurationError(f"worker: {target!r} is neither a mapping nor has .handlers")
+    return handlers
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(help="module:handlers")],
+    worker_id: Annotated[str | None, typer.Option(envvar="MSCHEDULER_WORKER_ID")] = None,
+    max_running: Annotated[int, typer.Option(envvar="MSCHEDULER_MAX_RUNNING")] = 16,
+    names: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
+) -> None:
+    """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once)."""
+    try:
+        handlers = dict(load_handlers(target))
+        if names:
+            unknown = sorted(set(names) - set(handlers))
+            if unknown:
+                raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
+            handlers = {n: h for n, h in handlers.items() if n in names}
+        options = WorkerOptions(
+            max_running=max_running, **({"worker_id": worker_id} if worker_id else {})
+        )
+    except (MSchedulerError, ValidationError) as exc:
+        fail(_one_line(exc))
+
+    async def work(sched: Scheduler) -> None:
+        consumer = sched.consumer(handlers, options=options)
+        typer.echo(f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True)
+        with anyio.CancelScope() as hard_stop:
+            async with anyio.create_task_group() as tg:
+
+                async def serve() -> None:
+                    await consumer.run()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(serve)
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        if consumer.stop_requested:
+                            typer.echo("stopping now", err=True)
+                            hard_stop.cancel()
+                        else:
+                            said = signal.Signals(signum).name
+                            typer.echo(f"{said}: stopping gracefully (again: now)", err=True)
+                            consumer.stop()
+
+    run(ctx, work)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
