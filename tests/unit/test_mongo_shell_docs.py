@@ -1,0 +1,131 @@
+"""Every query of docs/mongo-shell.md, read from the file and run on the memory backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pathlib
+import re
+from typing import Any
+
+import pytest
+
+import mscheduler as ms
+from tests.unit.test_dependencies import finish
+
+pytestmark = pytest.mark.anyio
+DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"
+BLOCK = re.compile(r"<!-- check: (?P<check>[\w-]+) -->\s*```js\n(?P<code>.*?)\n```", re.S)
+CALL = re.compile(
+    r"^db\.tasks\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
+    r"(?:\.sort\((?P<sort>.*?)\))?(?:\.limit\((?P<limit>\d+)\))?;?$"
+)
+NOW_MARK = '{"$now_placeholder": 1}'
+
+
+def doc_queries() -> dict[str, str]:
+    return {m["check"]: m["code"].strip() for m in BLOCK.finditer(DOC.read_text())}
+
+
+def _with_now(value: Any, now: dt.datetime) -> Any:
+    if value == {"$now_placeholder": 1}:
+        return now
+    if isinstance(value, dict):
+        return {k: _with_now(v, now) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_now(v, now) for v in value]
+    return value
+
+
+def _arguments(text: str, now: dt.datetime) -> list[Any]:
+    decoder = json.JSONDecoder()
+    text = text.replace("new Date()", NOW_MARK)
+    values, position = [], 0
+    while position < len(text):
+        value, position = decoder.raw_decode(text, position)
+        values.append(_with_now(value, now))
+        position = len(text) - len(text[position:].lstrip(", "))
+    return values
+
+
+async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
+    match = CALL.match(code)
+    assert match is not None, f"not a query this test can run: {code}"
+    now = sched.clock.now()
+    args = _arguments(match["args"], now)
+    if match["method"] == "aggregate":
+        cursor = await sched.collection.aggregate(args[0])
+        return [doc async for doc in cursor]
+    sort = _arguments(match["sort"], now)[0] if match["sort"] else None
+    cursor = sched.collection.find(
+        *args,
+        sort=list(sort.items()) if sort else None,
+        limit=int(match["limit"] or 0),
+    )
+    return [doc async for doc in cursor]
+
+
+@pytest.fixture
+async def filled(clock: ms.ManualClock) -> ms.Scheduler:
+    sched = await ms.Scheduler.connect("memory://", clock=clock)  # operators' ad-hoc queries
+    short = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await sched.publish("waiting-old", None, name="email")
+    clock.advance(60)
+    await sched.publish("waiting-new", None, name="email")
+    await sched.publish("stuck", None, name="sms", options=short)
+    assert await sched.store.claim("vanished", key="stuck") is not None
+    await sched.publish("busy", None, name="sms")
+    assert await sched.store.claim("worker-1", key="busy") is not None
+    await sched.publish(
+        "broken", None, name="sms", options=ms.TaskOptions(max_unexpected_retries=0)
+    )
+    await finish(sched, "broken", "fail")
+    await sched.publish("extract", None, name="etl")
+    await sched.publish("load", None, name="etl", depends_on=["extract"])
+    await sched.publish("report", None, name="etl", depends_on=["load"])
+    clock.advance(10)  # the stuck worker's lease has expired
+    return sched
+
+
+async def test_every_documented_query_is_checked():
+    assert set(doc_queries()) == set(EXPECTED)
+
+
+def _keys(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted(row["key"] for row in rows)
+
+
+EXPECTED: dict[str, Any] = {
+    "counts": lambda rows: (
+        {(r["_id"]["name"], r["_id"]["state"]): r["count"] for r in rows}
+        == {
+            ("email", "pending"): 2,
+            ("etl", "blocked"): 2,
+            ("etl", "pending"): 1,
+            ("sms", "fail"): 1,
+            ("sms", "running"): 2,
+        }
+    ),
+    "oldest-pending": lambda rows: (
+        {r["_id"]: r["waiting"] for r in rows} == {"email": 2, "etl": 1}
+        and min(r["oldest"] for r in rows) == dt.datetime(2030, 1, 1)
+    ),
+    "stuck": lambda rows: _keys(rows) == ["stuck"],
+    "by-worker": lambda rows: _keys(rows) == ["busy"],
+    "failures": lambda rows: (
+        _keys(rows) == ["broken"] and rows[0]["error"]["message"] == "broken broke"
+    ),
+    "blocked": lambda rows: (
+        {r["key"]: r["deps_pending"] for r in rows} == {"load": ["extract"], "report": ["load"]}
+    ),
+    "upstream": lambda rows: (
+        sorted((u["key"], u["depth"]) for u in rows[0]["upstream"]) == [("extract", 1), ("load", 0)]
+    ),
+    "dependents": lambda rows: _keys(rows) == ["load"],
+}
+
+
+@pytest.mark.parametrize("check", sorted(EXPECTED))
+async def test_documented_query(filled: ms.Scheduler, check: str):
+    rows = await run_doc_query(filled, doc_queries()[check])
+    assert EXPECTED[check](rows), rows
