@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import typer
+from anyio.abc import TaskStatus
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -341,6 +342,9 @@ def worker(
     worker_id: Annotated[str | None, typer.Option(envvar="MSCHEDULER_WORKER_ID")] = None,
     max_running: Annotated[int, typer.Option(envvar="MSCHEDULER_MAX_RUNNING")] = 16,
     names: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
+    ] = None,
 ) -> None:
     """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once)."""
     try:
@@ -350,6 +354,11 @@ def worker(
             if unknown:
                 raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
             handlers = {n: h for n, h in handlers.items() if n in names}
+        metrics = None
+        if metrics_port is not None:
+            from .metrics import PrometheusMetrics, refresh_task_counts
+
+            metrics = PrometheusMetrics()
         options = WorkerOptions(
             max_running=max_running, **({"worker_id": worker_id} if worker_id else {})
         )
@@ -358,24 +367,39 @@ def worker(
 
     async def work(sched: Scheduler) -> None:
         consumer = sched.consumer(handlers, options=options)
-        typer.echo(f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True)
-        with anyio.CancelScope() as hard_stop:
+        # Signals are handled before anything says "running", so a supervisor that signals a
+        # worker it has just started gets a graceful stop, not a KeyboardInterrupt.
+        with (
+            anyio.CancelScope() as hard_stop,
+            anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+        ):
             async with anyio.create_task_group() as tg:
 
-                async def serve() -> None:
-                    await consumer.run()
+                async def serve(
+                    *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                ) -> None:
+                    async with consumer:  # returns once the change stream is open
+                        task_status.started()
+                        await consumer.wait_stopped()
                     tg.cancel_scope.cancel()
 
-                tg.start_soon(serve)
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        if consumer.stop_requested:
-                            typer.echo("stopping now", err=True)
-                            hard_stop.cancel()
-                        else:
-                            said = signal.Signals(signum).name
-                            typer.echo(f"{said}: stopping gracefully (again: now)", err=True)
-                            consumer.stop()
+                await tg.start(serve)
+                if metrics is not None and metrics_port is not None:
+                    consumer.stats.observers.append(metrics)
+                    metrics.serve(metrics_port)
+                    tg.start_soon(refresh_task_counts, sched, metrics)
+                    typer.echo(f"metrics on :{metrics_port}/metrics", err=True)
+                typer.echo(
+                    f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True
+                )
+                async for signum in signals:
+                    if consumer.stop_requested:
+                        typer.echo("stopping now", err=True)
+                        hard_stop.cancel()
+                    else:
+                        said = signal.Signals(signum).name
+                        typer.echo(f"{said}: stopping gracefully (again: now)", err=True)
+                        consumer.stop()
 
     run(ctx, work)
 

@@ -108,6 +108,10 @@ class Consumer:
         async with anyio.create_task_group() as task_group:
             await task_group.start(self._serve)
 
+    async def wait_stopped(self) -> None:
+        """Return once `stop` has been called (the shutdown itself follows)."""
+        await self._stop_requested.wait()
+
     def stop(self) -> None:
         """Stop claiming, let running handlers finish within the grace period, release the rest."""
         self._stop_requested.set()
@@ -229,5 +233,5 @@ class Consumer:
             self._heap.pop_due(now)
             return
         self._heap.discard(lease.key)
-        self.stats.claimed += 1
+        self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)

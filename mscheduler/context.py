@@ -13,6 +13,7 @@ from .models import Lease
 class Run:
     lease: Lease
     completed: bool = False  # finished by the handler itself, through a commit
+    seconds: float | None = None
 
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -29,6 +30,12 @@ Handler = Callable[[Task], Awaitable[Any]]
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
 
 
+class StatsObserver(Protocol):
+    """Receives every event a consumer counts (the Prometheus exporter is one)."""
+
+    def record(self, event: str, name: str, seconds: float | None) -> None: ...
+
+
 @dataclasses.dataclass
 class ConsumerStats:
     """What a consumer did; read by tests, benchmarks and the metrics exporter."""
@@ -36,13 +43,20 @@ class ConsumerStats:
     claimed: int = 0
     succeeded: int = 0
     failed: int = 0
-    handler_retries: int = 0
     aborted: int = 0
     deferred: int = 0  # RetryLater
+    handler_retries: int = 0
     lease_lost: int = 0
+    timeouts: int = 0  # this worker's lease expired before a ping got through
     released: int = 0
     cancelled: int = 0
     pings: int = 0
+    observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
+
+    def record(self, event: str, name: str = "", seconds: float | None = None) -> None:
+        setattr(self, event, getattr(self, event) + 1)
+        for observer in self.observers:
+            observer.record(event, name, seconds)
 
 
 @dataclasses.dataclass
@@ -66,6 +80,7 @@ class _Running:
 class _Outcome:
     result: Any = None
     error: BaseException | None = None
+    seconds: float | None = None  # the handler's wall time, all local retries included
 
 
 class Executor:
@@ -120,17 +135,20 @@ class Executor:
     async def _run(self, key: str) -> None:
         entry = self._running[key]
         run = context.Run(entry.lease)
+        name = entry.lease.task.name
+        started = time.perf_counter()
         try:
             with entry.scope:
                 token = context.enter(run)
                 try:
                     outcome = await self._call_handler(entry.lease.task)
+                    outcome.seconds = run.seconds = time.perf_counter() - started
                 finally:
                     context.leave(token)
             if entry.stop_reason is not None:
                 await self._after_stop(entry)
             elif run.completed:
-                self._stats.succeeded += 1  # the handler committed its own outcome
+                self._stats.record("succeeded", name, run.seconds)  # committed by the handler
             else:
                 await self._finish(entry, outcome)
         finally:
@@ -149,7 +167,7 @@ class Executor:
             except Exception as exc:
                 if attempt == self._options.handler_retries:
                     return _Outcome(error=exc)
-                self._stats.handler_retries += 1
+                self._stats.record("handler_retries", task.name)
                 log.info(
                     "handler failed, retrying locally",
                     extra={"action": "handler_retry", "key": task.key, "attempt": attempt + 1},
@@ -167,7 +185,7 @@ class Executor:
                 if outcome.error is None:
                     try:
                         await self._store.succeed(lease, outcome.result)
-                        self._stats.succeeded += 1
+                        self._stats.record("succeeded", lease.task.name, outcome.seconds)
                         return
                     except PayloadError as exc:
                         outcome = _Outcome(error=exc)  # the result cannot be stored: a failure
@@ -175,14 +193,15 @@ class Executor:
                 assert error is not None
                 if isinstance(error, RetryLater):
                     await self._store.retry_later(lease, error.delay, error.reason)
-                    self._stats.deferred += 1
+                    self._stats.record("deferred", lease.task.name, outcome.seconds)
                     return
                 await self._store.fail(lease, error, final=isinstance(error, Abort))
-                self._stats.aborted += isinstance(error, Abort)
-                self._stats.failed += 1
+                if isinstance(error, Abort):
+                    self._stats.record("aborted", lease.task.name, outcome.seconds)
+                self._stats.record("failed", lease.task.name, outcome.seconds)
                 return
             except LeaseLost as exc:
-                self._stats.lease_lost += 1
+                self._stats.record("lease_lost", lease.task.name)
                 log.warning(str(exc), extra={"action": "lease_lost", "key": lease.key})
                 return
             except BackendUnavailable as exc:
@@ -204,12 +223,12 @@ class Executor:
             extra={"action": "handler_stopped", "key": lease.key},
         )
         if not entry.release_on_stop:
-            self._stats.cancelled += 1
+            self._stats.record("cancelled", lease.task.name)
             return
         with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
             try:
                 await self._store.release(lease, entry.stop_reason or "released")
-                self._stats.released += 1
+                self._stats.record("released", lease.task.name)
             except (LeaseLost, BackendUnavailable) as exc:
                 log.warning(str(exc), extra={"action": "release_failed", "key": lease.key})
 
@@ -244,7 +263,8 @@ class Executor:
             await self._clock.wait_until(deadline, wake)
             now = self._clock.now()
             for entry in self._running.values():
-                if entry.expire_at <= now:
+                if entry.expire_at <= now and entry.stop_reason is None:
+                    self._stats.record("timeouts", entry.lease.task.name)
                     entry.stop("the lease expired before a ping got through", release=False)
             batch = [
                 e
@@ -264,11 +284,11 @@ class Executor:
                 attempt += 1
                 continue
             attempt = 0
-            self._stats.pings += 1
+            self._stats.record("pings")
             lost_runs = {lease.run_id for lease in lost}
             for entry in batch:
                 if entry.lease.run_id in lost_runs:
-                    self._stats.lease_lost += 1
+                    self._stats.record("lease_lost", entry.lease.task.name)
                     entry.stop("the lease was lost (found at ping)", release=False)
                 else:
                     entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)

@@ -174,3 +174,47 @@ def test_program_errors_exit_non_zero_with_one_line(args: list[str], message: st
     done = program(*args)
     assert done.returncode == 2
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
+def test_worker_serves_metrics_and_stops_gracefully_on_sigint():
+    import signal as signals
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = pathlib.Path(__file__).parents[2]
+    process = subprocess.Popen(
+        [
+            str(BIN),
+            "worker",
+            "tests.acceptance.handlers_for_tests:handlers",
+            "--metrics-port",
+            str(port),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert process.stderr is not None
+        started = [process.stderr.readline() for _ in range(2)]
+        assert any("running echo" in line for line in started), started
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "no /metrics"
+                time.sleep(0.1)
+        assert b"mscheduler_tasks" in page or b"mscheduler_handler_seconds" in page
+        process.send_signal(signals.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert "stopping gracefully" in process.stderr.read()
+    finally:
+        process.kill()
