@@ -39,3 +39,13 @@ async def test_quickstart_runs(capsys: pytest.CaptureFixture[str]):
     await load("quickstart").main("memory://")
     out = capsys.readouterr().out
     assert "email:bounce    fail" in out and "email:urgent    success" in out
+
+
+async def test_webapp_double_submits_send_one_email_each():
+    summary = await load("webapp").main()
+    assert summary["emails_sent"] == summary["requests"] // 2
+
+
+async def test_fan_out_fan_in_adds_up_every_map():
+    summary = await load("fan_out_fan_in").main()
+    assert summary["maps"] == 30
