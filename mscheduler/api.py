@@ -227,7 +227,7 @@ class Scheduler:
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running workers and,
         for pending tasks, how long the oldest has waited."""
-        return await self.store.stats()
+        return await operations.stats(self.store)
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
         """Every change to a task (of ``names``) as it happens, from the change stream."""

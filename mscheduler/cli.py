@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import json
 import logging
 import re
-import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import typer
-from anyio.abc import TaskStatus
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +23,8 @@ from rich.table import Table
 from . import constants as c
 from .__about__ import __version__
 from .api import Scheduler
-from .demo import run_demo, stats_table
+from .cli_demo import run_demo, stats_table
+from .cli_worker import load_handlers, serve_worker
 from .errors import ConfigurationError, MSchedulerError
 from .models import Task, TaskOptions, WorkerOptions
 
@@ -320,21 +318,6 @@ def watch(
     run(ctx, work)
 
 
-def load_handlers(target: str) -> Mapping[str, Any]:
-    """``module:attribute``: a mapping of name → handler, or an object with ``.handlers``."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"worker: {target!r} is not module:attribute")
-    try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"worker: cannot load {target!r}: {exc}") from exc
-    handlers = found if isinstance(found, Mapping) else getattr(found, "handlers", None)
-    if not isinstance(handlers, Mapping):
-        raise ConfigurationError(f"worker: {target!r} is neither a mapping nor has .handlers")
-    return handlers
-
-
 @app.command()
 def worker(
     ctx: typer.Context,
@@ -354,11 +337,10 @@ def worker(
             if unknown:
                 raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
             handlers = {n: h for n, h in handlers.items() if n in names}
-        metrics = None
         if metrics_port is not None:
-            from .metrics import PrometheusMetrics, refresh_task_counts
+            from .metrics import require_prometheus
 
-            metrics = PrometheusMetrics()
+            require_prometheus()  # fail now, with a clear line, if the extra is missing
         options = WorkerOptions(
             max_running=max_running, **({"worker_id": worker_id} if worker_id else {})
         )
@@ -366,40 +348,7 @@ def worker(
         fail(_one_line(exc))
 
     async def work(sched: Scheduler) -> None:
-        consumer = sched.consumer(handlers, options=options)
-        # Signals are handled before anything says "running", so a supervisor that signals a
-        # worker it has just started gets a graceful stop, not a KeyboardInterrupt.
-        with (
-            anyio.CancelScope() as hard_stop,
-            anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
-        ):
-            async with anyio.create_task_group() as tg:
-
-                async def serve(
-                    *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                ) -> None:
-                    async with consumer:  # returns once the change stream is open
-                        task_status.started()
-                        await consumer.wait_stopped()
-                    tg.cancel_scope.cancel()
-
-                await tg.start(serve)
-                if metrics is not None and metrics_port is not None:
-                    consumer.stats.observers.append(metrics)
-                    metrics.serve(metrics_port)
-                    tg.start_soon(refresh_task_counts, sched, metrics)
-                    typer.echo(f"metrics on :{metrics_port}/metrics", err=True)
-                typer.echo(
-                    f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True
-                )
-                async for signum in signals:
-                    if consumer.stop_requested:
-                        typer.echo("stopping now", err=True)
-                        hard_stop.cancel()
-                    else:
-                        said = signal.Signals(signum).name
-                        typer.echo(f"{said}: stopping gracefully (again: now)", err=True)
-                        consumer.stop()
+        await serve_worker(sched, handlers, options, metrics_port)
 
     run(ctx, work)
 

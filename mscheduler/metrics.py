@@ -32,7 +32,7 @@ _COUNTED = {
 _TIMED = {"succeeded", "failed", "deferred"}
 
 
-def _prometheus() -> Any:
+def require_prometheus() -> Any:
     try:
         import prometheus_client
     except ImportError as exc:
@@ -46,7 +46,7 @@ class PrometheusMetrics:
     """A `ConsumerStats` observer: ``consumer.stats.observers.append(metrics)``."""
 
     def __init__(self, registry: Any = None) -> None:
-        prometheus = _prometheus()
+        prometheus = require_prometheus()
         self.registry = registry if registry is not None else prometheus.CollectorRegistry()
         self.counters = {
             event: prometheus.Counter(
@@ -84,10 +84,10 @@ class PrometheusMetrics:
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Expose ``/metrics`` on ``port`` (a background thread of prometheus-client)."""
-        _prometheus().start_http_server(port, addr=address, registry=self.registry)
+        require_prometheus().start_http_server(port, addr=address, registry=self.registry)
 
     def render(self) -> str:
-        return str(_prometheus().generate_latest(self.registry).decode())
+        return str(require_prometheus().generate_latest(self.registry).decode())
 
 
 async def refresh_task_counts(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -10,8 +11,9 @@ from pymongo import IndexModel
 
 from . import constants as c
 from . import queries as q
+from .clock import to_bson_time
 from .errors import ConfigurationError, TaskNotFound
-from .models import PublishResult, Task, TaskState
+from .models import PublishResult, StatsRow, Task, TaskState
 
 if TYPE_CHECKING:
     from .store import TaskStore
@@ -92,3 +94,29 @@ async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> s
     model = IndexModel([("finished_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
     names = await store.collection.create_indexes([model])
     return str(names[0])
+
+
+async def stats(store: TaskStore) -> list[StatsRow]:
+    """Counts by name and state in one aggregation, with running workers and oldest age."""
+    await store._ready()
+    cursor = store.collection.aggregate(q.stats_pipeline())
+    if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
+        cursor = await cursor
+    now = store.clock.now()
+    rows = []
+    async for group in cursor:
+        state = TaskState(group["_id"]["state"])
+        oldest = group.get("oldest_created_at")
+        age = None
+        if state is TaskState.PENDING and oldest is not None:
+            age = (now - to_bson_time(oldest)).total_seconds()
+        rows.append(
+            StatsRow(
+                name=group["_id"]["name"],
+                state=state,
+                count=group["count"],
+                running_workers=group["running_workers"],
+                oldest_age_s=age,
+            )
+        )
+    return sorted(rows, key=lambda row: (row.name, row.state.value))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,10 +38,8 @@ from .models import (
     ErrorInfo,
     Lease,
     PublishResult,
-    StatsRow,
     Task,
     TaskOptions,
-    TaskState,
     WorkerStateKind,
     check_key,
     check_worker_id,
@@ -360,31 +357,6 @@ class TaskStore:
     async def recover_dependents(self) -> int:
         await self._ready()
         return await self.flows.recover()
-
-    @_driver_errors
-    async def stats(self) -> list[StatsRow]:
-        await self._ready()
-        cursor = self.collection.aggregate(q.stats_pipeline())
-        if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
-            cursor = await cursor
-        now = self.clock.now()
-        rows = []
-        async for group in cursor:
-            state = TaskState(group["_id"]["state"])
-            oldest = group.get("oldest_created_at")
-            age = None
-            if state is TaskState.PENDING and oldest is not None:
-                age = (now - to_bson_time(oldest)).total_seconds()
-            rows.append(
-                StatsRow(
-                    name=group["_id"]["name"],
-                    state=state,
-                    count=group["count"],
-                    running_workers=group["running_workers"],
-                    oldest_age_s=age,
-                )
-            )
-        return sorted(rows, key=lambda row: (row.name, row.state.value))
 
     # ------------------------------------------------------------ cancel
 

@@ -218,3 +218,25 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint():
         assert "stopping gracefully" in process.stderr.read()
     finally:
         process.kill()
+
+
+@pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
+def test_worker_without_metrics_runs_until_sigterm():
+    import signal as signals
+
+    root = pathlib.Path(__file__).parents[2]
+    process = subprocess.Popen(
+        [str(BIN), "worker", "tests.acceptance.handlers_for_tests:handlers", "--names", "echo"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert process.stderr is not None
+        assert "running echo" in process.stderr.readline()
+        process.send_signal(signals.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "SIGTERM: stopping gracefully" in process.stderr.read()
+    finally:
+        process.kill()

@@ -1,4 +1,4 @@
-"""`mscheduler demo`: a realistic mix of tasks run by three consumers, with live progress.
+"""`mscheduler demo`, the main job: a realistic mix of tasks run by three consumers, live.
 
 It needs nothing set up (the embedded backend); with ``--uri`` it runs against a server.
 Keys carry a run id, so running it again against the same collection publishes new tasks.
