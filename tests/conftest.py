@@ -22,3 +22,13 @@ async def scheduler(clock: ms.ManualClock) -> AsyncIterator[ms.Scheduler]:
     """A private in-process database that refuses any query no declared index serves."""
     async with await ms.Scheduler.connect("memory://?notablescan=1", clock=clock) as sched:
         yield sched
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.unit.test_claim_protocol_model import RUNS
+
+    if RUNS["machines"]:
+        terminalreporter.write_line(
+            f"claim protocol model: {RUNS['machines']} state-machine runs, "
+            f"{RUNS['steps']} store calls"
+        )

@@ -1,0 +1,201 @@
+"""Model-based test of the claim protocol: random interleavings against the real store.
+
+Hypothesis drives the store (memory backend, a manual clock) through publish, claim by one of
+three workers, ping, success, fail, crash (the worker stops pinging and forgets), clock jumps,
+late writes by workers that lost their lease, and cancel. After every step the invariants of
+`tests/oracle.py` hold for every task; each fenced write is checked against what the task said
+just before it; at the end, workers that keep running finish every task.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    multiple,
+    rule,
+)
+
+import mscheduler as ms
+from tests.oracle import check_consistent
+
+T = TypeVar("T")
+K = ms.WorkerStateKind
+KEYS = ("t0", "t1", "t2")
+WORKERS = ("w0", "w1", "w2")
+RUNS = {"machines": 0, "steps": 0}  # reported at the end of the session (conftest.py)
+
+
+def _live_holder(task: ms.Task | None, lease: ms.Lease, now: dt.datetime) -> bool:
+    if task is None or task.state.is_terminal:
+        return False
+    return any(
+        ws.run_id == lease.run_id and ws.worker_id == lease.worker_id and ws.is_live(now)
+        for ws in task.worker_states
+    )
+
+
+class ClaimProtocol(RuleBasedStateMachine):
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        RUNS["machines"] += 1
+        self._portal_cm = start_blocking_portal("asyncio")
+        self.portal: BlockingPortal = self._portal_cm.__enter__()
+        self.clock = ms.ManualClock()
+        self.sched: ms.Scheduler = self.run(ms.Scheduler.connect, "memory://", clock=self.clock)
+        self.crashed: set[str] = set()
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        RUNS["steps"] += 1
+        return self.portal.call(lambda: fn(*args, **kwargs))
+
+    def task(self, key: str) -> ms.Task | None:
+        return self.run(self.sched.get, key)
+
+    # ------------------------------------------------------------------ actions
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        concurrency=st.integers(1, 2),
+        retries=st.integers(0, 2),
+        retry_delay_ms=st.sampled_from([0, 2_000]),
+    )
+    def publish(self, key: str, concurrency: int, retries: int, retry_delay_ms: int) -> None:
+        options = ms.TaskOptions(
+            concurrent_worker_cnt=concurrency,
+            max_unexpected_retries=retries,
+            unexpected_retry_delay_ms=retry_delay_ms,
+            ping_interval_ms=1_000,
+            worker_timeout_ms=5_000,
+        )
+        self.run(self.sched.publish, key, None, name="job", options=options)
+
+    @rule(target=leases, worker=st.sampled_from(WORKERS), key=st.none() | st.sampled_from(KEYS))
+    def claim(self, worker: str, key: str | None) -> Any:
+        if worker in self.crashed:
+            return multiple()
+        before = self.task(key) if key else None
+        if key is not None:
+            lease = self.run(self.sched.store.claim, worker, key=key)
+        else:
+            lease = self.run(self.sched.store.claim, worker, names=["job"])
+        if lease is None:
+            if before is not None and before.next_claim_for(worker, self.clock.now()) is None:
+                pass  # refused for a reason the client can see; fine
+            return multiple()
+        now = self.clock.now()
+        assert lease.worker_id == worker
+        live = [ws for ws in lease.task.worker_states if ws.is_live(now)]
+        assert sum(1 for ws in live if ws.worker_id == worker) == 1, (
+            "two live states for one worker"
+        )
+        return lease
+
+    @rule(lease=leases)
+    def ping(self, lease: ms.Lease) -> None:
+        self._fenced(lease, "ping")
+
+    @rule(lease=consumes(leases), success=st.booleans())
+    def finish(self, lease: ms.Lease, success: bool) -> None:
+        self._fenced(lease, "succeed" if success else "fail")
+
+    @rule(lease=consumes(leases))
+    def release(self, lease: ms.Lease) -> None:
+        self._fenced(lease, "release")
+
+    def _fenced(self, lease: ms.Lease, write: str) -> None:
+        if lease.worker_id in self.crashed:
+            return
+        before = self.task(lease.key)
+        holder = _live_holder(before, lease, self.clock.now())
+        store = self.sched.store
+        calls = {
+            "ping": lambda: store.ping(lease),
+            "succeed": lambda: store.succeed(lease, {"by": lease.worker_id}),
+            "fail": lambda: store.fail(lease, RuntimeError("handler failed")),
+            "release": lambda: store.release(lease),
+        }
+        try:
+            after = self.run(calls[write])
+        except ms.LeaseLost:
+            assert not holder, f"{write} by the live holder was refused"
+            assert self.task(lease.key) == before, f"a refused {write} changed the task"
+            return
+        assert holder, f"{write} was recorded for a worker that did not hold a live lease"
+        own = next(ws for ws in after.worker_states if ws.run_id == lease.run_id)
+        expected = {"ping": K.RUNNING, "succeed": K.SUCCESS, "fail": K.FAIL, "release": K.RELEASED}
+        assert own.state is expected[write]
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def crash(self, worker: str) -> None:
+        """The worker vanishes: it stops pinging and never writes again."""
+        # Keep two alive: a task with concurrent_worker_cnt=2 needs two distinct workers.
+        if len(self.crashed | {worker}) <= len(WORKERS) - 2:
+            self.crashed.add(worker)
+
+    @rule(seconds=st.sampled_from([0.5, 1, 3, 6]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(key=st.sampled_from(KEYS))
+    def cancel(self, key: str) -> None:
+        before = self.task(key)
+        cancelled = self.run(self.sched.cancel, key)
+        assert cancelled == (before is not None and not before.state.is_terminal)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def documents_agree_with_their_worker_states(self) -> None:
+        for task in self.run(self.sched.store.get_many, list(KEYS)):
+            check_consistent(task)
+            succeeded = task.states(K.SUCCESS)
+            assert len({ws.worker_id for ws in succeeded}) == len(succeeded), (
+                "one worker, two successes"
+            )
+            if task.state is not ms.TaskState.FAIL:
+                assert task.unexpected_failures <= task.options.max_unexpected_retries
+
+    def teardown(self) -> None:
+        try:
+            self._drain()
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def _drain(self) -> None:
+        """No task is lost: with live workers and time passing, every task ends terminal."""
+        alive = [w for w in WORKERS if w not in self.crashed]
+        for _ in range(60):
+            tasks = self.run(self.sched.store.get_many, list(KEYS))
+            if all(task.state.is_terminal for task in tasks):
+                return
+            self.clock.advance(6)
+            for worker in alive:
+                lease = self.run(self.sched.store.claim, worker, names=["job"])
+                if lease is not None:
+                    self.run(self.sched.store.succeed, lease, "drained")
+        stuck = [(t.key, t.state.value) for t in self.run(self.sched.store.get_many, list(KEYS))]
+        raise AssertionError(f"tasks never finished: {stuck}")
+
+
+ClaimProtocol.TestCase.settings = settings(
+    max_examples=int(__import__("os").environ.get("MSCHEDULER_MODEL_RUNS", "2000")),
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_claim_protocol = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")(
+    ClaimProtocol.TestCase
+)
