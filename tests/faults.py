@@ -1,0 +1,46 @@
+"""A collection that fails on purpose: network errors before or after the operation."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pymongo.errors import AutoReconnect, NetworkTimeout, NotPrimaryError
+
+ERRORS = (
+    lambda: AutoReconnect("connection reset by peer"),
+    lambda: NetworkTimeout("timed out"),
+    lambda: NotPrimaryError("not primary", {"code": 10107}),
+)
+FAULTY = ("find_one_and_update", "find_one", "bulk_write", "update_many", "update_one")
+
+
+class FaultyCollection:
+    """Raises a random network error on ``rate`` of the calls to ``FAULTY`` methods: half of
+    them before the call reaches the database, half after it was applied (the reply lost)."""
+
+    def __init__(self, collection: Any, rate: float, seed: int = 0) -> None:
+        self.wrapped = collection
+        self.rate = rate
+        self.random = random.Random(seed)
+        self.injected = {"before": 0, "after": 0}
+        for name in FAULTY:
+            setattr(self, name, self._faulty(name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def _faulty(self, name: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            fault = self.random.random() < self.rate
+            after = self.random.random() < 0.5
+            if fault and not after:
+                self.injected["before"] += 1
+                raise self.random.choice(ERRORS)()
+            result = await getattr(self.wrapped, name)(*args, **kwargs)
+            if fault:
+                self.injected["after"] += 1
+                raise self.random.choice(ERRORS)()
+            return result
+
+        return call

@@ -1,0 +1,154 @@
+"""Fault injection in the consumer: network errors, stream errors, stubborn and blocking
+handlers, duplicate events. No task is lost, none runs twice unless a lease expired, and
+the consumers keep going."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from pymongo.errors import AutoReconnect
+
+import mscheduler as ms
+from mscheduler.memory import memory_server
+from tests.faults import FaultyCollection
+from tests.unit.test_consumer import Recorder, consumers, settle
+
+pytestmark = pytest.mark.anyio
+K = ms.WorkerStateKind
+S = ms.TaskState
+PATIENT = ms.TaskOptions(
+    max_unexpected_retries=20,
+    unexpected_retry_delay_ms=0,
+    ping_interval_ms=1_000,
+    worker_timeout_ms=5_000,
+)
+
+
+async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
+    for _ in range(limit):
+        await settle()
+        if await done():
+            return
+        clock.advance(step)
+    raise AssertionError("the work did not finish")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, seed: int):
+    memory = memory_server("").collection("db", "tasks", notablescan=True)
+    producer = ms.Scheduler(memory, clock=clock)  # publishes without faults
+    faulty = FaultyCollection(memory, rate=0.15, seed=seed)
+    sched = ms.Scheduler(faulty, clock=clock)
+    keys = [f"t{n}" for n in range(30)]
+    for key in keys:
+        await producer.publish(key, None, name="job", options=PATIENT)
+    runs: collections.Counter[str] = collections.Counter()
+    chaos = random.Random(seed)
+
+    async def handler(task: ms.Task) -> str:
+        runs[task.key] += 1
+        if chaos.random() < 0.3:
+            await anyio.lowlevel.checkpoint()  # give the stream faults a chance mid-work
+        return "ok"
+
+    async def all_done() -> bool:
+        if chaos.random() < 0.2:
+            memory.changes.inject_error(AutoReconnect("stream reset"))
+        tasks = await producer.store.get_many(keys)
+        return all(task.state.is_terminal for task in tasks)
+
+    async with contextlib.AsyncExitStack() as stack:
+        for n in range(3):
+            options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200)
+            await stack.enter_async_context(sched.consumer({"job": handler}, options=options))
+        await drive(clock, all_done)
+        for late in ("late-1", "late-2"):  # the consumers keep going after all that
+            await producer.publish(late, None, name="job", options=PATIENT)
+        await drive(clock, lambda: _terminal(producer, ["late-1", "late-2"]))
+
+    assert faulty.injected["before"] > 0 and faulty.injected["after"] > 0
+    for task in await producer.store.get_many([*keys, "late-1", "late-2"]):
+        assert task.state is S.SUCCESS, (task.key, task.state, task.error)
+        if runs[task.key] > 1:
+            expired = [ws for ws in task.worker_states if ws.state in (K.TIMEOUT, K.RELEASED)]
+            assert expired, f"{task.key} ran {runs[task.key]} times without a lease expiring"
+
+
+async def _terminal(sched: ms.Scheduler, keys: list[str]) -> bool:
+    return all(task.state.is_terminal for task in await sched.store.get_many(keys))
+
+
+async def test_a_handler_that_ignores_cancellation(scheduler: ms.Scheduler, clock):
+    """Cancelled remotely, it finishes anyway: the consumer does not write its late outcome,
+    and meanwhile goes on with other work."""
+    await scheduler.publish("stubborn", None, name="job")
+    finishing = anyio.Event()
+
+    async def stubborn(task: ms.Task) -> str:
+        if task.key == "stubborn":
+            with anyio.CancelScope(shield=True):
+                await finishing.wait()
+        return "done"
+
+    consumer = scheduler.consumer({"job": stubborn}, options=ms.WorkerOptions(worker_id="w0"))
+    async with consumer:
+        await settle()
+        await scheduler.cancel("stubborn")
+        await scheduler.publish("next", None, name="job")
+        await settle()
+        assert (await scheduler.get("next")).state is S.SUCCESS  # type: ignore[union-attr]
+        finishing.set()
+        await settle()
+    assert (await scheduler.get("stubborn")).state is S.CANCELLED  # type: ignore[union-attr]
+    assert consumer.stats.cancelled == 1 and consumer.stats.succeeded == 1
+
+
+async def test_a_handler_that_blocks_the_loop(scheduler: ms.Scheduler, clock):
+    """Blocking the event loop (time passes, nothing else runs) for less than the worker timeout
+    costs nothing; for longer, the lease is gone and another worker runs the task."""
+    await scheduler.publish("short-block", None, name="job", options=PATIENT)
+    await scheduler.publish("long-block", None, name="job", options=PATIENT)
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def blocking(task: ms.Task) -> str:
+        runs[task.key] += 1
+        if runs[task.key] == 1:
+            clock.advance(3 if task.key == "short-block" else 6)  # a synchronous stall
+        await anyio.lowlevel.checkpoint()
+        return "done"
+
+    async def done() -> bool:
+        return await _terminal(scheduler, ["short-block", "long-block"])
+
+    options = ms.WorkerOptions(worker_id="w0", max_running=1)
+    async with scheduler.consumer({"job": blocking}, options=options) as consumer:
+        await drive(clock, done)
+    assert runs == {"short-block": 1, "long-block": 2}
+    long_block = await scheduler.get("long-block")
+    assert long_block is not None and long_block.state is S.SUCCESS
+    assert [ws.state for ws in long_block.worker_states] == [K.TIMEOUT, K.SUCCESS]
+    assert consumer.stats.timeouts == 1, "the expired lease is noticed before any write"
+
+
+async def test_duplicate_and_out_of_order_events_change_nothing(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    first = await scheduler.get("k")
+    assert first is not None
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(scheduler, recorder) as (consumer,):
+        await settle()
+        claimed = consumer.stats.claimed
+        for stale in (first, first, first.model_copy(update={"version": first.version - 1})):
+            consumer._on_change(stale)  # delivered again, and out of order
+        await settle()
+        assert consumer.stats.claimed == claimed and consumer.running == ["k"]
+        gate.set()
+        await settle()
+    assert recorder.runs == [("k", "w0")]
