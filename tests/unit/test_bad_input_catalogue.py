@@ -1,0 +1,301 @@
+"""Every public entry point, given bad input: a clear error naming the problem, nothing written.
+
+One table; each row runs against a collection holding one task and checks that the documents
+are exactly as before."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from pymongo import MongoClient
+
+import mscheduler as ms
+
+pytestmark = pytest.mark.anyio
+
+Call = Callable[[ms.Scheduler], Awaitable[Any]]
+
+
+async def _sync(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _spec(key: str, **fields: Any) -> ms.TaskSpec:
+    return ms.TaskSpec(key=key, name="job", **fields)
+
+
+async def _stale_commit(sched: ms.Scheduler) -> Any:
+    lease = await sched.store.claim("w", key="existing")
+    assert lease is not None
+    return await sched.commit(complete=[lease], require={"existing": 0})
+
+
+async def _unstorable_result(sched: ms.Scheduler) -> Any:
+    lease = await sched.store.claim("w", key="existing")
+    assert lease is not None
+    return await sched.commit(complete=[(lease, {1, 2})])
+
+
+async def _async_handler(task: ms.Task) -> None:
+    return None
+
+
+CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
+    # publish
+    (
+        "empty key",
+        lambda s: s.publish("", None, name="job"),
+        ms.ConfigurationError,
+        "key must be a non-empty",
+    ),
+    (
+        "huge key",
+        lambda s: s.publish("k" * 600, None, name="job"),
+        ms.ConfigurationError,
+        "key is 600 characters",
+    ),
+    ("empty name", lambda s: s.publish("k", None, name=""), ms.ConfigurationError, "name must be"),
+    (
+        "set payload",
+        lambda s: s.publish("k", {1}, name="job"),
+        ms.PayloadError,
+        "payload: cannot be stored",
+    ),
+    (
+        "$ field",
+        lambda s: s.publish("k", {"$x": 1}, name="job"),
+        ms.PayloadError,
+        r"field name '\$x'",
+    ),
+    (
+        "oversize payload",
+        lambda s: s.publish("k", "x" * 15_000_000, name="job"),
+        ms.PayloadError,
+        "the limit is",
+    ),
+    (
+        "options as dict",
+        lambda s: s.publish("k", None, name="job", options={"priority": 1}),
+        ms.ConfigurationError,
+        "options: expected TaskOptions",
+    ),  # type: ignore[arg-type]
+    (
+        "self dependency",
+        lambda s: s.publish("k", None, name="job", depends_on=["k"]),
+        ms.DependencyError,
+        "cannot depend on itself",
+    ),
+    (
+        "missing dependency",
+        lambda s: s.publish("k", None, name="job", depends_on=["nope"]),
+        ms.DependencyError,
+        "no task has the key",
+    ),
+    (
+        "other name, same key",
+        lambda s: s.publish("existing", None, name="other"),
+        ms.ConfigurationError,
+        "already names a task",
+    ),
+    # batches
+    (
+        "publish_many cycle",
+        lambda s: s.publish_many([_spec("a", depends_on=("b",)), _spec("b", depends_on=("a",))]),
+        ms.DependencyError,
+        "cycle",
+    ),
+    (
+        "publish_many bad payload",
+        lambda s: s.publish_many([_spec("a"), _spec("b", payload={1})]),
+        ms.PayloadError,
+        "cannot be stored",
+    ),
+    ("commit stale requirement", _stale_commit, ms.PreconditionFailed, "existing"),
+    ("commit unstorable result", _unstorable_result, ms.PayloadError, "result: cannot be stored"),
+    (
+        "replace a running task",
+        lambda s: _claim_then(s, lambda: s.replace("existing", 1, name="job")),
+        ms.TaskRunning,
+        "running",
+    ),
+    (
+        "late edge cycle",
+        lambda s: s.add_dependencies([("existing", "existing")]),
+        ms.DependencyError,
+        "itself",
+    ),
+    # options and consumers
+    (
+        "set_options as dict",
+        lambda s: s.set_options("existing", {"priority": 1}),
+        ms.ConfigurationError,
+        "options: expected TaskOptions",
+    ),  # type: ignore[arg-type]
+    (
+        "handlers empty",
+        lambda s: _sync(lambda: s.consumer({})),
+        ms.ConfigurationError,
+        "non-empty mapping",
+    ),
+    (
+        "handler not callable",
+        lambda s: _sync(lambda: s.consumer({"job": 3})),
+        ms.ConfigurationError,
+        r"handlers\['job'\]",
+    ),  # type: ignore[dict-item]
+    (
+        "handler not async",
+        lambda s: _sync(lambda: s.consumer({"job": print})),
+        ms.ConfigurationError,
+        "expected an async function",
+    ),  # type: ignore[dict-item]
+    (
+        "worker options as dict",
+        lambda s: _sync(lambda: s.consumer({"job": _async_handler}, options={"max_running": 2})),
+        ms.ConfigurationError,
+        "options: expected WorkerOptions",
+    ),  # type: ignore[arg-type]
+    (
+        "claim without names",
+        lambda s: s.store.claim("w"),
+        ms.ConfigurationError,
+        "give a key or at least one task name",
+    ),
+    (
+        "claim with empty worker id",
+        lambda s: s.store.claim("", names=["job"]),
+        ms.ConfigurationError,
+        "worker_id",
+    ),
+    # reads and operations
+    ("wait for an unknown key", lambda s: s.wait("nope", timeout=1), ms.TaskNotFound, "nope"),
+    (
+        "list an unknown state",
+        lambda s: s.list_tasks(state="done"),
+        ms.ConfigurationError,
+        "'done' is not one of",
+    ),
+    (
+        "retry a pending task",
+        lambda s: s.retry("existing"),
+        ms.ConfigurationError,
+        "only failed or cancelled",
+    ),
+    (
+        "purge unfinished tasks",
+        lambda s: s.purge(states=["running"], older_than=__import__("datetime").timedelta(0)),
+        ms.ConfigurationError,
+        "only finished tasks",
+    ),
+    (
+        "watch without change streams",
+        lambda s: _first(ms.Scheduler.connect("memory://?changestreams=0")),
+        ms.StoreError,
+        "needs change streams",
+    ),
+    # connecting
+    (
+        "malformed uri",
+        lambda s: ms.Scheduler.connect("mongodb://h:port"),
+        ms.ConfigurationError,
+        "is not a valid MongoDB URI",
+    ),
+    (
+        "unknown scheme",
+        lambda s: ms.Scheduler.connect("postgres://h"),
+        ms.ConfigurationError,
+        "unsupported scheme",
+    ),
+    (
+        "misspelt uri option",
+        lambda s: ms.Scheduler.connect("mongodb://h/?replicaSett=rs0"),
+        ms.ConfigurationError,
+        "Unknown option",
+    ),
+    (
+        "sync collection",
+        lambda s: _sync(lambda: ms.Scheduler(MongoClient(connect=False)["d"]["t"])),
+        ms.ConfigurationError,
+        "synchronous pymongo Collection",
+    ),
+    (
+        "not a collection",
+        lambda s: _sync(lambda: ms.Scheduler([])),
+        ms.ConfigurationError,
+        "expected an async MongoDB collection",
+    ),
+]
+
+
+async def _claim_then(sched: ms.Scheduler, then: Callable[[], Awaitable[Any]]) -> Any:
+    assert await sched.store.claim("w", key="existing") is not None
+    return await then()
+
+
+async def _first(connecting: Awaitable[ms.Scheduler]) -> Any:
+    sched = await connecting
+    async for task in sched.watch():
+        return task
+    return None
+
+
+async def _documents(sched: ms.Scheduler) -> list[dict[str, Any]]:
+    return [doc async for doc in sched.collection.find({}, sort=[("_id", 1)])]
+
+
+@pytest.mark.parametrize(
+    ("case", "call", "error", "message"), CATALOGUE, ids=[row[0] for row in CATALOGUE]
+)
+async def test_bad_input(
+    scheduler: ms.Scheduler, case: str, call: Call, error: type[Exception], message: str
+):
+    await scheduler.publish("existing", {"n": 1}, name="job")
+    if case.startswith(("commit", "replace")):
+        before = None  # these claim first (a write) to set up the case; compare after that
+    else:
+        before = await _documents(scheduler)
+    with pytest.raises(error, match=message):
+        await call(scheduler)
+    if before is not None:
+        assert await _documents(scheduler) == before, f"{case}: bad input wrote something"
+
+
+async def test_commit_cases_write_nothing_beyond_their_claim(scheduler: ms.Scheduler):
+    await scheduler.publish("existing", {"n": 1}, name="job")
+    lease = await scheduler.store.claim("w", key="existing")
+    assert lease is not None
+    before = await _documents(scheduler)
+    for bad in ({"existing": 0}, {"nope": 1}):
+        with pytest.raises(ms.PreconditionFailed):
+            await scheduler.commit(complete=[lease], publish=[_spec("x")], require=bad)
+    assert await _documents(scheduler) == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"concurrent_worker_cnt": 0}, "concurrent_worker_cnt"),
+        ({"worker_timeout_ms": 1_000, "ping_interval_ms": 1_000}, "worker_timeout_ms"),
+        ({"max_tries": 0}, "max_tries"),
+        ({"on_dependency_failure": "ignore"}, "on_dependency_failure"),
+    ],
+)
+def test_invalid_task_options(fields: dict[str, Any], message: str):
+    with pytest.raises(ValidationError, match=message):
+        ms.TaskOptions(**fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_running": 0}, "max_running"),
+        ({"worker_id": ""}, "worker_id"),
+        ({"heap_size": 0}, "heap_size"),
+    ],
+)
+def test_invalid_worker_options(fields: dict[str, Any], message: str):
+    with pytest.raises(ValidationError, match=message):
+        ms.WorkerOptions(**fields)
