@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,9 +29,15 @@ _ASYNC_METHODS = (
 def _counted(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def method(self: CountingCollection, *args: Any, **kwargs: Any) -> Any:
         self.counts[name] += 1
-        result = getattr(self.wrapped, name)(*args, **kwargs)
-        # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
-        return await result if inspect.isawaitable(result) else result
+        started = time.process_time()
+        try:
+            result = getattr(self.wrapped, name)(*args, **kwargs)
+            # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            # CPU seconds inside the call: exact on the memory backend (its calls never
+            # yield); on a server, other tasks' CPU during the wait would count too.
+            self.cpu_seconds += time.process_time() - started
 
     method.__name__ = name
     return method
@@ -46,6 +53,7 @@ class CountingCollection:
     def __init__(self, collection: Any) -> None:
         self.wrapped = collection
         self.counts: collections.Counter[str] = collections.Counter()
+        self.cpu_seconds = 0.0
 
     @property
     def calls(self) -> int:
@@ -53,6 +61,7 @@ class CountingCollection:
 
     def reset(self) -> None:
         self.counts.clear()
+        self.cpu_seconds = 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)

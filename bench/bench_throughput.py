@@ -1,0 +1,149 @@
+"""Throughput, round trips at saturation, pings under load, and CPU overhead. Prints numbers.
+
+    python bench/bench_throughput.py                     # memory backend (+ procrastinate)
+    python bench/bench_throughput.py --uri "mongodb://localhost:27017/?directConnection=true"
+
+The comparison with procrastinate needs ``pip install -e '.[bench]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import anyio
+
+import mscheduler as ms
+from mscheduler.backends import open_collection
+from mscheduler.testing import CountingCollection
+
+
+async def _scheduler(uri: str) -> tuple[ms.Scheduler, CountingCollection, Any]:
+    connection = await open_collection(uri, collection=f"bench_{uuid.uuid4().hex[:8]}")
+    counting = CountingCollection(connection.collection)
+    sched = ms.Scheduler(counting)
+    await sched.ensure_indexes()
+    return sched, counting, connection
+
+
+async def _dispose(counting: CountingCollection, connection: Any) -> None:
+    if connection.kind == "mongodb":
+        await counting.wrapped.drop()
+    await connection.close()
+
+
+async def mscheduler_run(uri: str, consumers: int, tasks: int) -> dict[str, float]:
+    """``tasks`` short tasks published first, then ``consumers`` (one task at a time each)."""
+    sched, counting, connection = await _scheduler(uri)
+    keys = [f"job:{n}" for n in range(tasks)]
+    await sched.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
+
+    async def job(task: ms.Task) -> None:
+        return None
+
+    counting.reset()
+    cpu_started, started = time.process_time(), time.perf_counter()
+    async with contextlib.AsyncExitStack() as stack:
+        for n in range(consumers):
+            options = ms.WorkerOptions(worker_id=f"w{n}", max_running=1)
+            await stack.enter_async_context(sched.consumer({"job": job}, options=options))
+        await sched.wait_many(keys, timeout=600)
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    result = {
+        "tasks_per_s": tasks / elapsed,
+        "calls_per_task": counting.calls / tasks,
+        "overhead_ms_per_task": (cpu - counting.cpu_seconds) / tasks * 1000,
+        "db_cpu_ms_per_task": counting.cpu_seconds / tasks * 1000,
+    }
+    await _dispose(counting, connection)
+    return result
+
+
+def procrastinate_run(workers: int, tasks: int) -> float | None:
+    try:
+        from procrastinate import App, testing
+    except ImportError:
+        return None
+    app = App(connector=testing.InMemoryConnector())
+
+    @app.task(name="job")
+    async def job(n: int) -> None:
+        return None
+
+    async def main() -> float:
+        async with app.open_async():
+            for n in range(tasks):
+                await job.defer_async(n=n)
+            started = time.perf_counter()
+            await asyncio.gather(
+                *(app.run_worker_async(wait=False, concurrency=1) for _ in range(workers))
+            )
+            return tasks / (time.perf_counter() - started)
+
+    return asyncio.run(main())
+
+
+async def pings_under_load(uri: str, running: int, seconds: float) -> None:
+    """``running`` long tasks on one consumer: database writes per ping interval."""
+    sched, counting, connection = await _scheduler(uri)
+    options = ms.TaskOptions(ping_interval_ms=200, worker_timeout_ms=2_000)
+    keys = [f"long:{n}" for n in range(running)]
+    await sched.publish_many(ms.TaskSpec(key=k, name="long", options=options) for k in keys)
+    release, all_started = anyio.Event(), anyio.Event()
+    started = 0
+
+    async def long(task: ms.Task) -> None:
+        nonlocal started
+        started += 1
+        if started == running:
+            all_started.set()
+        await release.wait()
+
+    worker = ms.WorkerOptions(worker_id="w", max_running=running)
+    async with sched.consumer({"long": long}, options=worker) as consumer:
+        await all_started.wait()
+        counting.reset()
+        await anyio.sleep(seconds)
+        pings = counting.counts["bulk_write"]
+        other = counting.calls - pings
+        release.set()
+    intervals = seconds / 0.2
+    print(
+        f"pings with {running} running tasks on one consumer: {pings / intervals:.2f} bulk "
+        f"writes per ping interval ({pings} in {seconds:.0f} s), {other} other calls; "
+        f"lease losses {consumer.stats.lease_lost}"
+    )
+    await _dispose(counting, connection)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", default="memory://")
+    parser.add_argument("--tasks", type=int, default=500)
+    args = parser.parse_args()
+    print(f"backend: {args.uri.split('://')[0]}://, {args.tasks} short tasks")
+    for consumers in (1, 3, 10):
+        ours = await mscheduler_run(args.uri, consumers, args.tasks)
+        theirs = await anyio.to_thread.run_sync(procrastinate_run, consumers, args.tasks)
+        line = (
+            f"{consumers:>2} consumer(s): {ours['tasks_per_s']:7.1f} tasks/s, "
+            f"{ours['calls_per_task']:.2f} calls/task, overhead "
+            f"{ours['overhead_ms_per_task']:.2f} ms CPU/task outside the database "
+            f"(database {ours['db_cpu_ms_per_task']:.2f} ms)"
+        )
+        if theirs is not None:
+            line += (
+                f"; procrastinate InMemoryConnector {theirs:7.1f} tasks/s "
+                f"(ratio mscheduler/procrastinate {ours['tasks_per_s'] / theirs:.2f})"
+            )
+        print(line)
+    await pings_under_load(args.uri, 100, 3.0)
+
+
+if __name__ == "__main__":
+    anyio.run(main)
