@@ -341,9 +341,7 @@ class TaskStore:
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         if not isinstance(options, TaskOptions):
-            raise ConfigurationError(
-                f"options: expected TaskOptions, got {type(options).__name__}"
-            )
+            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
         await self._ready()
         found = await self.collection.find_one_and_update(
             q.options_filter(checked(check_key, key)),
