@@ -10,28 +10,11 @@ import argparse
 import contextlib
 import statistics
 import time
-import uuid
-from typing import Any
 
 import anyio
+from common import counted_scheduler, dispose
 
 import mscheduler as ms
-from mscheduler.backends import open_collection
-from mscheduler.testing import CountingCollection
-
-
-async def _scheduler(uri: str) -> tuple[ms.Scheduler, CountingCollection, Any]:
-    connection = await open_collection(uri, collection=f"bench_{uuid.uuid4().hex[:8]}")
-    counting = CountingCollection(connection.collection)
-    sched = ms.Scheduler(counting)
-    await sched.ensure_indexes()
-    return sched, counting, connection
-
-
-async def _dispose(counting: CountingCollection, connection: Any) -> None:
-    if connection.kind == "mongodb":
-        await counting.wrapped.drop()
-    await connection.close()
 
 
 async def wake_latency(uri: str, samples: int, *, purge: bool) -> None:
@@ -40,7 +23,7 @@ async def wake_latency(uri: str, samples: int, *, purge: bool) -> None:
     With ``purge`` each finished task is deleted, so the collection holds one task: on the
     memory backend every query is a Python full scan, and a growing collection measures
     mongomock rather than the consumer (a real server uses the indexes)."""
-    sched, counting, connection = await _scheduler(uri)
+    sched, counting, connection = await counted_scheduler(uri)
     started: dict[str, float] = {}
     arrived = anyio.Event()
 
@@ -72,12 +55,12 @@ async def wake_latency(uri: str, samples: int, *, purge: bool) -> None:
         f"wake latency publish -> handler start ({samples} samples, {where}): "
         f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {latencies[-1]:.2f} ms"
     )
-    await _dispose(counting, connection)
+    await dispose(counting, connection)
 
 
 async def calls_per_task(uri: str, tasks: int) -> None:
     """Database calls per task lifecycle for short tasks (no ping needed), by method."""
-    sched, counting, connection = await _scheduler(uri)
+    sched, counting, connection = await counted_scheduler(uri)
     done = anyio.Event()
     finished = 0
 
@@ -104,12 +87,12 @@ async def calls_per_task(uri: str, tasks: int) -> None:
         f"consumer (claim + ping + finish) {consumer_calls / tasks:.2f}; "
         f"by method {dict(counting.counts)}"
     )
-    await _dispose(counting, connection)
+    await dispose(counting, connection)
 
 
 async def idle_load(uri: str, consumers: int, seconds: float) -> None:
     """Calls per second made by idle consumers, beyond opening their change streams."""
-    sched, counting, connection = await _scheduler(uri)
+    sched, counting, connection = await counted_scheduler(uri)
 
     async def handler(task: ms.Task) -> None:
         return None
@@ -125,7 +108,7 @@ async def idle_load(uri: str, consumers: int, seconds: float) -> None:
         f"idle load: {consumers} idle consumers over {seconds:.0f} s: "
         f"{calls / seconds:.2f} calls/s beyond the change streams"
     )
-    await _dispose(counting, connection)
+    await dispose(counting, connection)
 
 
 async def main() -> None:

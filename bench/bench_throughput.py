@@ -12,33 +12,16 @@ import argparse
 import asyncio
 import contextlib
 import time
-import uuid
-from typing import Any
 
 import anyio
+from common import counted_scheduler, dispose
 
 import mscheduler as ms
-from mscheduler.backends import open_collection
-from mscheduler.testing import CountingCollection
-
-
-async def _scheduler(uri: str) -> tuple[ms.Scheduler, CountingCollection, Any]:
-    connection = await open_collection(uri, collection=f"bench_{uuid.uuid4().hex[:8]}")
-    counting = CountingCollection(connection.collection)
-    sched = ms.Scheduler(counting)
-    await sched.ensure_indexes()
-    return sched, counting, connection
-
-
-async def _dispose(counting: CountingCollection, connection: Any) -> None:
-    if connection.kind == "mongodb":
-        await counting.wrapped.drop()
-    await connection.close()
 
 
 async def mscheduler_run(uri: str, consumers: int, tasks: int) -> dict[str, float]:
     """``tasks`` short tasks published first, then ``consumers`` (one task at a time each)."""
-    sched, counting, connection = await _scheduler(uri)
+    sched, counting, connection = await counted_scheduler(uri)
     keys = [f"job:{n}" for n in range(tasks)]
     await sched.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
 
@@ -60,7 +43,7 @@ async def mscheduler_run(uri: str, consumers: int, tasks: int) -> dict[str, floa
         "overhead_ms_per_task": (cpu - counting.cpu_seconds) / tasks * 1000,
         "db_cpu_ms_per_task": counting.cpu_seconds / tasks * 1000,
     }
-    await _dispose(counting, connection)
+    await dispose(counting, connection)
     return result
 
 
@@ -90,7 +73,7 @@ def procrastinate_run(workers: int, tasks: int) -> float | None:
 
 async def pings_under_load(uri: str, running: int, seconds: float) -> None:
     """``running`` long tasks on one consumer: database writes per ping interval."""
-    sched, counting, connection = await _scheduler(uri)
+    sched, counting, connection = await counted_scheduler(uri)
     options = ms.TaskOptions(ping_interval_ms=200, worker_timeout_ms=2_000)
     keys = [f"long:{n}" for n in range(running)]
     await sched.publish_many(ms.TaskSpec(key=k, name="long", options=options) for k in keys)
@@ -118,7 +101,7 @@ async def pings_under_load(uri: str, running: int, seconds: float) -> None:
         f"writes per ping interval ({pings} in {seconds:.0f} s), {other} other calls; "
         f"lease losses {consumer.stats.lease_lost}"
     )
-    await _dispose(counting, connection)
+    await dispose(counting, connection)
 
 
 async def main() -> None:

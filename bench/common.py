@@ -1,0 +1,26 @@
+"""What every benchmark needs: a fresh, counted collection, and cleaning it up afterwards."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import mscheduler as ms
+from mscheduler.backends import Connection, open_collection
+from mscheduler.testing import CountingCollection
+
+
+async def counted_scheduler(uri: str) -> tuple[ms.Scheduler, CountingCollection, Connection]:
+    """A scheduler on a fresh collection (``bench_<random>``) whose calls are counted."""
+    connection = await open_collection(uri, collection=f"bench_{uuid.uuid4().hex[:8]}")
+    counting = CountingCollection(connection.collection)
+    sched = ms.Scheduler(counting)
+    await sched.ensure_indexes()
+    return sched, counting, connection
+
+
+async def dispose(counting: CountingCollection, connection: Any) -> None:
+    """Drop the benchmark's collection on a server, then close the connection."""
+    if connection.kind == "mongodb":
+        await counting.wrapped.drop()
+    await connection.close()
