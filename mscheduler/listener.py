@@ -30,17 +30,37 @@ CHANGE_STREAMS_UNSUPPORTED = frozenset({40573, 40324, 115})
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
 
 
-def change_stream_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
-    """Server-side filter: only writes to the consumer's task names. Deletes are left out:
-    a deleted task's claim or ping simply matches nothing."""
-    return [
-        {
-            "$match": {
-                "operationType": {"$in": ["insert", "update", "replace"]},
-                "fullDocument.name": {"$in": list(names)},
-            }
-        }
-    ]
+def task_changes(**fields: Sequence[str]) -> list[dict[str, Any]]:
+    """Server-side filter: writes to tasks whose ``field`` is one of the values given (e.g.
+    ``name=[...]``, ``key=[...]``). Deletes are left out: a deleted task's claim or ping
+    simply matches nothing."""
+    match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
+    for field, values in fields.items():
+        match[f"fullDocument.{field}"] = {"$in": list(values)}
+    return [{"$match": match}]
+
+
+async def open_change_stream(
+    collection: Any, pipeline: list[dict[str, Any]], resume_after: Any = None
+) -> Any:
+    """``watch`` with the document after each write; pymongo's async API returns a coroutine,
+    Motor the stream itself."""
+    kwargs: dict[str, Any] = {"full_document": "updateLookup"}
+    if resume_after is not None:
+        kwargs["resume_after"] = resume_after
+    stream = collection.watch(pipeline, **kwargs)
+    return await stream if inspect.isawaitable(stream) else stream
+
+
+async def close_quietly(stream: Any) -> None:
+    """Close a stream even while being cancelled; a failure to close changes nothing."""
+    with anyio.CancelScope(shield=True):
+        try:
+            result = stream.close()
+            if inspect.isawaitable(result):
+                await result
+        except PyMongoError:
+            pass
 
 
 class ChangeListener:
@@ -65,13 +85,9 @@ class ChangeListener:
         self.resyncs = 0
 
     async def _open(self, resume_token: Any) -> Any:
-        kwargs: dict[str, Any] = {"full_document": "updateLookup"}
-        if resume_token is not None:
-            kwargs["resume_after"] = resume_token
-        stream = self._collection.watch(change_stream_pipeline(self._names), **kwargs)
-        if inspect.isawaitable(stream):  # pymongo's async API; Motor returns the stream
-            stream = await stream
-        return stream
+        return await open_change_stream(
+            self._collection, task_changes(name=self._names), resume_token
+        )
 
     async def run(self, *, task_status: TaskStatus[bool] = anyio.TASK_STATUS_IGNORED) -> None:
         """Reports True once the stream is open, or False when polling must replace it."""
@@ -105,8 +121,7 @@ class ChangeListener:
                 # renamed); reopen it like a failed one.
                 log.warning("change stream ended, reopening", extra={"action": "stream_ended"})
             finally:
-                with anyio.CancelScope(shield=True):
-                    await _close_quietly(stream)
+                await close_quietly(stream)
             stream = await self._reopen(attempt)
             attempt += 1
 
@@ -154,12 +169,3 @@ class ChangeListener:
                     "change stream reopen failed: %s", exc, extra={"action": "stream_error"}
                 )
                 attempt += 1
-
-
-async def _close_quietly(stream: Any) -> None:
-    try:
-        result = stream.close()
-        if inspect.isawaitable(result):
-            await result
-    except PyMongoError:
-        pass

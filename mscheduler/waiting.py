@@ -8,7 +8,6 @@ simply read again. A server without change streams is polled every ``poll_interv
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -18,7 +17,12 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from .clock import sleep
 from .errors import StoreError, TaskNotFound
-from .listener import CHANGE_STREAMS_UNSUPPORTED
+from .listener import (
+    CHANGE_STREAMS_UNSUPPORTED,
+    close_quietly,
+    open_change_stream,
+    task_changes,
+)
 from .models import Task
 from .store import TaskStore
 
@@ -74,26 +78,16 @@ class _Waiter:
                     log.warning("wait: change stream lost (%s); reading again", exc)
                 finally:
                     if stream is not None:
-                        with anyio.CancelScope(shield=True):
-                            closing = stream.close()
-                            if inspect.isawaitable(closing):
-                                await closing
+                        await close_quietly(stream)
         except Exception as exc:
             self.error = exc
             self.done.set()
 
     async def _open_stream(self) -> Any:
-        pipeline = [
-            {
-                "$match": {
-                    "operationType": {"$in": ["insert", "update", "replace"]},
-                    "fullDocument.key": {"$in": self.remaining},
-                }
-            }
-        ]
         try:
-            stream = self._store.collection.watch(pipeline, full_document="updateLookup")
-            return await stream if inspect.isawaitable(stream) else stream
+            return await open_change_stream(
+                self._store.collection, task_changes(key=self.remaining)
+            )
         except OperationFailure as exc:
             if exc.code in CHANGE_STREAMS_UNSUPPORTED:
                 return None
@@ -128,12 +122,9 @@ async def wait_for(
 
 async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIterator[Task]:
     """Every change to a task (of ``names``), as the task after the change."""
-    match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
-    if names:
-        match["fullDocument.name"] = {"$in": list(names)}
+    pipeline = task_changes(name=names) if names else task_changes()
     try:
-        stream = store.collection.watch([{"$match": match}], full_document="updateLookup")
-        stream = await stream if inspect.isawaitable(stream) else stream
+        stream = await open_change_stream(store.collection, pipeline)
     except OperationFailure as exc:
         if exc.code in CHANGE_STREAMS_UNSUPPORTED:
             raise StoreError(f"watching needs change streams (a replica set): {exc}") from exc
@@ -144,7 +135,4 @@ async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIte
             if event.get("fullDocument") is not None:
                 yield Task.model_validate(event["fullDocument"])
     finally:
-        with anyio.CancelScope(shield=True):
-            closing = stream.close()
-            if inspect.isawaitable(closing):
-                await closing
+        await close_quietly(stream)
