@@ -55,6 +55,15 @@ def _own_state(worker_id: str, run_id: str, **overrides: Any) -> Document:
     )
 
 
+def _end_own_state(
+    worker_id: str, run_id: str, state: str, now: dt.datetime, **fields: Any
+) -> Document:
+    """The writer's own state ends now: it holds the lease no more (no ``ping_expire_at``)."""
+    return _own_state(
+        worker_id, run_id, state=state, ping_expire_at=None, finished_at=now, **fields
+    )
+
+
 def ping_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
@@ -66,14 +75,7 @@ def ping_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
 def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=SUCCESS,
-            ping_expire_at=None,
-            finished_at=now,
-            result=literal(result),
-        ),
+        _end_own_state(worker_id, run_id, SUCCESS, now, result=literal(result)),
         *recompute(now),
     ]
 
@@ -86,14 +88,7 @@ def fail_update(
     ``final`` (the handler raised `Abort`) ends the task as failed whatever retries are left."""
     return [
         sweep_expired(now),
-        _own_state(
-            worker_id,
-            run_id,
-            state=FAIL,
-            ping_expire_at=None,
-            finished_at=now,
-            error=literal(error.model_dump()),
-        ),
+        _end_own_state(worker_id, run_id, FAIL, now, error=literal(error.model_dump())),
         {"$set": {"retry_at": {"$add": [now, "$options.unexpected_retry_delay_ms"]}}},
         *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
         *recompute(now),
@@ -107,12 +102,11 @@ def retry_later_update(
     task is claimable from ``retry_at``, and it is not an unexpected failure."""
     return [
         sweep_expired(now),
-        _own_state(
+        _end_own_state(
             worker_id,
             run_id,
-            state=RELEASED,
-            ping_expire_at=None,
-            finished_at=now,
+            RELEASED,
+            now,
             error=literal(ErrorInfo.from_message("RetryLater", reason).model_dump()),
         ),
         {"$set": {"retry_at": retry_at}},
@@ -124,12 +118,11 @@ def release_update(worker_id: str, run_id: str, reason: str, now: dt.datetime) -
     """Give the slot back at once (graceful shutdown): not a failure, claimable immediately."""
     return [
         sweep_expired(now),
-        _own_state(
+        _end_own_state(
             worker_id,
             run_id,
-            state=RELEASED,
-            ping_expire_at=None,
-            finished_at=now,
+            RELEASED,
+            now,
             error=literal(ErrorInfo.from_message("Released", reason).model_dump()),
         ),
         *recompute(now),
