@@ -15,21 +15,26 @@ from .models import TaskOptions
 
 
 def to_storable(value: Any, field: str) -> Any:
-    """A pydantic model becomes its JSON-mode dump; anything else must already be BSON."""
+    """A pydantic model becomes its JSON-mode dump; anything else must already be BSON. Field
+    names are checked here; encoding is checked once, where the size is measured."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     _check_field_names(value, field)
-    encoded_size(value, field)
     return value
 
 
-def encoded_size(value: Any, field: str) -> int:
+def _encode(document: Mapping[str, Any], field: str, value: Any) -> bytes:
+    """``document`` as BSON; what BSON cannot hold is a `PayloadError` naming ``field``."""
     try:
-        return len(bson.encode({field: value}))
+        return bson.encode(document)
     except (InvalidDocument, TypeError, OverflowError) as exc:
         raise PayloadError(
             f"{field}: cannot be stored as BSON ({type(value).__name__}): {exc}"
         ) from exc
+
+
+def encoded_size(value: Any, field: str) -> int:
+    return len(_encode({field: value}, field, value))
 
 
 def _check_field_names(value: Any, path: str) -> None:
@@ -53,7 +58,8 @@ def growth_reserve(options: TaskOptions) -> int:
 
 
 def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> None:
-    size = len(bson.encode(document))
+    # The payload is the only value in a new task that comes from the caller.
+    size = len(_encode(document, "payload", document["payload"]))
     budget = c.MAX_DOCUMENT_BYTES - growth_reserve(options)
     if size > budget:
         raise PayloadError(
