@@ -131,7 +131,7 @@ class Scheduler:
         ``replace_finished`` (a finished task is published anew). A running task is never
         replaced: `TaskRunning`.
         """
-        return await self.store.publish(
+        return await self.store.publisher.publish(
             key,
             payload,
             name=name,
@@ -163,7 +163,7 @@ class Scheduler:
     ) -> PublishResult:
         """Publish ``key`` anew over a task that is not running (as if it were cancelled and
         published again); a running task raises `TaskRunning`."""
-        return await self.store.replace(
+        return await self.store.publisher.replace(
             key,
             payload,
             name=name,

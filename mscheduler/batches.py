@@ -61,9 +61,11 @@ async def _publish_all(
             "allow_missing": allow_missing,
         }
         if spec.key in replacing:
-            result = await store.replace(spec.key, spec.payload, running_ok=True, **arguments)
+            result = await store.publisher.replace(
+                spec.key, spec.payload, running_ok=True, **arguments
+            )
         else:
-            result = await store.publish(spec.key, spec.payload, **arguments)
+            result = await store.publisher.publish(spec.key, spec.payload, **arguments)
         results.append(result)
     return results
 

@@ -51,7 +51,7 @@ async def retry(store: TaskStore, key: str) -> PublishResult:
         raise ConfigurationError(
             f"task {key!r} is {task.state.value}: only failed or cancelled tasks are retried"
         )
-    return await store.publish(
+    return await store.publisher.publish(
         key,
         task.payload,
         name=task.name,

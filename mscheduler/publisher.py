@@ -18,7 +18,7 @@ from pymongo.errors import DuplicateKeyError
 
 from . import queries as q
 from .encoding import check_document_size, to_storable
-from .errors import ConfigurationError, StoreError, TaskRunning
+from .errors import ConfigurationError, StoreError, TaskRunning, driver_errors
 from .flows import check_dependencies
 from .models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
 
@@ -70,9 +70,16 @@ def prepare(
 
 
 class Publisher:
+    """Idempotent publish and replace; driver errors become mscheduler errors here."""
+
     def __init__(self, store: TaskStore) -> None:
         self._store = store
 
+    @property
+    def in_transaction(self) -> bool:
+        return self._store.in_transaction
+
+    @driver_errors
     async def publish(
         self,
         key: str,
@@ -99,6 +106,7 @@ class Publisher:
             task = outcome  # changed under us: decide again on what is there now
         raise StoreError(f"publish {task.key!r}: the task kept changing; try again")
 
+    @driver_errors
     async def replace(
         self,
         key: str,

@@ -7,37 +7,24 @@ does not need to: publish, claim, ping, succeed, fail and release are one round 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import anyio
 from pymongo import IndexModel, ReturnDocument, UpdateOne
-from pymongo.errors import (
-    ConnectionFailure,
-    DocumentTooLarge,
-    PyMongoError,
-)
 
 from . import constants as c
 from . import lease_queries as lq
 from . import queries as q
 from .clock import Clock, to_bson_time
 from .encoding import check_result
-from .errors import (
-    BackendUnavailable,
-    ConfigurationError,
-    LeaseLost,
-    PayloadError,
-    StoreError,
-)
+from .errors import ConfigurationError, LeaseLost, driver_errors
 from .flows import Flows
 from .models import (
     ErrorInfo,
     Lease,
-    PublishResult,
     Task,
     TaskOptions,
     WorkerStateKind,
@@ -49,31 +36,6 @@ from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-_PUBLISH_ATTEMPTS = 5  # re-reads when a concurrent writer changed the task under a publish
-
-
-def _driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Driver errors become mscheduler errors, the original kept as ``__cause__``."""
-
-    @functools.wraps(method)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        if getattr(args[0], "in_transaction", False):
-            # Raw inside a transaction: the driver retries it on transient errors by label.
-            return await method(*args, **kwargs)
-        try:
-            return await method(*args, **kwargs)
-        except ConnectionFailure as exc:
-            raise BackendUnavailable(f"MongoDB is unreachable: {exc}") from exc
-        except DocumentTooLarge as exc:
-            raise PayloadError(f"the task document is too large: {exc}") from exc
-        except PyMongoError as exc:
-            raise StoreError(f"{method.__name__} failed: {exc}") from exc
-
-    return wrapper
-
 
 class TaskStore:
     """Every task operation, each one a fenced or conditional write on one document."""
@@ -84,7 +46,7 @@ class TaskStore:
         self._indexes_ready = False
         self._indexes_lock = anyio.Lock()
         self.flows = Flows(self)
-        self._publisher = Publisher(self)
+        self.publisher = Publisher(self)
         self.in_transaction = False
 
     def bound_to(self, collection: Any) -> TaskStore:
@@ -97,7 +59,7 @@ class TaskStore:
 
     # ------------------------------------------------------------ indexes
 
-    @_driver_errors
+    @driver_errors
     async def ensure_indexes(self) -> list[str]:
         """Create the declared indexes (idempotent); the unique key index is what makes
         publish idempotent, so every other operation ensures it first."""
@@ -115,67 +77,21 @@ class TaskStore:
 
     # ------------------------------------------------------------ publish
 
-    @_driver_errors
-    async def publish(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        update_payload: bool = False,
-        replace_finished: bool = False,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-    ) -> PublishResult:
-        return await self._publisher.publish(
-            key,
-            payload,
-            name=name,
-            options=options,
-            update_payload=update_payload,
-            replace_finished=replace_finished,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-        )
-
     async def _after_write(self, task: Task) -> Task:
         """A write that ended a task with dependents tells them (only then: no extra call)."""
         if task.dependents_notified is False:
             await self.flows.notify(task)
         return task
 
-    @_driver_errors
-    async def replace(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-        running_ok: bool = False,
-    ) -> PublishResult:
-        return await self._publisher.replace(
-            key,
-            payload,
-            name=name,
-            options=options,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-            running_ok=running_ok,
-        )
-
     # ------------------------------------------------------------ reads
 
-    @_driver_errors
+    @driver_errors
     async def get(self, key: str) -> Task | None:
         await self._ready()
         found = await self.collection.find_one(q.by_key(checked(check_key, key)))
         return None if found is None else Task.model_validate(found)
 
-    @_driver_errors
+    @driver_errors
     async def get_many(self, keys: Sequence[str]) -> list[Task]:
         await self._ready()
         cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
@@ -183,7 +99,7 @@ class TaskStore:
 
     # ------------------------------------------------------------ claim and the lease
 
-    @_driver_errors
+    @driver_errors
     async def claim(
         self,
         worker_id: str,
@@ -248,14 +164,14 @@ class TaskStore:
             return f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
         return f"{prefix}; its state is {own.state.value}"
 
-    @_driver_errors
+    @driver_errors
     async def ping(self, lease: Lease) -> Task:
         now = self.clock.now()
         return await self._fenced_write(
             lease, lq.ping_update(lease.worker_id, lease.run_id, now), now
         )
 
-    @_driver_errors
+    @driver_errors
     async def ping_many(self, leases: Sequence[Lease]) -> list[Lease]:
         """Extend many leases in one bulk write; returns those that were lost."""
         if not leases:
@@ -281,7 +197,7 @@ class TaskStore:
         }
         return [lease for lease in leases if (lease.worker_id, lease.run_id) not in live]
 
-    @_driver_errors
+    @driver_errors
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         stored = check_result(result)
         now = self.clock.now()
@@ -294,7 +210,7 @@ class TaskStore:
         )
         return task
 
-    @_driver_errors
+    @driver_errors
     async def fail(
         self, lease: Lease, error: BaseException | ErrorInfo, *, final: bool = False
     ) -> Task:
@@ -310,21 +226,21 @@ class TaskStore:
         )
         return task
 
-    @_driver_errors
+    @driver_errors
     async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
         now = self.clock.now()
         retry_at = to_bson_time(now + dt.timedelta(seconds=delay))
         update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
         return await self._fenced_write(lease, update, now)
 
-    @_driver_errors
+    @driver_errors
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
         now = self.clock.now()
         return await self._fenced_write(
             lease, lq.release_update(lease.worker_id, lease.run_id, reason, now), now
         )
 
-    @_driver_errors
+    @driver_errors
     async def fetch(self, names: Sequence[str], limit: int, batch_size: int) -> list[Task]:
         """The ``limit`` tasks of ``names`` that become claimable first (payloads left out)."""
         await self._ready()
@@ -337,7 +253,7 @@ class TaskStore:
         )
         return [Task.model_validate(document) async for document in cursor]
 
-    @_driver_errors
+    @driver_errors
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         if not isinstance(options, TaskOptions):
@@ -350,19 +266,19 @@ class TaskStore:
         )
         return None if found is None else await self._after_write(Task.model_validate(found))
 
-    @_driver_errors
+    @driver_errors
     async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
         await self._ready()
         return await self.flows.add_dependencies(edges)
 
-    @_driver_errors
+    @driver_errors
     async def recover_dependents(self) -> int:
         await self._ready()
         return await self.flows.recover()
 
     # ------------------------------------------------------------ cancel
 
-    @_driver_errors
+    @driver_errors
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """True if this call cancelled the task; False if it was already finished or missing."""
         await self._ready()
