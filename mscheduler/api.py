@@ -18,7 +18,7 @@ from .backends import (
 from .clock import Clock, SystemClock
 from .consumer import Consumer
 from .executor import Handler
-from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
+from .models import Discovery, Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
 from .specs import Step
 from .store import TaskStore
 from .waiting import wait_for, watch_tasks
@@ -211,18 +211,46 @@ class Scheduler:
         return await self.store.set_options(key, options)
 
     async def wait(
-        self, key: str, timeout: float | None = None, *, missing_ok: bool = False
+        self,
+        key: str,
+        timeout: float | None = None,
+        *,
+        missing_ok: bool = False,
+        discovery: Discovery = "auto",
+        poll_interval_ms: int = 1_000,
     ) -> Task:
         """The task once it is terminal (success, fail or cancelled), from the change stream.
         `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key,
-        unless ``missing_ok`` (then a task that a flow will publish is waited for)."""
-        return (await wait_for(self.store, [key], timeout=timeout, missing_ok=missing_ok))[key]
+        unless ``missing_ok`` (then a task that a flow will publish is waited for). Where the
+        server refuses a change stream, ``discovery="auto"`` polls every ``poll_interval_ms``
+        (as `WorkerOptions.discovery`)."""
+        found = await self.wait_many(
+            [key],
+            timeout,
+            missing_ok=missing_ok,
+            discovery=discovery,
+            poll_interval_ms=poll_interval_ms,
+        )
+        return found[key]
 
     async def wait_many(
-        self, keys: Sequence[str], timeout: float | None = None, *, missing_ok: bool = False
+        self,
+        keys: Sequence[str],
+        timeout: float | None = None,
+        *,
+        missing_ok: bool = False,
+        discovery: Discovery = "auto",
+        poll_interval_ms: int = 1_000,
     ) -> dict[str, Task]:
         """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
-        return await wait_for(self.store, keys, timeout=timeout, missing_ok=missing_ok)
+        return await wait_for(
+            self.store,
+            keys,
+            timeout=timeout,
+            missing_ok=missing_ok,
+            discovery=discovery,
+            poll_interval_ms=poll_interval_ms,
+        )
 
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running workers and,

@@ -193,12 +193,15 @@ class Consumer:
                 attempt += 1
         self._heap.overflowed = len(tasks) >= self.options.heap_size
         for task in tasks:
-            self._offer(task)
+            self._on_change(task)  # when polling, the only way a running task's change is seen
         self._wake_claimer()
 
     async def _poll_loop(self) -> None:
+        """Until the listener's stream opens (``discovery="auto"`` retries it)."""
         while True:
             await sleep(self._clock, self.options.poll_interval_ms / 1000)
+            if not self._listener.polling:
+                return
             await self._fetch()
 
     # ------------------------------------------------------------ claiming

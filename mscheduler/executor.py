@@ -259,7 +259,10 @@ class Executor:
         attempt = 0
         while True:
             self._ping_wake = wake = anyio.Event()
-            deadline = min((e.next_ping_at for e in self._running.values()), default=None)
+            # A stopped handler that is still winding down is pinged no more: counting its
+            # past ping time here would make this loop spin until the handler returns.
+            pinged = [e for e in self._running.values() if e.stop_reason is None]
+            deadline = min((e.next_ping_at for e in pinged), default=None)
             await self._clock.wait_until(deadline, wake)
             now = self._clock.now()
             for entry in self._running.values():

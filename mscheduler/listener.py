@@ -3,8 +3,14 @@
 Opened before the first fetch, so no task published in between is missed. Keeps the resume
 token; after an error it reopens from that token; if the server can no longer resume (the
 oplog rolled past it), it opens a fresh stream *first* and then asks for a full re-fetch, so
-again nothing is missed. A server without change streams (a standalone mongod) makes it report
-"polling" once, with a warning, and return.
+again nothing is missed.
+
+A server that refuses to open a change stream, for whatever reason (a standalone mongod, a
+DocumentDB or Cosmos DB without them, a user without the ``changeStream`` privilege, an engine
+that lacks them), makes it report "polling" with one warning naming the server's error; with
+``discovery="auto"`` it then tries the stream again every ``stream_retry_interval_ms`` and
+takes over from polling once one opens. ``discovery="stream"`` makes a refusal an error,
+``discovery="poll"`` never opens a stream.
 """
 
 from __future__ import annotations
@@ -20,12 +26,11 @@ from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
 from .clock import Clock, sleep
-from .models import Task, WorkerOptions
+from .errors import ConfigurationError
+from .models import Discovery, Task, WorkerOptions
 
 log = logging.getLogger(__name__)
 
-# The server cannot run change streams at all: poll instead.
-CHANGE_STREAMS_UNSUPPORTED = frozenset({40573, 40324, 115})
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
 
@@ -50,6 +55,28 @@ async def open_change_stream(
         kwargs["resume_after"] = resume_after
     stream = collection.watch(pipeline, **kwargs)
     return await stream if inspect.isawaitable(stream) else stream
+
+
+async def open_unless_refused(
+    collection: Any, pipeline: list[dict[str, Any]], discovery: Discovery
+) -> tuple[Any, OperationFailure | None]:
+    """``(stream, None)``, or ``(None, refusal)`` when the caller must poll instead.
+
+    The server's refusal is an `OperationFailure`, whatever its code: the codes differ by
+    server and reason (40573 on a standalone mongod, 13 without the privilege, 115 or none
+    elsewhere), and any of them means "no stream here". Network errors are not refusals and
+    propagate. With ``discovery="stream"`` a refusal is a `ConfigurationError`."""
+    if discovery == "poll":
+        return None, None
+    try:
+        return await open_change_stream(collection, pipeline), None
+    except OperationFailure as exc:
+        if discovery == "stream":
+            raise ConfigurationError(
+                f"discovery: 'stream' was asked for, but the server refused to open a change "
+                f"stream: {exc}"
+            ) from exc
+        return None, exc
 
 
 async def close_quietly(stream: Any) -> None:
@@ -91,23 +118,16 @@ class ChangeListener:
 
     async def run(self, *, task_status: TaskStatus[bool] = anyio.TASK_STATUS_IGNORED) -> None:
         """Reports True once the stream is open, or False when polling must replace it."""
-        try:
-            stream = await self._open(None)
-        except OperationFailure as exc:
-            if exc.code not in CHANGE_STREAMS_UNSUPPORTED:
-                raise
+        stream = await self._open_first()
+        if stream is None:
             self.polling = True
-            log.warning(
-                "change streams are not available (%s); polling for tasks every %.1f s "
-                "instead, which reacts more slowly and costs a query per interval",
-                exc,
-                self._options.poll_interval_ms / 1000,
-                extra={"action": "polling_fallback"},
-            )
             task_status.started(False)
-            return
+            stream = await self._stream_again()
+            self.polling = False
+            await self._on_resync()  # the stream is open: one fetch, and nothing is missed
+        else:
+            task_status.started(True)
         self.resume_token = stream.resume_token
-        task_status.started(True)
         attempt = 0
         while True:
             try:
@@ -124,6 +144,59 @@ class ChangeListener:
                 await close_quietly(stream)
             stream = await self._reopen(attempt)
             attempt += 1
+
+    async def _open_first(self) -> Any:
+        """The stream, or None to poll; a network error is retried with backoff, as the
+        fetch is, so a consumer started while the database is away waits for it."""
+        attempt = 0
+        while True:
+            try:
+                stream, refusal = await open_unless_refused(
+                    self._collection, task_changes(name=self._names), self._options.discovery
+                )
+            except PyMongoError as exc:
+                log.warning(
+                    "cannot open the change stream yet: %s", exc, extra={"action": "stream_error"}
+                )
+                await sleep(self._clock, self._options.reconnect_delay(attempt))
+                attempt += 1
+                continue
+            if stream is None:
+                self._warn_polling(refusal)
+            return stream
+
+    def _warn_polling(self, refusal: OperationFailure | None) -> None:
+        interval = self._options.poll_interval_ms / 1000
+        if refusal is None:
+            log.info(
+                "discovery='poll': polling for tasks every %.1f s",
+                interval,
+                extra={"action": "polling"},
+            )
+            return
+        log.warning(
+            "the server refused to open a change stream (%s); polling for tasks every %.1f s "
+            "instead, which reacts more slowly and costs a query per interval; trying the "
+            "stream again every %.0f s",
+            refusal,
+            interval,
+            self._options.stream_retry_interval_ms / 1000,
+            extra={"action": "polling_fallback"},
+        )
+
+    async def _stream_again(self) -> Any:
+        """While polling (``auto`` only): try the stream now and then; return it once open."""
+        if self._options.discovery != "auto":
+            await anyio.sleep_forever()
+        while True:
+            await sleep(self._clock, self._options.stream_retry_interval_ms / 1000)
+            try:
+                stream = await self._open(None)
+            except PyMongoError as exc:
+                log.debug("change stream still refused: %s", exc, extra={"action": "polling"})
+                continue
+            log.info("the change stream opened; polling stops", extra={"action": "stream_restored"})
+            return stream
 
     async def _read(self, stream: Any) -> None:
         while True:

@@ -99,8 +99,6 @@ class _Cursor:
 class MemoryCollection:
     """The subset of pymongo's ``AsyncCollection`` the library uses, on mongomock."""
 
-    supports_transactions = False  # single-process: batches are validated, then written
-
     def __init__(
         self,
         inner: Any,

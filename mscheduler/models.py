@@ -300,6 +300,9 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+Discovery = Literal["auto", "stream", "poll"]
+
+
 class WorkerOptions(BaseModel):
     """How a consumer runs: its identity, capacity, local retries and shutdown."""
 
@@ -316,6 +319,12 @@ class WorkerOptions(BaseModel):
     fetch_batch_size: int = Field(default=500, ge=1)
     poll_interval_ms: int = Field(default=5_000, ge=10)
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
+    discovery: Discovery = "auto"
+    """How new work is found: ``auto`` listens on a change stream and, when the server refuses
+    one (for any reason), polls instead and tries the stream again every
+    ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
+    opens one."""
+    stream_retry_interval_ms: int = Field(default=60_000, ge=10)
     reconnect_backoff_ms: int = Field(default=500, ge=1)
     reconnect_backoff_max_ms: int = Field(default=30_000, ge=1)
 

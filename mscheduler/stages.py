@@ -100,6 +100,44 @@ def latest(kinds: Sequence[str], field: str) -> Document:
     }
 
 
+def earliest_lease_expiry() -> Document:
+    """The earliest ``ping_expire_at`` among the running states (null when none runs).
+
+    Not ``{"$min": "$worker_states.ping_expire_at"}``: MongoDB evaluates that to the earliest
+    date (its ``$min`` walks the array and skips nulls), and so does mongomock, but mongoeco
+    returns null. The running state that no other running state expires before evaluates the
+    same on all three; it is quadratic in the running states, at most
+    ``concurrent_worker_cnt`` of them."""
+    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    expires_before_a = {
+        "$filter": {
+            "input": running,
+            "as": "b",
+            "cond": {"$lt": ["$$b.ping_expire_at", "$$a.ping_expire_at"]},
+        }
+    }
+    first = {
+        "$filter": {"input": running, "as": "a", "cond": {"$eq": [{"$size": expires_before_a}, 0]}}
+    }
+    return {
+        "$let": {
+            "vars": {"first": first},
+            "in": {
+                "$cond": [
+                    {"$gt": [{"$size": "$$first"}, 0]},
+                    {
+                        "$arrayElemAt": [
+                            {"$map": {"input": "$$first", "as": "f", "in": "$$f.ping_expire_at"}},
+                            0,
+                        ]
+                    },
+                    None,
+                ]
+            },
+        }
+    }
+
+
 # ---------------------------------------------------------------- stages shared by every write
 
 
@@ -174,7 +212,7 @@ def recompute(now: dt.datetime) -> Pipeline:
                 "$cond": [
                     {"$lt": [{"$add": [succeeded, running]}, "$options.concurrent_worker_cnt"]},
                     {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, "$created_at"]},
-                    {"$min": "$worker_states.ping_expire_at"},
+                    earliest_lease_expiry(),
                 ]
             },
             None,

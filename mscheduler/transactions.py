@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,7 @@ _SESSION_METHODS = frozenset(
 
 
 class SessionCollection:
-    """A collection whose every call runs in ``session``."""
-
-    supports_transactions = False  # already inside one
+    """A collection whose every call runs in ``session`` (so it never starts another)."""
 
     def __init__(self, collection: Any, session: Any) -> None:
         self._collection = collection
@@ -58,10 +57,17 @@ class SessionCollection:
 
 
 def supports_transactions(collection: Any) -> bool:
-    flag = getattr(collection, "supports_transactions", None)
-    if flag is not None:
-        return bool(flag)
-    return hasattr(collection, "database")
+    """Decided from the collection's type, never by reading an attribute of it: on a pymongo
+    collection ``collection.anything`` is a sub-collection, not a flag. A driver collection
+    may run transactions (a standalone server then refuses, see `run_atomically`); the memory
+    backend and a session-bound view may not. A wrapper that keeps the collection it wraps in
+    ``wrapped`` (the testing helpers) answers for that collection."""
+    if isinstance(collection, AsyncCollection):
+        return True
+    if type(collection).__module__.split(".")[0] == "motor":
+        return True
+    wrapped = vars(collection).get("wrapped") if hasattr(collection, "__dict__") else None
+    return wrapped is not None and supports_transactions(wrapped)
 
 
 async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:

@@ -2,7 +2,9 @@
 
 The stream is opened *before* the current states are read, so a task that finishes in
 between is seen either by the read or by the stream. After a stream error the states are
-simply read again. A server without change streams is polled every ``poll_interval_ms``.
+simply read again. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`): a
+server that refuses a change stream is polled every ``poll_interval_ms`` (``auto``), or the
+refusal is an error (``stream``); ``poll`` never opens one.
 """
 
 from __future__ import annotations
@@ -16,14 +18,9 @@ import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
 from .clock import sleep
-from .errors import StoreError, TaskNotFound
-from .listener import (
-    CHANGE_STREAMS_UNSUPPORTED,
-    close_quietly,
-    open_change_stream,
-    task_changes,
-)
-from .models import Task
+from .errors import ConfigurationError, StoreError, TaskNotFound
+from .listener import close_quietly, open_change_stream, open_unless_refused, task_changes
+from .models import Discovery, Task
 from .store import TaskStore
 
 log = logging.getLogger(__name__)
@@ -31,9 +28,16 @@ log = logging.getLogger(__name__)
 
 class _Waiter:
     def __init__(
-        self, store: TaskStore, keys: Sequence[str], poll_interval_ms: int, missing_ok: bool
+        self,
+        store: TaskStore,
+        keys: Sequence[str],
+        poll_interval_ms: int,
+        missing_ok: bool,
+        discovery: Discovery,
     ) -> None:
         self._store = store
+        self._discovery = discovery
+        self._warned = False
         self._missing_ok = missing_ok
         self._keys = list(dict.fromkeys(keys))
         self._poll_s = poll_interval_ms / 1000
@@ -84,14 +88,18 @@ class _Waiter:
             self.done.set()
 
     async def _open_stream(self) -> Any:
-        try:
-            return await open_change_stream(
-                self._store.collection, task_changes(key=self.remaining)
+        stream, refusal = await open_unless_refused(
+            self._store.collection, task_changes(key=self.remaining), self._discovery
+        )
+        if refusal is not None and not self._warned:
+            self._warned = True
+            log.warning(
+                "wait: the server refused a change stream (%s); polling every %.1f s",
+                refusal,
+                self._poll_s,
+                extra={"action": "polling_fallback"},
             )
-        except OperationFailure as exc:
-            if exc.code in CHANGE_STREAMS_UNSUPPORTED:
-                return None
-            raise
+        return stream
 
 
 async def wait_for(
@@ -101,11 +109,16 @@ async def wait_for(
     timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
     missing_ok: bool = False,
     poll_interval_ms: int = 1_000,
+    discovery: Discovery = "auto",
 ) -> dict[str, Task]:
     """Every task of ``keys`` once terminal, in the order given; `TimeoutError` after
     ``timeout`` seconds (on the store's clock), `TaskNotFound` for a key with no task unless
     ``missing_ok`` (then it is waited for, as a task a flow will publish)."""
-    waiter = _Waiter(store, keys, poll_interval_ms, missing_ok)
+    if discovery not in ("auto", "stream", "poll"):
+        raise ConfigurationError(f"discovery: {discovery!r} is not one of 'auto', 'stream', 'poll'")
+    if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
+        raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
+    waiter = _Waiter(store, keys, poll_interval_ms, missing_ok, discovery)
     deadline = None if timeout is None else store.clock.now() + dt.timedelta(seconds=timeout)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(waiter.follow)
@@ -126,9 +139,9 @@ async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIte
     try:
         stream = await open_change_stream(store.collection, pipeline)
     except OperationFailure as exc:
-        if exc.code in CHANGE_STREAMS_UNSUPPORTED:
-            raise StoreError(f"watching needs change streams (a replica set): {exc}") from exc
-        raise
+        raise StoreError(
+            f"watching needs change streams, and the server refused one: {exc}"
+        ) from exc
     try:
         while True:
             event = await stream.next()

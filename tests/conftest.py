@@ -1,10 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
 import mscheduler as ms
+from mscheduler.memory import forget_memory_server
+from tests.engines import (
+    ENGINES,
+    POLL_MS,
+    WIRE_DATABASE,
+    WireServer,
+    settle,
+    wire_python,
+    wire_unavailable,
+)
+
+OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 
 
 @pytest.fixture
@@ -17,18 +31,99 @@ def clock() -> ms.ManualClock:
     return ms.ManualClock()
 
 
+@pytest.fixture(scope="session")
+def wire_server() -> Iterator[WireServer]:
+    python = wire_python()
+    if python is None:
+        wire_unavailable("no wire engine: run .ci/wire-venv (needs Python >= 3.13)")
+    assert python is not None
+    server = WireServer(python)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every test that asks for it (or for `scheduler`) runs once per engine."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def scheduler(clock: ms.ManualClock) -> AsyncIterator[ms.Scheduler]:
-    """A private in-process database that refuses any query no declared index serves."""
-    async with await ms.Scheduler.connect("memory://?notablescan=1", clock=clock) as sched:
-        yield sched
+def engine_uri(engine: str, request: pytest.FixtureRequest) -> str:
+    """A URI of the engine, for code that connects by itself (the CLI, the examples)."""
+    if engine == "wire":
+        server: WireServer = request.getfixturevalue("wire_server")
+        return server.uri
+    if engine == "mongodb":  # tests/integration: a real replica set
+        return os.environ["MSCHEDULER_TEST_MONGODB_URI"]
+    return f"memory://{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def open_scheduler(
+    engine: str, clock: ms.ManualClock, request: pytest.FixtureRequest
+) -> AsyncIterator[OpenScheduler]:
+    """Opens schedulers on the test's engine: on memory a private database that refuses any
+    query no declared index serves; on the wire a fresh collection, dropped afterwards.
+    Schedulers opened with the same ``collection`` share it."""
+    opened: list[ms.Scheduler] = []
+    collections: dict[str, str] = {}
+    memory_name = uuid.uuid4().hex
+
+    async def open_one(
+        *, collection: str = "tasks", clock: ms.Clock = clock, changestreams: bool = True
+    ) -> ms.Scheduler:
+        if engine in ("wire", "mongodb"):
+            name = collections.setdefault(collection, f"t_{uuid.uuid4().hex[:16]}")
+            sched = await ms.Scheduler.connect(
+                request.getfixturevalue("engine_uri"),
+                database=WIRE_DATABASE,
+                collection=name,
+                clock=clock,
+            )
+        else:
+            query = "notablescan=1" + ("" if changestreams else "&changestreams=0")
+            sched = await ms.Scheduler.connect(
+                f"memory://{memory_name}?{query}", collection=collection, clock=clock
+            )
+        opened.append(sched)
+        return sched
+
+    yield open_one
+    for sched in opened:
+        if engine != "memory":
+            await sched.collection.drop()
+        await sched.close()
+    forget_memory_server(memory_name)
+
+
+@pytest.fixture
+def discover(engine: str, clock: ms.ManualClock) -> Callable[[], Awaitable[None]]:
+    """Let consumers and waiters see what changed. On memory the change stream delivers it;
+    on the wire (no change streams: they poll every `POLL_MS`) one poll interval passes."""
+
+    async def discover() -> None:
+        await settle()
+        if engine == "wire":
+            clock.advance(POLL_MS / 1000)
+            await settle()
+
+    return discover
+
+
+@pytest.fixture
+async def scheduler(open_scheduler: OpenScheduler) -> ms.Scheduler:
+    return await open_scheduler()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.unit.test_claim_protocol_model import RUNS
 
-    if RUNS["machines"]:
-        terminalreporter.write_line(
-            f"claim protocol model: {RUNS['machines']} state-machine runs, "
-            f"{RUNS['steps']} store calls"
-        )
+    for engine, counts in RUNS.items():
+        if counts["machines"]:
+            terminalreporter.write_line(
+                f"claim protocol model on {engine}: {counts['machines']} state-machine runs, "
+                f"{counts['steps']} store calls"
+            )

@@ -1,34 +1,30 @@
-"""Run the store scenarios against a real MongoDB replica set.
+"""Run the scenario files against a real MongoDB replica set.
 
 Set ``MSCHEDULER_TEST_MONGODB_URI`` (for example ``mongodb://localhost:27017/?replicaSet=rs0``,
 what ``docker compose -f docker/compose.yml up -d mongo`` starts); otherwise every test here is
-skipped, and ``pytest -ra`` prints why. Each test gets its own collection, dropped afterwards.
+skipped, and ``pytest -ra`` prints why. The engine is ``mongodb``: each test gets its own
+collection, dropped afterwards (see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
-import mscheduler as ms
-
-URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI", "")
 SKIP_REASON = "MSCHEDULER_TEST_MONGODB_URI is not set: no real MongoDB to run against"
 
 
-@pytest.fixture
-async def scheduler(clock: ms.ManualClock) -> AsyncIterator[ms.Scheduler]:
-    if not URI:
+@pytest.fixture(params=["mongodb"])
+def engine(request: pytest.FixtureRequest) -> str:
+    if not os.environ.get("MSCHEDULER_TEST_MONGODB_URI"):
         pytest.skip(SKIP_REASON)
-    name = f"tasks_{uuid.uuid4().hex[:12]}"
-    sched = await ms.Scheduler.connect(
-        URI, database="mscheduler_test", collection=name, clock=clock
-    )
-    try:
-        yield sched
-    finally:
-        await sched.collection.drop()
-        await sched.close()
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Scenarios that do not take an engine are memory-only: tests/unit runs them."""
+    skip = pytest.mark.skip(reason="memory-only scenario (no engine fixture): tests/unit runs it")
+    for item in items:
+        if "integration" in item.path.parts and "engine" not in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)

@@ -34,7 +34,7 @@ T = TypeVar("T")
 K = ms.WorkerStateKind
 KEYS = ("t0", "t1", "t2")
 WORKERS = ("w0", "w1", "w2")
-RUNS = {"machines": 0, "steps": 0}  # reported at the end of the session (conftest.py)
+RUNS = {"memory": {"machines": 0, "steps": 0}}  # reported at the end of the session (conftest.py)
 
 
 def _live_holder(task: ms.Task | None, lease: ms.Lease, now: dt.datetime) -> bool:
@@ -51,7 +51,7 @@ class ClaimProtocol(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        RUNS["machines"] += 1
+        RUNS["memory"]["machines"] += 1
         self._portal_cm = start_blocking_portal("asyncio")
         self.portal: BlockingPortal = self._portal_cm.__enter__()
         self.clock = ms.ManualClock()
@@ -59,7 +59,7 @@ class ClaimProtocol(RuleBasedStateMachine):
         self.crashed: set[str] = set()
 
     def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        RUNS["steps"] += 1
+        RUNS["memory"]["steps"] += 1
         return self.portal.call(lambda: fn(*args, **kwargs))
 
     def task(self, key: str) -> ms.Task | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -17,18 +17,14 @@ from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
+from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.oracle import check_consistent
 
 pytestmark = pytest.mark.anyio
 K = ms.WorkerStateKind
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
-
-
-async def settle() -> None:
-    """Let every consumer run until it blocks; a few rounds for chains of wake-ups."""
-    for _ in range(3):
-        await anyio.wait_all_tasks_blocked()
 
 
 class Recorder:
@@ -63,7 +59,7 @@ async def consumers(
     started = [
         sched.consumer(
             {"job": recorder.for_worker(f"w{i}")},
-            options=ms.WorkerOptions(worker_id=f"w{i}", **options),
+            options=ms.WorkerOptions(worker_id=f"w{i}", **{"poll_interval_ms": POLL_MS, **options}),
         )
         for i in range(count)
     ]
@@ -116,19 +112,22 @@ async def test_specific_worker_runs_its_task(scheduler: ms.Scheduler):
     assert len(recorder.runs) == 5
 
 
-async def test_higher_priority_published_later_runs_first(scheduler: ms.Scheduler, clock):
+async def test_higher_priority_published_later_runs_first(
+    scheduler: ms.Scheduler, clock, discover: Discover
+):
     gate = anyio.Event()
     recorder = Recorder(gate=gate)
     async with consumers(scheduler, recorder, max_running=1):
         await scheduler.publish("blocker", None, name="job")
-        await settle()
+        await discover()
         await scheduler.publish("low", None, name="job", options=ms.TaskOptions(priority=0))
         clock.advance(1)
         await scheduler.publish("high", None, name="job", options=ms.TaskOptions(priority=9))
         await settle()
         assert [key for key, _ in recorder.runs] == ["blocker"]
         gate.set()
-        await settle()
+        await discover()
+        await discover()
     assert [key for key, _ in recorder.runs] == ["blocker", "high", "low"]
 
 
@@ -189,14 +188,16 @@ async def test_pings_keep_a_long_task_and_one_write_covers_all(clock):
     assert consumer.stats.succeeded == 10 and consumer.stats.lease_lost == 0
 
 
-async def test_a_new_ping_interval_applies_from_the_next_ping(scheduler: ms.Scheduler, clock):
+async def test_a_new_ping_interval_applies_from_the_next_ping(
+    scheduler: ms.Scheduler, clock, discover: Discover
+):
     await scheduler.publish("k", None, name="job", options=FAST)
     gate = anyio.Event()
     async with consumers(scheduler, Recorder(gate=gate)) as (consumer,):
         await settle()
         slower = ms.TaskOptions(ping_interval_ms=3_000, worker_timeout_ms=10_000)
         await scheduler.set_options("k", slower)
-        await settle()
+        await discover()
         clock.advance(1)  # the ping already scheduled happens
         await settle()
         assert consumer.stats.pings == 1
@@ -209,13 +210,20 @@ async def test_a_new_ping_interval_applies_from_the_next_ping(scheduler: ms.Sche
         gate.set()
 
 
-async def test_remote_cancel_stops_the_handler(scheduler: ms.Scheduler):
+async def test_remote_cancel_stops_the_handler(
+    scheduler: ms.Scheduler, discover: Discover, engine: str, clock
+):
     await scheduler.publish("k", None, name="job")
     recorder = Recorder(gate=anyio.Event())
     async with consumers(scheduler, recorder) as (consumer,):
         await settle()
         assert await scheduler.cancel("k")
-        await settle()
+        await discover()
+        if engine == "wire":
+            # Polling: a cancelled task is no longer fetched; the next ping finds it lost.
+            assert recorder.cancelled == []
+            clock.advance(ms.TaskOptions().ping_interval_ms / 1000)
+            await settle()
         assert recorder.cancelled == ["k"]
         assert consumer.running == []
     task = await scheduler.get("k")
@@ -223,7 +231,9 @@ async def test_remote_cancel_stops_the_handler(scheduler: ms.Scheduler):
     assert consumer.stats.cancelled == 1
 
 
-async def test_excluded_worker_stops_and_gives_the_task_back(scheduler: ms.Scheduler):
+async def test_excluded_worker_stops_and_gives_the_task_back(
+    scheduler: ms.Scheduler, discover: Discover
+):
     await scheduler.publish("k", None, name="job")
     gate = anyio.Event()
     recorder = Recorder(gate=gate)
@@ -232,10 +242,10 @@ async def test_excluded_worker_stops_and_gives_the_task_back(scheduler: ms.Sched
         ((_, first_worker),) = recorder.runs
         other = "w1" if first_worker == "w0" else "w0"
         await scheduler.set_options("k", ms.TaskOptions(specific_worker_ids=[other]))
-        await settle()
+        await discover()
         assert recorder.cancelled == ["k"]
         gate.set()
-        await settle()
+        await discover()
     assert recorder.runs == [("k", first_worker), ("k", other)]
     task = await scheduler.get("k")
     assert task is not None and task.state is S.SUCCESS
@@ -315,7 +325,10 @@ async def test_hard_stop_leaves_the_lease_to_expire(scheduler: ms.Scheduler, clo
     assert await scheduler.store.claim("w1", names=["job"]) is not None
 
 
-async def test_stream_error_is_resumed_without_missing_a_task(scheduler: ms.Scheduler, clock):
+async def test_stream_error_is_resumed_without_missing_a_task(
+    scheduler: ms.Scheduler, clock, engine: str
+):
+    needs_change_streams(engine)
     recorder = Recorder()
     async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
         scheduler.collection.changes.inject_error(AutoReconnect("connection reset"))
@@ -329,7 +342,8 @@ async def test_stream_error_is_resumed_without_missing_a_task(scheduler: ms.Sche
         assert consumer._listener.reopened == 1 and consumer._listener.resyncs == 0
 
 
-async def test_an_ended_stream_is_reopened(scheduler: ms.Scheduler, clock):
+async def test_an_ended_stream_is_reopened(scheduler: ms.Scheduler, clock, engine: str):
+    needs_change_streams(engine)
     recorder = Recorder()
     async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
         scheduler.collection.changes.end_streams()
@@ -341,7 +355,10 @@ async def test_an_ended_stream_is_reopened(scheduler: ms.Scheduler, clock):
         assert consumer._listener.reopened == 1
 
 
-async def test_unresumable_stream_loss_refetches_everything(scheduler: ms.Scheduler, clock):
+async def test_unresumable_stream_loss_refetches_everything(
+    scheduler: ms.Scheduler, clock, engine: str
+):
+    needs_change_streams(engine)
     recorder = Recorder()
     async with consumers(scheduler, recorder, reconnect_backoff_ms=100) as (consumer,):
         feed = scheduler.collection.changes

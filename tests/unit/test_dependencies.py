@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from tests.engines import POLL_MS, settle
 from tests.oracle import check_consistent
-from tests.unit.test_consumer import settle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -30,6 +30,10 @@ async def finish(sched: ms.Scheduler, key: str, outcome: str = "success") -> ms.
     return await sched.store.fail(lease, RuntimeError(f"{key} broke"))
 
 
+async def _unfinished(sched: ms.Scheduler) -> bool:
+    return any(not ms.TaskState(row.state).is_terminal for row in await sched.stats())
+
+
 async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
     """Run every task with consumers until nothing is left to do; the order they started."""
     order: list[str] = []
@@ -45,13 +49,24 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
         return None
 
     consumers = [
-        sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id=f"w{i}"))
+        sched.consumer(
+            {"job": handler},
+            options=ms.WorkerOptions(worker_id=f"w{i}", poll_interval_ms=POLL_MS),
+        )
         for i in range(workers)
     ]
     async with anyio.create_task_group() as tg:
         for consumer in consumers:
             tg.start_soon(consumer.run)
         await settle()
+        # Without change streams (the wire engine) consumers see unblocked work at a poll.
+        clock = sched.store.clock
+        for _ in range(10_000):
+            if not any(c.polling for c in consumers) or not await _unfinished(sched):
+                break
+            assert isinstance(clock, ms.ManualClock)
+            clock.advance(POLL_MS / 1000)
+            await settle()
         for consumer in consumers:
             consumer.stop()
     return order

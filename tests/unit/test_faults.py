@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -16,12 +17,14 @@ from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.memory import memory_server
+from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.faults import FaultyCollection
-from tests.unit.test_consumer import Recorder, consumers, settle
+from tests.unit.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
 K = ms.WorkerStateKind
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 PATIENT = ms.TaskOptions(
     max_unexpected_retries=20,
     unexpected_retry_delay_ms=0,
@@ -84,7 +87,9 @@ async def _terminal(sched: ms.Scheduler, keys: list[str]) -> bool:
     return all(task.state.is_terminal for task in await sched.store.get_many(keys))
 
 
-async def test_a_handler_that_ignores_cancellation(scheduler: ms.Scheduler, clock):
+async def test_a_handler_that_ignores_cancellation(
+    scheduler: ms.Scheduler, clock, engine: str, discover: Discover
+):
     """Cancelled remotely, it finishes anyway: the consumer does not write its late outcome,
     and meanwhile goes on with other work."""
     await scheduler.publish("stubborn", None, name="job")
@@ -96,12 +101,16 @@ async def test_a_handler_that_ignores_cancellation(scheduler: ms.Scheduler, cloc
                 await finishing.wait()
         return "done"
 
-    consumer = scheduler.consumer({"job": stubborn}, options=ms.WorkerOptions(worker_id="w0"))
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    consumer = scheduler.consumer({"job": stubborn}, options=options)
     async with consumer:
         await settle()
         await scheduler.cancel("stubborn")
         await scheduler.publish("next", None, name="job")
-        await settle()
+        await discover()
+        if engine == "wire":  # polling: the next ping finds the cancelled lease lost
+            clock.advance(ms.TaskOptions().ping_interval_ms / 1000)
+            await settle()
         assert (await scheduler.get("next")).state is S.SUCCESS  # type: ignore[union-attr]
         finishing.set()
         await settle()
@@ -136,7 +145,10 @@ async def test_a_handler_that_blocks_the_loop(scheduler: ms.Scheduler, clock):
     assert consumer.stats.timeouts == 1, "the expired lease is noticed before any write"
 
 
-async def test_duplicate_and_out_of_order_events_change_nothing(scheduler: ms.Scheduler):
+async def test_duplicate_and_out_of_order_events_change_nothing(
+    scheduler: ms.Scheduler, engine: str
+):
+    needs_change_streams(engine)
     await scheduler.publish("k", None, name="job")
     first = await scheduler.get("k")
     assert first is not None

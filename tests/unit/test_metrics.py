@@ -8,7 +8,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.metrics import PrometheusMetrics
-from tests.unit.test_consumer import settle
+from tests.engines import settle
 
 pytestmark = pytest.mark.anyio
 

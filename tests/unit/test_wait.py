@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
 import mscheduler as ms
-from tests.unit.test_consumer import settle
+from tests.engines import POLL_MS, needs_change_streams, settle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 
 
-async def _finish_later(sched: ms.Scheduler, key: str, outcome: str) -> None:
-    await settle()  # the waiter is blocked on its stream by now
+async def _finish_later(sched: ms.Scheduler, key: str, outcome: str, discover: Discover) -> None:
+    await settle()  # the waiter is blocked on its stream (or its poll) by now
     lease = await sched.store.claim("w1", key=key)
     assert lease is not None
     if outcome == "success":
@@ -22,15 +25,18 @@ async def _finish_later(sched: ms.Scheduler, key: str, outcome: str) -> None:
         await sched.store.fail(lease, RuntimeError("broken"))
     else:
         await sched.cancel(key, "not needed")
+    await discover()
 
 
 @pytest.mark.parametrize("outcome", ["success", "fail", "cancelled"])
-async def test_wait_returns_the_terminal_task(scheduler: ms.Scheduler, outcome: str):
+async def test_wait_returns_the_terminal_task(
+    scheduler: ms.Scheduler, outcome: str, discover: Discover
+):
     opts = ms.TaskOptions(max_unexpected_retries=0)
     await scheduler.publish("k", None, name="job", options=opts)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_finish_later, scheduler, "k", outcome)
-        task = await scheduler.wait("k")
+        tg.start_soon(_finish_later, scheduler, "k", outcome, discover)
+        task = await scheduler.wait("k", poll_interval_ms=POLL_MS)
     assert task.state.value == outcome
     if outcome == "success":
         assert task.result == {"answer": 42}
@@ -69,17 +75,17 @@ async def test_wait_on_an_unknown_key(scheduler: ms.Scheduler):
         await scheduler.wait("nope")
 
 
-async def test_wait_many_returns_all_in_order(scheduler: ms.Scheduler):
+async def test_wait_many_returns_all_in_order(scheduler: ms.Scheduler, discover: Discover):
     for key in ("a", "b", "c"):
         await scheduler.publish(key, None, name="job")
 
     async def finish_all() -> None:
         for key in ("c", "a", "b"):
-            await _finish_later(scheduler, key, "success")
+            await _finish_later(scheduler, key, "success", discover)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(finish_all)
-        tasks = await scheduler.wait_many(["a", "b", "c"])
+        tasks = await scheduler.wait_many(["a", "b", "c"], poll_interval_ms=POLL_MS)
     assert list(tasks) == ["a", "b", "c"]
     assert all(task.state is S.SUCCESS for task in tasks.values())
 
@@ -102,21 +108,23 @@ async def test_wait_without_change_streams_polls(clock: ms.ManualClock):
     assert found[0].state is S.CANCELLED
 
 
-async def test_wait_for_a_task_a_flow_will_publish(scheduler: ms.Scheduler):
+async def test_wait_for_a_task_a_flow_will_publish(scheduler: ms.Scheduler, discover: Discover):
     found: list[ms.Task] = []
 
     async def waiter() -> None:
-        found.append(await scheduler.wait("later", missing_ok=True))
+        found.append(await scheduler.wait("later", missing_ok=True, poll_interval_ms=POLL_MS))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await settle()
         await scheduler.publish("later", None, name="job")
         await scheduler.cancel("later")
+        await discover()
     assert found[0].state is S.CANCELLED
 
 
-async def test_watch_yields_every_change(scheduler: ms.Scheduler):
+async def test_watch_yields_every_change(scheduler: ms.Scheduler, engine: str):
+    needs_change_streams(engine)
     seen: list[tuple[str, str]] = []
 
     async def watcher() -> None:

@@ -1,0 +1,128 @@
+"""The engines every scenario runs on: ``memory`` (in process) and ``wire`` (pymongo's real
+``AsyncMongoClient`` against mongoeco's wire-protocol server, in a process of its own).
+
+The wire server runs from ``.venv-wire`` (``.ci/wire-venv`` makes it; mongoeco needs
+Python >= 3.13) or from ``MSCHEDULER_WIRE_PYTHON``. Without one the wire tier is skipped with
+the reason; under CI (``CI=true``) that skip is a failure, so the tier cannot quietly stop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+from pymongo import monitoring
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("memory", "wire")
+WIRE_DATABASE = "mscheduler_test"
+# Consumers and waiters in tests poll this often where the engine has no change streams.
+POLL_MS = 10
+
+# What an engine lacks, named once so every skip says the same thing.
+NO_CHANGE_STREAMS = "the wire engine (mongoeco) has no change streams over the wire"
+NO_GRAPH_LOOKUP = "the wire engine (mongoeco) has no $graphLookup over the wire"
+
+
+def needs_change_streams(engine: str) -> None:
+    """For a test of the change stream itself (its errors, resume tokens, events)."""
+    import pytest
+
+    if engine == "wire":
+        pytest.skip(NO_CHANGE_STREAMS)
+
+
+def wire_python() -> str | None:
+    configured = os.environ.get("MSCHEDULER_WIRE_PYTHON")
+    if configured:
+        return configured
+    default = ROOT / ".venv-wire" / "bin" / "python"
+    return str(default) if default.exists() else None
+
+
+def wire_unavailable(reason: str) -> None:
+    """Skip, or fail under CI: the wire tier must not silently stop running there."""
+    import pytest
+
+    message = f"wire tier: {reason}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message + " (CI=true: the wire tier must run)", pytrace=False)
+    pytest.skip(message)
+
+
+class WireServer:
+    """mongoeco's server on a free loopback port, for one pytest session."""
+
+    def __init__(self, python: str) -> None:
+        self.process = subprocess.Popen(
+            [python, str(ROOT / "tests" / "wire" / "serve.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if not line.isdigit():
+            self.stop()
+            raise RuntimeError(f"the wire server did not start (it printed {line!r})")
+        self.uri = f"mongodb://127.0.0.1:{int(line)}/?directConnection=true"
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class _Connections(monitoring.ConnectionPoolListener):
+    """Counts connections checked out of pymongo's pools: an operation is in flight while
+    one is. `settle` needs it, since a coroutine waiting on a socket counts as blocked."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def connection_check_out_started(
+        self, event: monitoring.ConnectionCheckOutStartedEvent
+    ) -> None:
+        self.in_flight += 1
+
+    def connection_check_out_failed(self, event: monitoring.ConnectionCheckOutFailedEvent) -> None:
+        self.in_flight -= 1
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        self.in_flight -= 1
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None: ...
+    def pool_created(self, event: monitoring.PoolCreatedEvent) -> None: ...
+    def pool_ready(self, event: monitoring.PoolReadyEvent) -> None: ...
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None: ...
+    def pool_closed(self, event: monitoring.PoolClosedEvent) -> None: ...
+    def connection_created(self, event: monitoring.ConnectionCreatedEvent) -> None: ...
+    def connection_ready(self, event: monitoring.ConnectionReadyEvent) -> None: ...
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None: ...
+
+
+CONNECTIONS = _Connections()
+monitoring.register(CONNECTIONS)  # applies to every client created after this import
+
+
+async def settle(rounds: int = 3) -> None:
+    """Let every task run until it blocks on the clock or an event, not on the database: a
+    few rounds for chains of wake-ups. On the wire a coroutine awaiting a reply looks blocked
+    too, so wait (in real time, briefly) until no operation is in flight."""
+    for _ in range(rounds):
+        # A reply that never comes (10 real seconds) is a failure, not a hang.
+        for _ in range(20_000):
+            await anyio.wait_all_tasks_blocked()
+            if CONNECTIONS.in_flight <= 0:
+                break
+            await anyio.sleep(0.0005)
+        else:
+            raise AssertionError(f"{CONNECTIONS.in_flight} database operations never finished")
