@@ -41,15 +41,17 @@ FINISHED_TTL_INDEX = "finished_ttl"
 INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (
     # Idempotent publish and every per-task write: publishing a key twice never makes two tasks.
     ("key_unique", (("key", 1),), {"unique": True}),
-    # claim_next: equality on name and state, sort by priority (high first) then age, range on
-    # next_claim_at (Equality-Sort-Range order).
+    # claim_next: equality on name and state, sort by priority (high first), age and _id (ties
+    # of one batch stay FIFO), range on next_claim_at (Equality-Sort-Range order). Version 2:
+    # the first "claim_order" had no _id; a deployment may drop it.
     (
-        "claim_order",
+        "claim_order_v2",
         (
             ("name", 1),
             ("state", 1),
             ("options.priority", -1),
             ("created_at", 1),
+            ("_id", 1),
             ("next_claim_at", 1),
         ),
         {},

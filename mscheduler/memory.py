@@ -96,6 +96,14 @@ class _Cursor:
         return None
 
 
+class _MemoryDatabase:
+    """Database commands, as a server that has none of them answers."""
+
+    async def command(self, command: Mapping[str, Any], **_: Any) -> Any:
+        name = next(iter(command))
+        raise OperationFailure(f"no such command: '{name}'", 59)  # CommandNotFound
+
+
 class MemoryCollection:
     """The subset of pymongo's ``AsyncCollection`` the library uses, on mongomock."""
 
@@ -129,6 +137,14 @@ class MemoryCollection:
 
     async def index_information(self) -> dict[str, Any]:
         return dict(await self._inner.index_information())
+
+    async def drop_index(self, name: str, **_: Any) -> None:
+        await self._inner.drop_index(name)
+        self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
+
+    @property
+    def database(self) -> _MemoryDatabase:
+        return _MemoryDatabase()
 
     def _check_plan(self, query: Mapping[str, Any] | None, sort: Any = None) -> None:
         if not self.notablescan:

@@ -92,8 +92,8 @@ async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> s
     if seconds < 1:
         raise ConfigurationError(f"finished_ttl: must be at least one second, got {finished_ttl}")
     model = IndexModel([("finished_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
-    names = await store.collection.create_indexes([model])
-    return str(names[0])
+    await store.ensure_ttl_index(model)
+    return c.FINISHED_TTL_INDEX
 
 
 async def stats(store: TaskStore) -> list[StatsRow]:

@@ -205,7 +205,9 @@ def claim_filter(
     return query
 
 
-CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1)]
+# ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
+# order ties as it likes; with it, equal priority is strict FIFO everywhere.
+CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1), ("_id", 1)]
 
 
 def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:

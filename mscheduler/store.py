@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from pymongo import IndexModel, ReturnDocument, UpdateOne
+from pymongo.errors import OperationFailure
 
 from . import constants as c
 from . import lease_queries as lq
@@ -70,6 +71,36 @@ class TaskStore:
             names = list(await self.collection.create_indexes(models))
             self._indexes_ready = True
             return names
+
+    @driver_errors
+    async def ensure_ttl_index(self, model: IndexModel) -> None:
+        """Create a TTL index, or change its ``expireAfterSeconds`` if it exists with another:
+        creating it again would be refused (IndexOptionsConflict). MongoDB changes it in place
+        with ``collMod``; an engine without that command gets the index dropped and rebuilt."""
+        spec = model.document
+        name, seconds = spec["name"], spec["expireAfterSeconds"]
+        existing = (await self.collection.index_information()).get(name)
+        if existing is None:
+            await self.collection.create_indexes([model])
+            return
+        if existing.get("expireAfterSeconds") == seconds:
+            return
+        try:
+            await self.collection.database.command(
+                {
+                    "collMod": self.collection.name,
+                    "index": {"name": name, "expireAfterSeconds": seconds},
+                }
+            )
+        except OperationFailure as exc:
+            log.info(
+                "collMod refused (%s); rebuilding the TTL index %s",
+                exc,
+                name,
+                extra={"action": "ttl_index_rebuilt"},
+            )
+            await self.collection.drop_index(name)
+            await self.collection.create_indexes([model])
 
     async def _ready(self) -> None:
         if not self._indexes_ready:

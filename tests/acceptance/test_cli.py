@@ -89,7 +89,7 @@ def test_indexes_are_created_and_listed(uri: str):
     code, out, _ = cli(uri, "indexes", "--finished-ttl", "30d", "--json")
     assert code == 0
     listing = json.loads(out)
-    assert {"key_unique", "claim_order", "finished_ttl"} <= set(listing)
+    assert {"key_unique", "claim_order_v2", "finished_ttl"} <= set(listing)
 
 
 def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.MonkeyPatch):

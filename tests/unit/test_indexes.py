@@ -48,7 +48,7 @@ def test_query_is_served_by_a_declared_index(shape: str):
 
 def test_claim_next_uses_the_claim_order_index():
     query, sort = QUERY_SHAPES["claim next"]
-    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["claim_order"]
+    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["claim_order_v2"]
     assert index_serves(keys, query, sort)
 
 

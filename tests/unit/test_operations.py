@@ -71,3 +71,10 @@ async def test_finished_ttl_index(scheduler: ms.Scheduler):
     assert "finished_ttl" in names
     info = await scheduler.collection.index_information()
     assert info["finished_ttl"]["expireAfterSeconds"] == 30 * 86_400
+
+
+async def test_a_changed_finished_ttl_updates_the_index(scheduler: ms.Scheduler):
+    await scheduler.ensure_indexes(finished_ttl=dt.timedelta(days=30))
+    await scheduler.ensure_indexes(finished_ttl=dt.timedelta(days=7))
+    info = await scheduler.collection.index_information()
+    assert info["finished_ttl"]["expireAfterSeconds"] == 7 * 86_400

@@ -204,6 +204,14 @@ async def test_claim_order_is_priority_then_age(scheduler: ms.Scheduler, clock: 
     assert order == ["old-high", "new-high", "old-low", "new-low"]
 
 
+async def test_equal_priority_in_one_batch_is_strict_fifo(scheduler: ms.Scheduler):
+    """One batch shares created_at: the claim order falls back to _id, on every engine."""
+    keys = [f"batch:{n:02d}" for n in range(20)]
+    await scheduler.publish_many([ms.TaskSpec(key=key, name="job") for key in keys])
+    order = [(await must_claim(scheduler, f"w{i}")).key for i in range(len(keys))]
+    assert order == keys
+
+
 async def test_claim_by_key(scheduler: ms.Scheduler):
     await scheduler.publish("a", None, name="job")
     await scheduler.publish("b", None, name="job")
