@@ -1,6 +1,6 @@
 """Model-based test of the claim protocol: random interleavings against the real store.
 
-Hypothesis drives the store (memory backend, a manual clock) through publish, claim by one of
+Hypothesis drives the store (on each engine, with a manual clock) through publish, claim by one of
 three workers, ping, success, fail, crash (the worker stops pinging and forgets), clock jumps,
 late writes by workers that lost their lease, and cancel. After every step the invariants of
 `tests/oracle.py` hold for every task; each fenced write is checked against what the task said
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -25,16 +26,24 @@ from hypothesis.stateful import (
     invariant,
     multiple,
     rule,
+    run_state_machine_as_test,
 )
 
 import mscheduler as ms
+from tests.engines import ENGINES, WIRE_DATABASE
 from tests.oracle import check_consistent
 
 T = TypeVar("T")
 K = ms.WorkerStateKind
 KEYS = ("t0", "t1", "t2")
 WORKERS = ("w0", "w1", "w2")
-RUNS = {"memory": {"machines": 0, "steps": 0}}  # reported at the end of the session (conftest.py)
+# Reported at the end of the session (conftest.py).
+RUNS = {engine: {"machines": 0, "steps": 0} for engine in ENGINES}
+# How many state-machine runs per engine: the wire is slower (a socket per call).
+MODEL_RUNS = {
+    "memory": int(os.environ.get("MSCHEDULER_MODEL_RUNS", "2000")),
+    "wire": int(os.environ.get("MSCHEDULER_MODEL_RUNS_WIRE", "500")),
+}
 
 
 def _live_holder(task: ms.Task | None, lease: ms.Lease, now: dt.datetime) -> bool:
@@ -49,17 +58,26 @@ def _live_holder(task: ms.Task | None, lease: ms.Lease, now: dt.datetime) -> boo
 class ClaimProtocol(RuleBasedStateMachine):
     leases = Bundle("leases")
 
+    ENGINE = "memory"
+    URI = "memory://"  # the wire's subclass points at the session's wire server
+
     def __init__(self) -> None:
         super().__init__()
-        RUNS["memory"]["machines"] += 1
+        RUNS[self.ENGINE]["machines"] += 1
         self._portal_cm = start_blocking_portal("asyncio")
         self.portal: BlockingPortal = self._portal_cm.__enter__()
         self.clock = ms.ManualClock()
-        self.sched: ms.Scheduler = self.run(ms.Scheduler.connect, "memory://", clock=self.clock)
+        self.sched: ms.Scheduler = self.run(
+            ms.Scheduler.connect,
+            self.URI,
+            database=WIRE_DATABASE,
+            collection=f"model_{uuid.uuid4().hex[:16]}",
+            clock=self.clock,
+        )
         self.crashed: set[str] = set()
 
     def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        RUNS["memory"]["steps"] += 1
+        RUNS[self.ENGINE]["steps"] += 1
         return self.portal.call(lambda: fn(*args, **kwargs))
 
     def task(self, key: str) -> ms.Task | None:
@@ -174,7 +192,12 @@ class ClaimProtocol(RuleBasedStateMachine):
         try:
             self._drain()
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            try:
+                if self.ENGINE != "memory":
+                    self.portal.call(self.sched.collection.drop)
+                self.portal.call(self.sched.close)
+            finally:
+                self._portal_cm.__exit__(None, None, None)
 
     def _drain(self) -> None:
         """No task is lost: with live workers and time passing, every task ends terminal."""
@@ -192,14 +215,23 @@ class ClaimProtocol(RuleBasedStateMachine):
         raise AssertionError(f"tasks never finished: {stuck}")
 
 
-ClaimProtocol.TestCase.settings = settings(
-    max_examples=int(os.environ.get("MSCHEDULER_MODEL_RUNS", "2000")),
-    # Random locally, to explore; the same examples in CI, so a new draw cannot turn it red.
-    derandomize=bool(os.environ.get("CI")),
-    stateful_step_count=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-test_claim_protocol = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")(
-    ClaimProtocol.TestCase
-)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_claim_protocol(engine: str, request: pytest.FixtureRequest) -> None:
+    uri = request.getfixturevalue("engine_uri")
+    if engine == "memory":
+        uri = "memory://"  # a private database per run
+    machine = type(
+        f"ClaimProtocolOn{engine.title()}", (ClaimProtocol,), {"ENGINE": engine, "URI": uri}
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=MODEL_RUNS[engine],
+            # Random locally, to explore; the same examples in CI, so a new draw cannot turn
+            # it red.
+            derandomize=bool(os.environ.get("CI")),
+            stateful_step_count=12,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
