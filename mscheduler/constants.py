@@ -64,3 +64,43 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
     ("finished", (("state", 1), ("finished_at", 1)), {}),
 )
+
+# The operator vocabulary of every query builder (queries, lease_queries, flow_queries, stages),
+# kept small so that MongoDB, the memory backend (mongomock) and the wire tier (mongoeco)
+# evaluate each the same way; tests/unit/test_query_builders.py walks every builder against
+# it and compares the engines. Known traps, kept out on purpose: $reduce, $toDate,
+# $mergeObjects, arrayFilters and $$NOW (missing or wrong in mongomock); $min/$max over an
+# array field (mongoeco: null); $sortArray; $graphLookup (mongoeco over the wire).
+QUERY_OPERATORS: Final = frozenset(
+    {"$in", "$nin", "$ne", "$lt", "$lte", "$gt", "$elemMatch", "$nor", "$or", "$size", "$expr"}
+)
+EXPRESSION_OPERATORS: Final = frozenset(
+    {
+        "$add",
+        "$and",
+        "$arrayElemAt",
+        "$concatArrays",
+        "$cond",
+        "$eq",
+        "$filter",
+        "$gt",
+        "$gte",
+        "$ifNull",
+        "$in",
+        "$let",
+        "$literal",
+        "$lt",
+        "$lte",
+        "$map",
+        "$ne",
+        "$size",
+        "$switch",
+        "$max",  # only as {"$max": [expr, expr]}, of two scalars (nulls ignored everywhere)
+    }
+)
+UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc"})  # $set: also a stage
+AGGREGATION_STAGES: Final = frozenset({"$set", "$sort", "$group"})
+ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
+OPERATORS: Final = (
+    QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS
+)

@@ -1,0 +1,296 @@
+"""Every query builder, walked: its operators stay in the declared vocabulary, and both engines
+evaluate it alike.
+
+`built_queries` calls every public function of the four builder modules with sample arguments
+chosen by parameter name; a new builder with a parameter that has no sample fails here, so no
+builder escapes. The differential test seeds memory and the wire engine with the same task
+documents (made by the real store), sends each builder's filter or update to both, and
+compares the outcome field by field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import uuid
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from bson import ObjectId
+
+import mscheduler as ms
+from mscheduler import constants as c
+from mscheduler import flow_queries, lease_queries, queries, stages
+from mscheduler.memory import memory_server
+from mscheduler.models import ErrorInfo, TaskState
+from tests.engines import WIRE_DATABASE, WireServer
+
+pytestmark = pytest.mark.anyio
+BUILDER_MODULES: tuple[ModuleType, ...] = (queries, lease_queries, flow_queries, stages)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
+
+# A sample argument per parameter name (the seed below has tasks with these keys and workers).
+SAMPLES: dict[str, Any] = {
+    "key": "running-1",
+    "keys": ["pending", "running-1", "dep"],
+    "names": ["job"],
+    "name": "job",
+    "state": "pending",
+    "states": ["success", "fail"],
+    "worker_id": "w1",
+    "run_id": "run-of-w1",
+    "now": NOW,
+    "finished_before": NOW,
+    "retry_at": NOW + dt.timedelta(seconds=30),
+    "version": 2,
+    "payload": {"new": True},
+    "result": {"ok": 1},
+    "reason": "a reason",
+    "error": ErrorInfo.from_message("RuntimeError", "broken"),
+    "options": ms.TaskOptions(priority=3, concurrent_worker_cnt=2),
+    "outcome": TaskState.FAIL,
+    "before": "dep",
+    "still_pending": True,
+    "kinds": ["success"],
+    "field": "result",
+    "cond": {"$eq": ["$$ws.state", "running"]},
+    "when": {"$eq": ["$$ws.state", "running"]},
+    "then": "$$ws",
+    "running": 1,
+    "value": "$not.a.path",
+    "task_id": ObjectId("65a000000000000000000001"),
+}
+# Builders whose arguments are a whole document rather than samples by name.
+SPECIAL: dict[str, Any] = {
+    "queries.new_task_document": lambda: queries.new_task_document(
+        key="new", name="job", payload={"n": 1}, options=ms.TaskOptions(), now=NOW, task_id=None
+    ),
+    "queries.publish_upsert": lambda: queries.publish_upsert(
+        queries.new_task_document(
+            key="new",
+            name="job",
+            payload={"n": 1},
+            options=ms.TaskOptions(),
+            now=NOW,
+            task_id=ObjectId("65a0000000000000000000ff"),
+        )
+    ),
+    "stages.rebuilt_state": lambda: stages.rebuilt_state(state="released"),
+}
+
+
+def built_queries() -> Iterator[tuple[str, Any]]:
+    for module in BUILDER_MODULES:
+        short = module.__name__.rsplit(".", 1)[-1]
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if name.startswith("_") or function.__module__ != module.__name__:
+                continue
+            qualified = f"{short}.{name}"
+            if qualified in SPECIAL:
+                yield qualified, SPECIAL[qualified]()
+                continue
+            args: list[Any] = []
+            kwargs: dict[str, Any] = {}
+            for parameter in inspect.signature(function).parameters.values():
+                if parameter.kind is parameter.VAR_POSITIONAL:
+                    args.extend(["success", "fail"])
+                    continue
+                if parameter.kind is parameter.VAR_KEYWORD:
+                    continue
+                if parameter.name not in SAMPLES:
+                    if parameter.default is not parameter.empty:
+                        continue
+                    raise AssertionError(f"{qualified}: add a sample for {parameter.name!r}")
+                if parameter.kind is parameter.KEYWORD_ONLY:
+                    kwargs[parameter.name] = SAMPLES[parameter.name]
+                else:
+                    args.append(SAMPLES[parameter.name])
+            yield qualified, function(*args, **kwargs)
+
+
+BUILT = dict(built_queries())
+
+
+def operators_in(value: Any) -> set[str]:
+    """Every ``$name`` used as a key (an operator or stage); ``$literal`` data is not walked."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if isinstance(key, str) and key.startswith("$"):
+                found.add(key)
+                if key == "$literal":
+                    continue
+            found |= operators_in(inner)
+    elif isinstance(value, (list, tuple)):
+        for inner in value:
+            found |= operators_in(inner)
+    return found
+
+
+def test_every_builder_is_walked():
+    assert len(BUILT) >= 40, sorted(BUILT)
+    assert "stages.recompute" in BUILT and "lease_queries.lease_filter" in BUILT
+
+
+@pytest.mark.parametrize("builder", sorted(BUILT))
+def test_builder_uses_only_the_declared_vocabulary(builder: str):
+    outside = operators_in(BUILT[builder]) - c.OPERATORS
+    assert not outside, f"{builder} uses {sorted(outside)}, outside constants.OPERATORS"
+
+
+def test_the_vocabulary_lists_nothing_unused():
+    used = set().union(*(operators_in(value) for value in BUILT.values()))
+    assert c.OPERATORS - used == set(), "listed in constants.OPERATORS but used by no builder"
+
+
+# ---------------------------------------------------------------- the same on both engines
+
+
+async def seed_documents() -> list[dict[str, Any]]:
+    """Task documents in every state the store makes, written by the real store."""
+    clock = ms.ManualClock(T0)
+    sched = ms.Scheduler(memory_server("").collection("seed", uuid.uuid4().hex), clock=clock)
+    fast = ms.TaskOptions(ping_interval_ms=10_000, worker_timeout_ms=60_000)
+    await sched.publish("pending", {"n": 1}, name="job")
+    await sched.publish("later", None, name="job", options=ms.TaskOptions(not_before=NOW))
+    await sched.publish("other-name", None, name="sms")
+    await sched.publish(
+        "pinned", None, name="job", options=ms.TaskOptions(specific_worker_ids=["w9"])
+    )
+    await sched.publish("dep", None, name="job")
+    await sched.publish("blocked", None, name="job", depends_on=["dep"])
+    two = fast.model_copy(update={"concurrent_worker_cnt": 2})
+    await sched.publish("running-2", None, name="job", options=two)
+    for key, options in [
+        ("running-1", fast),
+        ("expired", fast),
+        ("succeeded", fast),
+        ("failed", fast.model_copy(update={"max_unexpected_retries": 0})),
+    ]:
+        await sched.publish(key, {"k": key}, name="job", options=options)
+    leases = {
+        key: await sched.store.claim("w1", key=key) for key in ("expired", "succeeded", "failed")
+    }
+    clock.advance(40)
+    leases["running-1"] = await sched.store.claim("w1", key="running-1")
+    leases["running-2a"] = await sched.store.claim("w1", key="running-2")
+    clock.advance(5)
+    leases["running-2b"] = await sched.store.claim("w2", key="running-2")
+    for key, lease in leases.items():
+        assert lease is not None, key
+    await sched.store.succeed(leases["succeeded"], {"done": True})
+    await sched.store.fail(leases["failed"], RuntimeError("broken"))
+    await sched.cancel("dep")  # "blocked" is cancelled with it
+    await sched.publish("dep2", None, name="job")
+    await sched.publish("blocked2", None, name="job", depends_on=["dep2"])
+    # The run id the samples fence on is the real one of w1 on running-1.
+    SAMPLES["run_id"] = leases["running-1"].run_id  # type: ignore[union-attr]
+    return [document async for document in sched.collection.find({})]
+
+
+def normalized(value: Any) -> Any:
+    """Dates as aware UTC to the millisecond (BSON's precision); everything else as is."""
+    if isinstance(value, dt.datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return aware.replace(microsecond=aware.microsecond // 1000 * 1000)
+    if isinstance(value, dict):
+        return {key: normalized(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [normalized(inner) for inner in value]
+    return value
+
+
+def differences(path: str, left: Any, right: Any) -> list[str]:
+    if isinstance(left, dict) and isinstance(right, dict):
+        found = []
+        for key in sorted(set(left) | set(right)):
+            found += differences(
+                f"{path}.{key}", left.get(key, "<missing>"), right.get(key, "<missing>")
+            )
+        return found
+    if isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
+        return [
+            d
+            for n, (a, b) in enumerate(zip(left, right, strict=True))
+            for d in differences(f"{path}[{n}]", a, b)
+        ]
+    return [] if left == right else [f"{path}: memory {left!r} != wire {right!r}"]
+
+
+def as_probe(builder: str, built: Any) -> tuple[str, Any]:
+    """What to send for a builder's output: ("find", filter), ("update", (filter, update)),
+    ("aggregate", pipeline)."""
+    if builder == "queries.stats_pipeline":
+        return "aggregate", built
+    if isinstance(built, tuple):
+        return "update", built
+    if isinstance(built, list):
+        return "update", ({}, built)
+    if isinstance(built, dict) and set(built) & {
+        "$set",
+        "$filter",
+        "$size",
+        "$cond",
+        "$let",
+        "$and",
+        "$in",
+        "$add",
+        "$eq",
+        "$literal",
+        "$map",
+        "$arrayElemAt",
+        "$ifNull",
+        "$max",
+    }:
+        if "$set" in built:  # a stage
+            return "update", ({}, [built])
+        expression = built
+        if "$$ws" in repr(built):
+            expression = stages.count_states(built) if "$$ws." in repr(built) else built
+        return "update", ({}, [{"$set": {"probe": expression}}])
+    if isinstance(built, dict) and "_id" in built:  # a whole new document
+        return "insert", built
+    if isinstance(built, dict):
+        return "find", built
+    return "skip", built
+
+
+async def outcome(collection: Any, probe: tuple[str, Any], seed: list[dict[str, Any]]) -> Any:
+    for document in seed:
+        await collection.insert_one(dict(document))
+    kind, sent = probe
+    if kind == "find":
+        return sorted([document["key"] async for document in collection.find(sent)])
+    if kind == "aggregate":
+        cursor = await collection.aggregate(sent)
+        rows = [row async for row in cursor]
+        return sorted(rows, key=lambda row: sorted(row["_id"].items()))
+    if kind == "insert":
+        await collection.insert_one(dict(sent))
+    else:
+        query, update = sent
+        await collection.update_many(query, update, upsert=False)
+    return {document["key"]: document async for document in collection.find({}, {"_id": 0})}
+
+
+@pytest.mark.parametrize("builder", sorted(BUILT))
+async def test_both_engines_agree(builder: str, wire_server: WireServer):
+    from pymongo import AsyncMongoClient
+
+    seed = await seed_documents()
+    probe = as_probe(builder, BUILT[builder])
+    if probe[0] == "skip":
+        pytest.skip(f"{builder} builds no filter, update or pipeline: {probe[1]!r}")
+    memory = memory_server("").collection("differential", uuid.uuid4().hex)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(wire_server.uri, tz_aware=True)
+    wire = client[WIRE_DATABASE][f"diff_{uuid.uuid4().hex[:16]}"]
+    try:
+        on_memory = normalized(await outcome(memory, probe, seed))
+        on_wire = normalized(await outcome(wire, probe, seed))
+    finally:
+        await wire.drop()
+        await client.close()
+    assert not differences(builder, on_memory, on_wire), differences(builder, on_memory, on_wire)
