@@ -1,0 +1,125 @@
+"""How consumers and waiters find work: ``WorkerOptions.discovery`` = auto | stream | poll.
+
+A server refuses change streams for many reasons, with many codes (a standalone mongod:
+40573; the wire engine: no code at all); ``auto`` polls on any refusal, says so once, and
+takes the stream back when the server offers it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+import mscheduler as ms
+from mscheduler.memory import memory_server
+from mscheduler.testing import CountingCollection
+from mscheduler.transactions import supports_transactions
+from tests.engines import POLL_MS, settle
+from tests.faults import FaultyCollection
+
+pytestmark = pytest.mark.anyio
+OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
+
+
+async def _done(task: ms.Task) -> str:
+    return "done"
+
+
+def _options(**fields: Any) -> ms.WorkerOptions:
+    return ms.WorkerOptions(**{"worker_id": "w0", "poll_interval_ms": POLL_MS, **fields})
+
+
+def _leaf_errors(error: BaseException) -> list[BaseException]:
+    inner_errors = getattr(error, "exceptions", None)  # an exception group (3.10: backport)
+    if inner_errors is None:
+        return [error]
+    return [leaf for inner in inner_errors for leaf in _leaf_errors(inner)]
+
+
+async def test_auto_polls_with_one_warning_naming_the_servers_refusal(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock, caplog: pytest.LogCaptureFixture
+):
+    sched = await open_scheduler(changestreams=False)  # the wire engine refuses by itself
+    caplog.set_level(logging.WARNING, logger="mscheduler")
+    async with sched.consumer({"job": _done}, options=_options()) as consumer:
+        assert consumer.polling
+        await sched.publish("k", None, name="job")
+        await settle()
+        clock.advance(POLL_MS / 1000)
+        await settle()
+    task = await sched.get("k")
+    assert task is not None and task.state is ms.TaskState.SUCCESS
+    refusals = [r for r in caplog.records if "refused to open a change stream" in r.message]
+    assert len(refusals) == 1
+    assert "$changeStream" in refusals[0].message  # the server's own words, whatever the code
+
+
+async def test_stream_discovery_fails_loudly_when_refused(open_scheduler: OpenScheduler):
+    sched = await open_scheduler(changestreams=False)
+    consumer = sched.consumer({"job": _done}, options=_options(discovery="stream"))
+    with pytest.raises(BaseException) as raised:
+        async with consumer:
+            pass
+    errors = _leaf_errors(raised.value)
+    assert any(isinstance(e, ms.ConfigurationError) and "discovery" in str(e) for e in errors), (
+        errors
+    )
+
+
+async def test_poll_discovery_never_opens_a_stream(clock: ms.ManualClock):
+    counted = CountingCollection(memory_server("").collection("db", "poll_only"))
+    sched = ms.Scheduler(counted, clock=clock)
+    async with sched.consumer({"job": _done}, options=_options(discovery="poll")) as consumer:
+        assert consumer.polling
+        await sched.publish("k", None, name="job")
+        await settle()
+        clock.advance(POLL_MS / 1000)
+        await settle()
+    assert counted.counts["watch"] == 0
+    assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
+
+
+async def test_auto_takes_the_stream_back_when_the_server_offers_it(clock: ms.ManualClock):
+    collection = memory_server("").collection("db", "comes_back", change_streams=False)
+    sched = ms.Scheduler(collection, clock=clock)
+    options = _options(stream_retry_interval_ms=60_000, poll_interval_ms=3_600_000)
+    async with sched.consumer({"job": _done}, options=options) as consumer:
+        assert consumer.polling
+        await settle()
+        collection.change_streams = True  # e.g. the replica set was initiated
+        clock.advance(60)
+        await settle()
+        assert not consumer.polling
+        await sched.publish("k", None, name="job")
+        await settle()  # no poll for an hour: the stream delivered it
+        assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
+
+
+async def test_wait_follows_the_same_rule(open_scheduler: OpenScheduler):
+    sched = await open_scheduler(changestreams=False)
+    await sched.publish("k", None, name="job")
+    with pytest.raises(ms.ConfigurationError, match="discovery"):
+        await sched.wait("k", timeout=1, discovery="stream")
+    with pytest.raises(ms.ConfigurationError, match="discovery: 'sometimes'"):
+        await sched.wait("k", timeout=1, discovery="sometimes")  # type: ignore[arg-type]
+    await sched.cancel("k")
+    assert (await sched.wait("k", timeout=1, discovery="poll")).state is ms.TaskState.CANCELLED
+
+
+def test_discovery_option_is_validated():
+    with pytest.raises(ValueError, match="discovery"):
+        ms.WorkerOptions(discovery="sometimes")  # type: ignore[arg-type]
+
+
+def test_transactions_are_decided_from_the_collection_type():
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(connect=False)
+    real = client["db"]["tasks"]
+    memory = memory_server("").collection("db", "tasks")
+    assert supports_transactions(real)  # no bool() of the sub-collection real.supports_...
+    assert not supports_transactions(memory)
+    assert supports_transactions(CountingCollection(real))
+    assert not supports_transactions(FaultyCollection(memory, rate=0))
