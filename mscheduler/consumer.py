@@ -225,7 +225,9 @@ class Consumer:
 
     async def _claim_due(self, now: Any) -> None:
         try:
-            lease = await self._store.claim(self.worker_id, names=self.names)
+            lease = await self._store.claim(
+                self.worker_id, names=self.names, exclude_keys=self._executor.running_keys
+            )
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "claim_retry"})
             await sleep(self._clock, self.options.reconnect_delay(0))

@@ -152,7 +152,8 @@ class Executor:
             else:
                 await self._finish(entry, outcome)
         finally:
-            del self._running[key]
+            if self._running.get(key) is entry:
+                del self._running[key]
             if not self._running:
                 self._idle.set()
             self._on_slot_freed()

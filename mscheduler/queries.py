@@ -148,8 +148,11 @@ def claim_filter(
     *,
     names: Sequence[str] | None = None,
     key: str | None = None,
+    exclude_keys: Sequence[str] = (),
 ) -> Document:
-    """Tasks ``worker_id`` may claim now.
+    """Tasks ``worker_id`` may claim now (and, by name, none of ``exclude_keys``: the keys its
+    executor still runs, say a handler winding down after its lease was lost, so one process
+    never runs two attempts of one key at once).
 
     Invariant kept with `claim_update`, atomically per document: after a claim, live running
     plus succeeded states never exceed ``concurrent_worker_cnt``; a worker never holds two live
@@ -165,6 +168,8 @@ def claim_filter(
     query: Document = {}
     if key is not None:
         query["key"] = key
+    elif exclude_keys:
+        query["key"] = {"$nin": list(exclude_keys)}
     if names is not None:
         query["name"] = {"$in": list(names)}
     query.update(

@@ -137,8 +137,10 @@ class TaskStore:
         *,
         names: Sequence[str] | None = None,
         key: str | None = None,
+        exclude_keys: Sequence[str] = (),
     ) -> Lease | None:
-        """Claim one task: ``key`` if given, else the best of ``names`` (priority, then age).
+        """Claim one task: ``key`` if given, else the best of ``names`` (priority, then age)
+        other than ``exclude_keys``.
 
         None when nothing is claimable, or when the only write was recording timeouts that
         exhausted the task's retries (the task is then ``fail``)."""
@@ -149,7 +151,7 @@ class TaskStore:
         run_id = uuid.uuid4().hex
         now = self.clock.now()
         found = await self.collection.find_one_and_update(
-            q.claim_filter(worker_id, now, names=names, key=key),
+            q.claim_filter(worker_id, now, names=names, key=key, exclude_keys=exclude_keys),
             q.claim_update(worker_id, run_id, now),
             sort=q.CLAIM_SORT if key is None else None,
             return_document=ReturnDocument.AFTER,

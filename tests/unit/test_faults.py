@@ -164,3 +164,30 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
         gate.set()
         await settle()
     assert recorder.runs == [("k", "w0")]
+
+
+async def test_a_worker_never_runs_a_key_it_is_still_running(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """Its lease expired under a stalled handler that then ignores the stop: the task is
+    claimable again, but not by this worker while that handler still runs (two attempts of
+    one key in one process; before the fix the executor's bookkeeping crashed the consumer)."""
+    await scheduler.publish("k", None, name="job", options=PATIENT)
+    release = anyio.Event()
+    started: list[str] = []
+
+    async def stalls(task: ms.Task) -> str:
+        started.append(task.key)
+        if len(started) == 1:
+            clock.advance(6)  # a synchronous stall past the 5 s lease
+            with anyio.CancelScope(shield=True):
+                await release.wait()
+        return "done"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": stalls}, options=options):
+        for _ in range(5):
+            await discover()
+        assert started == ["k"], "the worker started the key again while it still ran it"
+        release.set()
+        await discover()

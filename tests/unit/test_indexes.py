@@ -24,6 +24,10 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "replace finished": (q.replace_finished_filter("k", 3), None),
     "update payload": (q.update_payload("k", {}, NOW)[0], None),
     "claim next": (q.claim_filter("w", NOW, names=["a", "b"]), q.CLAIM_SORT),
+    "claim next, not a running key": (
+        q.claim_filter("w", NOW, names=["a"], exclude_keys=["k"]),
+        q.CLAIM_SORT,
+    ),
     "claim by key": (q.claim_filter("w", NOW, key="k"), None),
     "lease write": (lq.lease_filter("k", "w", "r", NOW), None),
     "cancel": (q.cancel_filter("k"), None),
