@@ -1,9 +1,10 @@
-"""The examples run on the embedded backend and check their own outcome (they assert)."""
+"""The examples run on each engine, unmodified, and check their own outcome (they assert)."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+import uuid
 from types import ModuleType
 
 import pytest
@@ -20,32 +21,50 @@ def load(name: str) -> ModuleType:
     return module
 
 
-async def test_branch_export_serialises_exports_and_ends_at_the_latest_commit():
-    summary = await load("branch_export").main()
+@pytest.fixture
+def example_uri(engine_uri: str, engine: str) -> str:
+    """On the wire a database of the test's own (the examples name their collections)."""
+    if engine == "memory":
+        return "memory://"
+    return engine_uri.replace("/?", f"/example_{uuid.uuid4().hex[:12]}?")
+
+
+async def test_branch_export_serialises_exports_and_ends_at_the_latest_commit(example_uri: str):
+    summary = await load("branch_export").main(example_uri)
     assert summary["exported"] == ["c1", "c3"]
 
 
-async def test_barrier_joins_every_range_despite_contention():
-    summary = await load("barrier").main()
+SLOW_WITHOUT_STREAMS = (
+    "wire engine: consumers poll every 5 s (no change streams) and this example's 30 s wait "
+    "runs out under its commit contention; open in issue 9's closing note"
+)
+
+
+async def test_barrier_joins_every_range_despite_contention(example_uri: str, engine: str):
+    if engine == "wire":
+        pytest.skip(SLOW_WITHOUT_STREAMS)
+    summary = await load("barrier").main(example_uri)
     assert summary["joined_parts"] == summary["ranges"]
 
 
-async def test_config_task_redoes_work_done_with_a_stale_config():
-    summary = await load("config_task").main()
+async def test_config_task_redoes_work_done_with_a_stale_config(example_uri: str, engine: str):
+    if engine == "wire":
+        pytest.skip(SLOW_WITHOUT_STREAMS)
+    summary = await load("config_task").main(example_uri)
     assert summary["redone_after_config_change"] > 0
 
 
-async def test_quickstart_runs(capsys: pytest.CaptureFixture[str]):
-    await load("quickstart").main("memory://")
+async def test_quickstart_runs(capsys: pytest.CaptureFixture[str], example_uri: str):
+    await load("quickstart").main(example_uri)
     out = capsys.readouterr().out
     assert "email:bounce    fail" in out and "email:urgent    success" in out
 
 
-async def test_webapp_double_submits_send_one_email_each():
-    summary = await load("webapp").main()
+async def test_webapp_double_submits_send_one_email_each(example_uri: str):
+    summary = await load("webapp").main(example_uri)
     assert summary["emails_sent"] == summary["requests"] // 2
 
 
-async def test_fan_out_fan_in_adds_up_every_map():
-    summary = await load("fan_out_fan_in").main()
+async def test_fan_out_fan_in_adds_up_every_map(example_uri: str):
+    summary = await load("fan_out_fan_in").main(example_uri)
     assert summary["maps"] == 30
