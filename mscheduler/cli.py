@@ -43,7 +43,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a 
 @dataclasses.dataclass
 class Settings:
     uri: str
-    database: str
+    database: str | None  # None: the URI's database, else "mscheduler"
     collection: str
 
 
@@ -53,7 +53,14 @@ def main(
     uri: Annotated[
         str, typer.Option(envvar="MSCHEDULER_URI", help="memory://[NAME] or mongodb://…")
     ] = "memory://",
-    database: Annotated[str, typer.Option(envvar="MSCHEDULER_DATABASE")] = c.DEFAULT_DATABASE,
+    database: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_DATABASE",
+            help=f"Default: the URI's database, else {c.DEFAULT_DATABASE!r}.",
+            show_default=False,
+        ),
+    ] = None,
     collection: Annotated[str, typer.Option(envvar="MSCHEDULER_COLLECTION")] = c.DEFAULT_COLLECTION,
     log_level: Annotated[str, typer.Option(envvar="MSCHEDULER_LOG_LEVEL")] = "warning",
 ) -> None:

@@ -1,4 +1,4 @@
-"""The ``mscheduler`` command: in process against a named memory database, and as a program."""
+"""The ``mscheduler`` command: in process against each engine (``--uri``), and as a program."""
 
 from __future__ import annotations
 
@@ -22,10 +22,15 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def uri() -> Iterator[str]:
+def uri(engine: str, engine_uri: str) -> Iterator[str]:
+    """A database of the test's own: a named memory one, or on the wire one named in the URI
+    (which the CLI uses, as ``--database`` is not given)."""
     name = f"cli-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{name}"
-    forget_memory_server(name)
+    if engine == "memory":
+        yield f"memory://{name}"
+        forget_memory_server(name)
+    else:
+        yield engine_uri.replace("/?", f"/{name}?")
 
 
 def fill(uri: str) -> None:
@@ -95,7 +100,7 @@ def test_indexes_are_created_and_listed(uri: str):
 def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.MonkeyPatch):
     """The command's own part; `Scheduler.watch` itself is tested on a live stream in
     tests/unit/test_wait.py (the memory backend cannot be written from another thread)."""
-    fill(uri)
+    fill(uri)  # on the wire too: the stream is replaced below
 
     async def changes(self: ms.Scheduler, *, names: list[str] | None = None):  # type: ignore[no-untyped-def]
         for task in await self.list_tasks(limit=10):
