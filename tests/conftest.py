@@ -73,7 +73,11 @@ async def open_scheduler(
     memory_name = uuid.uuid4().hex
 
     async def open_one(
-        *, collection: str = "tasks", clock: ms.Clock = clock, changestreams: bool = True
+        *,
+        collection: str = "tasks",
+        clock: ms.Clock = clock,
+        changestreams: bool = True,
+        notablescan: bool = True,
     ) -> ms.Scheduler:
         if engine in ("wire", "mongodb"):
             name = collections.setdefault(collection, f"t_{uuid.uuid4().hex[:16]}")
@@ -84,7 +88,7 @@ async def open_scheduler(
                 clock=clock,
             )
         else:
-            query = "notablescan=1" + ("" if changestreams else "&changestreams=0")
+            query = f"notablescan={int(notablescan)}&changestreams={int(changestreams)}"
             sched = await ms.Scheduler.connect(
                 f"memory://{memory_name}?{query}", collection=collection, clock=clock
             )
