@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import inspect
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import anyio
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
@@ -21,6 +23,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _NO_TRANSACTIONS = {20}  # IllegalOperation: "only allowed on a replica set member or mongos"
+_WRITE_CONFLICT = 112
+_CONFLICT_RETRIES = 50
 _SESSION_METHODS = frozenset(
     {
         "bulk_write",
@@ -70,30 +74,51 @@ def supports_transactions(collection: Any) -> bool:
     return wrapped is not None and supports_transactions(wrapped)
 
 
+def _write_conflict(exc: OperationFailure) -> bool:
+    """A transaction that lost a write conflict, to be run again from the start. MongoDB
+    reports it as WriteConflict (112) labelled TransientTransactionError, which
+    ``with_transaction`` already retries; an engine that omits the label (mongoeco says only
+    "Write conflict during transaction commit") is retried here the same way."""
+    return (
+        exc.code == _WRITE_CONFLICT
+        or exc.has_error_label("TransientTransactionError")
+        or "write conflict" in str(exc).lower()
+    )
+
+
 async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:
-    """``work(collection)`` in a transaction (retried by the driver on transient errors);
-    on the memory backend, as is. A standalone server has no transactions: the work then runs
-    without one, after a warning (callers validate first, so it fails before writing)."""
+    """``work(collection)`` in a transaction (run again from the start after a write
+    conflict); on the memory backend, as is. A standalone server has no transactions: the
+    work then runs without one, after a warning (callers validate first, so it fails before
+    writing)."""
     if not supports_transactions(collection):
         return await work(collection)
-    client = collection.database.client
-    session = client.start_session()
+    for attempt in range(_CONFLICT_RETRIES):
+        try:
+            return await _in_transaction(collection, work)
+        except OperationFailure as exc:
+            if exc.code in _NO_TRANSACTIONS:
+                log.warning(
+                    "the server has no transactions (not a replica set); writing without one: %s",
+                    exc,
+                    extra={"action": "no_transaction"},
+                )
+                return await work(collection)
+            if not _write_conflict(exc) or attempt == _CONFLICT_RETRIES - 1:
+                raise
+            log.debug("transaction write conflict, running it again: %s", exc)
+            await anyio.sleep(random.uniform(0, 0.005 * 2 ** min(attempt, 6)))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _in_transaction(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+    session = collection.database.client.start_session()
     if inspect.isawaitable(session):
         session = await session
-    try:
-        async with session:
+    async with session:
 
-            async def callback(active_session: Any) -> T:
-                return await work(SessionCollection(collection, active_session))
+        async def callback(active_session: Any) -> T:
+            return await work(SessionCollection(collection, active_session))
 
-            result: T = await session.with_transaction(callback)
-            return result
-    except OperationFailure as exc:
-        if exc.code not in _NO_TRANSACTIONS:
-            raise
-        log.warning(
-            "the server has no transactions (not a replica set); writing without one: %s",
-            exc,
-            extra={"action": "no_transaction"},
-        )
-        return await work(collection)
+        result: T = await session.with_transaction(callback)
+        return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import mscheduler as ms
@@ -163,3 +164,44 @@ async def test_replacing_in_a_commit_continues_the_version(scheduler: ms.Schedul
         )
     barrier = await scheduler.get("barrier")
     assert barrier is not None and barrier.payload == {"done": ["r0"]}
+
+
+async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
+    scheduler: ms.Scheduler,
+):
+    """Racing commits against one version: one wins, each loser gets PreconditionFailed and
+    writes nothing. A write conflict at transaction commit is run again, whether or not the
+    engine labels it transient (mongoeco does not; MongoDB does)."""
+    await scheduler.publish("barrier", {"done": []}, name="barrier")
+    keys = [f"part:{n}" for n in range(6)]
+    leases = []
+    for key in keys:
+        await scheduler.publish(key, None, name="part")
+        lease = await scheduler.store.claim(f"w-{key}", key=key)
+        assert lease is not None
+        leases.append(lease)
+    barrier = await scheduler.get("barrier")
+    assert barrier is not None
+    outcomes: dict[str, str] = {}
+
+    async def commit(lease: ms.Lease) -> None:
+        try:
+            await scheduler.commit(
+                complete=[(lease, "out")],
+                delete=["barrier"],
+                publish=[spec("barrier", payload={"done": [lease.key]})],
+                require={"barrier": barrier.version},
+            )
+            outcomes[lease.key] = "committed"
+        except ms.PreconditionFailed:
+            outcomes[lease.key] = "stale"
+
+    async with anyio.create_task_group() as tg:
+        for lease in leases:
+            tg.start_soon(commit, lease)
+    assert sorted(outcomes.values()).count("committed") == 1, outcomes
+    winner = next(key for key, outcome in outcomes.items() if outcome == "committed")
+    after = await scheduler.get("barrier")
+    assert after is not None and after.payload == {"done": [winner]}
+    for key in keys:
+        assert await state_of(scheduler, key) is (S.SUCCESS if key == winner else S.RUNNING)
