@@ -130,6 +130,7 @@ class ChangeListener:
         self.resume_token = stream.resume_token
         attempt = 0
         while True:
+            opened_at = self._clock.now()
             try:
                 await self._read(stream)
             except PyMongoError as exc:
@@ -142,6 +143,11 @@ class ChangeListener:
                 log.warning("change stream ended, reopening", extra={"action": "stream_ended"})
             finally:
                 await close_quietly(stream)
+            # The backoff grows while the stream keeps failing; a stream that stayed up for
+            # the longest backoff was healthy, so an isolated error later starts from the base.
+            healthy_for = (self._clock.now() - opened_at).total_seconds()
+            if healthy_for >= self._options.reconnect_backoff_max_ms / 1000:
+                attempt = 0
             stream = await self._reopen(attempt)
             attempt += 1
 

@@ -342,6 +342,26 @@ async def test_stream_error_is_resumed_without_missing_a_task(
         assert consumer._listener.reopened == 1 and consumer._listener.resyncs == 0
 
 
+async def test_isolated_stream_errors_hours_apart_do_not_grow_the_backoff(
+    scheduler: ms.Scheduler, clock, engine: str
+):
+    """Issue 10 #8: the backoff doubles while the stream keeps failing, and starts again
+    from the base once a reopened stream has stayed up (here: an hour)."""
+    needs_change_streams(engine)
+    recorder = Recorder()
+    options = {"reconnect_backoff_ms": 100, "reconnect_backoff_max_ms": 30_000}
+    async with consumers(scheduler, recorder, **options) as (consumer,):
+        for outage in range(1, 4):
+            scheduler.collection.changes.inject_error(AutoReconnect("connection reset"))
+            await settle()
+            await scheduler.publish(f"after-outage-{outage}", None, name="job")
+            clock.advance(0.1)  # the base backoff, every time
+            await settle()
+            assert consumer._listener.reopened == outage
+            assert (f"after-outage-{outage}", "w0") in recorder.runs
+            clock.advance(3_600)
+
+
 async def test_an_ended_stream_is_reopened(scheduler: ms.Scheduler, clock, engine: str):
     needs_change_streams(engine)
     recorder = Recorder()
