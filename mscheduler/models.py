@@ -168,13 +168,27 @@ class ErrorInfo(BaseModel):
         tail = "".join(frames[-c.MAX_TRACEBACK_LINES :])[-c.MAX_TRACEBACK_CHARS :]
         return cls(
             type=type(exc).__qualname__,
-            message=str(exc)[: c.MAX_ERROR_MESSAGE_CHARS],
-            traceback=tail,
+            message=_storable_text(_message_of(exc))[: c.MAX_ERROR_MESSAGE_CHARS],
+            traceback=_storable_text(tail),
         )
 
     @classmethod
     def from_message(cls, type_: str, message: str) -> ErrorInfo:
         return cls(type=type_, message=message[: c.MAX_ERROR_MESSAGE_CHARS])
+
+
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` fails: one task's
+    odd exception must never take the consumer down."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<str() of this {type(exc).__qualname__} raised {type(inner).__qualname__}>"
+
+
+def _storable_text(text: str) -> str:
+    """BSON strings are UTF-8: a lone surrogate would make the whole write fail."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class WorkerState(BaseModel):
@@ -301,6 +315,7 @@ def _default_worker_id() -> str:
 
 
 Discovery = Literal["auto", "stream", "poll"]
+_DAY_MS = 86_400_000
 
 
 class WorkerOptions(BaseModel):
@@ -312,21 +327,23 @@ class WorkerOptions(BaseModel):
     max_running: int = Field(default=16, ge=1, le=100_000)
     handler_retries: int = Field(default=0, ge=0, le=100)
     """Local re-runs of a failed handler, within the same lease, before recording ``fail``."""
-    retry_backoff_ms: int = Field(default=200, ge=0)
-    retry_backoff_max_ms: int = Field(default=10_000, ge=0)
-    shutdown_grace_ms: int = Field(default=30_000, ge=0)
+    # Durations are bounded (a day; an hour for reconnects) so that no clock arithmetic on
+    # them can overflow a datetime (``shutdown_grace_ms=10**15`` once crashed ``stop()``).
+    retry_backoff_ms: int = Field(default=200, ge=0, le=_DAY_MS)
+    retry_backoff_max_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
+    shutdown_grace_ms: int = Field(default=30_000, ge=0, le=_DAY_MS)
     heap_size: int = Field(default=10_000, ge=1)
     fetch_batch_size: int = Field(default=500, ge=1)
-    poll_interval_ms: int = Field(default=5_000, ge=10)
+    poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every
     ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
     opens one."""
-    stream_retry_interval_ms: int = Field(default=60_000, ge=10)
-    reconnect_backoff_ms: int = Field(default=500, ge=1)
-    reconnect_backoff_max_ms: int = Field(default=30_000, ge=1)
+    stream_retry_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
+    reconnect_backoff_ms: int = Field(default=500, ge=1, le=3_600_000)
+    reconnect_backoff_max_ms: int = Field(default=30_000, ge=1, le=3_600_000)
 
     @field_validator("worker_id")
     @classmethod

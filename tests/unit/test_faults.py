@@ -191,3 +191,43 @@ async def test_a_worker_never_runs_a_key_it_is_still_running(
         assert started == ["k"], "the worker started the key again while it still ran it"
         release.set()
         await discover()
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+async def test_an_exception_whose_str_raises_fails_only_its_task(
+    scheduler: ms.Scheduler, discover: Discover
+):
+    """Issue 10 #10: what a handler raises is that task's failure, never the consumer's."""
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("odd", None, name="job", options=once)
+    await scheduler.publish("surrogate", None, name="job", options=once)
+    await scheduler.publish("fine", None, name="job")
+
+    async def handler(task: ms.Task) -> str:
+        if task.key == "odd":
+            raise _Unprintable()
+        if task.key == "surrogate":
+            raise ValueError("bad byte \udc80 in input")  # a lone surrogate: not UTF-8
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": handler}, options=options) as consumer:
+        await discover()
+    odd, surrogate, fine = [await scheduler.get(key) for key in ("odd", "surrogate", "fine")]
+    assert odd is not None and odd.state is S.FAIL and odd.error is not None
+    assert "str() of this _Unprintable raised RuntimeError" in odd.error.message
+    assert surrogate is not None and surrogate.state is S.FAIL and surrogate.error is not None
+    assert surrogate.error.message.startswith("bad byte ")
+    assert fine is not None and fine.state is S.SUCCESS
+    assert consumer.stats.failed == 2 and consumer.stats.succeeded == 1
+
+
+def test_worker_durations_are_bounded_at_validation():
+    with pytest.raises(ValueError, match="shutdown_grace_ms"):
+        ms.WorkerOptions(shutdown_grace_ms=10**15)
+    with pytest.raises(ValueError, match="poll_interval_ms"):
+        ms.WorkerOptions(poll_interval_ms=10**15)
