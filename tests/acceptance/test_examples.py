@@ -35,9 +35,9 @@ async def test_branch_export_serialises_exports_and_ends_at_the_latest_commit(ex
 
 
 NOT_YET_ON_THE_WIRE = (
-    "wire engine: under its concurrent commits (write conflicts at transaction commit, run "
-    "again) a worker loses its lease ('re-published') and the 30 s wait or the example's "
-    "own assertion fails; not yet diagnosed (issue 9's closing note)"
+    "wire engine: a transaction run again after a write conflict reads the previous "
+    "attempt's aborted write (a lease seen as succeeded, then found running), so commit "
+    "raises a false LeaseLost; MongoDB's snapshot isolation forbids that read"
 )
 
 
