@@ -74,16 +74,15 @@ def supports_transactions(collection: Any) -> bool:
     return wrapped is not None and supports_transactions(wrapped)
 
 
-def _write_conflict(exc: OperationFailure) -> bool:
-    """A transaction that lost a write conflict, to be run again from the start. MongoDB
-    reports it as WriteConflict (112) labelled TransientTransactionError, which
-    ``with_transaction`` already retries; an engine that omits the label (mongoeco says only
-    "Write conflict during transaction commit") is retried here the same way."""
-    return (
-        exc.code == _WRITE_CONFLICT
-        or exc.has_error_label("TransientTransactionError")
-        or "write conflict" in str(exc).lower()
-    )
+def _unlabelled_write_conflict(exc: OperationFailure) -> bool:
+    """A transaction that lost a write conflict and that ``with_transaction`` did not retry.
+    MongoDB labels WriteConflict (112) TransientTransactionError, and ``with_transaction``
+    already retries those (for up to two minutes): retrying them here too would repeat that.
+    An engine that omits the label (mongoeco says only "Write conflict during transaction
+    commit") is retried here, the same way."""
+    if exc.has_error_label("TransientTransactionError"):
+        return False
+    return exc.code == _WRITE_CONFLICT or "write conflict" in str(exc).lower()
 
 
 async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -104,7 +103,7 @@ async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -
                     extra={"action": "no_transaction"},
                 )
                 return await work(collection)
-            if not _write_conflict(exc) or attempt == _CONFLICT_RETRIES - 1:
+            if not _unlabelled_write_conflict(exc) or attempt == _CONFLICT_RETRIES - 1:
                 raise
             log.debug("transaction write conflict, running it again: %s", exc)
             await anyio.sleep(random.uniform(0, 0.005 * 2 ** min(attempt, 6)))

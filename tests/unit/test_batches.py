@@ -205,3 +205,17 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
     assert after is not None and after.payload == {"done": [winner]}
     for key in keys:
         assert await state_of(scheduler, key) is (S.SUCCESS if key == winner else S.RUNNING)
+
+
+def test_only_conflicts_the_driver_does_not_retry_are_retried_again():
+    from pymongo.errors import OperationFailure
+
+    from mscheduler.transactions import _unlabelled_write_conflict
+
+    labelled = OperationFailure(
+        "WriteConflict", 112, {"errorLabels": ["TransientTransactionError"]}
+    )
+    assert not _unlabelled_write_conflict(labelled)  # with_transaction already retried it
+    assert _unlabelled_write_conflict(OperationFailure("Write conflict during transaction commit"))
+    assert _unlabelled_write_conflict(OperationFailure("WriteConflict", 112))
+    assert not _unlabelled_write_conflict(OperationFailure("duplicate key", 11000))
