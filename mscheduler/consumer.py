@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup, TaskStatus
 
 from .clock import sleep
@@ -174,7 +175,7 @@ class Consumer:
 
     def _offer(self, task: Task) -> None:
         when = task.next_claim_for(self.worker_id, self._clock.now())
-        if self._heap.offer(task.key, when, task.version):
+        if self._heap.offer(task.key, when, task.version, task.id):
             self._wake_claimer()
 
     async def _fetch(self) -> None:
@@ -183,7 +184,10 @@ class Consumer:
         while True:
             try:
                 tasks = await self._store.fetch(
-                    self.names, self.options.heap_size, self.options.fetch_batch_size
+                    self.names,
+                    self.worker_id,
+                    self.options.heap_size,
+                    self.options.fetch_batch_size,
                 )
                 await self._store.recover_dependents()
                 break
@@ -191,9 +195,12 @@ class Consumer:
                 log.warning(str(exc), extra={"action": "fetch_retry"})
                 await sleep(self._clock, self.options.reconnect_delay(attempt))
                 attempt += 1
-        self._heap.overflowed = len(tasks) >= self.options.heap_size
         for task in tasks:
             self._on_change(task)  # when polling, the only way a running task's change is seen
+        # Look again once the heap drains only if this fetch may have left some out *and* gave
+        # the claimer something to do: a full fetch of tasks none of which we can claim now
+        # (our own running ones, say) would otherwise be repeated back to back for ever.
+        self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
         self._wake_claimer()
 
     async def _poll_loop(self) -> None:
@@ -216,7 +223,10 @@ class Consumer:
             earliest = self._heap.earliest()
             if self._executor.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
-                    await self._fetch()  # drained after dropping entries: look again
+                    # Drained after dropping entries: look again, letting the rest of the
+                    # process run first (the memory backend's calls never yield).
+                    await anyio.lowlevel.checkpoint()
+                    await self._fetch()
                     continue
                 deadline = earliest if self._executor.free_slots > 0 else None
                 await self._clock.wait_until(deadline, wake)

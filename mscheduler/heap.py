@@ -13,6 +13,9 @@ class ClaimHeap:
     - One entry per key: a newer offer replaces the older one (lazy deletion in the heap).
     - Offers carry the document ``version``; an older snapshot than one already seen (a fetch
       racing a change event, an event delivered twice or out of order) changes nothing.
+      Versions are compared only within one incarnation of a key (its ``_id``): a key purged
+      or deleted and published again starts at version 1 with a new ``_id``, and that new task
+      is always taken in (issue 10 #1: comparing across incarnations hid it for ever).
     - Never more than ``bound`` entries: past it the latest are dropped and ``overflowed`` is
       set, so the fetcher knows to look again once the heap drains.
     """
@@ -22,8 +25,9 @@ class ClaimHeap:
         self.overflowed = False
         self._entries: dict[str, dt.datetime] = {}
         self._heap: list[tuple[dt.datetime, str]] = []
-        # Versions of keys seen lately, kept after removal so stale snapshots stay ignored.
-        self._versions: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # (incarnation, version) of keys seen lately, kept after removal so stale snapshots
+        # stay ignored.
+        self._versions: collections.OrderedDict[str, tuple[object, int]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -31,20 +35,22 @@ class ClaimHeap:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def _newer(self, key: str, version: int) -> bool:
+    def _newer(self, key: str, version: int, incarnation: object) -> bool:
         seen = self._versions.get(key)
-        if seen is not None and version < seen:
+        if seen is not None and seen[0] == incarnation and version < seen[1]:
             return False
-        self._versions[key] = version
+        self._versions[key] = (incarnation, version)
         self._versions.move_to_end(key)
         while len(self._versions) > 2 * self.bound:
             self._versions.popitem(last=False)
         return True
 
-    def offer(self, key: str, when: dt.datetime | None, version: int) -> bool:
+    def offer(
+        self, key: str, when: dt.datetime | None, version: int, incarnation: object = None
+    ) -> bool:
         """Record that ``key`` is claimable from ``when`` (None: not by us). True if the
         earliest time moved earlier, i.e. the claimer should wake."""
-        if not self._newer(key, version):
+        if not self._newer(key, version, incarnation):
             return False
         if when is None:
             self._entries.pop(key, None)
@@ -56,10 +62,17 @@ class ClaimHeap:
         heapq.heappush(self._heap, (when, key))
         if len(self._entries) > self.bound:
             self._shrink()
+        elif len(self._heap) > 2 * len(self._entries) + 16:
+            self._compact()
         return key in self._entries and (earliest is None or when < earliest)
 
     def discard(self, key: str) -> None:
         self._entries.pop(key, None)
+
+    @property
+    def stored_pairs(self) -> int:
+        """Pairs held in the heap, superseded ones included: what the memory costs."""
+        return len(self._heap)
 
     def earliest(self) -> dt.datetime | None:
         self._drop_stale_top()
@@ -77,6 +90,14 @@ class ClaimHeap:
     def _drop_stale_top(self) -> None:
         while self._heap and self._entries.get(self._heap[0][1]) != self._heap[0][0]:
             heapq.heappop(self._heap)
+
+    def _compact(self) -> None:
+        """Drop superseded pairs. Each re-offer of a key (a ping event of a running task)
+        leaves its old pair behind, and only the top is cleaned as it surfaces: without this a
+        busy consumer's heap grew by one pair per observed ping (issue 10 #9). Rebuilding once
+        the heap is twice the live size keeps it O(bound), at O(1) amortised per offer."""
+        self._heap = [(when, key) for key, when in self._entries.items()]
+        heapq.heapify(self._heap)
 
     def _shrink(self) -> None:
         keep = heapq.nsmallest(self.bound, self._entries.items(), key=lambda item: item[1])

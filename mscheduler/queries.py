@@ -249,10 +249,25 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
 # ---------------------------------------------------------------- the consumer's fetch
 
 
-def fetch_filter(names: Sequence[str]) -> Document:
-    """Tasks that are or will become claimable (pending, or running with a lease that may
-    expire or a free slot), earliest first: the consumer's heap is filled from these."""
-    return {"name": {"$in": list(names)}, "state": {"$in": CLAIMABLE}}
+def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
+    """Tasks that are or will become claimable by ``worker_id`` (pending, or running with a
+    lease that may expire or a free slot), earliest first: the consumer's heap is filled from
+    these. Tasks pinned to other workers, and those it already succeeded, are left out on the
+    server: a backlog of them used to fill every fetch, leave the heap empty, and make the
+    consumer fetch again at once, for ever (issue 10 #5)."""
+    return {
+        "name": {"$in": list(names)},
+        "state": {"$in": CLAIMABLE},
+        "$or": [
+            {"options.specific_worker_ids": {"$size": 0}},
+            {"options.specific_worker_ids": worker_id},
+            # Its own running tasks, pinned elsewhere meanwhile: when polling, the fetch is how
+            # the executor learns it must stop them.
+            {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": RUNNING}}},
+        ],
+        # $nor of $elemMatch, as in claim_filter: the form every engine here evaluates alike.
+        "$nor": [{"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}}],
+    }
 
 
 FETCH_SORT: list[tuple[str, int]] = [("next_claim_at", 1)]

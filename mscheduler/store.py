@@ -274,11 +274,14 @@ class TaskStore:
         )
 
     @driver_errors
-    async def fetch(self, names: Sequence[str], limit: int, batch_size: int) -> list[Task]:
-        """The ``limit`` tasks of ``names`` that become claimable first (payloads left out)."""
+    async def fetch(
+        self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
+    ) -> list[Task]:
+        """The ``limit`` tasks of ``names`` that ``worker_id`` may claim first (payloads left
+        out)."""
         await self._ready()
         cursor = self.collection.find(
-            q.fetch_filter(names),
+            q.fetch_filter(names, worker_id),
             q.FETCH_PROJECTION,
             sort=q.FETCH_SORT,
             limit=limit,

@@ -32,7 +32,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "lease write": (lq.lease_filter("k", "w", "r", NOW), None),
     "cancel": (q.cancel_filter("k"), None),
     "get many, lost leases": (q.by_keys(["a", "b"]), None),
-    "consumer fetch": (q.fetch_filter(["a", "b"]), q.FETCH_SORT),
+    "consumer fetch": (q.fetch_filter(["a", "b"], "w1"), q.FETCH_SORT),
     "set options": (q.options_filter("k"), None),
     "dependents waiting": (fq.dependents_waiting_on("k"), None),
     "unnotified": (fq.unnotified(), None),
