@@ -58,6 +58,8 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     ),
     # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
     ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
+    # A claim whose reply was lost is looked up by the run_id the worker generated for it.
+    ("run_id", (("worker_states.run_id", 1),), {}),
     # Flows: the dependents of a task, and finished tasks whose dependents were not told.
     ("dependents", (("depends_on", 1),), {}),
     ("dependents_notified", (("dependents_notified", 1),), {}),

@@ -26,11 +26,11 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup, TaskStatus
 
 from .clock import sleep
-from .errors import BackendUnavailable, ConfigurationError
+from .errors import BackendUnavailable, ClaimUncertain, ConfigurationError
 from .executor import ConsumerStats, Executor, Handler
 from .heap import ClaimHeap
 from .listener import ChangeListener
-from .models import Task, WorkerOptions, check_name
+from .models import Lease, Task, WorkerOptions, check_name
 from .store import TaskStore
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class Consumer:
             store.collection, self.names, self.options, self._clock, self._on_change, self._fetch
         )
         self._own_task_group: TaskGroup | None = None
+        self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
 
     @property
     def polling(self) -> bool:
@@ -221,6 +222,8 @@ class Consumer:
             self._wake = wake = anyio.Event()
             now = self._clock.now()
             earliest = self._heap.earliest()
+            if self._uncertain_runs and self._executor.free_slots > 0:
+                earliest = now  # a lease of ours may be waiting to run (see _claim_due)
             if self._executor.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
                     # Drained after dropping entries: look again, letting the rest of the
@@ -235,9 +238,17 @@ class Consumer:
 
     async def _claim_due(self, now: Any) -> None:
         try:
+            if self._uncertain_runs:
+                await self._recover_uncertain_claims()
+                return
             lease = await self._store.claim(
                 self.worker_id, names=self.names, exclude_keys=self._executor.running_keys
             )
+        except ClaimUncertain as exc:
+            log.warning(str(exc), extra={"action": "claim_uncertain", "run_id": exc.run_id})
+            self._uncertain_runs.append(exc.run_id)
+            await sleep(self._clock, self.options.reconnect_delay(0))
+            return
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "claim_retry"})
             await sleep(self._clock, self.options.reconnect_delay(0))
@@ -247,6 +258,24 @@ class Consumer:
             # brings these keys back when they change.
             self._heap.pop_due(now)
             return
+        self._start(lease)
+
+    def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
+
+    async def _recover_uncertain_claims(self) -> None:
+        """Claims whose reply and look-up were both lost: each may be a lease of ours. Resolved
+        before any new claim, so a recovered one runs while its lease lives."""
+        while self._uncertain_runs:
+            run_id = self._uncertain_runs[0]
+            lease = await self._store.find_claim(self.worker_id, run_id)
+            self._uncertain_runs.pop(0)
+            if lease is not None and lease.key not in self._executor.running_keys:
+                log.info(
+                    "a claim whose reply was lost is recovered",
+                    extra={"action": "claim_recovered", "key": lease.key, "run_id": run_id},
+                )
+                self._start(lease)
+                return

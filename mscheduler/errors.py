@@ -37,6 +37,17 @@ class BackendUnavailable(MSchedulerError):
     Transient: the consumer retries with backoff; other callers may retry too."""
 
 
+class ClaimUncertain(BackendUnavailable):
+    """A claim was sent, its reply lost, and the read that would tell whether it was applied
+    failed too. The worker may hold a lease under ``run_id``: it looks it up again with
+    `TaskStore.find_claim` before claiming anything else."""
+
+    def __init__(self, message: str, *, worker_id: str, run_id: str) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.run_id = run_id
+
+
 class TaskNotFound(MSchedulerError, KeyError):
     """No task has this key."""
 

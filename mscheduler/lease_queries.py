@@ -26,6 +26,12 @@ from .stages import (
 )
 
 
+def by_run(run_id: str) -> Document:
+    """The task a claim with this ``run_id`` went to (served by the ``run_id`` index). A run_id
+    is a fresh UUID per claim, so at most one task matches; the caller checks the worker."""
+    return {"worker_states.run_id": run_id}
+
+
 def lease_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
     """Fencing: only the holder of a *live* state with this ``run_id`` may write. An expired
     lease is dead even before anyone takes over, so a success or fail is only ever recorded

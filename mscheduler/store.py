@@ -14,14 +14,14 @@ from typing import Any
 
 import anyio
 from pymongo import IndexModel, ReturnDocument, UpdateOne
-from pymongo.errors import OperationFailure
+from pymongo.errors import ConnectionFailure, OperationFailure
 
 from . import constants as c
 from . import lease_queries as lq
 from . import queries as q
 from .clock import Clock, to_bson_time
 from .encoding import check_result
-from .errors import ConfigurationError, LeaseLost, driver_errors
+from .errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
 from .flows import Flows
 from .models import (
     ErrorInfo,
@@ -150,15 +150,66 @@ class TaskStore:
         await self._ready()
         run_id = uuid.uuid4().hex
         now = self.clock.now()
-        found = await self.collection.find_one_and_update(
-            q.claim_filter(worker_id, now, names=names, key=key, exclude_keys=exclude_keys),
-            q.claim_update(worker_id, run_id, now),
-            sort=q.CLAIM_SORT if key is None else None,
-            return_document=ReturnDocument.AFTER,
-        )
+        try:
+            found = await self.collection.find_one_and_update(
+                q.claim_filter(worker_id, now, names=names, key=key, exclude_keys=exclude_keys),
+                q.claim_update(worker_id, run_id, now),
+                sort=q.CLAIM_SORT if key is None else None,
+                return_document=ReturnDocument.AFTER,
+            )
+        except ConnectionFailure as exc:
+            if self.in_transaction:
+                raise
+            # The reply may be lost after the claim was applied: a lease nobody knows of would
+            # expire unrun and count as a failure (with max_unexpected_retries=0, fail the task
+            # without it ever running). The run_id is ours alone, so one read tells.
+            found = await self._lookup_claim(worker_id, run_id, exc)
         if found is None:
             return None
-        task = await self._after_write(Task.model_validate(found))
+        return await self._lease_from(Task.model_validate(found), worker_id, run_id)
+
+    async def _lookup_claim(
+        self, worker_id: str, run_id: str, lost: ConnectionFailure
+    ) -> dict[str, Any]:
+        try:
+            found = await self.collection.find_one(lq.by_run(run_id))
+        except ConnectionFailure as exc:
+            raise ClaimUncertain(
+                f"MongoDB is unreachable: a claim's reply was lost ({lost}) and so was the "
+                f"read of run {run_id} ({exc})",
+                worker_id=worker_id,
+                run_id=run_id,
+            ) from exc
+        if found is None or not any(
+            ws["run_id"] == run_id and ws["worker_id"] == worker_id
+            for ws in found.get("worker_states", [])
+        ):
+            raise lost  # not applied: an ordinary network error
+        log.info(
+            "claim reply lost; the claim was applied and is recovered by its run_id",
+            extra={"action": "claim_recovered", "run_id": run_id},
+        )
+        return dict(found)
+
+    @driver_errors
+    async def find_claim(self, worker_id: str, run_id: str) -> Lease | None:
+        """After `ClaimUncertain`: the lease that claim took, if it was applied and is still
+        live (None: it was not applied, or it expired and another claim will record that)."""
+        found = await self.collection.find_one(lq.by_run(run_id))
+        if found is None:
+            return None
+        task = Task.model_validate(found)
+        own = next(ws for ws in task.worker_states if ws.run_id == run_id)
+        if (
+            own.worker_id != worker_id
+            or own.state is not WorkerStateKind.RUNNING
+            or not own.is_live(self.clock.now())
+        ):
+            return None
+        return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
+
+    async def _lease_from(self, task: Task, worker_id: str, run_id: str) -> Lease | None:
+        task = await self._after_write(task)
         if not any(ws.run_id == run_id for ws in task.worker_states):
             log.info(
                 "task failed: retries exhausted by timeouts",

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.heap import ClaimHeap
@@ -110,3 +111,50 @@ def test_9_the_heap_holds_one_pair_per_key_however_often_it_is_offered():
             heap.offer(f"k{n}", start + dt.timedelta(seconds=ping), version=ping + 1)
     assert len(heap) == 10 and heap.stored_pairs <= 2 * 10 + 16
     assert heap.pop_due(start + dt.timedelta(seconds=999)) == [f"k{n}" for n in range(10)]
+
+
+class _LoseReplies(CountingCollection):
+    """Applies the first claim, then loses its reply; with ``lookups_lost`` also the replies
+    of that many following ``find_one`` calls (the look-up by run_id)."""
+
+    def __init__(self, collection: Any, lookups_lost: int) -> None:
+        super().__init__(collection)
+        self.claims_lost = 1
+        self.lookups_lost = lookups_lost
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.claims_lost and kwargs.get("sort") is not None:  # a claim by name
+            self.claims_lost -= 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return result
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
+        if self.lookups_lost:
+            self.lookups_lost -= 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(*args, **kwargs)
+
+
+@pytest.mark.parametrize("lookups_lost", [0, 1])
+async def test_4_a_claim_whose_reply_is_lost_still_runs_its_task(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, lookups_lost: int
+):
+    """With no retries left to spare, the task runs exactly once and succeeds: the worker
+    finds the lease it took by the run_id it generated (lookups_lost=1: on its next turn)."""
+    await scheduler.publish(
+        "once", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0)
+    )
+    lossy = _LoseReplies(scheduler.collection, lookups_lost)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+    recorder = Recorder()
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": recorder.for_worker("w0")}, options=options):
+        for _ in range(4):
+            clock.advance(1)
+            await discover()
+    assert lossy.claims_lost == 0 and lossy.lookups_lost == 0, "the faults were not injected"
+    assert recorder.runs == [("once", "w0")]
+    task = await scheduler.get("once")
+    assert task is not None and task.state is S.SUCCESS
+    assert [ws.state for ws in task.worker_states] == [K.SUCCESS]
