@@ -96,7 +96,9 @@ async def commit(
     """In one transaction: require that other tasks are still at the given ``version``,
     finish this worker's tasks (fenced by run_id), delete tasks, publish tasks. A key both
     deleted and published is replaced (a barrier task): its version goes on from the old
-    one, so a stale ``require`` can never match the new task."""
+    one, so a stale ``require`` can never match the new task, and its dependents wait for
+    the new one. A key only deleted fails the dependents still waiting for it (cancelled,
+    naming it, unless published with ``on_dependency_failure="run"``)."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
     results = [(lease, check_result(result)) for lease, result in completions]
     ordered = _checked_specs(publish)
@@ -115,6 +117,7 @@ async def commit(
             await view.succeed(lease, result)
         if only_deleted:
             await collection.delete_many(q.by_keys(only_deleted))
+            await view.flows.forget(only_deleted)
         return await _publish_all(view, ordered, allow_missing=False, replacing=replacing)
 
     published = await run_atomically(store.collection, write)

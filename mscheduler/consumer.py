@@ -15,6 +15,7 @@ Idle, it makes no database call at all: every loop waits on the clock or an even
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import logging
 from collections.abc import Mapping
@@ -34,6 +35,10 @@ from .models import Lease, Task, WorkerOptions, check_name
 from .store import TaskStore
 
 log = logging.getLogger(__name__)
+
+# How long a finished task may stay "dependents not told" before a consumer that saw it tells
+# them itself: far beyond the writer's next round trip, so normally it is done by then.
+_DEPENDENTS_GRACE_S = 10.0
 
 
 def _check_handlers(handlers: Any) -> dict[str, Handler]:
@@ -88,6 +93,9 @@ class Consumer:
         )
         self._own_task_group: TaskGroup | None = None
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
+        # Keys of finished tasks whose dependents may be stranded, and when to check.
+        self._recovery_checks: dict[str, dt.datetime] = {}
+        self._recovery_wake = anyio.Event()
 
     @property
     def polling(self) -> bool:
@@ -149,6 +157,7 @@ class Consumer:
             await task_group.start(self._listener.run)  # the stream is open before the fetch
             await self._fetch()
             task_group.start_soon(self._executor.ping_loop)
+            task_group.start_soon(self._recovery_loop)
             claiming = anyio.CancelScope()
             task_group.start_soon(self._claim_and_poll, claiming)
             task_status.started()
@@ -172,6 +181,16 @@ class Consumer:
 
     def _on_change(self, task: Task) -> None:
         self._executor.on_change(task)
+        if task.dependents_notified is False and task.state.is_terminal:
+            # Its writer tells the dependents in its next round trip (an event this consumer
+            # sees too, which drops the check); if that has not happened a while later, the
+            # writer died or lost the network: this consumer tells them.
+            if task.key not in self._recovery_checks:
+                due = self._clock.now() + dt.timedelta(seconds=_DEPENDENTS_GRACE_S)
+                self._recovery_checks[task.key] = due
+                self._recovery_wake.set()
+        else:
+            self._recovery_checks.pop(task.key, None)
         self._offer(task)
 
     def _offer(self, task: Task) -> None:
@@ -203,6 +222,41 @@ class Consumer:
         # (our own running ones, say) would otherwise be repeated back to back for ever.
         self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
         self._wake_claimer()
+
+    def _wake_recovery(self) -> None:
+        self._recovery_checks[""] = self._clock.now()  # "": owed by this process, now
+        self._recovery_wake.set()
+
+    async def _recovery_loop(self) -> None:
+        """Dependents not told of a finished task are told without waiting for a restart:
+        when this process failed to tell them (`TaskStore.owed`), and when a change event shows
+        a finished task still ``dependents_notified: false`` after a grace period. Idle, it
+        makes no call."""
+        self._store.owed_listeners.append(self._wake_recovery)
+        if self._store.owed:
+            self._wake_recovery()
+        try:
+            attempt = 0
+            while True:
+                self._recovery_wake = wake = anyio.Event()
+                now = self._clock.now()
+                due = min(self._recovery_checks.values(), default=None)
+                if due is None or due > now:
+                    await self._clock.wait_until(due, wake)
+                    continue
+                try:
+                    await self._store.recover_dependents()
+                except BackendUnavailable as exc:
+                    log.warning(str(exc), extra={"action": "recovery_retry"})
+                    await sleep(self._clock, self.options.reconnect_delay(attempt))
+                    attempt += 1
+                    continue
+                attempt = 0
+                # Checks that came due by ``now`` are covered by this recovery; later ones
+                # (a task that ended meanwhile) stay.
+                self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
+        finally:
+            self._store.owed_listeners.remove(self._wake_recovery)
 
     async def _poll_loop(self) -> None:
         """Until the listener's stream opens (``discovery="auto"`` retries it)."""

@@ -32,14 +32,13 @@ def dependency_succeeded(key: str, now: dt.datetime) -> Pipeline:
     return [sweep_expired(now), {"$set": {_WAITING_FOR: _without(key)}}, *recompute(now)]
 
 
-def dependency_failed(key: str, outcome: TaskState, now: dt.datetime) -> Pipeline:
-    """A dependency failed or was cancelled: the dependent is cancelled with a reason naming
-    it, unless it was published with ``on_dependency_failure="run"`` (then it runs, and sees
-    the failed ones in ``deps_failed``)."""
+def dependency_failed(key: str, outcome: str, now: dt.datetime) -> Pipeline:
+    """A dependency failed, was cancelled or was deleted (``outcome`` says which, e.g. "ended
+    as fail"): the dependent is cancelled with a reason naming it, unless it was published with
+    ``on_dependency_failure="run"`` (then it runs, and sees the failed ones in
+    ``deps_failed``)."""
     runs_anyway = {"$eq": ["$options.on_dependency_failure", "run"]}
-    error = ErrorInfo.from_message(
-        "DependencyFailed", f"dependency {key!r} ended as {outcome.value}"
-    ).model_dump()
+    error = ErrorInfo.from_message("DependencyFailed", f"dependency {key!r} {outcome}").model_dump()
     return [
         sweep_expired(now),
         {

@@ -90,18 +90,34 @@ class Flows:
         if dependency.state is TaskState.SUCCESS:
             update = fq.dependency_succeeded(dependency.key, now)
         else:
-            update = fq.dependency_failed(dependency.key, dependency.state, now)
+            update = fq.dependency_failed(dependency.key, f"ended as {dependency.state.value}", now)
         await self._store.collection.update_many(query, update)
         if dependency.state is TaskState.SUCCESS:
             return []
-        cursor = self._store.collection.find(fq.unnotified_dependents_of(dependency.key))
-        ended = [Task.model_validate(document) async for document in cursor]
+        ended = await self._ended_dependents_of(dependency.key)
         if only is not None:
             for task in ended:
                 if task.key == only:
                     await self.notify(task)
             return []
         return ended
+
+    async def _ended_dependents_of(self, key: str) -> list[Task]:
+        cursor = self._store.collection.find(fq.unnotified_dependents_of(key))
+        return [Task.model_validate(document) async for document in cursor]
+
+    async def forget(self, keys: Sequence[str]) -> None:
+        """Tasks deleted (by a commit) while others wait for them: the waiting ones are told
+        the dependency is gone, as if it had failed: cancelled with a reason naming it, or run
+        with ``on_dependency_failure="run"``. Never left blocked on a key that no longer
+        exists (issue 10 #2). Dependents deleted in the same commit are simply gone."""
+        for key in keys:
+            now = self._store.clock.now()
+            await self._store.collection.update_many(
+                fq.dependents_waiting_on(key), fq.dependency_failed(key, "was deleted", now)
+            )
+            for task in await self._ended_dependents_of(key):
+                await self.notify(task)
 
     async def recover(self) -> int:
         """Tell the dependents that a crashed writer did not; returns how many tasks."""

@@ -313,7 +313,14 @@ LIST_SORT: list[tuple[str, int]] = [("_id", -1)]  # newest first
 
 
 def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Document:
-    return {"state": {"$in": list(states)}, "finished_at": {"$lt": finished_before}}
+    """Finished before the cutoff, and with every dependent told of the outcome: a task whose
+    dependents were not told yet (its writer crashed or lost the network in between) is kept
+    until recovery has told them, or they would wait for it for ever (issue 10 #2)."""
+    return {
+        "state": {"$in": list(states)},
+        "finished_at": {"$lt": finished_before},
+        "dependents_notified": {"$ne": False},
+    }
 
 
 def failed_filter(name: str | None) -> Document:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -49,6 +49,10 @@ class TaskStore:
         self.flows = Flows(self)
         self.publisher = Publisher(self)
         self.in_transaction = False
+        # Finished tasks whose dependents this process failed to tell (see `_after_write`),
+        # and the callbacks (consumers) to wake when one is added.
+        self.owed: set[str] = set()
+        self.owed_listeners: list[Callable[[], None]] = []
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
@@ -109,12 +113,28 @@ class TaskStore:
     # ------------------------------------------------------------ publish
 
     async def _after_write(self, task: Task) -> Task:
-        """A write that ended a task with dependents tells them (only then: no extra call)."""
-        if task.dependents_notified is False:
-            await self.flows.notify(task)
-        return task
+        """A write that ended a task with dependents tells them (only then: no extra call).
 
-    # ------------------------------------------------------------ reads
+        If telling them fails on the network, the write itself has landed: raising would make
+        the caller retry a write that is done (a finish would then see `LeaseLost`). The task
+        stays ``dependents_notified: false`` and is owed instead: `recover_dependents` retries it (a
+        consumer does, with backoff, without waiting for a restart: issue 10 #3)."""
+        if task.dependents_notified is False:
+            try:
+                await self.flows.notify(task)
+            except ConnectionFailure as exc:
+                if self.in_transaction:
+                    raise  # the transaction is retried whole
+                log.warning(
+                    "task %r ended but its dependents were not told yet: %s",
+                    task.key,
+                    exc,
+                    extra={"action": "dependents_owed", "key": task.key},
+                )
+                self.owed.add(task.key)
+                for listener in self.owed_listeners:
+                    listener()
+        return task
 
     @driver_errors
     async def get(self, key: str) -> Task | None:
@@ -360,8 +380,13 @@ class TaskStore:
 
     @driver_errors
     async def recover_dependents(self) -> int:
+        """Tell the dependents of every finished task whose writer did not (owed here, or
+        left by a crashed writer anywhere); returns how many tasks were caught up."""
         await self._ready()
-        return await self.flows.recover()
+        owed = set(self.owed)
+        told = await self.flows.recover()
+        self.owed -= owed
+        return told
 
     # ------------------------------------------------------------ cancel
 

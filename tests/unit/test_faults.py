@@ -66,14 +66,22 @@ async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, see
         tasks = await producer.store.get_many(keys)
         return all(task.state.is_terminal for task in tasks)
 
+    async def late_done() -> bool:
+        # Idle too: a finish whose reply was lost may still be retrying (the clock is manual,
+        # so a shutdown's grace period would never pass while it does).
+        idle = not any(consumer.running for consumer in started)
+        return idle and await _terminal(producer, ["late-1", "late-2"])
+
+    started: list[ms.Consumer] = []
     async with contextlib.AsyncExitStack() as stack:
         for n in range(3):
             options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200)
-            await stack.enter_async_context(sched.consumer({"job": handler}, options=options))
+            consumer = sched.consumer({"job": handler}, options=options)
+            started.append(await stack.enter_async_context(consumer))
         await drive(clock, all_done)
         for late in ("late-1", "late-2"):  # the consumers keep going after all that
             await producer.publish(late, None, name="job", options=PATIENT)
-        await drive(clock, lambda: _terminal(producer, ["late-1", "late-2"]))
+        await drive(clock, late_done)
 
     assert faulty.injected["before"] > 0 and faulty.injected["after"] > 0
     for task in await producer.store.get_many([*keys, "late-1", "late-2"]):
