@@ -86,7 +86,7 @@ class Consumer:
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
         self._executor = Executor(
-            store, self.handlers, self.options, self._clock, self.stats, self._wake_claimer
+            store, self.handlers, self.options, self._clock, self.stats, self._slot_freed
         )
         self._listener = ChangeListener(
             store.collection, self.names, self.options, self._clock, self._on_change, self._fetch
@@ -267,6 +267,11 @@ class Consumer:
             await self._fetch()
 
     # ------------------------------------------------------------ claiming
+
+    def _slot_freed(self, unsettled_key: str | None) -> None:
+        if unsettled_key is not None:
+            self._heap.nudge(unsettled_key, self._clock.now())
+        self._wake_claimer()
 
     def _wake_claimer(self) -> None:
         self._wake.set()

@@ -70,8 +70,23 @@ def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> No
 
 
 def check_result(result: Any) -> Any:
-    result = to_storable(result, "result")
-    size = encoded_size(result, "result")
+    """What a handler returned, as it will be stored; any way it cannot be is a `PayloadError`
+    (the task's failure), never another exception that would reach the consumer: a model
+    whose dump raises, a structure nested past the recursion limit, an object whose own
+    methods raise while it is walked."""
+    try:
+        result = to_storable(result, "result")
+        size = encoded_size(result, "result")
+    except PayloadError:
+        raise
+    except Exception as exc:  # whatever the handler's object raises
+        try:
+            said = str(exc)[:200]
+        except Exception:
+            said = "(its message cannot be read)"
+        raise PayloadError(
+            f"result: cannot be stored ({type(result).__name__}): {type(exc).__name__}: {said}"
+        ) from exc
     if size > c.MAX_RESULT_BYTES:
         raise PayloadError(f"result: {size} bytes encoded; the limit is {c.MAX_RESULT_BYTES} bytes")
     return result

@@ -7,6 +7,7 @@ stops exactly that handler. What a worker writes for a task is always fenced by 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
@@ -19,7 +20,14 @@ from anyio.abc import TaskGroup
 
 from . import context
 from .clock import Clock, sleep
-from .errors import Abort, BackendUnavailable, LeaseLost, PayloadError, RetryLater
+from .errors import (
+    Abort,
+    BackendUnavailable,
+    LeaseLost,
+    PayloadError,
+    RetryLater,
+    StoreError,
+)
 from .models import Lease, Task, WorkerOptions, WorkerStateKind
 from .store import TaskStore
 
@@ -50,6 +58,7 @@ class ConsumerStats:
     timeouts: int = 0  # this worker's lease expired before a ping got through
     released: int = 0
     cancelled: int = 0
+    abandoned: int = 0  # handlers that ignored cancellation past cancel_timeout_ms
     pings: int = 0
     observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
 
@@ -76,6 +85,11 @@ class _Running:
             self.scope.cancel()
 
 
+class HandlerCancelled(RuntimeError):
+    """The handler raised ``CancelledError`` though nothing cancelled it: a failure of that
+    task like any other exception (it used to end the whole consumer)."""
+
+
 @dataclasses.dataclass
 class _Outcome:
     result: Any = None
@@ -91,7 +105,7 @@ class Executor:
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
-        on_slot_freed: Callable[[], None],
+        on_slot_freed: Callable[[str | None], None],
     ) -> None:
         self._store = store
         self._handlers = handlers
@@ -100,6 +114,9 @@ class Executor:
         self._stats = stats
         self._on_slot_freed = on_slot_freed
         self._running: dict[str, _Running] = {}
+        # Handlers left running after ignoring cancellation: their keys are not claimed again
+        # by this worker until they return.
+        self._abandoned: dict[str, asyncio.Task[Any]] = {}
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
         self._task_group: TaskGroup | None = None
@@ -110,7 +127,8 @@ class Executor:
 
     @property
     def running_keys(self) -> list[str]:
-        return list(self._running)
+        """Keys this worker must not claim: running, or abandoned and still running."""
+        return list(dict.fromkeys([*self._running, *self._abandoned]))
 
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
@@ -137,6 +155,7 @@ class Executor:
         run = context.Run(entry.lease)
         name = entry.lease.task.name
         started = time.perf_counter()
+        written = False  # did this run write its end (outcome or release)?
         try:
             with entry.scope:
                 token = context.enter(run)
@@ -146,23 +165,26 @@ class Executor:
                 finally:
                     context.leave(token)
             if entry.stop_reason is not None:
-                await self._after_stop(entry)
+                written = await self._after_stop(entry)
             elif run.completed:
                 self._stats.record("succeeded", name, run.seconds)  # committed by the handler
+                written = True
             else:
-                await self._finish(entry, outcome)
+                written = await self._finish(entry, outcome)
         finally:
             if self._running.get(key) is entry:
                 del self._running[key]
             if not self._running:
                 self._idle.set()
-            self._on_slot_freed()
+            # A run that ended without writing (lease lost or expired, outcome not recorded)
+            # produced no change event: the key must be looked at again, or it would wait
+            # for some other write to it (it was excluded from claims while it ran).
+            self._on_slot_freed(None if written else key)
 
     async def _call_handler(self, task: Task) -> _Outcome:
-        handler = self._handlers[task.name]
         for attempt in range(self._options.handler_retries + 1):
             try:
-                return _Outcome(result=await handler(task))
+                return _Outcome(result=await self._attempt(task))
             except (Abort, RetryLater) as exc:
                 return _Outcome(error=exc)  # the handler's decision: no local retry
             except Exception as exc:
@@ -177,7 +199,68 @@ class Executor:
                 await sleep(self._clock, self._options.handler_retry_delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _finish(self, entry: _Running, outcome: _Outcome) -> None:
+    async def _attempt(self, task: Task) -> Any:
+        """One call of the handler, in an asyncio task of its own (it inherits the lease in
+        its context). Why not just ``await handler(task)``: a handler that ignores
+        cancellation would then hold the consumer's task group, and `stop()`, for ever
+        (issue 10 #7). Here it gets ``cancel_timeout_ms`` to unwind once cancelled; past that
+        it is abandoned (left to run, its outcome never written, its key not claimed again by
+        this worker until it returns) and the stop goes on."""
+        done = anyio.Event()
+        scope = anyio.CancelScope()  # anyio's own cancellation: shields in the handler hold
+
+        async def call_handler() -> Any:
+            with scope:
+                return await self._handlers[task.name](task)
+            return None  # cancelled by us: the caller re-raises its own cancellation
+
+        call: asyncio.Task[Any] = asyncio.ensure_future(call_handler())
+        call.set_name(f"mscheduler-handler:{task.key}")
+        call.add_done_callback(lambda _: done.set())
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            scope.cancel()
+            with anyio.CancelScope(shield=True):
+                timeout = dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
+                deadline = self._clock.now() + timeout
+                while not call.done() and self._clock.now() < deadline:
+                    await self._clock.wait_until(deadline, done)
+            if not call.done():
+                self._abandon(task, call)
+            raise
+        if call.cancelled():
+            raise HandlerCancelled(
+                "the handler raised CancelledError without being cancelled (or was "
+                "cancelled by code of its own)"
+            )
+        return call.result()
+
+    def _abandon(self, task: Task, call: asyncio.Task[Any]) -> None:
+        self._stats.record("abandoned", task.name)
+        log.error(
+            "handler of task %r ignored cancellation for %d ms: abandoned, still running; "
+            "its outcome will not be recorded",
+            task.key,
+            self._options.cancel_timeout_ms,
+            extra={"action": "handler_abandoned", "key": task.key},
+        )
+        self._abandoned[task.key] = call
+
+        def returned(_: asyncio.Task[Any]) -> None:
+            if self._abandoned.get(task.key) is call:
+                del self._abandoned[task.key]
+            if not call.cancelled():
+                call.exception()  # retrieved: asyncio would report it as never retrieved
+            log.warning(
+                "the abandoned handler of task %r returned",
+                task.key,
+                extra={"action": "abandoned_handler_returned", "key": task.key},
+            )
+
+        call.add_done_callback(returned)
+
+    async def _finish(self, entry: _Running, outcome: _Outcome) -> bool:
         """Record the outcome, retrying while the database is unreachable and the lease lives."""
         lease = entry.lease
         attempt = 0
@@ -186,37 +269,76 @@ class Executor:
                 if outcome.error is None:
                     try:
                         await self._store.succeed(lease, outcome.result)
-                        self._stats.record("succeeded", lease.task.name, outcome.seconds)
-                        return
+                        break
                     except PayloadError as exc:
-                        outcome = _Outcome(error=exc)  # the result cannot be stored: a failure
+                        outcome = _Outcome(error=exc, seconds=outcome.seconds)  # unstorable
                 error = outcome.error
                 assert error is not None
                 if isinstance(error, RetryLater):
                     await self._store.retry_later(lease, error.delay, error.reason)
-                    self._stats.record("deferred", lease.task.name, outcome.seconds)
-                    return
-                await self._store.fail(lease, error, final=isinstance(error, Abort))
-                if isinstance(error, Abort):
-                    self._stats.record("aborted", lease.task.name, outcome.seconds)
-                self._stats.record("failed", lease.task.name, outcome.seconds)
-                return
+                else:
+                    await self._store.fail(lease, error, final=isinstance(error, Abort))
+                break
             except LeaseLost as exc:
+                if attempt > 0 and await self._landed_before(lease):
+                    break
                 self._stats.record("lease_lost", lease.task.name)
                 log.warning(str(exc), extra={"action": "lease_lost", "key": lease.key})
-                return
+                return False
+            except (StoreError, PayloadError) as exc:
+                # The server refused the write (not the network): retrying will not help, and
+                # one task's outcome must not end the consumer. The lease expires unfinished.
+                self._stats.record("lease_lost", lease.task.name)
+                log.error(
+                    "outcome of task %r not recorded: %s",
+                    lease.key,
+                    exc,
+                    extra={"action": "outcome_lost", "key": lease.key},
+                )
+                return False
             except BackendUnavailable as exc:
                 if self._clock.now() >= entry.expire_at:
                     log.warning(
                         "outcome not recorded: the lease expired while MongoDB was unreachable",
                         extra={"action": "outcome_lost", "key": lease.key},
                     )
-                    return
+                    return False
                 log.warning(str(exc), extra={"action": "finish_retry", "key": lease.key})
                 await sleep(self._clock, self._options.reconnect_delay(attempt))
                 attempt += 1
+        self._record(lease, outcome)
+        return True
 
-    async def _after_stop(self, entry: _Running) -> None:
+    def _record(self, lease: Lease, outcome: _Outcome) -> None:
+        name, error = lease.task.name, outcome.error
+        if error is None:
+            self._stats.record("succeeded", name, outcome.seconds)
+        elif isinstance(error, RetryLater):
+            self._stats.record("deferred", name, outcome.seconds)
+        else:
+            if isinstance(error, Abort):
+                self._stats.record("aborted", name, outcome.seconds)
+            self._stats.record("failed", name, outcome.seconds)
+
+    async def _landed_before(self, lease: Lease) -> bool:
+        """After a retried finish found no lease: did the attempt whose reply was lost land?
+        Then the outcome is recorded and nothing was lost (one read, only on this path)."""
+        try:
+            task = await self._store.get(lease.key)
+        except BackendUnavailable:
+            return False
+        states = [] if task is None else task.worker_states
+        own = next((ws for ws in states if ws.run_id == lease.run_id), None)
+        if own is None or own.state in (WorkerStateKind.RUNNING, WorkerStateKind.TIMEOUT):
+            return False
+        log.info(
+            "the outcome of task %r was recorded by an attempt whose reply was lost",
+            lease.key,
+            extra={"action": "finish_landed", "key": lease.key},
+        )
+        return True
+
+    async def _after_stop(self, entry: _Running) -> bool:
         lease = entry.lease
         log.info(
             "handler stopped: %s",
@@ -225,13 +347,15 @@ class Executor:
         )
         if not entry.release_on_stop:
             self._stats.record("cancelled", lease.task.name)
-            return
+            return False
         with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
             try:
                 await self._store.release(lease, entry.stop_reason or "released")
                 self._stats.record("released", lease.task.name)
-            except (LeaseLost, BackendUnavailable) as exc:
+                return True
+            except (LeaseLost, BackendUnavailable, StoreError) as exc:
                 log.warning(str(exc), extra={"action": "release_failed", "key": lease.key})
+        return False
 
     # ------------------------------------------------------------ what the listener saw
 

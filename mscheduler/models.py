@@ -332,6 +332,10 @@ class WorkerOptions(BaseModel):
     retry_backoff_ms: int = Field(default=200, ge=0, le=_DAY_MS)
     retry_backoff_max_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
     shutdown_grace_ms: int = Field(default=30_000, ge=0, le=_DAY_MS)
+    cancel_timeout_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
+    """How long a cancelled handler (shutdown, remote cancel, lost lease) may take to unwind.
+    Past it the handler is abandoned: left running, its outcome never written, logged as an
+    error, so that `stop()` returns."""
     heap_size: int = Field(default=10_000, ge=1)
     fetch_batch_size: int = Field(default=500, ge=1)
     poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)

@@ -14,7 +14,7 @@ from pymongo.errors import AutoReconnect
 import mscheduler as ms
 from mscheduler.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS
+from tests.engines import POLL_MS, settle
 from tests.unit.test_consumer import FAST, Recorder, consumers
 
 pytestmark = pytest.mark.anyio
@@ -272,3 +272,103 @@ async def test_2_deleting_and_publishing_a_key_keeps_its_dependents_waiting(
     await scheduler.commit(delete=["barrier"], publish=[ms.TaskSpec(key="barrier", name="job")])
     after = await scheduler.get("after")
     assert after is not None and after.state is S.BLOCKED and after.deps_pending == ["barrier"]
+
+
+async def test_7_stop_returns_and_releases_when_a_handler_ignores_cancellation(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, caplog
+):
+    await scheduler.publish("stubborn", None, name="job")
+    release = anyio.Event()
+    returned = anyio.Event()
+
+    async def stubborn(task: ms.Task) -> str:
+        with anyio.CancelScope(shield=True):  # a cleanup that never ends, say
+            await release.wait()
+        return "too late"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = scheduler.consumer({"job": stubborn}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        assert consumer.running == ["stubborn"]
+        consumer.stop()
+        for _ in range(4):
+            clock.advance(1)
+            await settle()
+        stopped = returned.is_set()
+        release.set()  # let the abandoned handler end, whatever happened
+    assert stopped, "stop() did not return with a handler that ignores cancellation"
+    task = await scheduler.get("stubborn")
+    assert task is not None and task.state is S.PENDING
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    assert consumer.stats.abandoned == 1
+    assert "handler of task 'stubborn' ignored cancellation" in caplog.text
+
+
+async def test_10_a_handler_raising_cancelled_error_fails_only_its_task(
+    scheduler: ms.Scheduler, discover: Discover
+):
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("weird", None, name="job", options=once)
+    await scheduler.publish("fine", None, name="job")
+
+    async def handler(task: ms.Task) -> str:
+        if task.key == "weird":
+            raise anyio.get_cancelled_exc_class()()  # its own, nothing cancelled it
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": handler}, options=options) as consumer:
+        await discover()
+    weird, fine = await scheduler.get("weird"), await scheduler.get("fine")
+    assert weird is not None and weird.state is S.FAIL and weird.error is not None
+    assert weird.error.type == "HandlerCancelled"
+    assert fine is not None and fine.state is S.SUCCESS
+    assert consumer.stats.failed == 1
+
+
+def _self_containing() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+class _Unserialisable(ms.TaskOptions):
+    def model_dump(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("cannot dump me")
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        (_self_containing(), "RecursionError"),
+        (_Unserialisable(), "TypeError: cannot dump me"),
+        ({"n": 2**70}, "cannot be stored as BSON"),
+    ],
+    ids=["self-containing", "model-dump-raises", "int-overflow"],
+)
+async def test_10_an_unstorable_result_fails_only_its_task(
+    scheduler: ms.Scheduler, discover: Discover, result: Any, said: str
+):
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("odd", None, name="job", options=once)
+    await scheduler.publish("fine", None, name="job")
+
+    async def handler(task: ms.Task) -> Any:
+        return result if task.key == "odd" else "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": handler}, options=options):
+        await discover()
+    odd, fine = await scheduler.get("odd"), await scheduler.get("fine")
+    assert odd is not None and odd.state is S.FAIL and odd.error is not None
+    assert odd.error.type == "PayloadError" and said in odd.error.message
+    assert fine is not None and fine.state is S.SUCCESS
