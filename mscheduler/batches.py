@@ -1,9 +1,16 @@
 """All-or-nothing writes of many tasks: `publish_many` and `commit` (TaskStore / MassTasker).
 
-Everything that can be checked without writing is checked first (specs, results, leases,
-preconditions), then the writes run through `transactions.run_atomically`: a transaction on
-a replica set, and on the memory backend a sequence that nothing can interleave. A failed
-check raises before anything is written.
+Everything that can be checked without writing is checked first (specs, results, keys that
+name tasks of another name, missing dependencies, leases, preconditions), then the writes
+run through `transactions.run_atomically`: a transaction on a replica set, and on the memory
+backend a sequence that nothing can interleave. A failed check raises before anything is
+written.
+
+Without a transaction (the memory backend, a standalone server) what stays true: nothing is
+written when a check fails, and on the memory backend no other coroutine sees a half-done
+batch. What does not: a failure *while* writing (the network, the process dying) leaves the
+writes before it in place. Each is idempotent, so publishing the batch again completes it;
+a commit's completions may then be recorded without its publishes.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import context
 from . import queries as q
 from .encoding import check_result
-from .errors import DependencyError, LeaseLost, PreconditionFailed
+from .errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
 from .models import Lease, PublishResult, WorkerStateKind, check_key, checked
 from .publisher import prepare
 from .specs import Step, TaskSpec, dependency_order, flatten
@@ -31,6 +38,25 @@ def _checked_specs(specs: Step | Iterable[Step]) -> list[TaskSpec]:
     for spec in ordered:
         prepare(spec.key, spec.payload, spec.name, spec.options, spec.depends_on)
     return ordered
+
+
+async def _check_names(
+    store: TaskStore, specs: Sequence[TaskSpec], replacing: frozenset[str] = frozenset()
+) -> None:
+    """A key that already names a task of another name is refused before the first write
+    (it used to be found while writing: the specs before it stayed written where there is no
+    transaction). A key being replaced may change its name."""
+    keys = [spec.key for spec in specs if spec.key not in replacing]
+    if not keys:
+        return
+    existing = {task.key: task.name for task in await store.get_many(keys)}
+    clashes = [
+        f"{spec.key!r} names a task of name {existing[spec.key]!r}, not {spec.name!r}"
+        for spec in specs
+        if spec.key in existing and existing[spec.key] != spec.name
+    ]
+    if clashes:
+        raise ConfigurationError(f"publish: nothing written; key {'; key '.join(clashes)}")
 
 
 async def _check_external(store: TaskStore, specs: Sequence[TaskSpec], allow_missing: bool) -> None:
@@ -77,6 +103,7 @@ async def publish_many(
     if not ordered:
         return []
     await store._ready()
+    await _check_names(store, ordered)
     await _check_external(store, ordered, allow_missing)
 
     async def write(collection: Any) -> list[PublishResult]:
@@ -107,6 +134,7 @@ async def commit(
     replacing = frozenset(deletions) & {spec.key for spec in ordered}
     only_deleted = [key for key in deletions if key not in replacing]
     await store._ready()
+    await _check_names(store, ordered, replacing)
     await _check_external(store, ordered, allow_missing=False)
 
     async def write(collection: Any) -> list[PublishResult]:
