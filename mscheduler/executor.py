@@ -85,6 +85,13 @@ class _Running:
             self.scope.cancel()
 
 
+def _retrieved(call: asyncio.Task[Any]) -> None:
+    """Marks a handler's exception as seen: a run stopped while its handler was failing
+    would otherwise have asyncio report "exception was never retrieved"."""
+    if not call.cancelled():
+        call.exception()
+
+
 class HandlerCancelled(RuntimeError):
     """The handler raised ``CancelledError`` though nothing cancelled it: a failure of that
     task like any other exception (it used to end the whole consumer)."""
@@ -216,6 +223,7 @@ class Executor:
 
         call: asyncio.Task[Any] = asyncio.ensure_future(call_handler())
         call.set_name(f"mscheduler-handler:{task.key}")
+        call.add_done_callback(_retrieved)  # read below, unless a stop came first
         call.add_done_callback(lambda _: done.set())
         try:
             await done.wait()
@@ -250,8 +258,6 @@ class Executor:
         def returned(_: asyncio.Task[Any]) -> None:
             if self._abandoned.get(task.key) is call:
                 del self._abandoned[task.key]
-            if not call.cancelled():
-                call.exception()  # retrieved: asyncio would report it as never retrieved
             log.warning(
                 "the abandoned handler of task %r returned",
                 task.key,

@@ -123,7 +123,14 @@ async def scheduler(open_scheduler: OpenScheduler) -> ms.Scheduler:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.unit.test_chaos import TOTALS
     from tests.unit.test_claim_protocol_model import RUNS
+
+    for engine, totals in TOTALS.items():
+        terminalreporter.write_line(
+            f"chaos on {engine}: {totals['runs']} runs, {totals['tasks']} tasks, "
+            f"{totals['executions']} handler executions, {totals['violations']} violations"
+        )
 
     for engine, counts in RUNS.items():
         if counts["machines"]:

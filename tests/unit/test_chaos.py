@@ -1,0 +1,254 @@
+"""Randomised chaos through the public API, on both engines: many consumers on one collection,
+random handler durations and outcomes, hard crashes, graceful stops, remote cancels, handlers
+that stall past their lease, clock skew between workers, network errors before and after a
+write. Fixed seeds in CI; more with ``MSCHEDULER_CHAOS_RUNS`` (per engine) and
+``MSCHEDULER_CHAOS_SEED`` (the first seed).
+
+What must hold, whatever happened:
+- never more handlers of a task at once than ``concurrent_worker_cnt`` (runs whose lease may
+  have expired under a stall are not counted: another worker may rightly take over);
+- every success state was written by an execution that returned that result, one per worker;
+- failures never exceed ``max_unexpected_retries`` plus one per concurrent slot; no run_id
+  executes twice;
+- every task ends once the chaos stops; no consumer crashes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import os
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.engines import POLL_MS, settle
+from tests.faults import FaultyCollection
+
+pytestmark = pytest.mark.anyio
+K = ms.WorkerStateKind
+S = ms.TaskState
+OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
+
+RUNS = int(os.environ.get("MSCHEDULER_CHAOS_RUNS", "2"))
+FIRST_SEED = int(os.environ.get("MSCHEDULER_CHAOS_SEED", "7"))
+FAULT_RATE = 0.05
+TOTALS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+OPTIONS = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
+
+
+class SkewedClock:
+    """A worker's view of the shared manual clock, off by a fixed amount."""
+
+    def __init__(self, base: ms.ManualClock, skew_s: float) -> None:
+        self.base = base
+        self.skew = dt.timedelta(seconds=skew_s)
+
+    def now(self) -> dt.datetime:
+        return self.base.now() + self.skew
+
+    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
+        await self.base.wait_until(None if deadline is None else deadline - self.skew, event)
+
+
+@dataclasses.dataclass
+class Ledger:
+    """What handlers did, kept by the test (the database is what is checked against it)."""
+
+    active: dict[str, set[str]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(set)
+    )
+    tainted: set[str] = dataclasses.field(default_factory=set)  # runs a stall may have expired
+    executions: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    returned: dict[str, Any] = dataclasses.field(default_factory=dict)
+    options: dict[str, ms.TaskOptions] = dataclasses.field(default_factory=dict)
+    violations: list[str] = dataclasses.field(default_factory=list)
+    crashes: list[str] = dataclasses.field(default_factory=list)
+
+
+class Chaos:
+    def __init__(self, seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+        self.rnd = random.Random(seed)
+        self.sched = sched
+        self.clock = clock
+        self.ledger = Ledger()
+        self.keys: list[str] = []
+        self.consumers: dict[str, ms.Consumer] = {}
+        self.scopes: dict[str, anyio.CancelScope] = {}
+
+    def handler_for(self, worker_id: str) -> Callable[[ms.Task], Awaitable[Any]]:
+        ledger, rnd, clock = self.ledger, random.Random(self.rnd.random()), self.clock
+
+        async def handler(task: ms.Task) -> Any:
+            run_id = ms.current_lease().run_id
+            ledger.executions[run_id] += 1
+            live = ledger.active[task.key]
+            live.add(run_id)
+            limit = ledger.options[task.key].concurrent_worker_cnt
+            if len(live - ledger.tainted) > limit:
+                ledger.violations.append(f"{task.key}: {len(live)} handlers at once ({limit})")
+            try:
+                if rnd.random() < 0.03:  # blocks the event loop past the lease
+                    ledger.tainted.update(*ledger.active.values())
+                    clock.advance(6)
+                    await anyio.lowlevel.checkpoint()
+                seconds = rnd.choice([0, 0.5, 1, 3, 8, 20])
+                await ms.clock.sleep(clock, seconds)
+                draw = rnd.random()
+                if draw < 0.15:
+                    raise RuntimeError("handler failed")
+                if draw < 0.20:
+                    raise ms.RetryLater(rnd.choice([0, 1, 3]))
+                if draw < 0.22:
+                    raise ms.Abort("bad input")
+                result = {"by": worker_id, "run": run_id}
+                ledger.returned[run_id] = result
+                return result
+            finally:
+                live.discard(run_id)
+
+        return handler
+
+    async def publish(self) -> None:
+        key = f"t{len(self.keys)}"
+        rnd = self.rnd
+        options = ms.TaskOptions(
+            concurrent_worker_cnt=rnd.choice([1, 1, 1, 2, 3]),
+            max_unexpected_retries=rnd.choice([0, 1, 3, 5]),
+            unexpected_retry_delay_ms=rnd.choice([0, 1_000]),
+            priority=rnd.randint(-2, 2),
+            specific_worker_ids=rnd.choice([[], [], [], ["w0", "w1", "w2", "w3"]]),
+            **OPTIONS,
+        )
+        self.ledger.options[key] = options
+        self.keys.append(key)
+        await self.sched.publish(key, {"n": len(self.keys)}, name="job", options=options)
+
+    def start(self, task_group: Any, worker_id: str) -> None:
+        rnd = self.rnd
+        collection = FaultyCollection(self.sched.collection, FAULT_RATE, rnd.randrange(1 << 30))
+        clock = SkewedClock(self.clock, rnd.uniform(-0.5, 0.5))
+        worker = ms.Scheduler(collection, clock=clock)  # type: ignore[arg-type]
+        options = ms.WorkerOptions(
+            worker_id=worker_id,
+            max_running=rnd.randint(1, 4),
+            shutdown_grace_ms=rnd.choice([0, 1_000, 10_000]),
+            poll_interval_ms=max(POLL_MS, 500),
+            reconnect_backoff_ms=100,
+            reconnect_backoff_max_ms=1_000,
+        )
+        consumer = worker.consumer({"job": self.handler_for(worker_id)}, options=options)
+        scope = anyio.CancelScope()
+        self.consumers[worker_id], self.scopes[worker_id] = consumer, scope
+
+        async def run() -> None:
+            with scope:
+                try:
+                    await consumer.run()
+                except Exception as exc:  # a crash of the consumer itself: a violation
+                    self.ledger.crashes.append(f"{worker_id}: {type(exc).__name__}: {exc}")
+                    self.start(task_group, worker_id)  # a supervisor restarts it
+
+        task_group.start_soon(run)
+
+    async def step(self, task_group: Any) -> None:
+        rnd = self.rnd
+        draw = rnd.random()
+        if draw < 0.08:
+            await self.publish()
+        elif draw < 0.10:
+            await self.sched.cancel(rnd.choice(self.keys))
+        elif draw < 0.12:  # hard crash: nothing released, leases left to expire
+            worker_id = rnd.choice(sorted(self.consumers))
+            self.scopes[worker_id].cancel()
+            await settle()
+            self.start(task_group, worker_id)
+        elif draw < 0.14:  # graceful stop, a publish during the shutdown, a restart
+            worker_id = rnd.choice(sorted(self.consumers))
+            self.consumers[worker_id].stop()
+            await self.publish()
+            await settle()
+            self.start(task_group, worker_id)
+        elif draw < 0.15:  # new priority for a live task
+            key = rnd.choice(self.keys)
+            options = self.ledger.options[key].model_copy(update={"priority": rnd.randint(-2, 2)})
+            self.ledger.options[key] = options
+            await self.sched.set_options(key, options)
+        self.clock.advance(0.5)
+        await settle()
+
+    def check(self, tasks: list[ms.Task]) -> None:
+        ledger = self.ledger
+        for task in tasks:
+            options = ledger.options[task.key]
+            if not task.state.is_terminal:
+                ledger.violations.append(f"{task.key}: never finished ({task.state.value})")
+            successes = task.states(K.SUCCESS)
+            for state in successes:
+                if state.run_id not in ledger.returned:
+                    ledger.violations.append(f"{task.key}: success of run {state.run_id} unseen")
+            if len({state.worker_id for state in successes}) != len(successes):
+                ledger.violations.append(f"{task.key}: one worker succeeded twice")
+            if task.state is S.SUCCESS:
+                if len(successes) != options.concurrent_worker_cnt:
+                    ledger.violations.append(f"{task.key}: {len(successes)} successes")
+                if task.result != ledger.returned.get(successes[-1].run_id):
+                    ledger.violations.append(f"{task.key}: result is not the last one returned")
+            # Concurrent runs may fail together (one stall expires them all): each slot may
+            # add one failure past the retries, no more.
+            failures = task.unexpected_failures
+            allowed = options.max_unexpected_retries + options.concurrent_worker_cnt
+            if task.state is not S.CANCELLED and failures > allowed:
+                ledger.violations.append(
+                    f"{task.key}: {failures} failures, {options.max_unexpected_retries} retries: "
+                    f"{[(s.worker_id, s.state.value) for s in task.worker_states]}"
+                )
+            for state in task.worker_states:
+                if ledger.executions[state.run_id] > 1:
+                    ledger.violations.append(f"{task.key}: run {state.run_id} executed twice")
+
+
+async def _one_run(seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> Chaos:
+    chaos = Chaos(seed, sched, clock)
+    rnd = chaos.rnd
+    async with anyio.create_task_group() as task_group:
+        for n in range(rnd.randint(4, 7)):
+            chaos.start(task_group, f"w{n}")
+        for _ in range(rnd.randint(15, 30)):
+            await chaos.publish()
+        for _ in range(rnd.randint(80, 160)):
+            await chaos.step(task_group)
+        for _ in range(2_000):  # drain: no more chaos
+            tasks = await sched.store.get_many(chaos.keys)
+            if all(task.state.is_terminal for task in tasks):
+                break
+            clock.advance(0.5)
+            await settle()
+        for consumer in chaos.consumers.values():
+            consumer.stop()
+        for _ in range(100):  # grace periods and cancel timeouts pass on the manual clock
+            clock.advance(1)
+            await settle()
+        task_group.cancel_scope.cancel()
+    chaos.check(await sched.store.get_many(chaos.keys))
+    return chaos
+
+
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + RUNS))
+async def test_chaos(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str, seed: int
+) -> None:
+    sched = await open_scheduler(collection=f"chaos{seed}")
+    chaos = await _one_run(seed, sched, clock)
+    totals = TOTALS[engine]
+    totals["runs"] += 1
+    totals["tasks"] += len(chaos.keys)
+    totals["executions"] += sum(chaos.ledger.executions.values())
+    problems = chaos.ledger.violations + [f"crash {c}" for c in chaos.ledger.crashes]
+    totals["violations"] += len(problems)
+    assert not problems, f"seed {seed}: {problems[:5]}"
