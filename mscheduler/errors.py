@@ -94,9 +94,13 @@ class RetryLater(MSchedulerError):
     Not a failure: it does not count against ``max_unexpected_retries``, only against
     ``max_tries`` when that is set."""
 
+    MAX_DELAY = 366 * 86_400.0  # a year: any later is a date no clock arithmetic survives
+
     def __init__(self, delay: float = 0.0, reason: str = "retry later") -> None:
-        if delay < 0:
-            raise ValueError(f"RetryLater: delay must be >= 0, got {delay}")
+        if not 0 <= delay <= self.MAX_DELAY:  # also refuses NaN
+            raise ValueError(
+                f"RetryLater: delay must be between 0 and {self.MAX_DELAY:.0f} seconds, got {delay}"
+            )
         super().__init__(reason)
         self.delay = delay
         self.reason = reason

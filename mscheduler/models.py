@@ -120,9 +120,13 @@ class TaskOptions(BaseModel):
     max_unexpected_retries: int = Field(
         default=c.DEFAULT_MAX_UNEXPECTED_RETRIES, ge=0, le=c.MAX_UNEXPECTED_RETRIES
     )
-    unexpected_retry_delay_ms: int = Field(default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0)
-    ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1)
-    worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1)
+    # Durations are bounded so that no date computed from them (here or on the server) can
+    # overflow: an unbounded one was accepted by publish, then crashed the consumer.
+    unexpected_retry_delay_ms: int = Field(
+        default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=30 * 86_400_000
+    )
+    ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1, le=86_400_000)
+    worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1, le=7 * 86_400_000)
     specific_worker_ids: list[str] = Field(default_factory=list, max_length=c.MAX_SPECIFIC_WORKERS)
     not_before: UtcDatetime | None = None
     max_tries: int | None = Field(default=None, ge=1)

@@ -239,3 +239,18 @@ def test_worker_durations_are_bounded_at_validation():
         ms.WorkerOptions(shutdown_grace_ms=10**15)
     with pytest.raises(ValueError, match="poll_interval_ms"):
         ms.WorkerOptions(poll_interval_ms=10**15)
+
+
+@pytest.mark.parametrize(
+    "field", ["unexpected_retry_delay_ms", "ping_interval_ms", "worker_timeout_ms"]
+)
+def test_task_durations_are_bounded_at_validation(field: str):
+    """publish accepted 10**15 ms, and the consumer then crashed computing a date from it."""
+    with pytest.raises(ValueError, match=field):
+        ms.TaskOptions(**{field: 10**15})
+
+
+@pytest.mark.parametrize("delay", [10**20, float("inf"), float("nan"), -1])
+def test_retry_later_refuses_a_delay_no_date_can_hold(delay: float):
+    with pytest.raises(ValueError, match="RetryLater: delay must be between 0 and"):
+        ms.RetryLater(delay)
