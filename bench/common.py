@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 import mscheduler as ms
-from mscheduler.backends import Connection, open_collection
+from mscheduler.backends.uri import Connection, open_collection
 from mscheduler.testing import CountingCollection
 
 

@@ -3,7 +3,8 @@
 from .__about__ import __version__
 from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
-from .consumer import Consumer
+from .consumer.consumer import Consumer
+from .consumer.stats import ConsumerStats
 from .context import current_lease
 from .errors import (
     Abort,
@@ -19,7 +20,6 @@ from .errors import (
     TaskNotFound,
     TaskRunning,
 )
-from .executor import ConsumerStats
 from .models import (
     ErrorInfo,
     Lease,

@@ -7,21 +7,21 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import batches, operations
 from . import constants as c
-from .backends import (
+from .backends.uri import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
     Connection,
     check_collection,
     open_collection,
 )
 from .clock import Clock, SystemClock
-from .consumer import Consumer
-from .executor import Handler
+from .consumer.calls import Handler
+from .consumer.consumer import Consumer
 from .models import Discovery, Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
 from .specs import Step
-from .store import TaskStore
-from .waiting import wait_for, watch_tasks
+from .store import batches, operations
+from .store.tasks import TaskStore
+from .store.waiting import wait_for, watch_tasks
 
 
 class Scheduler:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 
 import mscheduler as ms
-from mscheduler.memory import forget_memory_server
+from mscheduler.backends.memory.server import forget_memory_server
 from tests.engines import (
     ENGINES,
     POLL_MS,

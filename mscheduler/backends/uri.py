@@ -16,9 +16,9 @@ from pymongo.collection import Collection as SyncCollection
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI, PyMongoError
 
-from . import constants as c
-from .errors import BackendUnavailable, ConfigurationError
-from .memory import memory_server
+from .. import constants as c
+from ..errors import BackendUnavailable, ConfigurationError
+from .memory.server import memory_server
 
 log = logging.getLogger(__name__)
 

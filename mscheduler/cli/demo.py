@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .api import Scheduler
-from .models import StatsRow, Task, TaskOptions, WorkerOptions
-from .specs import TaskSpec, chord
+from ..api import Scheduler
+from ..models import StatsRow, Task, TaskOptions, WorkerOptions
+from ..specs import TaskSpec, chord
 
 
 def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:

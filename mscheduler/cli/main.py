@@ -20,13 +20,13 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from . import constants as c
-from .__about__ import __version__
-from .api import Scheduler
-from .cli_demo import run_demo, stats_table
-from .cli_worker import load_handlers, serve_worker
-from .errors import ConfigurationError, MSchedulerError
-from .models import Task, TaskOptions, WorkerOptions
+from .. import constants as c
+from ..__about__ import __version__
+from ..api import Scheduler
+from ..errors import ConfigurationError, MSchedulerError
+from ..models import Task, TaskOptions, WorkerOptions
+from .demo import run_demo, stats_table
+from .worker import load_handlers, serve_worker
 
 app = typer.Typer(
     name="mscheduler",
@@ -281,7 +281,7 @@ def indexes(
 
     async def work(sched: Scheduler) -> None:
         await sched.ensure_indexes(finished_ttl=ttl)
-        info = await sched.collection.index_information()
+        info = await sched.store.index_information()
         listing = {name: [list(k) for k in spec["key"]] for name, spec in info.items()}
         if json_output:
             emit(listing)
@@ -345,7 +345,7 @@ def worker(
                 raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
             handlers = {n: h for n, h in handlers.items() if n in names}
         if metrics_port is not None:
-            from .metrics import require_prometheus
+            from ..metrics import require_prometheus
 
             require_prometheus()  # fail now, with a clear line, if the extra is missing
         options = WorkerOptions(

@@ -11,10 +11,10 @@ import anyio
 import typer
 from anyio.abc import TaskStatus
 
-from .api import Scheduler
-from .errors import ConfigurationError
-from .executor import Handler
-from .models import WorkerOptions
+from ..api import Scheduler
+from ..consumer.calls import Handler
+from ..errors import ConfigurationError
+from ..models import WorkerOptions
 
 
 def load_handlers(target: str) -> Mapping[str, Any]:
@@ -41,7 +41,7 @@ async def serve_worker(
     """Run one consumer. The first SIGINT/SIGTERM stops it gracefully, a second at once."""
     metrics = None
     if metrics_port is not None:
-        from .metrics import PrometheusMetrics, refresh_task_counts
+        from ..metrics import PrometheusMetrics, refresh_task_counts
 
         metrics = PrometheusMetrics()
     consumer = sched.consumer(handlers, options=options)

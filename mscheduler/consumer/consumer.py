@@ -26,13 +26,15 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup, TaskStatus
 
-from .clock import sleep
-from .errors import BackendUnavailable, ClaimUncertain, ConfigurationError
-from .executor import ConsumerStats, Executor, Handler
+from ..clock import sleep
+from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError
+from ..models import Lease, Task, WorkerOptions, check_name
+from ..store.tasks import TaskStore
+from .calls import Handler
+from .executor import Executor
 from .heap import ClaimHeap
 from .listener import ChangeListener
-from .models import Lease, Task, WorkerOptions, check_name
-from .store import TaskStore
+from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ class Consumer:
             store, self.handlers, self.options, self._clock, self.stats, self._slot_freed
         )
         self._listener = ChangeListener(
-            store.collection, self.names, self.options, self._clock, self._on_change, self._fetch
+            store, self.names, self.options, self._clock, self._on_change, self._fetch
         )
         self._own_task_group: TaskGroup | None = None
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen

@@ -7,20 +7,19 @@ stops exactly that handler. What a worker writes for a task is always fenced by 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from . import context
-from .clock import Clock, sleep
-from .errors import (
+from .. import context
+from ..clock import Clock, sleep
+from ..errors import (
     Abort,
     BackendUnavailable,
     LeaseLost,
@@ -28,44 +27,14 @@ from .errors import (
     RetryLater,
     StoreError,
 )
-from .models import Lease, Task, WorkerOptions, WorkerStateKind
-from .store import TaskStore
+from ..models import Lease, Task, WorkerOptions, WorkerStateKind
+from ..store.tasks import TaskStore
+from .calls import Handler, HandlerCalls
+from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Task], Awaitable[Any]]
-
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
-
-
-class StatsObserver(Protocol):
-    """Receives every event a consumer counts (the Prometheus exporter is one)."""
-
-    def record(self, event: str, name: str, seconds: float | None) -> None: ...
-
-
-@dataclasses.dataclass
-class ConsumerStats:
-    """What a consumer did; read by tests, benchmarks and the metrics exporter."""
-
-    claimed: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    aborted: int = 0
-    deferred: int = 0  # RetryLater
-    handler_retries: int = 0
-    lease_lost: int = 0
-    timeouts: int = 0  # this worker's lease expired before a ping got through
-    released: int = 0
-    cancelled: int = 0
-    abandoned: int = 0  # handlers that ignored cancellation past cancel_timeout_ms
-    pings: int = 0
-    observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
-
-    def record(self, event: str, name: str = "", seconds: float | None = None) -> None:
-        setattr(self, event, getattr(self, event) + 1)
-        for observer in self.observers:
-            observer.record(event, name, seconds)
 
 
 @dataclasses.dataclass
@@ -83,18 +52,6 @@ class _Running:
         if self.stop_reason is None:
             self.stop_reason, self.release_on_stop = reason, release
             self.scope.cancel()
-
-
-def _retrieved(call: asyncio.Task[Any]) -> None:
-    """Marks a handler's exception as seen: a run stopped while its handler was failing
-    would otherwise have asyncio report "exception was never retrieved"."""
-    if not call.cancelled():
-        call.exception()
-
-
-class HandlerCancelled(RuntimeError):
-    """The handler raised ``CancelledError`` though nothing cancelled it: a failure of that
-    task like any other exception (it used to end the whole consumer)."""
 
 
 @dataclasses.dataclass
@@ -121,9 +78,7 @@ class Executor:
         self._stats = stats
         self._on_slot_freed = on_slot_freed
         self._running: dict[str, _Running] = {}
-        # Handlers left running after ignoring cancellation: their keys are not claimed again
-        # by this worker until they return.
-        self._abandoned: dict[str, asyncio.Task[Any]] = {}
+        self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
         self._task_group: TaskGroup | None = None
@@ -135,7 +90,7 @@ class Executor:
     @property
     def running_keys(self) -> list[str]:
         """Keys this worker must not claim: running, or abandoned and still running."""
-        return list(dict.fromkeys([*self._running, *self._abandoned]))
+        return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
 
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
@@ -191,7 +146,7 @@ class Executor:
     async def _call_handler(self, task: Task) -> _Outcome:
         for attempt in range(self._options.handler_retries + 1):
             try:
-                return _Outcome(result=await self._attempt(task))
+                return _Outcome(result=await self._calls.call(task))
             except (Abort, RetryLater) as exc:
                 return _Outcome(error=exc)  # the handler's decision: no local retry
             except Exception as exc:
@@ -205,66 +160,6 @@ class Executor:
                 )
                 await sleep(self._clock, self._options.handler_retry_delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _attempt(self, task: Task) -> Any:
-        """One call of the handler, in an asyncio task of its own (it inherits the lease in
-        its context). Why not just ``await handler(task)``: a handler that ignores
-        cancellation would then hold the consumer's task group, and `stop()`, for ever
-        (issue 10 #7). Here it gets ``cancel_timeout_ms`` to unwind once cancelled; past that
-        it is abandoned (left to run, its outcome never written, its key not claimed again by
-        this worker until it returns) and the stop goes on."""
-        done = anyio.Event()
-        scope = anyio.CancelScope()  # anyio's own cancellation: shields in the handler hold
-
-        async def call_handler() -> Any:
-            with scope:
-                return await self._handlers[task.name](task)
-            return None  # cancelled by us: the caller re-raises its own cancellation
-
-        call: asyncio.Task[Any] = asyncio.ensure_future(call_handler())
-        call.set_name(f"mscheduler-handler:{task.key}")
-        call.add_done_callback(_retrieved)  # read below, unless a stop came first
-        call.add_done_callback(lambda _: done.set())
-        try:
-            await done.wait()
-        except anyio.get_cancelled_exc_class():
-            scope.cancel()
-            with anyio.CancelScope(shield=True):
-                timeout = dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
-                deadline = self._clock.now() + timeout
-                while not call.done() and self._clock.now() < deadline:
-                    await self._clock.wait_until(deadline, done)
-            if not call.done():
-                self._abandon(task, call)
-            raise
-        if call.cancelled():
-            raise HandlerCancelled(
-                "the handler raised CancelledError without being cancelled (or was "
-                "cancelled by code of its own)"
-            )
-        return call.result()
-
-    def _abandon(self, task: Task, call: asyncio.Task[Any]) -> None:
-        self._stats.record("abandoned", task.name)
-        log.error(
-            "handler of task %r ignored cancellation for %d ms: abandoned, still running; "
-            "its outcome will not be recorded",
-            task.key,
-            self._options.cancel_timeout_ms,
-            extra={"action": "handler_abandoned", "key": task.key},
-        )
-        self._abandoned[task.key] = call
-
-        def returned(_: asyncio.Task[Any]) -> None:
-            if self._abandoned.get(task.key) is call:
-                del self._abandoned[task.key]
-            log.warning(
-                "the abandoned handler of task %r returned",
-                task.key,
-                extra={"action": "abandoned_handler_returned", "key": task.key},
-            )
-
-        call.add_done_callback(returned)
 
     async def _finish(self, entry: _Running, outcome: _Outcome) -> bool:
         """Record the outcome, retrying while the database is unreachable and the lease lives."""

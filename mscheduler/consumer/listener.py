@@ -15,7 +15,6 @@ takes over from polling once one opens. ``discovery="stream"`` makes a refusal a
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -25,82 +24,31 @@ from anyio.abc import TaskStatus
 from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
-from .clock import Clock, sleep
-from .errors import ConfigurationError
-from .models import Discovery, Task, WorkerOptions
+from ..clock import Clock, sleep
+from ..models import Task, WorkerOptions
+from ..store.streams import (
+    RESUME_IMPOSSIBLE,
+    close_quietly,
+    open_change_stream,
+    open_unless_refused,
+    task_changes,
+)
+from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)
-
-# The stream cannot be resumed from our token: start afresh and re-fetch everything.
-RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
-
-
-def task_changes(**fields: Sequence[str]) -> list[dict[str, Any]]:
-    """Server-side filter: writes to tasks whose ``field`` is one of the values given (e.g.
-    ``name=[...]``, ``key=[...]``). Deletes are left out: a deleted task's claim or ping
-    simply matches nothing."""
-    match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
-    for field, values in fields.items():
-        match[f"fullDocument.{field}"] = {"$in": list(values)}
-    return [{"$match": match}]
-
-
-async def open_change_stream(
-    collection: Any, pipeline: list[dict[str, Any]], resume_after: Any = None
-) -> Any:
-    """``watch`` with the document after each write; pymongo's async API returns a coroutine,
-    Motor the stream itself."""
-    kwargs: dict[str, Any] = {"full_document": "updateLookup"}
-    if resume_after is not None:
-        kwargs["resume_after"] = resume_after
-    stream = collection.watch(pipeline, **kwargs)
-    return await stream if inspect.isawaitable(stream) else stream
-
-
-async def open_unless_refused(
-    collection: Any, pipeline: list[dict[str, Any]], discovery: Discovery
-) -> tuple[Any, OperationFailure | None]:
-    """``(stream, None)``, or ``(None, refusal)`` when the caller must poll instead.
-
-    The server's refusal is an `OperationFailure`, whatever its code: the codes differ by
-    server and reason (40573 on a standalone mongod, 13 without the privilege, 115 or none
-    elsewhere), and any of them means "no stream here". Network errors are not refusals and
-    propagate. With ``discovery="stream"`` a refusal is a `ConfigurationError`."""
-    if discovery == "poll":
-        return None, None
-    try:
-        return await open_change_stream(collection, pipeline), None
-    except OperationFailure as exc:
-        if discovery == "stream":
-            raise ConfigurationError(
-                f"discovery: 'stream' was asked for, but the server refused to open a change "
-                f"stream: {exc}"
-            ) from exc
-        return None, exc
-
-
-async def close_quietly(stream: Any) -> None:
-    """Close a stream even while being cancelled; a failure to close changes nothing."""
-    with anyio.CancelScope(shield=True):
-        try:
-            result = stream.close()
-            if inspect.isawaitable(result):
-                await result
-        except PyMongoError:
-            pass
 
 
 class ChangeListener:
     def __init__(
         self,
-        collection: Any,
+        store: TaskStore,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,
         on_change: Callable[[Task], None],
         on_resync: Callable[[], Awaitable[None]],
     ) -> None:
-        self._collection = collection
+        self._store = store
         self._names = list(names)
         self._options = options
         self._clock = clock
@@ -112,9 +60,7 @@ class ChangeListener:
         self.resyncs = 0
 
     async def _open(self, resume_token: Any) -> Any:
-        return await open_change_stream(
-            self._collection, task_changes(name=self._names), resume_token
-        )
+        return await open_change_stream(self._store, task_changes(name=self._names), resume_token)
 
     async def run(self, *, task_status: TaskStatus[bool] = anyio.TASK_STATUS_IGNORED) -> None:
         """Reports True once the stream is open, or False when polling must replace it."""
@@ -158,7 +104,7 @@ class ChangeListener:
         while True:
             try:
                 stream, refusal = await open_unless_refused(
-                    self._collection, task_changes(name=self._names), self._options.discovery
+                    self._store, task_changes(name=self._names), self._options.discovery
                 )
             except PyMongoError as exc:
                 log.warning(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from .models import ErrorInfo, TaskState
+from ..models import ErrorInfo, TaskState
 from .stages import TERMINAL, Document, Pipeline, literal, recompute, sweep_expired
 
 _WAITING_FOR = "deps_pending"

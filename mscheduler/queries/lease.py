@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .models import ErrorInfo, TaskState
+from ..models import ErrorInfo, TaskState
 from .stages import (
     FAIL,
     RELEASED,

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from .models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
+from ..models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
 
 Document = dict[str, Any]
 Pipeline = list[Document]

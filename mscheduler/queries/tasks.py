@@ -26,7 +26,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from .models import ErrorInfo, TaskOptions, TaskState
+from ..models import ErrorInfo, TaskOptions, TaskState
 from .stages import (
     CLAIMABLE,
     FAIL,

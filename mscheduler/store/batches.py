@@ -18,17 +18,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import context
-from . import queries as q
-from .encoding import check_result
-from .errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
-from .models import Lease, PublishResult, WorkerStateKind, check_key, checked
+from .. import context
+from ..encoding import check_result
+from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
+from ..models import Lease, PublishResult, WorkerStateKind, check_key, checked
+from ..queries import tasks as q
+from ..specs import Step, TaskSpec, dependency_order, flatten
 from .publisher import prepare
-from .specs import Step, TaskSpec, dependency_order, flatten
 from .transactions import run_atomically
 
 if TYPE_CHECKING:
-    from .store import TaskStore
+    from .tasks import TaskStore
 
 Completion = Lease | tuple[Lease, Any]
 

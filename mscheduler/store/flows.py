@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from pymongo import ReturnDocument
 
-from . import flow_queries as fq
-from .errors import DependencyError, TaskRunning
-from .models import Task, TaskState, check_key
+from ..errors import DependencyError, TaskRunning
+from ..models import Task, TaskState, check_key
+from ..queries import flows as fq
 
 if TYPE_CHECKING:
-    from .store import TaskStore
+    from .base import StoreBase
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def check_dependencies(key: str, depends_on: Iterable[str]) -> list[str]:
 
 
 class Flows:
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: StoreBase) -> None:
         self._store = store
 
     async def resolve(

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 from pymongo import IndexModel
 
-from . import constants as c
-from . import queries as q
-from .clock import to_bson_time
-from .errors import ConfigurationError, TaskNotFound
-from .models import PublishResult, StatsRow, Task, TaskState
+from .. import constants as c
+from ..clock import to_bson_time
+from ..errors import ConfigurationError, TaskNotFound
+from ..models import PublishResult, StatsRow, Task, TaskState
+from ..queries import tasks as q
 
 if TYPE_CHECKING:
-    from .store import TaskStore
+    from .tasks import TaskStore
 
 _RETRYABLE = (TaskState.FAIL, TaskState.CANCELLED)
 

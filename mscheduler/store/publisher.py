@@ -16,14 +16,14 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from . import queries as q
-from .encoding import check_document_size, to_storable
-from .errors import ConfigurationError, StoreError, TaskRunning, driver_errors
-from .flows import check_dependencies
-from .models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
+from ..encoding import check_document_size, to_storable
+from ..errors import ConfigurationError, StoreError, TaskRunning, driver_errors
+from ..models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
+from ..queries import tasks as q
+from .flows import Flows, check_dependencies
 
 if TYPE_CHECKING:
-    from .store import TaskStore
+    from .base import StoreBase
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ def prepare(
 class Publisher:
     """Idempotent publish and replace; driver errors become mscheduler errors here."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: StoreBase, flows: Flows) -> None:
         self._store = store
+        self._flows = flows
 
     @property
     def in_transaction(self) -> bool:
@@ -148,7 +149,7 @@ class Publisher:
         pending: list[str] = []
         failed: list[str] = []
         if prepared.dependencies:
-            present, pending, failed = await self._store.flows.resolve(
+            present, pending, failed = await self._flows.resolve(
                 prepared.key, prepared.dependencies, allow_missing
             )
         return q.new_task_document(
@@ -232,7 +233,7 @@ class Publisher:
         ended meanwhile and changed it)."""
         if not task.depends_on:
             return task
-        await self._store.flows.attach(task)
+        await self._flows.attach(task)
         return await self._reread(task.key)
 
     async def _reread(self, key: str) -> Task:

@@ -1,4 +1,4 @@
-"""Runs the queries of `queries.py` against a collection: the only module that talks to MongoDB.
+"""`TaskStore`: runs the queries of `mscheduler.queries` against a collection.
 
 It turns results into models and driver errors into mscheduler errors, and counts nothing it
 does not need to: publish, claim, ping, succeed, fail and release are one round trip each.
@@ -12,18 +12,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anyio
-from pymongo import IndexModel, ReturnDocument, UpdateOne
-from pymongo.errors import ConnectionFailure, OperationFailure
+from pymongo import ReturnDocument, UpdateOne
+from pymongo.errors import ConnectionFailure
 
-from . import constants as c
-from . import lease_queries as lq
-from . import queries as q
-from .clock import Clock, to_bson_time
-from .encoding import check_result
-from .errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
-from .flows import Flows
-from .models import (
+from ..clock import Clock, to_bson_time
+from ..encoding import check_result
+from ..errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
+from ..models import (
     ErrorInfo,
     Lease,
     Task,
@@ -33,22 +28,22 @@ from .models import (
     check_worker_id,
     checked,
 )
+from ..queries import lease as lq
+from ..queries import tasks as q
+from .base import StoreBase
+from .flows import Flows
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
 
-class TaskStore:
+class TaskStore(StoreBase):
     """Every task operation, each one a fenced or conditional write on one document."""
 
     def __init__(self, collection: Any, clock: Clock) -> None:
-        self.collection = collection
-        self.clock = clock
-        self._indexes_ready = False
-        self._indexes_lock = anyio.Lock()
+        super().__init__(collection, clock)
         self.flows = Flows(self)
-        self.publisher = Publisher(self)
-        self.in_transaction = False
+        self.publisher = Publisher(self, self.flows)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
@@ -61,54 +56,6 @@ class TaskStore:
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
         return view
-
-    # ------------------------------------------------------------ indexes
-
-    @driver_errors
-    async def ensure_indexes(self) -> list[str]:
-        """Create the declared indexes (idempotent); the unique key index is what makes
-        publish idempotent, so every other operation ensures it first."""
-        async with self._indexes_lock:
-            models = [
-                IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
-            ]
-            names = list(await self.collection.create_indexes(models))
-            self._indexes_ready = True
-            return names
-
-    @driver_errors
-    async def ensure_ttl_index(self, model: IndexModel) -> None:
-        """Create a TTL index, or change its ``expireAfterSeconds`` if it exists with another:
-        creating it again would be refused (IndexOptionsConflict). MongoDB changes it in place
-        with ``collMod``; an engine without that command gets the index dropped and rebuilt."""
-        spec = model.document
-        name, seconds = spec["name"], spec["expireAfterSeconds"]
-        existing = (await self.collection.index_information()).get(name)
-        if existing is None:
-            await self.collection.create_indexes([model])
-            return
-        if existing.get("expireAfterSeconds") == seconds:
-            return
-        try:
-            await self.collection.database.command(
-                {
-                    "collMod": self.collection.name,
-                    "index": {"name": name, "expireAfterSeconds": seconds},
-                }
-            )
-        except OperationFailure as exc:
-            log.info(
-                "collMod refused (%s); rebuilding the TTL index %s",
-                exc,
-                name,
-                extra={"action": "ttl_index_rebuilt"},
-            )
-            await self.collection.drop_index(name)
-            await self.collection.create_indexes([model])
-
-    async def _ready(self) -> None:
-        if not self._indexes_ready:
-            await self.ensure_indexes()
 
     # ------------------------------------------------------------ publish
 
@@ -135,18 +82,6 @@ class TaskStore:
                 for listener in self.owed_listeners:
                     listener()
         return task
-
-    @driver_errors
-    async def get(self, key: str) -> Task | None:
-        await self._ready()
-        found = await self.collection.find_one(q.by_key(checked(check_key, key)))
-        return None if found is None else Task.model_validate(found)
-
-    @driver_errors
-    async def get_many(self, keys: Sequence[str]) -> list[Task]:
-        await self._ready()
-        cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
-        return [Task.model_validate(document) async for document in cursor]
 
     # ------------------------------------------------------------ claim and the lease
 

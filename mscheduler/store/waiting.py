@@ -17,11 +17,11 @@ from typing import Any
 import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
-from .clock import sleep
-from .errors import ConfigurationError, StoreError, TaskNotFound
-from .listener import close_quietly, open_change_stream, open_unless_refused, task_changes
-from .models import Discovery, Task
-from .store import TaskStore
+from ..clock import sleep
+from ..errors import ConfigurationError, StoreError, TaskNotFound
+from ..models import Discovery, Task
+from .streams import close_quietly, open_change_stream, open_unless_refused, task_changes
+from .tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class _Waiter:
 
     async def _open_stream(self) -> Any:
         stream, refusal = await open_unless_refused(
-            self._store.collection, task_changes(key=self.remaining), self._discovery
+            self._store, task_changes(key=self.remaining), self._discovery
         )
         if refusal is not None and not self._warned:
             self._warned = True
@@ -137,7 +137,7 @@ async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIte
     """Every change to a task (of ``names``), as the task after the change."""
     pipeline = task_changes(name=names) if names else task_changes()
     try:
-        stream = await open_change_stream(store.collection, pipeline)
+        stream = await open_change_stream(store, pipeline)
     except OperationFailure as exc:
         raise StoreError(
             f"watching needs change streams, and the server refused one: {exc}"

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 import mscheduler as ms
-from mscheduler.cli import app
-from mscheduler.memory import forget_memory_server
+from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.cli.main import app
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from mongomock_motor import AsyncMongoMockClient
 from pymongo import MongoClient
 
 import mscheduler as ms
-from mscheduler.backends import redact
+from mscheduler.backends.uri import redact
 
 pytestmark = pytest.mark.anyio
 

@@ -210,7 +210,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
 def test_only_conflicts_the_driver_does_not_retry_are_retried_again():
     from pymongo.errors import OperationFailure
 
-    from mscheduler.transactions import _unlabelled_write_conflict
+    from mscheduler.store.transactions import _unlabelled_write_conflict
 
     labelled = OperationFailure(
         "WriteConflict", 112, {"errorLabels": ["TransientTransactionError"]}

@@ -15,9 +15,9 @@ import pytest
 from pymongo import AsyncMongoClient
 
 import mscheduler as ms
-from mscheduler.memory import memory_server
+from mscheduler.backends.memory.server import memory_server
+from mscheduler.store.transactions import supports_transactions
 from mscheduler.testing import CountingCollection
-from mscheduler.transactions import supports_transactions
 from tests.engines import POLL_MS, settle
 from tests.faults import FaultyCollection
 

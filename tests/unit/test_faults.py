@@ -16,7 +16,7 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.memory import memory_server
+from mscheduler.backends.memory.server import memory_server
 from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.faults import FaultyCollection
 from tests.unit.test_consumer import Recorder, consumers

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from mscheduler import constants as c
-from mscheduler import flow_queries as fq
-from mscheduler import lease_queries as lq
-from mscheduler import queries as q
-from mscheduler.index_plan import index_serves
+from mscheduler.backends.memory.index_plan import index_serves
+from mscheduler.queries import flows as fq
+from mscheduler.queries import lease as lq
+from mscheduler.queries import tasks as q
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 

@@ -10,8 +10,8 @@ from pymongo import ReturnDocument
 from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
-from mscheduler.backends import open_collection
-from mscheduler.memory import MemoryCollection, forget_memory_server
+from mscheduler.backends.memory.server import MemoryCollection, forget_memory_server
+from mscheduler.backends.uri import open_collection
 
 pytestmark = pytest.mark.anyio
 UTC = dt.timezone.utc

@@ -22,9 +22,12 @@ from bson import ObjectId
 
 import mscheduler as ms
 from mscheduler import constants as c
-from mscheduler import flow_queries, lease_queries, queries, stages
-from mscheduler.memory import memory_server
+from mscheduler.backends.memory.server import memory_server
 from mscheduler.models import ErrorInfo, TaskState
+from mscheduler.queries import flows as flow_queries
+from mscheduler.queries import lease as lease_queries
+from mscheduler.queries import stages
+from mscheduler.queries import tasks as queries
 from tests.engines import WIRE_DATABASE, WireServer
 
 pytestmark = pytest.mark.anyio
@@ -65,10 +68,10 @@ SAMPLES: dict[str, Any] = {
 }
 # Builders whose arguments are a whole document rather than samples by name.
 SPECIAL: dict[str, Any] = {
-    "queries.new_task_document": lambda: queries.new_task_document(
+    "tasks.new_task_document": lambda: queries.new_task_document(
         key="new", name="job", payload={"n": 1}, options=ms.TaskOptions(), now=NOW, task_id=None
     ),
-    "queries.publish_upsert": lambda: queries.publish_upsert(
+    "tasks.publish_upsert": lambda: queries.publish_upsert(
         queries.new_task_document(
             key="new",
             name="job",
@@ -132,7 +135,7 @@ def operators_in(value: Any) -> set[str]:
 
 def test_every_builder_is_walked():
     assert len(BUILT) >= 40, sorted(BUILT)
-    assert "stages.recompute" in BUILT and "lease_queries.lease_filter" in BUILT
+    assert "stages.recompute" in BUILT and "lease.lease_filter" in BUILT
 
 
 @pytest.mark.parametrize("builder", sorted(BUILT))
@@ -223,7 +226,7 @@ def differences(path: str, left: Any, right: Any) -> list[str]:
 def as_probe(builder: str, built: Any) -> tuple[str, Any]:
     """What to send for a builder's output: ("find", filter), ("update", (filter, update)),
     ("aggregate", pipeline)."""
-    if builder == "queries.stats_pipeline":
+    if builder == "tasks.stats_pipeline":
         return "aggregate", built
     if isinstance(built, tuple):
         return "update", built

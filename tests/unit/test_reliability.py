@@ -12,7 +12,7 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.heap import ClaimHeap
+from mscheduler.consumer.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, settle
 from tests.unit.test_consumer import FAST, Recorder, consumers

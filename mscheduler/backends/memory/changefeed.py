@@ -19,7 +19,7 @@ import anyio
 from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure, PyMongoError
 
-from .clock import UTC
+from ...clock import UTC
 
 CHANGE_STREAM_HISTORY_LOST = 286
 DEFAULT_HISTORY = 10_000

@@ -1,0 +1,2 @@
+"""Where tasks are stored: `uri` turns a URI into a collection (`mongodb://`,
+`mongodb+srv://`, `memory://`); `memory` is the embedded in-process backend."""

@@ -1,0 +1,36 @@
+"""What a consumer counts, and who is told (the Prometheus exporter is one observer)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+
+class StatsObserver(Protocol):
+    """Receives every event a consumer counts (the Prometheus exporter is one)."""
+
+    def record(self, event: str, name: str, seconds: float | None) -> None: ...
+
+
+@dataclasses.dataclass
+class ConsumerStats:
+    """What a consumer did; read by tests, benchmarks and the metrics exporter."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    aborted: int = 0
+    deferred: int = 0  # RetryLater
+    handler_retries: int = 0
+    lease_lost: int = 0
+    timeouts: int = 0  # this worker's lease expired before a ping got through
+    released: int = 0
+    cancelled: int = 0
+    abandoned: int = 0  # handlers that ignored cancellation past cancel_timeout_ms
+    pings: int = 0
+    observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
+
+    def record(self, event: str, name: str = "", seconds: float | None = None) -> None:
+        setattr(self, event, getattr(self, event) + 1)
+        for observer in self.observers:
+            observer.record(event, name, seconds)

@@ -1,0 +1,101 @@
+"""What every part of the store shares: the collection, the clock, the indexes, and reads.
+
+`TaskStore` (`tasks`) builds on it, and so do `flows` and `publisher`, which it owns: they
+import this module, never `tasks`, so the store has no import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from pymongo import IndexModel
+from pymongo.errors import OperationFailure
+
+from .. import constants as c
+from ..clock import Clock
+from ..errors import driver_errors
+from ..models import Task, check_key, checked
+from ..queries import tasks as q
+
+log = logging.getLogger(__name__)
+
+
+class StoreBase:
+    """The collection and clock, the declared indexes, and reads of tasks by key."""
+
+    def __init__(self, collection: Any, clock: Clock) -> None:
+        self.collection = collection
+        self.clock = clock
+        self._indexes_ready = False
+        self._indexes_lock = anyio.Lock()
+        self.in_transaction = False
+
+    # ------------------------------------------------------------ indexes
+
+    @driver_errors
+    async def ensure_indexes(self) -> list[str]:
+        """Create the declared indexes (idempotent); the unique key index is what makes
+        publish idempotent, so every other operation ensures it first."""
+        async with self._indexes_lock:
+            models = [
+                IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
+            ]
+            names = list(await self.collection.create_indexes(models))
+            self._indexes_ready = True
+            return names
+
+    @driver_errors
+    async def ensure_ttl_index(self, model: IndexModel) -> None:
+        """Create a TTL index, or change its ``expireAfterSeconds`` if it exists with another:
+        creating it again would be refused (IndexOptionsConflict). MongoDB changes it in place
+        with ``collMod``; an engine without that command gets the index dropped and rebuilt."""
+        spec = model.document
+        name, seconds = spec["name"], spec["expireAfterSeconds"]
+        existing = (await self.collection.index_information()).get(name)
+        if existing is None:
+            await self.collection.create_indexes([model])
+            return
+        if existing.get("expireAfterSeconds") == seconds:
+            return
+        try:
+            await self.collection.database.command(
+                {
+                    "collMod": self.collection.name,
+                    "index": {"name": name, "expireAfterSeconds": seconds},
+                }
+            )
+        except OperationFailure as exc:
+            log.info(
+                "collMod refused (%s); rebuilding the TTL index %s",
+                exc,
+                name,
+                extra={"action": "ttl_index_rebuilt"},
+            )
+            await self.collection.drop_index(name)
+            await self.collection.create_indexes([model])
+
+    @driver_errors
+    async def index_information(self) -> dict[str, Any]:
+        """The collection's indexes, as the driver describes them (name -> spec)."""
+        return dict(await self.collection.index_information())
+
+    async def _ready(self) -> None:
+        if not self._indexes_ready:
+            await self.ensure_indexes()
+
+    # ------------------------------------------------------------ reads
+
+    @driver_errors
+    async def get(self, key: str) -> Task | None:
+        await self._ready()
+        found = await self.collection.find_one(q.by_key(checked(check_key, key)))
+        return None if found is None else Task.model_validate(found)
+
+    @driver_errors
+    async def get_many(self, keys: Sequence[str]) -> list[Task]:
+        await self._ready()
+        cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
+        return [Task.model_validate(document) async for document in cursor]

@@ -1,0 +1,167 @@
+"""The package's layout is its architecture: layers call downward only, nothing imports in a
+cycle, only the store talks to MongoDB, and no module outgrows one responsibility.
+
+Reads the source with `ast` (imports under ``TYPE_CHECKING`` and inside functions count too:
+a cycle for the type checker is a cycle for the reader)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mscheduler"
+MAX_LINES = 400
+
+# Lowest first. A module may import from a lower layer, or from its own package; the
+# foundation modules (models, errors, ...) may import each other, acyclically.
+FOUNDATION = {"__about__", "clock", "constants", "context", "encoding", "errors", "models", "specs"}
+LAYERS = {
+    "foundation": 0,
+    "queries": 1,
+    "store": 2,
+    "backends": 2,
+    "consumer": 3,
+    "api": 4,
+    "testing": 4,
+    "metrics": 5,  # observes consumers and reads Scheduler.stats
+    "__init__": 6,
+    "cli": 6,
+}
+# Collection methods called on a collection (an expression that names one): only the store,
+# and the backends that make collections, do that.
+COLLECTION_METHODS = {
+    "aggregate",
+    "bulk_write",
+    "count_documents",
+    "create_indexes",
+    "delete_many",
+    "delete_one",
+    "drop_index",
+    "find_one",
+    "find_one_and_replace",
+    "find_one_and_update",
+    "index_information",
+    "insert_many",
+    "insert_one",
+    "update_many",
+    "update_one",
+    "watch",
+}
+TALKS_TO_MONGODB = {"store", "backends", "testing"}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _group(module: str) -> str:
+    """The package a module belongs to: ``store`` for mscheduler.store.tasks, ``foundation``
+    for the base modules, else the top-level module's own name."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    if parts[1] in FOUNDATION:
+        return "foundation"
+    return parts[1]
+
+
+def _imports(module: str) -> set[str]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names if a.name.startswith("mscheduler"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("mscheduler"):
+                origin = node.module
+            else:
+                continue
+            for alias in node.names:
+                submodule = f"{origin}.{alias.name}"
+                targets.add(submodule if submodule in MODULES else origin)
+    return {target for target in targets if target in MODULES and target != module}
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def test_layers_import_downward_only():
+    upward = []
+    for module, targets in GRAPH.items():
+        for target in targets:
+            mine, theirs = _group(module), _group(target)
+            if mine == theirs:
+                continue
+            if LAYERS[theirs] >= LAYERS[mine]:
+                upward.append(f"{module} -> {target} ({mine} may not import {theirs})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+
+
+def test_only_the_store_calls_the_collection():
+    outside = []
+    for module, path in MODULES.items():
+        if _group(module) in TALKS_TO_MONGODB:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in COLLECTION_METHODS
+                and "collection" in ast.unparse(node.func.value)
+            ):
+                outside.append(f"{module}:{node.lineno} calls .{node.func.attr}()")
+    assert not outside, "\n".join(outside)
+
+
+def test_no_module_is_over_the_size_limit():
+    large = {
+        module: lines
+        for module, path in MODULES.items()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not large, f"over {MAX_LINES} lines: {large}"
+
+
+def test_the_checks_see_the_imports_they_judge():
+    """Guards the guard: a parser that found no edge would pass everything above."""
+    assert "mscheduler.queries.tasks" in GRAPH["mscheduler.store.tasks"]
+    assert "mscheduler.store.tasks" in GRAPH["mscheduler.consumer.consumer"]
+    assert "mscheduler.store.base" in GRAPH["mscheduler.store.flows"]  # under TYPE_CHECKING
+    assert _group("mscheduler.models") == "foundation"
