@@ -36,7 +36,7 @@ MAX_ERROR_BYTES: Final = 16 * 1024
 # this long after they ended; running and pending tasks have finished_at null and stay.
 FINISHED_TTL_INDEX = "finished_ttl"
 
-# Indexes: (name, keys, extra options). Every query in queries.py is served by one of these;
+# Indexes: (name, keys, extra options). Every query in mscheduler.queries is served by one of these;
 # tests run the memory backend with a "notablescan" check that refuses any query none serves.
 INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (
     # Idempotent publish and every per-task write: publishing a key twice never makes two tasks.
@@ -67,7 +67,7 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     ("finished", (("state", 1), ("finished_at", 1)), {}),
 )
 
-# The operator vocabulary of every query builder (queries, lease_queries, flow_queries, stages),
+# The operator vocabulary of every query builder (mscheduler.queries: tasks, lease, flows, stages),
 # kept small so that MongoDB, the memory backend (mongomock) and the wire tier (mongoeco)
 # evaluate each the same way; tests/unit/test_query_builders.py walks every builder against
 # it and compares the engines. Known traps, kept out on purpose: $reduce, $toDate,

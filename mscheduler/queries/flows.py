@@ -1,4 +1,4 @@
-"""The flow half of `queries.py`: dependencies between tasks, each query beside its invariant.
+"""The flow half of the queries: dependencies between tasks, each query beside its invariant.
 
 A dependent task lists its dependencies in ``depends_on`` and the ones that have not yet
 succeeded in ``deps_pending``; it is ``blocked`` while that list is not empty. A dependency

@@ -1,4 +1,4 @@
-"""The fenced writes of a lease holder: the lease half of `queries.py`.
+"""The fenced writes of a lease holder: the lease half of the queries.
 
 Every write here matches ``key + worker_id + run_id + state: running + ping_expire_at > now``
 (`lease_filter`), so only the current holder of a live lease can ping, finish or release.

@@ -1,4 +1,4 @@
-"""Aggregation-pipeline stages shared by every task write (see `queries.py`).
+"""Aggregation-pipeline stages shared by every task write (see `queries.tasks`).
 
 Every pipeline update sweeps expired leases first and ends with `recompute`, so the derived
 fields (``state``, ``next_claim_at``, ``result``, ``error``) are always a function of the

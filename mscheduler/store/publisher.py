@@ -1,7 +1,7 @@
 """Idempotent publish: insert unless the key exists, else decide what the caller asked for.
 
 Part of the store layer (it writes through `TaskStore`'s collection and runs only queries
-from `queries.py`); `TaskStore.publish` is its entry point.
+from `mscheduler.queries`); `TaskStore.publisher` is its entry point.
 """
 
 from __future__ import annotations
