@@ -65,8 +65,8 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                 options = ms.WorkerOptions(worker_id=f"worker-{n}", max_running=3)
                 await stack.enter_async_context(sched.consumer(handlers, options=options))
             keys = [f"range:{n}" for n in range(RANGES)]
-            ranges = await sched.wait_many(keys, timeout=30)
-            joined = await sched.wait("join", timeout=30)  # published by the last range's commit
+            ranges = await sched.wait_many(keys, timeout=120)  # a bound, not a goal
+            joined = await sched.wait("join", timeout=120)  # published by the last commit
 
         barrier = await sched.get("barrier")
         assert barrier is not None
