@@ -65,7 +65,13 @@ class LeaseLost(MSchedulerError):
 
     Raised by ping, success, fail and release when the fenced write matches nothing; the
     worker must stop working on the task, because another worker may already be running it.
+    ``state`` is what the task now records for this run (None: nothing, or not read): a
+    finish retried after a lost reply finds there the outcome its first attempt wrote.
     """
+
+    def __init__(self, message: str, *, state: str | None = None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class PreconditionFailed(MSchedulerError):

@@ -181,7 +181,7 @@ class Executor:
                     await self._store.fail(lease, error, final=isinstance(error, Abort))
                 break
             except LeaseLost as exc:
-                if attempt > 0 and await self._landed_before(lease):
+                if attempt > 0 and self._landed_before(lease, outcome, exc):
                     break
                 self._stats.record("lease_lost", lease.task.name)
                 log.warning(str(exc), extra={"action": "lease_lost", "key": lease.key})
@@ -221,16 +221,19 @@ class Executor:
                 self._stats.record("aborted", name, outcome.seconds)
             self._stats.record("failed", name, outcome.seconds)
 
-    async def _landed_before(self, lease: Lease) -> bool:
+    @staticmethod
+    def _landed_before(lease: Lease, outcome: _Outcome, lost: LeaseLost) -> bool:
         """After a retried finish found no lease: did the attempt whose reply was lost land?
-        Then the outcome is recorded and nothing was lost (one read, only on this path)."""
-        try:
-            task = await self._store.get(lease.key)
-        except BackendUnavailable:
-            return False
-        states = [] if task is None else task.worker_states
-        own = next((ws for ws in states if ws.run_id == lease.run_id), None)
-        if own is None or own.state in (WorkerStateKind.RUNNING, WorkerStateKind.TIMEOUT):
+        Then the run's state is the one this outcome writes (`LeaseLost` read it), and
+        nothing was lost."""
+        error = outcome.error
+        if error is None:
+            wrote = WorkerStateKind.SUCCESS
+        elif isinstance(error, RetryLater):
+            wrote = WorkerStateKind.RELEASED
+        else:
+            wrote = WorkerStateKind.FAIL
+        if lost.state != wrote.value:
             return False
         log.info(
             "the outcome of task %r was recorded by an attempt whose reply was lost",

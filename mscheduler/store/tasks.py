@@ -118,16 +118,25 @@ class TaskStore(StoreBase):
             # The reply may be lost after the claim was applied: a lease nobody knows of would
             # expire unrun and count as a failure (with max_unexpected_retries=0, fail the task
             # without it ever running). The run_id is ours alone, so one read tells.
-            found = await self._lookup_claim(worker_id, run_id, exc)
+            return await self._lease_from(
+                await self._lookup_claim(worker_id, run_id, exc), worker_id, run_id
+            )
         if found is None:
             return None
         return await self._lease_from(Task.model_validate(found), worker_id, run_id)
 
-    async def _lookup_claim(
-        self, worker_id: str, run_id: str, lost: ConnectionFailure
-    ) -> dict[str, Any]:
+    async def _claimed_by(self, worker_id: str, run_id: str) -> Task | None:
+        """The task that a claim of ``worker_id`` with ``run_id`` went to, if it was applied."""
+        found = await self.collection.find_one(lq.by_run(run_id))
+        if found is None:
+            return None
+        task = Task.model_validate(found)
+        own = next(ws for ws in task.worker_states if ws.run_id == run_id)
+        return task if own.worker_id == worker_id else None
+
+    async def _lookup_claim(self, worker_id: str, run_id: str, lost: ConnectionFailure) -> Task:
         try:
-            found = await self.collection.find_one(lq.by_run(run_id))
+            task = await self._claimed_by(worker_id, run_id)
         except ConnectionFailure as exc:
             raise ClaimUncertain(
                 f"MongoDB is unreachable: a claim's reply was lost ({lost}) and so was the "
@@ -135,31 +144,21 @@ class TaskStore(StoreBase):
                 worker_id=worker_id,
                 run_id=run_id,
             ) from exc
-        if found is None or not any(
-            ws["run_id"] == run_id and ws["worker_id"] == worker_id
-            for ws in found.get("worker_states", [])
-        ):
+        if task is None:
             raise lost  # not applied: an ordinary network error
         log.info(
             "claim reply lost; the claim was applied and is recovered by its run_id",
             extra={"action": "claim_recovered", "run_id": run_id},
         )
-        return dict(found)
+        return task
 
     @driver_errors
     async def find_claim(self, worker_id: str, run_id: str) -> Lease | None:
         """After `ClaimUncertain`: the lease that claim took, if it was applied and is still
         live (None: it was not applied, or it expired and another claim will record that)."""
-        found = await self.collection.find_one(lq.by_run(run_id))
-        if found is None:
-            return None
-        task = Task.model_validate(found)
-        own = next(ws for ws in task.worker_states if ws.run_id == run_id)
-        if (
-            own.worker_id != worker_id
-            or own.state is not WorkerStateKind.RUNNING
-            or not own.is_live(self.clock.now())
-        ):
+        task = await self._claimed_by(worker_id, run_id)
+        own = None if task is None else next(ws for ws in task.worker_states if ws.run_id == run_id)
+        if task is None or own is None or not own.is_live(self.clock.now()):
             return None
         return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
 
@@ -184,24 +183,26 @@ class TaskStore(StoreBase):
             return_document=ReturnDocument.AFTER,
         )
         if found is None:
-            raise LeaseLost(await self._why_lost(lease, now))
+            raise await self._lost(lease)
         return await self._after_write(Task.model_validate(found))
 
-    async def _why_lost(self, lease: Lease, now: Any) -> str:
+    async def _lost(self, lease: Lease) -> LeaseLost:
         """Only on the failure path: one read to tell the worker what happened."""
         prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
         found = await self.collection.find_one(q.by_key(lease.key))
         if found is None:
-            return f"{prefix}; the task was deleted"
+            return LeaseLost(f"{prefix}; the task was deleted")
         task = Task.model_validate(found)
         own = next((ws for ws in task.worker_states if ws.run_id == lease.run_id), None)
+        state = None if own is None else own.state.value
         if task.state.is_terminal:
-            return f"{prefix}; the task is {task.state.value}"
+            return LeaseLost(f"{prefix}; the task is {task.state.value}", state=state)
         if own is None:
-            return f"{prefix}; the task was re-published"
+            return LeaseLost(f"{prefix}; the task was re-published")
         if own.state is WorkerStateKind.RUNNING and own.ping_expire_at is not None:
-            return f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
-        return f"{prefix}; its state is {own.state.value}"
+            expired = f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
+            return LeaseLost(expired, state=state)
+        return LeaseLost(f"{prefix}; its state is {own.state.value}", state=state)
 
     @driver_errors
     async def ping(self, lease: Lease) -> Task:

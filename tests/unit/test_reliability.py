@@ -398,3 +398,38 @@ async def test_12_a_commit_with_a_key_of_another_name_records_nothing(
     mine = await scheduler.get("mine")
     assert mine is not None and mine.state is S.RUNNING, "the completion was recorded"
     assert await scheduler.get("next") is None
+
+
+class _LoseNextReply(CountingCollection):
+    """Once armed, applies the next ``find_one_and_update`` and loses its reply."""
+
+    armed = False
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.armed:
+            self.armed = False
+            raise AutoReconnect("connection reset after the finish was applied")
+        return result
+
+
+async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    await scheduler.publish("k", None, name="job")
+    lossy = _LoseNextReply(scheduler.collection)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+
+    async def handler(task: ms.Task) -> str:
+        lossy.armed = True  # the next write is this run's success
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": handler}, options=options) as consumer:
+        for _ in range(3):
+            clock.advance(1)
+            await discover()
+    assert lossy.armed is False, "the fault was not injected"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS and task.result == "ok"
+    assert consumer.stats.succeeded == 1 and consumer.stats.lease_lost == 0
