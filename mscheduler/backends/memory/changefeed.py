@@ -100,7 +100,16 @@ class ChangeFeed:
                 "be in the oplog.",
                 code=CHANGE_STREAM_HISTORY_LOST,
             )
-        return [event for event in self._events if event["_seq"] > sequence]
+        # The history holds consecutive sequence numbers, oldest first: walk back from the
+        # newest to the first one already seen, so a read costs the new events only, not the
+        # whole history (up to DEFAULT_HISTORY events, for every stream on every read).
+        newer: list[dict[str, Any]] = []
+        for event in reversed(self._events):
+            if event["_seq"] <= sequence:
+                break
+            newer.append(event)
+        newer.reverse()
+        return newer
 
     def open(
         self,
@@ -183,9 +192,9 @@ class MemoryChangeStream:
         if not self._buffer:
             for event in self._feed._events_after(self._scanned):
                 self._scanned = event["_seq"]
-                shaped = self._shape(event)
-                if all(filter_applies(match, shaped) for match in self._matches):
-                    self._buffer.append(shaped)
+                seen = self._view(event)  # $match first; copy only what the stream delivers
+                if all(filter_applies(match, seen) for match in self._matches):
+                    self._buffer.append(copy.deepcopy(seen))
         if not self._buffer:
             # Like the server's post-batch resume token: skip past events the $match dropped.
             self._position = self._scanned
@@ -210,8 +219,10 @@ class MemoryChangeStream:
             self._closed = True  # a failed cursor is dead, as with the driver
             raise error
 
-    def _shape(self, event: dict[str, Any]) -> dict[str, Any]:
-        shaped = {k: copy.deepcopy(v) for k, v in event.items() if k != "_seq"}
+    def _view(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The event as this stream shows it (a shallow view of the stored one: not to be
+        changed, and copied before it is handed out)."""
+        shaped = {k: v for k, v in event.items() if k != "_seq"}
         if not self._with_full_document and shaped["operationType"] != "insert":
             shaped.pop("fullDocument", None)
         if shaped.get("fullDocument") is None:
