@@ -16,58 +16,21 @@ write is on the server.
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
-import numbers
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mongomock import aggregate as mongomock_aggregate
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import DeleteMany, DeleteOne, IndexModel, InsertOne, ReplaceOne, UpdateMany, UpdateOne
 from pymongo.errors import OperationFailure
 from pymongo.results import BulkWriteResult
 
+from . import patches  # noqa: F401 - applied on import: what mongomock lacks
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
 
 NO_QUERY_EXECUTION_PLANS = 291
-
-
-# ---------------------------------------------------------------- what mongomock lacks
-
-_original_arithmetic = mongomock_aggregate._Parser._handle_arithmetic_operator
-
-
-@functools.wraps(_original_arithmetic)
-def _arithmetic_with_dates(self: Any, operator: str, values: Any) -> Any:
-    if operator == "$add" and isinstance(values, (list, tuple)):
-        parsed = list(self.parse_many(values))
-        dates = [v for v in parsed if isinstance(v, dt.datetime)]
-        if len(dates) == 1 and all(
-            v is dates[0] or isinstance(v, numbers.Number) for v in parsed if v is not None
-        ):
-            if any(v is None for v in parsed):
-                return None
-            millis = sum(v for v in parsed if not isinstance(v, dt.datetime))
-            return dates[0] + dt.timedelta(milliseconds=millis)
-    return _original_arithmetic(self, operator, values)
-
-
-_original_basic_expression = mongomock_aggregate._Parser._parse_basic_expression
-
-
-@functools.wraps(_original_basic_expression)
-def _basic_expression_with_arrays(self: Any, expression: Any) -> Any:
-    if isinstance(expression, list):
-        return [self.parse(element) for element in expression]
-    return _original_basic_expression(self, expression)
-
-
-mongomock_aggregate._Parser._handle_arithmetic_operator = _arithmetic_with_dates  # type: ignore[method-assign]
-mongomock_aggregate._Parser._parse_basic_expression = _basic_expression_with_arrays  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------- the collection
