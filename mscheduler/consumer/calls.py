@@ -50,18 +50,22 @@ class HandlerCalls:
         # claim those keys again until they return.
         self.abandoned: dict[str, asyncio.Task[Any]] = {}
 
-    async def call(self, task: Task) -> Any:
+    async def call(self, task: Task, may_start: Callable[[], bool]) -> Any:
         """One call of the handler, in an asyncio task of its own (it inherits the lease in
         its context). Why not just ``await handler(task)``: a handler that ignores
         cancellation would then hold the consumer's task group, and `stop()`, for ever
         (issue 10 #7). Here it gets ``cancel_timeout_ms`` to unwind once cancelled; past that
         it is abandoned (left to run, its outcome never written, its key not claimed again by
-        this worker until it returns) and the stop goes on."""
+        this worker until it returns) and the stop goes on. ``may_start`` is asked first, in
+        that task: False (the lease ran out while the task waited to run) and the handler
+        never starts."""
         done = anyio.Event()
         scope = anyio.CancelScope()  # anyio's own cancellation: shields in the handler hold
 
         async def call_handler() -> Any:
             with scope:
+                if not may_start():
+                    await anyio.sleep_forever()  # the stop that refused it cancels this
                 return await self._handlers[task.name](task)
             return None  # cancelled by us: the caller re-raises its own cancellation
 

@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
 
 
+def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
+    """How long before its lease expires a worker stops the handler: a tenth of the timeout.
+
+    Another worker judges the lease by its own clock. If the holder stopped only at the
+    expiry by *its* clock, a holder whose clock is behind would still run while the other
+    claims (the chaos test caught one). With this margin, at most ``concurrent_worker_cnt``
+    handlers run at once while the workers' clocks differ by less than a tenth of
+    ``worker_timeout_ms``."""
+    return dt.timedelta(milliseconds=worker_timeout_ms / 10)
+
+
 @dataclasses.dataclass
 class _Running:
     lease: Lease
@@ -47,6 +58,10 @@ class _Running:
     worker_timeout_ms: int
     stop_reason: str | None = None
     release_on_stop: bool = False
+
+    @property
+    def stop_at(self) -> dt.datetime:
+        return self.expire_at - expiry_margin(self.worker_timeout_ms)
 
     def stop(self, reason: str, *, release: bool) -> None:
         if self.stop_reason is None:
@@ -92,6 +107,21 @@ class Executor:
         """Keys this worker must not claim: running, or abandoned and still running."""
         return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
 
+    def _may_start(self, entry: _Running) -> bool:
+        """Checked as the handler is about to start: a claim whose handler waited (the loop
+        blocked) until the lease ran out must not start, as another worker may hold it now."""
+        if entry.stop_reason is None and self._clock.now() >= entry.stop_at:
+            self._stats.record("timeouts", entry.lease.task.name)
+            entry.stop("the lease expired before its handler started", release=False)
+        return entry.stop_reason is None
+
+    def still_runnable(self, lease: Lease) -> bool:
+        """Whether a lease found late (a recovered claim) leaves time to run before its
+        holder must stop (`expiry_margin`)."""
+        expires = lease.ping_expire_at
+        margin = expiry_margin(lease.task.options.worker_timeout_ms)
+        return expires is not None and expires - margin > self._clock.now()
+
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
 
@@ -122,7 +152,7 @@ class Executor:
             with entry.scope:
                 token = context.enter(run)
                 try:
-                    outcome = await self._call_handler(entry.lease.task)
+                    outcome = await self._call_handler(entry)
                     outcome.seconds = run.seconds = time.perf_counter() - started
                 finally:
                     context.leave(token)
@@ -143,10 +173,11 @@ class Executor:
             # for some other write to it (it was excluded from claims while it ran).
             self._on_slot_freed(None if written else key)
 
-    async def _call_handler(self, task: Task) -> _Outcome:
+    async def _call_handler(self, entry: _Running) -> _Outcome:
+        task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
             try:
-                return _Outcome(result=await self._calls.call(task))
+                return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
             except (Abort, RetryLater) as exc:
                 return _Outcome(error=exc)  # the handler's decision: no local retry
             except Exception as exc:
@@ -295,7 +326,7 @@ class Executor:
             await self._clock.wait_until(deadline, wake)
             now = self._clock.now()
             for entry in self._running.values():
-                if entry.expire_at <= now and entry.stop_reason is None:
+                if entry.stop_at <= now and entry.stop_reason is None:
                     self._stats.record("timeouts", entry.lease.task.name)
                     entry.stop("the lease expired before a ping got through", release=False)
             batch = [
@@ -312,7 +343,7 @@ class Executor:
                 log.warning(str(exc), extra={"action": "ping_retry"})
                 retry_at = now + dt.timedelta(seconds=self._options.reconnect_delay(attempt))
                 for entry in batch:
-                    entry.next_ping_at = min(retry_at, entry.expire_at)
+                    entry.next_ping_at = min(retry_at, entry.stop_at)
                 attempt += 1
                 continue
             attempt = 0
