@@ -333,11 +333,9 @@ class Consumer:
             run_id = self._uncertain_runs[0]
             lease = await self._store.find_claim(self.worker_id, run_id)
             self._uncertain_runs.pop(0)
-            if (
-                lease is not None
-                and self._executor.still_runnable(lease)
-                and lease.key not in self._executor.running_keys
-            ):
+            # A lease too close to its expiry is refused by the executor as its handler is
+            # about to start (`Executor._may_start`), like any claim that waited too long.
+            if lease is not None and lease.key not in self._executor.running_keys:
                 log.info(
                     "a claim whose reply was lost is recovered",
                     extra={"action": "claim_recovered", "key": lease.key, "run_id": run_id},

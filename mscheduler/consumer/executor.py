@@ -115,13 +115,6 @@ class Executor:
             entry.stop("the lease expired before its handler started", release=False)
         return entry.stop_reason is None
 
-    def still_runnable(self, lease: Lease) -> bool:
-        """Whether a lease found late (a recovered claim) leaves time to run before its
-        holder must stop (`expiry_margin`)."""
-        expires = lease.ping_expire_at
-        margin = expiry_margin(lease.task.options.worker_timeout_ms)
-        return expires is not None and expires - margin > self._clock.now()
-
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
 

@@ -58,22 +58,22 @@ class ClaimHeap:
         if self._entries.get(key) == when:
             return False
         earliest = self.earliest()
-        self._entries[key] = when
-        heapq.heappush(self._heap, (when, key))
-        if len(self._entries) > self.bound:
-            self._shrink()
-        elif len(self._heap) > 2 * len(self._entries) + 16:
-            self._compact()
+        self._put(key, when)
         return key in self._entries and (earliest is None or when < earliest)
 
     def nudge(self, key: str, when: dt.datetime) -> None:
         """Try ``key`` at ``when`` whatever its version: after a run of ours ended without a
         write (so no event will bring it back). At worst one claim finds it not claimable."""
         if key not in self._entries or when < self._entries[key]:
-            self._entries[key] = when
-            heapq.heappush(self._heap, (when, key))
-            if len(self._entries) > self.bound:
-                self._shrink()
+            self._put(key, when)
+
+    def _put(self, key: str, when: dt.datetime) -> None:
+        self._entries[key] = when
+        heapq.heappush(self._heap, (when, key))
+        if len(self._entries) > self.bound:
+            self._shrink()
+        elif len(self._heap) > 2 * len(self._entries) + 16:
+            self._compact()
 
     def discard(self, key: str) -> None:
         self._entries.pop(key, None)
