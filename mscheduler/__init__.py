@@ -28,11 +28,11 @@ from .models import (
     Task,
     TaskOptions,
     TaskState,
-    WorkerOptions,
     WorkerState,
     WorkerStateKind,
 )
 from .specs import Flow, TaskSpec, chain, chord, group
+from .worker_options import WorkerOptions
 
 __all__ = [
     "Abort",

@@ -17,11 +17,12 @@ from .backends.uri import (
 from .clock import Clock, SystemClock
 from .consumer.calls import Handler
 from .consumer.consumer import Consumer
-from .models import Discovery, Lease, PublishResult, StatsRow, Task, TaskOptions, WorkerOptions
+from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
 from .specs import Step
 from .store import batches, operations
 from .store.tasks import TaskStore
 from .store.waiting import wait_for, watch_tasks
+from .worker_options import Discovery, WorkerOptions
 
 
 class Scheduler:

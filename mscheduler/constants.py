@@ -22,15 +22,31 @@ MAX_WORKER_ID_LENGTH: Final = 256
 MAX_SPECIFIC_WORKERS: Final = 1_000
 MAX_CONCURRENT_WORKER_CNT: Final = 1_000
 MAX_UNEXPECTED_RETRIES: Final = 1_000
+MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, never multiplied
 
 # Size budget of one task document. MongoDB refuses documents over 16 MiB; a task grows after
-# publish (one worker state per attempt, results, errors), so publish keeps room for that.
+# publish (worker states, results, errors), so publish keeps room for all it can grow by
+# (`encoding.growth_reserve`), which the bounds below make finite whatever the options:
+# - ``worker_states`` keeps the running and succeeded states (at most concurrent_worker_cnt
+#   together), the states that ended in the latest write, and the last KEPT_FINISHED_STATES
+#   others (failed, timed out, released); older ones are dropped and counted in
+#   ``dropped_attempts`` / ``dropped_failures`` (issue 15 #4: 677 RetryLater once passed 16 MiB);
+# - results share RESULTS_BYTES per task: each success may store MAX_RESULT_BYTES, or less when
+#   concurrent_worker_cnt successes (plus the task's ``result`` copy) would not fit;
+# - an error is at most MAX_ERROR_BYTES encoded.
 MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
+KEPT_FINISHED_STATES: Final = 20
 MAX_RESULT_BYTES: Final = 1024 * 1024
-MAX_ERROR_MESSAGE_CHARS: Final = 4_000
+RESULTS_BYTES: Final = 4 * 1024 * 1024
+MAX_ERROR_TYPE_BYTES: Final = 256
+MAX_ERROR_MESSAGE_BYTES: Final = 4_000
 MAX_TRACEBACK_LINES: Final = 20
-MAX_TRACEBACK_CHARS: Final = 8_000
-MAX_ERROR_BYTES: Final = 16 * 1024
+MAX_TRACEBACK_BYTES: Final = 8_000
+MAX_ERROR_BYTES: Final = 16 * 1024  # the three above, with field names and BSON framing
+# MongoDB documents "no more than 100 levels of nesting" (the top-level document is level 1;
+# its source tolerates 180 for storage: maxBSONDepth 200 less 20 system levels). We keep to the
+# documented limit, so a payload may nest 99 levels below the task document.
+MAX_NESTING_DEPTH: Final = 100
 
 # Optional TTL index (`ensure_indexes(finished_ttl=...)`): MongoDB deletes finished tasks
 # this long after they ended; running and pending tasks have finished_at null and stay.
@@ -95,7 +111,9 @@ EXPRESSION_OPERATORS: Final = frozenset(
         "$lte",
         "$map",
         "$ne",
+        "$or",
         "$size",
+        "$slice",  # only as {"$slice": [array, -n]}, n a literal
         "$switch",
         "$max",  # only as {"$max": [expr, expr]}, of two scalars (nulls ignored everywhere)
     }

@@ -1,7 +1,16 @@
-"""Checks that payloads and results can be stored, before anything is written."""
+"""Checks that payloads and results can be stored, before anything is written.
+
+MongoDB refuses a document over 16 MiB or nested deeper than 100 levels, and BSON strings are
+UTF-8. Each is checked here, on the caller's value, so that a refusal names the caller's field
+(``payload.items[3]``) and nothing is written; a task also keeps room for all it can still grow
+by (`growth_reserve`), so no later write of the scheduler's own can be refused.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,14 +22,72 @@ from . import constants as c
 from .errors import PayloadError
 from .models import TaskOptions
 
+# Levels of the task document above a value (the document itself is level 1): ``payload`` is
+# a field of the task; a worker's result is worker_states -> one state -> result.
+PAYLOAD_LEVELS_ABOVE = 1
+RESULT_LEVELS_ABOVE = 3
 
-def to_storable(value: Any, field: str) -> Any:
+
+def to_storable(value: Any, field: str, levels_above: int = PAYLOAD_LEVELS_ABOVE) -> Any:
     """A pydantic model becomes its JSON-mode dump; anything else must already be BSON. Field
-    names are checked here; encoding is checked once, where the size is measured."""
+    names, text, nesting and self-reference are checked here, naming the path of the first
+    problem; encoding is checked once, where the size is measured."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
-    _check_field_names(value, field)
+    _walk(value, field, c.MAX_NESTING_DEPTH - levels_above, set())
     return value
+
+
+def _walk(value: Any, path: str, levels_left: int, containing: set[int]) -> None:
+    """Depth-first, never deeper than MongoDB allows: a structure nested 5,000 deep or one that
+    contains itself is refused here, not by a `RecursionError` in the encoder."""
+    if isinstance(value, str):
+        _check_text(value, path)
+        return
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = [(f"[{index}]", item) for index, item in enumerate(value)]
+    else:
+        return
+    if not items:
+        return  # MongoDB does not count an empty object or array as a level
+    if id(value) in containing:
+        raise PayloadError(f"{path}: contains itself; a document cannot")
+    if levels_left <= 0:
+        raise PayloadError(
+            f"{_shortened(path)}: nested too deep; MongoDB stores at most "
+            f"{c.MAX_NESTING_DEPTH} levels of objects and arrays in a document, the task's "
+            "own levels included"
+        )
+    containing.add(id(value))
+    for name, item in items:
+        if isinstance(value, Mapping):
+            if isinstance(name, str):
+                _check_text(name, f"{path}: field name {name!r}")
+                # "$"-prefixed names are operators to MongoDB: such a field cannot be updated
+                # or queried.
+                if name.startswith("$"):
+                    raise PayloadError(f"{path}: field name {name!r} starts with '$'")
+            item_path = f"{path}.{name}"
+        else:
+            item_path = f"{path}{name}"
+        _walk(item, item_path, levels_left - 1, containing)
+    containing.discard(id(value))
+
+
+def _shortened(path: str) -> str:
+    return path if len(path) <= 100 else f"{path[:60]}...{path[-30:]}"
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(
+            f"{path}: not valid UTF-8 text (BSON's): a lone surrogate "
+            f"{text[exc.start]!r} at position {exc.start}"
+        ) from None
 
 
 def _encode(document: Mapping[str, Any], field: str, value: Any) -> bytes:
@@ -37,24 +104,39 @@ def encoded_size(value: Any, field: str) -> int:
     return len(_encode({field: value}, field, value))
 
 
-def _check_field_names(value: Any, path: str) -> None:
-    # "$"-prefixed names are operators to MongoDB: such a field cannot be updated or queried.
-    if isinstance(value, Mapping):
-        for name, item in value.items():
-            if isinstance(name, str) and name.startswith("$"):
-                raise PayloadError(f"{path}: field name {name!r} starts with '$'")
-            _check_field_names(item, f"{path}.{name}")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _check_field_names(item, f"{path}[{index}]")
+@functools.cache
+def _worker_state_bytes() -> int:
+    """The largest worker state without its error and result: the longest worker id, in
+    four-byte characters."""
+    now = dt.datetime(2000, 1, 1)
+    state = {
+        "worker_id": "\U0001f600" * c.MAX_WORKER_ID_LENGTH,
+        "run_id": uuid.uuid4().hex,
+        "state": "released",
+        "started_at": now,
+        "ping_expire_at": now,
+        "finished_at": now,
+        "error": None,
+        "result": None,
+    }
+    return len(bson.encode({"0": state}))
+
+
+def result_limit(options: TaskOptions) -> int:
+    """Bytes one success's result may take: each of ``concurrent_worker_cnt`` successes stores
+    its own, and the task's ``result`` copies the latest, all within RESULTS_BYTES."""
+    return min(c.MAX_RESULT_BYTES, c.RESULTS_BYTES // (options.concurrent_worker_cnt + 1))
 
 
 def growth_reserve(options: TaskOptions) -> int:
-    """Bytes a task may still grow by after publish: results of its successes, errors of its
-    failures (each bounded). Publish refuses a document that would not leave this room."""
-    successes = options.concurrent_worker_cnt
-    failures = options.max_unexpected_retries + 1
-    return 2 * successes * c.MAX_RESULT_BYTES + (successes + failures) * c.MAX_ERROR_BYTES
+    """Bytes a task may still grow by after publish, whatever happens to it: at most
+    ``concurrent_worker_cnt`` running or succeeded states, the last KEPT_FINISHED_STATES
+    others and the one that just ended (see `queries.stages.trim_history`), their errors,
+    the task's own error and the results (`result_limit`), plus the fields writes add."""
+    states = options.concurrent_worker_cnt + c.KEPT_FINISHED_STATES + 1
+    errors = c.KEPT_FINISHED_STATES + 2
+    results = (options.concurrent_worker_cnt + 1) * result_limit(options)
+    return states * _worker_state_bytes() + errors * c.MAX_ERROR_BYTES + results + 1024
 
 
 def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> None:
@@ -69,13 +151,12 @@ def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> No
         )
 
 
-def check_result(result: Any) -> Any:
+def check_result(result: Any, options: TaskOptions) -> Any:
     """What a handler returned, as it will be stored; any way it cannot be is a `PayloadError`
     (the task's failure), never another exception that would reach the consumer: a model
-    whose dump raises, a structure nested past the recursion limit, an object whose own
-    methods raise while it is walked."""
+    whose dump raises, an object whose own methods raise while it is walked."""
     try:
-        result = to_storable(result, "result")
+        result = to_storable(result, "result", RESULT_LEVELS_ABOVE)
         size = encoded_size(result, "result")
     except PayloadError:
         raise
@@ -87,6 +168,15 @@ def check_result(result: Any) -> Any:
         raise PayloadError(
             f"result: cannot be stored ({type(result).__name__}): {type(exc).__name__}: {said}"
         ) from exc
-    if size > c.MAX_RESULT_BYTES:
-        raise PayloadError(f"result: {size} bytes encoded; the limit is {c.MAX_RESULT_BYTES} bytes")
+    limit = result_limit(options)
+    if size > limit:
+        raise PayloadError(
+            f"result: {size} bytes encoded; the limit is {limit} bytes"
+            + (
+                f" (results of {options.concurrent_worker_cnt} workers share "
+                f"{c.RESULTS_BYTES} bytes)"
+                if limit < c.MAX_RESULT_BYTES
+                else ""
+            )
+        )
     return result

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import os
-import secrets
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -85,7 +82,21 @@ def _check_text(value: str, field: str, max_length: int) -> str:
         raise ValueError(f"{field} is {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
         raise ValueError(f"{field} must not contain NUL characters")
+    bad = _lone_surrogate(value)
+    if bad is not None:
+        raise ValueError(
+            f"{field} is not valid UTF-8 text: a lone surrogate {value[bad]!r} at position {bad}"
+        )
     return value
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where ``text`` cannot be UTF-8 (BSON strings are): a lone surrogate's index, or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def checked(check: Callable[[str], str], value: str) -> str:
@@ -129,8 +140,9 @@ class TaskOptions(BaseModel):
     worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1, le=7 * 86_400_000)
     specific_worker_ids: list[str] = Field(default_factory=list, max_length=c.MAX_SPECIFIC_WORKERS)
     not_before: UtcDatetime | None = None
-    max_tries: int | None = Field(default=None, ge=1)
-    """Attempts in all, ``RetryLater`` ones included; None: only the retry limit applies."""
+    max_tries: int | None = Field(default=None, ge=1, le=c.MAX_TRIES)
+    """Attempts in all, ``RetryLater`` ones included; None: only the retry limit applies.
+    At least ``concurrent_worker_cnt``: each of those workers' successes is an attempt."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
 
@@ -148,6 +160,17 @@ class TaskOptions(BaseModel):
                 f"worker_timeout_ms ({self.worker_timeout_ms}) must be greater than "
                 f"ping_interval_ms ({self.ping_interval_ms}), or every lease expires "
                 "between two pings"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tries_allow_success(self) -> TaskOptions:
+        # Issue 15 #6: concurrent_worker_cnt=2, max_tries=1 could only ever end as "fail".
+        if self.max_tries is not None and self.max_tries < self.concurrent_worker_cnt:
+            raise ValueError(
+                f"max_tries ({self.max_tries}) must be at least concurrent_worker_cnt "
+                f"({self.concurrent_worker_cnt}): the task succeeds only once that many "
+                "workers succeeded, and each success is an attempt"
             )
         return self
 
@@ -169,16 +192,19 @@ class ErrorInfo(BaseModel):
     def from_exception(cls, exc: BaseException) -> ErrorInfo:
         # Frames only (the message is stored once, bounded): the innermost ones matter most.
         frames = traceback.format_tb(exc.__traceback__)
-        tail = "".join(frames[-c.MAX_TRACEBACK_LINES :])[-c.MAX_TRACEBACK_CHARS :]
+        tail = "".join(frames[-c.MAX_TRACEBACK_LINES :])
         return cls(
-            type=type(exc).__qualname__,
-            message=_storable_text(_message_of(exc))[: c.MAX_ERROR_MESSAGE_CHARS],
-            traceback=_storable_text(tail),
+            type=_bounded(type(exc).__qualname__, c.MAX_ERROR_TYPE_BYTES),
+            message=_bounded(_message_of(exc), c.MAX_ERROR_MESSAGE_BYTES),
+            traceback=_bounded(tail, c.MAX_TRACEBACK_BYTES, keep_end=True),
         )
 
     @classmethod
     def from_message(cls, type_: str, message: str) -> ErrorInfo:
-        return cls(type=type_, message=message[: c.MAX_ERROR_MESSAGE_CHARS])
+        return cls(
+            type=_bounded(type_, c.MAX_ERROR_TYPE_BYTES),
+            message=_bounded(message, c.MAX_ERROR_MESSAGE_BYTES),
+        )
 
 
 def _message_of(exc: BaseException) -> str:
@@ -190,9 +216,14 @@ def _message_of(exc: BaseException) -> str:
         return f"<str() of this {type(exc).__qualname__} raised {type(inner).__qualname__}>"
 
 
-def _storable_text(text: str) -> str:
-    """BSON strings are UTF-8: a lone surrogate would make the whole write fail."""
-    return text.encode("utf-8", "replace").decode("utf-8")
+def _bounded(text: str, max_bytes: int, *, keep_end: bool = False) -> str:
+    """At most ``max_bytes`` of UTF-8 (the document's size budget counts bytes, and one
+    character may take four), with lone surrogates replaced: BSON strings are UTF-8, and one
+    would make the whole write fail."""
+    data = text.encode("utf-8", "replace")
+    if len(data) > max_bytes:
+        data = data[-max_bytes:] if keep_end else data[:max_bytes]
+    return data.decode("utf-8", "ignore")  # a character cut in two is dropped
 
 
 class WorkerState(BaseModel):
@@ -241,6 +272,9 @@ class Task(BaseModel):
     dependents_notified: bool | None = None
     finished_at: UtcDatetime | None = None  # when the task ended
     worker_states: list[WorkerState] = Field(default_factory=list)
+    # Finished states dropped from worker_states to bound the document (constants), counted.
+    dropped_attempts: int = 0
+    dropped_failures: int = 0  # of those, failed or timed out
     result: Any = None
     error: ErrorInfo | None = None
 
@@ -258,7 +292,13 @@ class Task(BaseModel):
 
     @property
     def unexpected_failures(self) -> int:
-        return len(self.states(WorkerStateKind.FAIL)) + len(self.states(WorkerStateKind.TIMEOUT))
+        failed = len(self.states(WorkerStateKind.FAIL)) + len(self.states(WorkerStateKind.TIMEOUT))
+        return failed + self.dropped_failures
+
+    @property
+    def attempts(self) -> int:
+        """Claims made in all, those whose states were dropped from the history included."""
+        return len(self.worker_states) + self.dropped_attempts
 
     def next_claim_for(self, worker_id: str, now: dt.datetime) -> dt.datetime | None:
         """When ``worker_id`` might claim this task (None: not as things stand).
@@ -312,61 +352,3 @@ class Lease(BaseModel):
             if ws.run_id == self.run_id:
                 return ws.ping_expire_at
         return None
-
-
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-Discovery = Literal["auto", "stream", "poll"]
-_DAY_MS = 86_400_000
-
-
-class WorkerOptions(BaseModel):
-    """How a consumer runs: its identity, capacity, local retries and shutdown."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    worker_id: str = Field(default_factory=_default_worker_id)
-    max_running: int = Field(default=16, ge=1, le=100_000)
-    handler_retries: int = Field(default=0, ge=0, le=100)
-    """Local re-runs of a failed handler, within the same lease, before recording ``fail``."""
-    # Durations are bounded (a day; an hour for reconnects) so that no clock arithmetic on
-    # them can overflow a datetime (``shutdown_grace_ms=10**15`` once crashed ``stop()``).
-    retry_backoff_ms: int = Field(default=200, ge=0, le=_DAY_MS)
-    retry_backoff_max_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
-    shutdown_grace_ms: int = Field(default=30_000, ge=0, le=_DAY_MS)
-    cancel_timeout_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
-    """How long a cancelled handler (shutdown, remote cancel, lost lease) may take to unwind.
-    Past it the handler is abandoned: left running, its outcome never written, logged as an
-    error, so that `stop()` returns."""
-    heap_size: int = Field(default=10_000, ge=1)
-    fetch_batch_size: int = Field(default=500, ge=1)
-    poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)
-    """Re-fetch interval when the server has no change streams (standalone mongod)."""
-    discovery: Discovery = "auto"
-    """How new work is found: ``auto`` listens on a change stream and, when the server refuses
-    one (for any reason), polls instead and tries the stream again every
-    ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
-    opens one."""
-    stream_retry_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
-    reconnect_backoff_ms: int = Field(default=500, ge=1, le=3_600_000)
-    reconnect_backoff_max_ms: int = Field(default=30_000, ge=1, le=3_600_000)
-
-    @field_validator("worker_id")
-    @classmethod
-    def _worker_id(cls, worker_id: str) -> str:
-        return check_worker_id(worker_id)
-
-    def handler_retry_delay(self, attempt: int) -> float:
-        """Seconds before local handler retry ``attempt`` (0-based): doubling, capped."""
-        return _doubling(self.retry_backoff_ms, self.retry_backoff_max_ms, attempt)
-
-    def reconnect_delay(self, attempt: int) -> float:
-        """Seconds before retrying the database after ``attempt`` failures: doubling, capped."""
-        return _doubling(self.reconnect_backoff_ms, self.reconnect_backoff_max_ms, attempt)
-
-
-def _doubling(base_ms: int, max_ms: int, attempt: int) -> float:
-    delay_ms: int = min(base_ms * 2 ** min(attempt, 32), max_ms)
-    return delay_ms / 1000

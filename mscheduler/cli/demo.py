@@ -18,8 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..api import Scheduler
-from ..models import StatsRow, Task, TaskOptions, WorkerOptions
+from ..models import StatsRow, Task, TaskOptions
 from ..specs import TaskSpec, chord
+from ..worker_options import WorkerOptions
 
 
 def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
@@ -72,7 +73,7 @@ async def remind(task: Task) -> str:
 
 async def report(task: Task) -> str:
     await _work(0.05)
-    attempt = len(task.worker_states)
+    attempt = task.attempts
     if attempt <= task.payload["fails"]:
         raise RuntimeError(f"the warehouse timed out (attempt {attempt})")
     return f"report built on attempt {attempt}"

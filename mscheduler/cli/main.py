@@ -24,7 +24,8 @@ from .. import constants as c
 from ..__about__ import __version__
 from ..api import Scheduler
 from ..errors import ConfigurationError, MSchedulerError
-from ..models import Task, TaskOptions, WorkerOptions
+from ..models import Task, TaskOptions
+from ..worker_options import WorkerOptions
 from .demo import run_demo, stats_table
 from .worker import load_handlers, serve_worker
 
@@ -114,7 +115,7 @@ def _tasks_table(tasks: list[Task]) -> Table:
             task.name,
             task.state.value,
             str(task.options.priority),
-            str(len(task.worker_states)),
+            str(task.attempts),
             task.updated_at.isoformat(timespec="seconds"),
         )
     return table

@@ -14,7 +14,7 @@ from anyio.abc import TaskStatus
 from ..api import Scheduler
 from ..consumer.calls import Handler
 from ..errors import ConfigurationError
-from ..models import WorkerOptions
+from ..worker_options import WorkerOptions
 
 
 def load_handlers(target: str) -> Mapping[str, Any]:

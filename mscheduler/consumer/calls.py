@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 
 from ..clock import Clock
-from ..models import Task, WorkerOptions
+from ..models import Task
+from ..worker_options import WorkerOptions
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..clock import sleep
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError
-from ..models import Lease, Task, WorkerOptions, check_name
+from ..models import Lease, Task, check_name
 from ..store.tasks import TaskStore
+from ..worker_options import WorkerOptions
 from .calls import Handler
 from .executor import Executor
 from .heap import ClaimHeap

@@ -27,8 +27,9 @@ from ..errors import (
     RetryLater,
     StoreError,
 )
-from ..models import Lease, Task, WorkerOptions, WorkerStateKind
+from ..models import Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
+from ..worker_options import WorkerOptions
 from .calls import Handler, HandlerCalls
 from .stats import ConsumerStats
 

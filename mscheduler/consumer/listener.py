@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..clock import Clock, sleep
-from ..models import Task, WorkerOptions
+from ..models import Task
 from ..store.streams import (
     RESUME_IMPOSSIBLE,
     close_quietly,
@@ -34,6 +34,7 @@ from ..store.streams import (
     task_changes,
 )
 from ..store.tasks import TaskStore
+from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
 

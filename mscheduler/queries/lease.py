@@ -74,7 +74,7 @@ def ping_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
         _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
-        *recompute(now),
+        *recompute(now, run_id),
     ]
 
 
@@ -82,7 +82,7 @@ def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -
     return [
         sweep_expired(now),
         _end_own_state(worker_id, run_id, SUCCESS, now, result=literal(result)),
-        *recompute(now),
+        *recompute(now, run_id),
     ]
 
 
@@ -97,7 +97,7 @@ def fail_update(
         _end_own_state(worker_id, run_id, FAIL, now, error=literal(error.model_dump())),
         {"$set": {"retry_at": {"$add": [now, "$options.unexpected_retry_delay_ms"]}}},
         *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
-        *recompute(now),
+        *recompute(now, run_id),
     ]
 
 
@@ -116,7 +116,7 @@ def retry_later_update(
             error=literal(ErrorInfo.from_message("RetryLater", reason).model_dump()),
         ),
         {"$set": {"retry_at": retry_at}},
-        *recompute(now),
+        *recompute(now, run_id),
     ]
 
 
@@ -131,5 +131,5 @@ def release_update(worker_id: str, run_id: str, reason: str, now: dt.datetime) -
             now,
             error=literal(ErrorInfo.from_message("Released", reason).model_dump()),
         ),
-        *recompute(now),
+        *recompute(now, run_id),
     ]

@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from .. import constants as c
 from ..models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
 
 Document = dict[str, Any]
@@ -38,6 +39,11 @@ WORKER_STATE_FIELDS = (
 _TIMEOUT_ERROR = ErrorInfo.from_message(
     "WorkerTimeout", "the worker stopped pinging before its lease expired"
 ).model_dump()
+_TRIES_EXHAUSTED_ERROR = ErrorInfo.from_message(
+    "TriesExhausted",
+    "every attempt that max_tries allows was made without enough successes; worker_states "
+    "has how each ended",
+).model_dump()
 
 
 def literal(value: Any) -> Document:
@@ -54,6 +60,16 @@ def count_states(cond: Document) -> Document:
 
 def state_is(*kinds: str) -> Document:
     return {"$in": ["$$ws.state", list(kinds)]}
+
+
+def failures() -> Document:
+    """Unexpected failures so far (failed or timed out), those dropped from the history too."""
+    return {"$add": [count_states(state_is(FAIL, TIMEOUT)), {"$ifNull": ["$dropped_failures", 0]}]}
+
+
+def attempts() -> Document:
+    """Claims made so far (what ``max_tries`` counts), those dropped from the history too."""
+    return {"$add": [{"$size": "$worker_states"}, {"$ifNull": ["$dropped_attempts", 0]}]}
 
 
 def is_live(now: dt.datetime) -> Document:
@@ -160,14 +176,95 @@ def tries_exhausted(running: Document) -> Document:
     return {
         "$and": [
             {"$ne": [{"$ifNull": ["$options.max_tries", None]}, None]},
-            {"$gte": [{"$size": "$worker_states"}, "$options.max_tries"]},
+            {"$gte": [attempts(), "$options.max_tries"]},
             {"$eq": [running, 0]},
         ]
     }
 
 
-def recompute(now: dt.datetime) -> Pipeline:
-    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states.
+_ENDED = (FAIL, TIMEOUT, RELEASED)
+
+
+def trim_history(run_id: str | None) -> Pipeline:
+    """Bound ``worker_states`` (issue 15 #4: each ``RetryLater`` or release added a state for
+    ever, until the document passed 16 MiB and every write of the task was refused).
+
+    Kept: the running and succeeded states (the claim needs them: a worker never runs a task it
+    succeeded, and slots are counted from them), the writer's own state (``run_id``: it reads
+    how its write landed), and the last KEPT_FINISHED_STATES of the others, in claim order.
+    Older others are dropped and counted in ``dropped_attempts`` and ``dropped_failures``, which
+    `failures` and `attempts` add back, so retries and ``max_tries`` count them all. A task
+    with few states is left as it is; order is never changed."""
+    ended = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(*_ENDED)}}
+    last_ended = {
+        "$map": {
+            "input": {"$slice": [ended, -c.KEPT_FINISHED_STATES]},
+            "as": "e",
+            "in": "$$e.run_id",
+        }
+    }
+    keep = {
+        "$or": [
+            state_is(RUNNING, SUCCESS),
+            {"$eq": ["$$ws.run_id", literal(run_id)]},
+            {"$in": ["$$ws.run_id", "$$last"]},
+        ]
+    }
+
+    def states(kept: bool) -> Document:
+        cond = keep if kept else {"$cond": [keep, False, True]}
+        return {
+            "$let": {
+                "vars": {"last": last_ended},
+                "in": {"$filter": {"input": "$worker_states", "as": "ws", "cond": cond}},
+            }
+        }
+
+    too_many = {"$gt": [count_states(state_is(*_ENDED)), c.KEPT_FINISHED_STATES]}
+    dropped = states(kept=False)
+    dropped_failures = {
+        "$size": {"$filter": {"input": dropped, "as": "ws", "cond": state_is(FAIL, TIMEOUT)}}
+    }
+    return [
+        {
+            "$set": {
+                "dropped_attempts": {
+                    "$add": [
+                        {"$ifNull": ["$dropped_attempts", 0]},
+                        {"$cond": [too_many, {"$size": dropped}, 0]},
+                    ]
+                },
+                "dropped_failures": {
+                    "$add": [
+                        {"$ifNull": ["$dropped_failures", 0]},
+                        {"$cond": [too_many, dropped_failures, 0]},
+                    ]
+                },
+            }
+        },
+        {"$set": {"worker_states": {"$cond": [too_many, states(kept=True), "$worker_states"]}}},
+    ]
+
+
+def failure_error(running: Document) -> Document:
+    """Why a failed task failed, never null (issue 15 #6): the last attempt's own error when
+    the attempts ran out on it or a handler failed; ``TriesExhausted`` when ``max_tries`` ran
+    out on an attempt that did not fail (a ``RetryLater``, or a success short of
+    ``concurrent_worker_cnt``)."""
+    kinds = {"$map": {"input": "$worker_states", "as": "ws", "in": "$$ws.state"}}
+    last_failed = {"$in": [{"$ifNull": [{"$arrayElemAt": [kinds, -1]}, ""]}, [FAIL, TIMEOUT]]}
+    return {
+        "$cond": [
+            {"$and": [tries_exhausted(running), {"$eq": [last_failed, False]}]},
+            literal(_TRIES_EXHAUSTED_ERROR),
+            {"$ifNull": [latest([FAIL, TIMEOUT], "error"), literal(_TRIES_EXHAUSTED_ERROR)]},
+        ]
+    }
+
+
+def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
+    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states,
+    after `trim_history` (``run_id``: the writer's own state, kept whatever its age).
 
     Runs after `sweep_expired`, so every running state here is live. Invariants:
     - blocked while ``deps_pending`` lists a dependency; success once
@@ -182,7 +279,7 @@ def recompute(now: dt.datetime) -> Pipeline:
     """
     succeeded = count_states(state_is(SUCCESS))
     running = count_states(state_is(RUNNING))
-    failed = count_states(state_is(FAIL, TIMEOUT))
+    failed = failures()
     state = {
         "$switch": {
             "branches": [
@@ -219,6 +316,7 @@ def recompute(now: dt.datetime) -> Pipeline:
         ]
     }
     return [
+        *trim_history(run_id),
         {"$set": {"state": state, "updated_at": now, "version": {"$add": ["$version", 1]}}},
         map_states(
             {"$and": [{"$in": ["$state", TERMINAL]}, {"$eq": ["$$ws.state", RUNNING]}]},
@@ -250,11 +348,19 @@ def recompute(now: dt.datetime) -> Pipeline:
                 },
                 "result": latest([SUCCESS], "result"),
                 "error": {
-                    "$cond": [
-                        {"$eq": ["$state", TaskState.CANCELLED.value]},
-                        "$error",
-                        latest([FAIL, TIMEOUT], "error"),
-                    ]
+                    "$switch": {
+                        "branches": [
+                            {
+                                "case": {"$eq": ["$state", TaskState.CANCELLED.value]},
+                                "then": "$error",
+                            },
+                            {
+                                "case": {"$eq": ["$state", TaskState.FAIL.value]},
+                                "then": failure_error(running),
+                            },
+                        ],
+                        "default": latest([FAIL, TIMEOUT], "error"),
+                    }
                 },
             }
         },

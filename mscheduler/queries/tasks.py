@@ -29,14 +29,14 @@ from typing import Any
 from ..models import ErrorInfo, TaskOptions, TaskState
 from .stages import (
     CLAIMABLE,
-    FAIL,
     RUNNING,
     SUCCESS,
     TERMINAL,
-    TIMEOUT,
     Document,
     Pipeline,
+    attempts,
     count_states,
+    failures,
     is_live,
     lease_expiry,
     literal,
@@ -94,6 +94,8 @@ def new_task_document(
         "dependents_notified": None,
         "finished_at": now if cancelled else None,
         "worker_states": [],
+        "dropped_attempts": 0,
+        "dropped_failures": 0,
         "result": None,
         "error": error,
     }
@@ -164,7 +166,7 @@ def claim_filter(
     """
     live = count_states(is_live(now))
     succeeded = count_states(state_is(SUCCESS))
-    failed = count_states(state_is(FAIL, TIMEOUT))
+    failed = failures()
     query: Document = {}
     if key is not None:
         query["key"] = key
@@ -200,7 +202,7 @@ def claim_filter(
                     {
                         "$or": [
                             {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
-                            {"$lt": [{"$size": "$worker_states"}, "$options.max_tries"]},
+                            {"$lt": [attempts(), "$options.max_tries"]},
                         ]
                     },
                 ]
@@ -218,7 +220,7 @@ CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1)
 def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     """Sweep expired states, append ours unless the sweep exhausted the retries (then the task
     fails and the caller gets no lease), recompute. One round trip, atomic."""
-    failed_after_sweep = count_states(state_is(FAIL, TIMEOUT))
+    failed_after_sweep = failures()
     new_state = {
         "worker_id": literal(worker_id),
         "run_id": literal(run_id),
@@ -242,7 +244,7 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
                 }
             }
         },
-        *recompute(now),
+        *recompute(now, run_id),
     ]
 
 
@@ -271,6 +273,8 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
 
 
 FETCH_SORT: list[tuple[str, int]] = [("next_claim_at", 1)]
+# A task as published: what the size budget of new options is checked against.
+GROWING_FIELDS_EXCLUDED: Document = {"worker_states": 0, "result": 0, "error": 0}
 FETCH_PROJECTION: Document = {"payload": 0, "result": 0, "worker_states.result": 0}
 
 

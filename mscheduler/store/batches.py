@@ -127,7 +127,7 @@ async def commit(
     the new one. A key only deleted fails the dependents still waiting for it (cancelled,
     naming it, unless published with ``on_dependency_failure="run"``)."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
-    results = [(lease, check_result(result)) for lease, result in completions]
+    results = [(lease, check_result(result, lease.task.options)) for lease, result in completions]
     ordered = _checked_specs(publish)
     deletions = [checked(check_key, key) for key in delete]
     required = {checked(check_key, key): version for key, version in (require or {}).items()}
@@ -136,6 +136,9 @@ async def commit(
     await store._ready()
     await _check_names(store, ordered, replacing)
     await _check_external(store, ordered, allow_missing=False)
+    if replacing:  # a replaced key keeps its waiting dependents: no cycle through them
+        edges = [(dep, spec.key) for spec in ordered for dep in spec.depends_on]
+        await store.flows.refuse_cycles(edges, "commit")
 
     async def write(collection: Any) -> list[PublishResult]:
         view = store.bound_to(collection)

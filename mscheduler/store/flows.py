@@ -148,7 +148,7 @@ class Flows:
                 raise TaskRunning(f"add_dependencies: {after!r} is already running")
             if state.is_terminal:
                 raise DependencyError(f"add_dependencies: {after!r} has already {state.value}")
-        await self._refuse_cycles(edges)
+        await self.refuse_cycles(edges, "add_dependencies")
 
         updated: list[Task] = []
         for before, after in edges:
@@ -168,9 +168,11 @@ class Flows:
             updated.append(Task.model_validate(found))
         return updated
 
-    async def _refuse_cycles(self, edges: Sequence[tuple[str, str]]) -> None:
+    async def refuse_cycles(self, edges: Sequence[tuple[str, str]], operation: str) -> None:
         """An edge before→after closes a cycle when ``before`` already (transitively, with
-        the other new edges) depends on ``after``."""
+        the other new edges) depends on ``after``. Every entry point that gives an existing
+        key dependencies asks this first: `add_dependencies`, `replace` and a commit that
+        replaces a key (issue 15 #5: replace once made two tasks wait for each other)."""
         added: dict[str, set[str]] = {}
         known: dict[str, list[str]] = {}
         for before, after in edges:
@@ -187,7 +189,7 @@ class Flows:
                     for dependency in [*known[k], *added.get(k, ())]:
                         if dependency == after:
                             raise DependencyError(
-                                f"add_dependencies: {before!r} → {after!r} closes a cycle "
+                                f"{operation}: {before!r} → {after!r} closes a cycle "
                                 f"({before!r} already depends on {after!r})"
                             )
                         if dependency not in seen:

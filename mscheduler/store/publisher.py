@@ -124,6 +124,10 @@ class Publisher:
         a commit replacing a task it deletes, whatever its state."""
         prepared = prepare(key, payload, name, options, depends_on)
         await self._store._ready()
+        # Tasks waiting for this key wait for the new task: its dependencies must not wait
+        # for them.
+        edges = [(dependency, prepared.key) for dependency in prepared.dependencies]
+        await self._flows.refuse_cycles(edges, "replace")
         for _ in range(_PUBLISH_ATTEMPTS):
             current = await self._store.get(prepared.key)
             if current is None:
@@ -215,6 +219,7 @@ class Publisher:
         if (update_payload or replace_finished) and task.state is TaskState.RUNNING:
             raise TaskRunning(f"task {key!r} is running; it cannot be replaced or updated now")
         if update_payload and task.payload != document["payload"]:
+            check_document_size(document, task.options)  # the task keeps its own options
             update_filter, update = q.update_payload(
                 key, document["payload"], self._store.clock.now()
             )

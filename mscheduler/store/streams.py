@@ -14,7 +14,7 @@ import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..errors import ConfigurationError
-from ..models import Discovery
+from ..worker_options import Discovery
 
 if TYPE_CHECKING:
     from .tasks import TaskStore

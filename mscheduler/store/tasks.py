@@ -16,7 +16,7 @@ from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
 from ..clock import Clock, to_bson_time
-from ..encoding import check_result
+from ..encoding import check_document_size, check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
 from ..models import (
     ErrorInfo,
@@ -239,7 +239,7 @@ class TaskStore(StoreBase):
 
     @driver_errors
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
-        stored = check_result(result)
+        stored = check_result(result, lease.task.options)
         now = self.clock.now()
         task = await self._fenced_write(
             lease, lq.success_update(lease.worker_id, lease.run_id, stored, now), now
@@ -301,9 +301,15 @@ class TaskStore(StoreBase):
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         if not isinstance(options, TaskOptions):
             raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+        key = checked(check_key, key)
         await self._ready()
+        # New options may keep more room for results and states (a larger
+        # concurrent_worker_cnt): the payload must still fit, as at publish.
+        base = await self.collection.find_one(q.by_key(key), q.GROWING_FIELDS_EXCLUDED)
+        if base is not None:
+            check_document_size(base, options)
         found = await self.collection.find_one_and_update(
-            q.options_filter(checked(check_key, key)),
+            q.options_filter(key),
             q.options_update(options, self.clock.now()),
             return_document=ReturnDocument.AFTER,
         )

@@ -19,7 +19,8 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
-from ..models import Discovery, Task
+from ..models import Task
+from ..worker_options import Discovery
 from .streams import close_quietly, open_change_stream, open_unless_refused, task_changes
 from .tasks import TaskStore
 

@@ -39,6 +39,20 @@ async def _unstorable_result(sched: ms.Scheduler) -> Any:
     return await sched.commit(complete=[(lease, {1, 2})])
 
 
+def _nested(levels: int) -> list[Any]:
+    """A payload of ``levels`` nested non-empty arrays (with the task document: one more)."""
+    value: list[Any] = [1]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _self_containing() -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    value["me"] = value
+    return value
+
+
 async def _async_handler(task: ms.Task) -> None:
     return None
 
@@ -75,6 +89,48 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         lambda s: s.publish("k", "x" * 15_000_000, name="job"),
         ms.PayloadError,
         "the limit is",
+    ),
+    (
+        "lone surrogate in payload",
+        lambda s: s.publish("k", {"text": "a\ud800"}, name="job"),
+        ms.PayloadError,
+        r"payload\.text: not valid UTF-8",
+    ),
+    (
+        "lone surrogate in a field name",
+        lambda s: s.publish("k", {"a\udfff": 1}, name="job"),
+        ms.PayloadError,
+        "field name .* not valid UTF-8",
+    ),
+    (
+        "lone surrogate in key",
+        lambda s: s.publish("k\ud800", None, name="job"),
+        ms.ConfigurationError,
+        "key is not valid UTF-8",
+    ),
+    (
+        "lone surrogate in name",
+        lambda s: s.publish("k", None, name="job\ud800"),
+        ms.ConfigurationError,
+        "name is not valid UTF-8",
+    ),
+    (
+        "payload nested 5,000 deep",
+        lambda s: s.publish("k", _nested(5_000), name="job"),
+        ms.PayloadError,
+        "nested too deep",
+    ),
+    (
+        "payload nested past MongoDB's 100 levels",
+        lambda s: s.publish("k", _nested(100), name="job"),
+        ms.PayloadError,
+        "at most 100 levels",
+    ),
+    (
+        "payload that contains itself",
+        lambda s: s.publish("k", _self_containing(), name="job"),
+        ms.PayloadError,
+        r"payload\.me: contains itself",
     ),
     (
         "options as dict",
@@ -280,6 +336,11 @@ async def test_commit_cases_write_nothing_beyond_their_claim(scheduler: ms.Sched
         ({"concurrent_worker_cnt": 0}, "concurrent_worker_cnt"),
         ({"worker_timeout_ms": 1_000, "ping_interval_ms": 1_000}, "worker_timeout_ms"),
         ({"max_tries": 0}, "max_tries"),
+        ({"max_tries": 2**64}, "max_tries"),
+        ({"unexpected_retry_delay_ms": 2**63}, "unexpected_retry_delay_ms"),
+        ({"priority": 2**63}, "priority"),
+        ({"concurrent_worker_cnt": 2, "max_tries": 1}, "max_tries .1. must be at least"),
+        ({"specific_worker_ids": ["w\ud800"]}, "worker_id is not valid UTF-8"),
         ({"on_dependency_failure": "ignore"}, "on_dependency_failure"),
     ],
 )
@@ -294,6 +355,8 @@ def test_invalid_task_options(fields: dict[str, Any], message: str):
         ({"max_running": 0}, "max_running"),
         ({"worker_id": ""}, "worker_id"),
         ({"heap_size": 0}, "heap_size"),
+        ({"heap_size": 2**63}, "heap_size"),
+        ({"fetch_batch_size": 2**31}, "fetch_batch_size"),
     ],
 )
 def test_invalid_worker_options(fields: dict[str, Any], message: str):

@@ -16,7 +16,17 @@ MAX_LINES = 400
 
 # Lowest first. A module may import from a lower layer, or from its own package; the
 # foundation modules (models, errors, ...) may import each other, acyclically.
-FOUNDATION = {"__about__", "clock", "constants", "context", "encoding", "errors", "models", "specs"}
+FOUNDATION = {
+    "__about__",
+    "clock",
+    "constants",
+    "context",
+    "encoding",
+    "errors",
+    "models",
+    "specs",
+    "worker_options",
+}
 LAYERS = {
     "foundation": 0,
     "queries": 1,

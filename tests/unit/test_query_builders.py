@@ -191,7 +191,33 @@ async def seed_documents() -> list[dict[str, Any]]:
     await sched.publish("blocked2", None, name="job", depends_on=["dep2"])
     # The run id the samples fence on is the real one of w1 on running-1.
     SAMPLES["run_id"] = leases["running-1"].run_id  # type: ignore[union-attr]
-    return [document async for document in sched.collection.find({})]
+    documents = [document async for document in sched.collection.find({})]
+    documents.append(_long_history(documents, "long-history"))
+    return documents
+
+
+def _long_history(documents: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """A task written before the history was bounded: 30 ended states (every third a failure),
+    no ``dropped_*`` fields. Any write trims it (`stages.trim_history`), on every engine."""
+    template = next(doc for doc in documents if doc["key"] == "pending")
+    ended = []
+    for n in range(30):
+        state = "fail" if n % 3 == 0 else "released"
+        ended.append(
+            {
+                "worker_id": f"w{n % 4}",
+                "run_id": f"run-{n:02d}",
+                "state": state,
+                "started_at": T0 + dt.timedelta(seconds=n),
+                "ping_expire_at": None,
+                "finished_at": T0 + dt.timedelta(seconds=n, milliseconds=500),
+                "error": {"type": "E", "message": f"attempt {n}", "traceback": ""},
+                "result": None,
+            }
+        )
+    document = {k: v for k, v in template.items() if not k.startswith("dropped_")}
+    document.update({"_id": ObjectId(), "key": key, "worker_states": ended})
+    return document
 
 
 def normalized(value: Any) -> Any:

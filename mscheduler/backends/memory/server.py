@@ -8,7 +8,8 @@ where mongomock does not on its own:
   evaluated as expressions, as on MongoDB (mongomock only adds numbers, and stores array
   literals unevaluated);
 - with ``notablescan`` (as the server parameter of that name) a query that no declared index
-  serves raises ``OperationFailure`` code 291, so the test suite proves index coverage.
+  serves raises ``OperationFailure`` code 291, so the test suite proves index coverage;
+- a document over 16 MiB or nested over 100 levels is refused, written by no one (`limits`).
 
 Operations run synchronously inside the event loop, so each one is atomic, as a single-document
 write is on the server.
@@ -23,12 +24,13 @@ from typing import Any
 
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import DeleteMany, DeleteOne, IndexModel, InsertOne, ReplaceOne, UpdateMany, UpdateOne
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, WriteError
 from pymongo.results import BulkWriteResult
 
 from . import patches  # noqa: F401 - applied on import: what mongomock lacks
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
+from .limits import refuse_insert, refuse_update
 
 NO_QUERY_EXECUTION_PLANS = 291
 
@@ -184,6 +186,7 @@ class MemoryCollection:
             self.changes.publish("update", after["_id"], after)
 
     async def insert_one(self, document: dict[str, Any], **_: Any) -> Any:
+        refuse_insert(document)
         result = await self._inner.insert_one(document)
         self._emit(None, await self._inner.find_one({"_id": result.inserted_id}))
         return result
@@ -205,6 +208,8 @@ class MemoryCollection:
         after = await self._inner.find_one_and_update(
             target, update, upsert=upsert and before is None, return_document=True
         )
+        if after is not None:
+            await self._undo_unless_storable(before, after)
         self._emit(before, after)
         chosen = after if return_document else before
         if chosen is not None and projection is not None:
@@ -223,6 +228,7 @@ class MemoryCollection:
         before = await self._inner.find_one(filter)
         if before is None:
             return None
+        refuse_update({**replacement, "_id": before["_id"]})
         await self._inner.replace_one({"_id": before["_id"]}, dict(replacement))
         after = await self._inner.find_one({"_id": before["_id"]})
         if before != after:
@@ -247,14 +253,40 @@ class MemoryCollection:
         if not befores:
             result = await self._inner.update_one(filter, update, upsert=upsert)
             if result.upserted_id is not None:
-                self._emit(None, await self._inner.find_one({"_id": result.upserted_id}))
+                inserted = await self._inner.find_one({"_id": result.upserted_id})
+                await self._undo_unless_storable(None, inserted)
+                self._emit(None, inserted)
             return result
         ids = [doc["_id"] for doc in befores]
         result = await self._inner.update_many({"_id": {"$in": ids}}, update)
         afters = {doc["_id"]: doc async for doc in self._inner.find({"_id": {"$in": ids}})}
+        refused: Exception | None = None
         for before in befores:
-            self._emit(before, afters.get(before["_id"]))
+            after = afters.get(before["_id"])
+            try:
+                await self._undo_unless_storable(before, after)
+            except WriteError as exc:  # as on the server: the others stay written
+                refused = exc
+                continue
+            self._emit(before, after)
+        if refused is not None:
+            raise refused
         return result
+
+    async def _undo_unless_storable(
+        self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+    ) -> None:
+        """mongomock writes first; a result the server would have refused is put back."""
+        if after is None:
+            return
+        try:
+            refuse_update(after)
+        except WriteError:
+            if before is None:
+                await self._inner.delete_one({"_id": after["_id"]})
+            else:
+                await self._inner.replace_one({"_id": before["_id"]}, dict(before))
+            raise
 
     async def delete_one(self, filter: Mapping[str, Any], **_: Any) -> Any:
         return await self._delete(filter, many=False)

@@ -1,0 +1,70 @@
+"""MongoDB's limits on a stored document, which mongomock does not enforce: 16 MiB of BSON and
+100 levels of nesting. The memory backend checks every document it is about to keep, so a test
+sees the refusal a server would give (issue 15 #4: a task grew past 16 MiB with no error here,
+where a server would have refused the write and left the task stuck).
+
+The server refuses an insert of a document over the limit (the driver, before sending it) and
+an update whose result would be over it (code 17419); nothing is written either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+from pymongo.errors import DocumentTooLarge, WriteError
+
+from ... import constants as c
+
+UPDATE_TOO_LARGE = 17419  # "Resulting document after update is larger than ..."
+OVERFLOW = 15  # the server's code for a document nested too deep
+
+
+def refuse_insert(document: Mapping[str, Any]) -> None:
+    size = len(bson.encode(document))
+    if size > c.MAX_DOCUMENT_BYTES:
+        raise DocumentTooLarge(
+            f"BSON document too large ({size} bytes) - the connected server supports BSON "
+            f"document sizes up to {c.MAX_DOCUMENT_BYTES} bytes."
+        )
+    _refuse_depth(document)
+
+
+def refuse_update(document: Mapping[str, Any]) -> None:
+    size = len(bson.encode(document))
+    if size > c.MAX_DOCUMENT_BYTES:
+        raise WriteError(
+            f"Resulting document after update is larger than {c.MAX_DOCUMENT_BYTES}",
+            UPDATE_TOO_LARGE,
+        )
+    _refuse_depth(document)
+
+
+def _refuse_depth(document: Mapping[str, Any]) -> None:
+    if _depth(document) > c.MAX_NESTING_DEPTH:
+        raise WriteError(
+            f"cannot store a document nested more than {c.MAX_NESTING_DEPTH} levels deep",
+            OVERFLOW,
+        )
+
+
+def _depth(value: Any) -> int:
+    """Levels of non-empty objects and arrays, the document itself the first (an empty one
+    does not count, as on the server). Iterative: a deep document must not overflow the
+    Python stack here either."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        if not children:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest

@@ -1,0 +1,71 @@
+"""How a consumer runs (`WorkerOptions`): the options of a process, never stored in a task."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .models import check_worker_id
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+Discovery = Literal["auto", "stream", "poll"]
+_DAY_MS = 86_400_000
+
+
+class WorkerOptions(BaseModel):
+    """How a consumer runs: its identity, capacity, local retries and shutdown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker_id: str = Field(default_factory=_default_worker_id)
+    max_running: int = Field(default=16, ge=1, le=100_000)
+    handler_retries: int = Field(default=0, ge=0, le=100)
+    """Local re-runs of a failed handler, within the same lease, before recording ``fail``."""
+    # Durations are bounded (a day; an hour for reconnects) so that no clock arithmetic on
+    # them can overflow a datetime (``shutdown_grace_ms=10**15`` once crashed ``stop()``).
+    retry_backoff_ms: int = Field(default=200, ge=0, le=_DAY_MS)
+    retry_backoff_max_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
+    shutdown_grace_ms: int = Field(default=30_000, ge=0, le=_DAY_MS)
+    cancel_timeout_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
+    """How long a cancelled handler (shutdown, remote cancel, lost lease) may take to unwind.
+    Past it the handler is abandoned: left running, its outcome never written, logged as an
+    error, so that `stop()` returns."""
+    # Bounded so that a typo cannot ask for memory or a cursor limit no server gives.
+    heap_size: int = Field(default=10_000, ge=1, le=10_000_000)
+    fetch_batch_size: int = Field(default=500, ge=1, le=100_000)
+    poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)
+    """Re-fetch interval when the server has no change streams (standalone mongod)."""
+    discovery: Discovery = "auto"
+    """How new work is found: ``auto`` listens on a change stream and, when the server refuses
+    one (for any reason), polls instead and tries the stream again every
+    ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
+    opens one."""
+    stream_retry_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
+    reconnect_backoff_ms: int = Field(default=500, ge=1, le=3_600_000)
+    reconnect_backoff_max_ms: int = Field(default=30_000, ge=1, le=3_600_000)
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, worker_id: str) -> str:
+        return check_worker_id(worker_id)
+
+    def handler_retry_delay(self, attempt: int) -> float:
+        """Seconds before local handler retry ``attempt`` (0-based): doubling, capped."""
+        return _doubling(self.retry_backoff_ms, self.retry_backoff_max_ms, attempt)
+
+    def reconnect_delay(self, attempt: int) -> float:
+        """Seconds before retrying the database after ``attempt`` failures: doubling, capped."""
+        return _doubling(self.reconnect_backoff_ms, self.reconnect_backoff_max_ms, attempt)
+
+
+def _doubling(base_ms: int, max_ms: int, attempt: int) -> float:
+    delay_ms: int = min(base_ms * 2 ** min(attempt, 32), max_ms)
+    return delay_ms / 1000
