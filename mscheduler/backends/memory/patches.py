@@ -4,9 +4,11 @@ place where it is slower than it needs to be. Applied once, on import of the mem
 - ``$add`` of a date and milliseconds gives a date (mongomock only adds numbers);
 - the elements of an array literal are evaluated as expressions (mongomock stores them
   unevaluated);
-- a query by ``_id`` alone reads that document, as the server's ``_id`` index does, instead
-  of testing every document of the collection (the memory backend looks each written
-  document up by ``_id`` before and after the write, for its change feed).
+- a query by ``_id`` alone (or ``_id`` ``$in`` a list) reads those documents, as the server's
+  ``_id`` index does, instead of testing every document of the collection (the memory
+  backend looks each written document up by ``_id`` before and after the write, for its
+  change feed); any other query tests only the candidates of a declared index when one
+  applies (`ordered_index`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from typing import Any
 from bson import ObjectId
 from mongomock import aggregate as mongomock_aggregate
 from mongomock import collection as mongomock_collection
+from mongomock.filtering import filter_applies
+
+# The attribute of a mongomock collection store that holds its ordered indexes.
+INDEX_SET_ATTRIBUTE = "_mscheduler_ordered_indexes"
 
 _original_arithmetic = mongomock_aggregate._Parser._handle_arithmetic_operator
 
@@ -56,16 +62,36 @@ mongomock_aggregate._Parser._parse_basic_expression = _basic_expression_with_arr
 _original_iter_documents = mongomock_collection.Collection._iter_documents
 
 
+_HASHABLE_IDS = (ObjectId, str, int)  # compare as they hash; floats and documents do not
+
+
 @functools.wraps(_original_iter_documents)
-def _iter_documents_by_id(self: Any, filter: Any) -> Iterator[Any]:
-    if type(filter) is dict and len(filter) == 1 and "_id" in filter:
+def _iter_documents_indexed(self: Any, filter: Any) -> Iterator[Any]:
+    """The documents that may match ``filter``: by ``_id`` when it names them, else the
+    candidates of an ordered index (`ordered_index.IndexSet`) when one applies, else all."""
+    if type(filter) is not dict:
+        return _original_iter_documents(self, filter)
+    store = self._store
+    if len(filter) == 1 and "_id" in filter:
         wanted = filter["_id"]
-        # Only values that compare as they hash: an operator document, a list or a float
-        # goes through mongomock's own matching.
-        if type(wanted) in (ObjectId, str, int):
-            store = self._store
+        if type(wanted) in _HASHABLE_IDS:
             return iter([store[wanted]] if wanted in store else [])
+        if (
+            type(wanted) is dict
+            and list(wanted) == ["$in"]
+            and all(type(one) in _HASHABLE_IDS for one in wanted["$in"])
+        ):
+            return iter([store[one] for one in dict.fromkeys(wanted["$in"]) if one in store])
+    index_set = getattr(store, INDEX_SET_ATTRIBUTE, None)
+    if index_set is not None:
+        candidates = index_set.candidates(filter, None)
+        if candidates is not None:
+            return (
+                store[one]
+                for one in list(candidates)
+                if one in store and filter_applies(filter, store[one])
+            )
     return _original_iter_documents(self, filter)
 
 
-mongomock_collection.Collection._iter_documents = _iter_documents_by_id  # type: ignore[method-assign]
+mongomock_collection.Collection._iter_documents = _iter_documents_indexed  # type: ignore[method-assign]

@@ -22,15 +22,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mongomock.filtering import filter_applies
+from mongomock.helpers import patch_datetime_awareness_in_document
 from mongomock_motor import AsyncMongoMockClient
-from pymongo import DeleteMany, DeleteOne, IndexModel, InsertOne, ReplaceOne, UpdateMany, UpdateOne
+from pymongo import IndexModel
 from pymongo.errors import OperationFailure, WriteError
-from pymongo.results import BulkWriteResult
 
-from . import patches  # noqa: F401 - applied on import: what mongomock lacks
+from . import patches  # applied on import: what mongomock lacks
+from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
 from .limits import refuse_insert, refuse_update
+from .ordered_index import IndexSet
 
 NO_QUERY_EXECUTION_PLANS = 291
 
@@ -77,6 +80,7 @@ class MemoryCollection:
         inner: Any,
         feed: ChangeFeed,
         indexes: list[tuple[str, list[tuple[str, int]]]],
+        ordered: IndexSet,
         *,
         notablescan: bool = False,
         change_streams: bool = True,
@@ -88,6 +92,7 @@ class MemoryCollection:
         self.name: str = inner.name
         self.full_name: str = inner.full_name
         self._indexes = indexes  # shared by every wrapper of this collection
+        self._ordered = ordered  # likewise
 
     # -- indexes
 
@@ -98,6 +103,7 @@ class MemoryCollection:
             keys = [(field, int(direction)) for field, direction in spec["key"].items()]
             if spec["name"] not in {name for name, _ in self._indexes}:
                 self._indexes.append((spec["name"], keys))
+            self._ordered.declare(spec["name"], keys, self._inner._store.documents)
         return list(names)
 
     async def index_information(self) -> dict[str, Any]:
@@ -105,6 +111,7 @@ class MemoryCollection:
 
     async def drop_index(self, name: str, **_: Any) -> None:
         await self._inner.drop_index(name)
+        self._ordered.drop(name)
         self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
 
     @property
@@ -136,7 +143,28 @@ class MemoryCollection:
         **_: Any,
     ) -> Any:
         self._check_plan(filter, sort)
+        if sort and limit and not skip:
+            found = self._walk(filter or {}, sort, limit)
+            if found is not None:  # those, in the sort's order: mongomock sorts them again
+                return self._inner.find({"_id": {"$in": found}}, projection, sort=sort)
         return self._inner.find(filter or {}, projection, sort=sort, limit=limit, skip=skip)
+
+    def _walk(self, filter: Mapping[str, Any], sort: Any, limit: int) -> list[Any] | None:
+        """The first ``limit`` matches in ``sort`` order, walking a declared index and stopping
+        there, as an index scan does (None: no index gives that order)."""
+        order = [(field, int(direction)) for field, direction in sort or ()]
+        candidates = self._ordered.candidates(filter, order)
+        if candidates is None:
+            return None
+        filter = patch_datetime_awareness_in_document(filter)  # as mongomock's own reads do
+        store = self._inner._store
+        found: list[Any] = []
+        for one in candidates:
+            if one in store and filter_applies(filter, store[one]):
+                found.append(one)
+                if len(found) >= limit:
+                    break
+        return found
 
     async def find_one(
         self, filter: Mapping[str, Any] | None = None, projection: Any = None, **kwargs: Any
@@ -178,6 +206,7 @@ class MemoryCollection:
     # -- writes: each one publishes the change it made
 
     def _emit(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
+        self._ordered.changed(before, after)
         if after is None and before is not None:
             self.changes.publish("delete", before["_id"], None)
         elif before is None and after is not None:
@@ -203,7 +232,11 @@ class MemoryCollection:
         **_: Any,
     ) -> dict[str, Any] | None:
         self._check_plan(filter, sort)
-        before = await self._inner.find_one(filter, sort=sort)
+        first = self._walk(filter, sort, 1) if sort else None
+        if first is not None:
+            before = await self._inner.find_one({"_id": first[0]}) if first else None
+        else:
+            before = await self._inner.find_one(filter, sort=sort)
         target = {"_id": before["_id"]} if before is not None else filter
         after = await self._inner.find_one_and_update(
             target, update, upsert=upsert and before is None, return_document=True
@@ -231,6 +264,7 @@ class MemoryCollection:
         refuse_update({**replacement, "_id": before["_id"]})
         await self._inner.replace_one({"_id": before["_id"]}, dict(replacement))
         after = await self._inner.find_one({"_id": before["_id"]})
+        self._ordered.changed(before, after)
         if before != after:
             self.changes.publish("replace", before["_id"], after)
         return after if return_document else before
@@ -307,40 +341,7 @@ class MemoryCollection:
         return [doc async for doc in cursor]
 
     async def bulk_write(self, requests: Iterable[Any], ordered: bool = True, **_: Any) -> Any:
-        """Each request in turn (pymongo's request classes keep their arguments in ``_filter``
-        and ``_doc``); an error stops an ordered bulk, as on the server."""
-        counts: dict[str, Any] = {
-            "nInserted": 0,
-            "nMatched": 0,
-            "nModified": 0,
-            "nRemoved": 0,
-            "nUpserted": 0,
-            "upserted": [],
-        }
-        for request in requests:
-            if isinstance(request, InsertOne):
-                await self.insert_one(request._doc)
-                counts["nInserted"] += 1
-            elif isinstance(request, (UpdateOne, UpdateMany, ReplaceOne)):
-                if isinstance(request, ReplaceOne):
-                    replaced = await self.find_one_and_replace(request._filter, request._doc)
-                    matched = modified = int(replaced is not None)
-                else:
-                    result = await self._update(
-                        request._filter,
-                        request._doc,
-                        upsert=bool(request._upsert),
-                        many=isinstance(request, UpdateMany),
-                    )
-                    matched, modified = result.matched_count, result.modified_count
-                counts["nMatched"] += matched
-                counts["nModified"] += modified
-            elif isinstance(request, (DeleteOne, DeleteMany)):
-                result = await self._delete(request._filter, many=isinstance(request, DeleteMany))
-                counts["nRemoved"] += result.deleted_count
-            else:
-                raise TypeError(f"bulk_write: unsupported request {request!r}")
-        return BulkWriteResult(counts, acknowledged=True)
+        return await bulk_write(self, requests, ordered=ordered)
 
 
 # ---------------------------------------------------------------- named in-process databases
@@ -353,6 +354,7 @@ class MemoryServer:
         self.client: Any = AsyncMongoMockClient(tz_aware=False)
         self._feeds: dict[tuple[str, str], ChangeFeed] = {}
         self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
+        self._ordered: dict[tuple[str, str], IndexSet] = {}
 
     def collection(
         self,
@@ -366,8 +368,18 @@ class MemoryServer:
         feed = self._feeds.setdefault(namespace, ChangeFeed(database, collection))
         indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
         inner = self.client[database][collection]
+        ordered = self._ordered.get(namespace)
+        if ordered is None:
+            ordered = self._ordered[namespace] = IndexSet()
+            # mongomock's own reads (updates, deletes, counts) take their candidates from it.
+            setattr(inner._store, patches.INDEX_SET_ATTRIBUTE, ordered)
         return MemoryCollection(
-            inner, feed, indexes, notablescan=notablescan, change_streams=change_streams
+            inner,
+            feed,
+            indexes,
+            ordered,
+            notablescan=notablescan,
+            change_streams=change_streams,
         )
 
 

@@ -1,0 +1,109 @@
+"""The memory backend's ordered indexes answer every query as mongomock's full scan does: the
+same documents, in the same order, through writes that move documents between keys."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import uuid
+from typing import Any
+
+import pytest
+from bson import ObjectId
+
+import mscheduler as ms
+from mscheduler.backends.memory.server import MemoryCollection, memory_server
+from mscheduler.queries import tasks as q
+
+pytestmark = pytest.mark.anyio
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NAMES = ["email", "sms", "report"]
+STATES = ["pending", "running", "blocked", "success", "fail"]
+
+
+def _document(rng: random.Random, n: int) -> dict[str, Any]:
+    return {
+        "_id": ObjectId(),
+        "key": f"k{n}",
+        "name": rng.choice(NAMES),
+        "state": rng.choice(STATES),
+        "options": {"priority": rng.choice([-5, 0, 0, 0, 3, 10]), "specific_worker_ids": []},
+        "created_at": T0 + dt.timedelta(seconds=rng.randrange(20)),  # ties on purpose
+        "next_claim_at": rng.choice([None, T0 + dt.timedelta(seconds=rng.randrange(60))]),
+        "deps_pending": [],
+        "worker_states": [],
+        "dropped_attempts": 0,
+        "dropped_failures": 0,
+        "finished_at": None,
+        "dependents_notified": rng.choice([None, False, True]),
+    }
+
+
+async def _pair() -> tuple[MemoryCollection, MemoryCollection]:
+    """One collection with the store's indexes, one without (mongomock scans it)."""
+    server = memory_server("")
+    indexed = server.collection("db", uuid.uuid4().hex)
+    await ms.Scheduler(indexed).ensure_indexes()
+    return indexed, server.collection("db", uuid.uuid4().hex)
+
+
+async def _found(collection: MemoryCollection, query: Any, sort: Any, limit: int) -> list[Any]:
+    """Keys in the sort's order; without a sort, as a set would (no order is promised, and
+    the index gives its own)."""
+    cursor = collection.find(query, {"key": 1}, sort=sort, limit=limit)
+    keys = [doc["key"] async for doc in cursor]
+    return keys if sort else sorted(keys, key=repr)
+
+
+async def test_the_index_answers_as_a_scan_does():
+    rng = random.Random(12)
+    indexed, scanned = await _pair()
+    for n in range(400):
+        document = _document(rng, n)
+        await indexed.insert_one(dict(document))
+        await scanned.insert_one(dict(document))
+    for round_ in range(60):
+        now = T0 + dt.timedelta(seconds=rng.randrange(70))
+        names = rng.sample(NAMES, rng.randrange(1, 4))
+        queries = [
+            (q.claim_filter("w1", now, names=names), q.CLAIM_SORT, 1),
+            (q.claim_filter("w1", now, names=names), q.CLAIM_SORT, 7),
+            (q.fetch_filter(names, "w1"), q.FETCH_SORT, 25),
+            (q.by_keys([f"k{rng.randrange(450)}" for _ in range(30)]), None, 0),
+            (q.by_key(f"k{rng.randrange(450)}"), None, 0),
+            ({"dependents_notified": False}, None, 0),
+        ]
+        for query, sort, limit in queries:
+            expected = await _found(scanned, query, sort, limit)
+            assert await _found(indexed, query, sort, limit) == expected, (round_, query)
+            if sort is not None and limit == 1:
+                first = await indexed.find_one_and_update(
+                    query, {"$set": {"touched": round_}}, sort=sort
+                )
+                await scanned.find_one_and_update(query, {"$set": {"touched": round_}}, sort=sort)
+                assert ([first["key"]] if first else []) == expected
+        # Move documents between keys, delete some, add some: the index follows each write.
+        for _ in range(20):
+            key = f"k{rng.randrange(450)}"
+            change = {
+                "state": rng.choice(STATES),
+                "options.priority": rng.choice([-1, 0, 7]),
+                "next_claim_at": T0 + dt.timedelta(seconds=rng.randrange(60)),
+            }
+            await indexed.update_one({"key": key}, {"$set": change})
+            await scanned.update_one({"key": key}, {"$set": change})
+        victim = f"k{rng.randrange(450)}"
+        await indexed.delete_one({"key": victim})
+        await scanned.delete_one({"key": victim})
+        fresh = _document(rng, 400 + round_)
+        await indexed.insert_one(dict(fresh))
+        await scanned.insert_one(dict(fresh))
+
+
+async def test_a_document_the_index_cannot_order_sends_queries_to_the_scan():
+    indexed, _ = await _pair()
+    await indexed.insert_one({"_id": ObjectId(), "key": "a", "name": "job", "state": "pending"})
+    await indexed.insert_one({"_id": ObjectId(), "key": ["b", "c"], "name": "job"})
+    assert await _found(indexed, {"key": "c"}, None, 0) == [["b", "c"]]
+    assert await _found(indexed, {"key": "a"}, None, 0) == ["a"]
