@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.testing import CountingCollection
 from tests.unit.test_dependencies import finish, run_all, state_of
 
 pytestmark = pytest.mark.anyio
@@ -219,3 +220,50 @@ def test_only_conflicts_the_driver_does_not_retry_are_retried_again():
     assert _unlabelled_write_conflict(OperationFailure("Write conflict during transaction commit"))
     assert _unlabelled_write_conflict(OperationFailure("WriteConflict", 112))
     assert not _unlabelled_write_conflict(OperationFailure("duplicate key", 11000))
+
+
+async def test_publish_many_without_dependencies_costs_two_calls_whatever_its_size(
+    scheduler: ms.Scheduler,
+):
+    """One read (keys that exist, names that clash) and one bulk write of upserts, for 3 tasks
+    or 300 (issue 12); keys that existed are returned as they are, not written."""
+    await scheduler.publish("k1", {"old": True}, name="job")
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    for size in (3, 300):
+        counting.reset()
+        results = await sched.publish_many(
+            ms.TaskSpec(key=f"k{n}", name="job", payload={"n": n}) for n in range(size)
+        )
+        assert counting.calls == 2, counting.counts
+        assert counting.counts["bulk_write"] == 1
+        assert [r.task.key for r in results] == [f"k{n}" for n in range(size)]
+        assert results[1].created is False and results[1].task.payload == {"old": True}
+    stored = {
+        task.key: task for task in await scheduler.store.get_many([r.task.key for r in results])
+    }
+    assert len(stored) == 300 and stored["k7"].payload == {"n": 7}
+    assert stored["k7"].state is ms.TaskState.PENDING
+    assert results[7].task.id == stored["k7"].id
+
+
+async def test_publish_many_counts_a_key_published_meanwhile_as_existing(scheduler: ms.Scheduler):
+    """A concurrent publish between the batch's read and its write: the upsert matches it."""
+    racer = _PublishesFirst(scheduler.collection, "k2")
+    sched = ms.Scheduler(racer, clock=scheduler.store.clock)
+    results = await sched.publish_many(ms.TaskSpec(key=f"k{n}", name="job") for n in range(4))
+    assert [r.created for r in results] == [True, True, False, True]
+    assert results[2].task.payload == "first"
+    assert len(await scheduler.store.get_many([f"k{n}" for n in range(4)])) == 4
+
+
+class _PublishesFirst(CountingCollection):
+    def __init__(self, collection: Any, key: str) -> None:
+        super().__init__(collection)
+        self.key = key
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        other = ms.Scheduler(self.wrapped)
+        await other.publish(self.key, "first", name="job")
+        return await self.wrapped.bulk_write(requests, **kwargs)

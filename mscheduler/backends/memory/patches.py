@@ -22,6 +22,7 @@ from typing import Any
 from bson import ObjectId
 from mongomock import aggregate as mongomock_aggregate
 from mongomock import collection as mongomock_collection
+from mongomock import helpers as mongomock_helpers
 from mongomock.filtering import filter_applies
 
 # The attribute of a mongomock collection store that holds its ordered indexes.
@@ -54,6 +55,29 @@ def _basic_expression_with_arrays(self: Any, expression: Any) -> Any:
         return [self.parse(element) for element in expression]
     return _original_basic_expression(self, expression)
 
+
+def datetimes_as_stored(value: Any) -> Any:
+    """mongomock's ``patch_datetime_awareness_in_document`` (dates as naive UTC to the
+    millisecond, as MongoDB stores them), dispatching on the exact type first: it walks every
+    filter and update of every write, and was a quarter of the backend's time per task."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None or kind is float:
+        return value
+    if kind is dict:
+        return {key: datetimes_as_stored(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [datetimes_as_stored(item) for item in value]
+    if kind is dt.datetime:
+        millis = value.microsecond // 1000 * 1000
+        if value.tzinfo is not None:
+            offset = value.utcoffset() or dt.timedelta(0)
+            return (value - offset).replace(tzinfo=None, microsecond=millis)
+        return value.replace(microsecond=millis)
+    return _original_datetime_patch(value)  # OrderedDict, subclasses, Timestamp, ...
+
+
+_original_datetime_patch = mongomock_helpers.patch_datetime_awareness_in_document
+mongomock_helpers.patch_datetime_awareness_in_document = datetimes_as_stored
 
 mongomock_aggregate._Parser._handle_arithmetic_operator = _arithmetic_with_dates  # type: ignore[method-assign]
 mongomock_aggregate._Parser._parse_basic_expression = _basic_expression_with_arrays  # type: ignore[method-assign]

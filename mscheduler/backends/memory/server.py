@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mongomock.filtering import filter_applies
-from mongomock.helpers import patch_datetime_awareness_in_document
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import IndexModel
 from pymongo.errors import OperationFailure, WriteError
@@ -156,7 +155,7 @@ class MemoryCollection:
         candidates = self._ordered.candidates(filter, order)
         if candidates is None:
             return None
-        filter = patch_datetime_awareness_in_document(filter)  # as mongomock's own reads do
+        filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
         store = self._inner._store
         found: list[Any] = []
         for one in candidates:
