@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from pymongo.errors import ConnectionFailure, DocumentTooLarge, PyMongoError
@@ -39,13 +39,18 @@ class BackendUnavailable(MSchedulerError):
 
 class ClaimUncertain(BackendUnavailable):
     """A claim was sent, its reply lost, and the read that would tell whether it was applied
-    failed too. The worker may hold a lease under ``run_id``: it looks it up again with
-    `TaskStore.find_claim` before claiming anything else."""
+    failed too. The worker may hold a lease under each of ``run_ids`` (one per task a batched
+    claim tried): it looks them up again with `TaskStore.find_claim` before claiming anything
+    else."""
 
-    def __init__(self, message: str, *, worker_id: str, run_id: str) -> None:
+    def __init__(self, message: str, *, worker_id: str, run_ids: Sequence[str]) -> None:
         super().__init__(message)
         self.worker_id = worker_id
-        self.run_id = run_id
+        self.run_ids = list(run_ids)
+
+    @property
+    def run_id(self) -> str:
+        return self.run_ids[0]
 
 
 class TaskNotFound(MSchedulerError, KeyError):

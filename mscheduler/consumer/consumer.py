@@ -303,24 +303,30 @@ class Consumer:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
                 return
-            lease = await self._store.claim(
-                self.worker_id, names=self.names, exclude_keys=self._executor.running_keys
+            # Several due and slots for them: one batched claim of three round trips
+            # (`store.claims`); one or two go one by one, which costs less.
+            leases = await self._store.claim_many(
+                self.worker_id,
+                names=self.names,
+                limit=self._heap.due_count(now, self._executor.free_slots),
+                exclude_keys=self._executor.running_keys,
             )
         except ClaimUncertain as exc:
             log.warning(str(exc), extra={"action": "claim_uncertain", "run_id": exc.run_id})
-            self._uncertain_runs.append(exc.run_id)
+            self._uncertain_runs.extend(exc.run_ids)
             await sleep(self._clock, self.options.reconnect_delay(0))
             return
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "claim_retry"})
             await sleep(self._clock, self.options.reconnect_delay(0))
             return
-        if lease is None:
+        if not leases:
             # Nothing due is claimable by us after all (taken, or changed): the change stream
             # brings these keys back when they change.
             self._heap.pop_due(now)
             return
-        self._start(lease)
+        for lease in leases:
+            self._start(lease)
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)

@@ -87,6 +87,20 @@ class ClaimHeap:
         self._drop_stale_top()
         return self._heap[0][0] if self._heap else None
 
+    def due_count(self, now: dt.datetime, limit: int) -> int:
+        """How many keys are due at ``now``, counting up to ``limit``: the heap's top subtree
+        of due pairs is walked, so this costs O(limit), not O(len)."""
+        count, pending, heap = 0, [0], self._heap
+        while pending and count < limit:
+            index = pending.pop()
+            if index >= len(heap) or heap[index][0] > now:
+                continue
+            when, key = heap[index]
+            if self._entries.get(key) == when:
+                count += 1
+            pending += (2 * index + 1, 2 * index + 2)
+        return count
+
     def pop_due(self, now: dt.datetime) -> list[str]:
         """Remove and return every key due at ``now``, earliest first."""
         due: list[str] = []

@@ -7,6 +7,7 @@ Every write here matches ``key + worker_id + run_id + state: running + ping_expi
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from ..models import ErrorInfo, TaskState
@@ -30,6 +31,11 @@ def by_run(run_id: str) -> Document:
     """The task a claim with this ``run_id`` went to (served by the ``run_id`` index). A run_id
     is a fresh UUID per claim, so at most one task matches; the caller checks the worker."""
     return {"worker_states.run_id": run_id}
+
+
+def by_runs(run_ids: Sequence[str]) -> Document:
+    """The tasks a batched claim went to: one ``run_id`` per task it tried."""
+    return {"worker_states.run_id": {"$in": list(run_ids)}}
 
 
 def lease_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:

@@ -105,6 +105,10 @@ def by_key(key: str) -> Document:
     return {"key": key}
 
 
+def by_ids(task_ids: Sequence[Any]) -> Document:
+    return {"_id": {"$in": list(task_ids)}}
+
+
 def by_keys(keys: Sequence[str]) -> Document:
     return {"key": {"$in": list(keys)}}
 
@@ -211,6 +215,16 @@ def claim_filter(
     )
     return query
 
+
+def claim_one_of(claim: Document, task_id: Any) -> Document:
+    """A batched claim's write for one candidate: the whole claim filter again, on that
+    document alone (served by ``_id``). The candidates were read in claim order; between the
+    read and this write another worker may take one, which then simply matches nothing. Each
+    write is atomic on its document, so the invariant of `claim_filter` holds for each."""
+    return {**claim, "_id": task_id}
+
+
+CANDIDATE_PROJECTION: Document = {"_id": 1}
 
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
 # order ties as it likes; with it, equal priority is strict FIFO everywhere.

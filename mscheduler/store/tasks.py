@@ -30,6 +30,7 @@ from ..models import (
 )
 from ..queries import lease as lq
 from ..queries import tasks as q
+from . import claims
 from .base import StoreBase
 from .flows import Flows
 from .publisher import Publisher
@@ -125,6 +126,32 @@ class TaskStore(StoreBase):
             return None
         return await self._lease_from(Task.model_validate(found), worker_id, run_id)
 
+    @driver_errors
+    async def claim_many(
+        self,
+        worker_id: str,
+        *,
+        names: Sequence[str],
+        limit: int,
+        exclude_keys: Sequence[str] = (),
+    ) -> list[Lease]:
+        """Claim up to ``limit`` of the best tasks of ``names`` in three round trips
+        (`claims`); fewer than three tasks are claimed one at a time, which costs less."""
+        worker_id = checked(check_worker_id, worker_id)
+        if limit < 3:
+            lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
+            return [] if lease is None else [lease]
+        await self._ready()
+        return await claims.claim_many(self, worker_id, names, limit, exclude_keys, self.settle)
+
+    async def settle(self, task_ids: Sequence[Any]) -> None:
+        """After a write that may have ended these tasks without returning them: tell the
+        dependents of those that ended."""
+        async for document in self.collection.find(q.by_ids(task_ids)):
+            task = Task.model_validate(document)
+            if task.state.is_terminal:
+                await self._after_write(task)
+
     async def _claimed_by(self, worker_id: str, run_id: str) -> Task | None:
         """The task that a claim of ``worker_id`` with ``run_id`` went to, if it was applied."""
         found = await self.collection.find_one(lq.by_run(run_id))
@@ -142,7 +169,7 @@ class TaskStore(StoreBase):
                 f"MongoDB is unreachable: a claim's reply was lost ({lost}) and so was the "
                 f"read of run {run_id} ({exc})",
                 worker_id=worker_id,
-                run_id=run_id,
+                run_ids=[run_id],
             ) from exc
         if task is None:
             raise lost  # not applied: an ordinary network error

@@ -65,6 +65,9 @@ SAMPLES: dict[str, Any] = {
     "running": 1,
     "value": "$not.a.path",
     "task_id": ObjectId("65a000000000000000000001"),
+    "task_ids": [ObjectId("65a000000000000000000001")],
+    "run_ids": ["run-of-w1", "run-of-nobody"],
+    "claim": queries.claim_filter("w1", NOW, names=["job"]),
 }
 # Builders whose arguments are a whole document rather than samples by name.
 SPECIAL: dict[str, Any] = {
@@ -280,7 +283,7 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
         if "$$ws" in repr(built):
             expression = stages.count_states(built) if "$$ws." in repr(built) else built
         return "update", ({}, [{"$set": {"probe": expression}}])
-    if isinstance(built, dict) and "_id" in built:  # a whole new document
+    if isinstance(built, dict) and "_id" in built and "key" in built:  # a whole new document
         return "insert", built
     if isinstance(built, dict):
         return "find", built

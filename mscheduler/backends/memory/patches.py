@@ -96,16 +96,24 @@ def _iter_documents_indexed(self: Any, filter: Any) -> Iterator[Any]:
     if type(filter) is not dict:
         return _original_iter_documents(self, filter)
     store = self._store
-    if len(filter) == 1 and "_id" in filter:
-        wanted = filter["_id"]
-        if type(wanted) in _HASHABLE_IDS:
-            return iter([store[wanted]] if wanted in store else [])
-        if (
+    wanted = filter.get("_id")
+    if type(wanted) in _HASHABLE_IDS:
+        if wanted not in store:
+            return iter([])
+        if len(filter) == 1:
+            return iter([store[wanted]])
+        # `_id` and more (a batched claim's write): that one document, tested.
+        return iter([store[wanted]] if filter_applies(filter, store[wanted]) else [])
+    if (
+        len(filter) == 1
+        and "_id" in filter
+        and (
             type(wanted) is dict
             and list(wanted) == ["$in"]
             and all(type(one) in _HASHABLE_IDS for one in wanted["$in"])
-        ):
-            return iter([store[one] for one in dict.fromkeys(wanted["$in"]) if one in store])
+        )
+    ):
+        return iter([store[one] for one in dict.fromkeys(wanted["$in"]) if one in store])
     index_set = getattr(store, INDEX_SET_ATTRIBUTE, None)
     if index_set is not None:
         candidates = index_set.candidates(filter, None)

@@ -1,0 +1,99 @@
+"""Batched claims: up to k tasks in three round trips, whatever k (issue 12).
+
+1. read the best ``k`` candidates in claim order (the claim index, ``_id`` only);
+2. one unordered ``bulk_write``: for each candidate, the full claim filter on that ``_id`` and
+   the claim update with a ``run_id`` of its own (`queries.tasks.claim_one_of`);
+3. read what was won, by those ``run_id``\\ s (the ``run_id`` index).
+
+Per task this is the single claim's conditional write, so the claim invariants hold as they
+do for `TaskStore.claim`. What differs, and why it is safe:
+- a candidate taken meanwhile matches nothing: the batch wins fewer, never a wrong one;
+- the priority order is the candidates' order; a task published between steps 1 and 2 waits
+  for the next claim, as it would behind a single claim sent a moment earlier;
+- a reply lost on the network (step 2) is resolved by step 3, which finds every claim that
+  was applied; if step 3 fails too, every ``run_id`` is uncertain (`ClaimUncertain`) and the
+  consumer looks each up before claiming again, as for a single claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pymongo import UpdateOne
+from pymongo.errors import BulkWriteError, ConnectionFailure
+
+from ..errors import ClaimUncertain
+from ..models import Lease, Task
+from ..queries import lease as lq
+from ..queries import tasks as q
+
+if TYPE_CHECKING:
+    from .base import StoreBase
+
+log = logging.getLogger(__name__)
+
+
+async def claim_many(
+    store: StoreBase,
+    worker_id: str,
+    names: Sequence[str],
+    limit: int,
+    exclude_keys: Sequence[str],
+    settle: Callable[[list[Any]], Awaitable[None]],
+) -> list[Lease]:
+    """``settle``: `TaskStore.settle`, for candidates whose claim ended the task instead."""
+    now = store.clock.now()
+    claim = q.claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
+    cursor = store.collection.find(claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=limit)
+    candidates = [document["_id"] async for document in cursor]
+    if not candidates:
+        return []
+    run_ids = [uuid.uuid4().hex for _ in candidates]
+    requests = [
+        UpdateOne(q.claim_one_of(claim, task_id), q.claim_update(worker_id, run_id, now))
+        for task_id, run_id in zip(candidates, run_ids, strict=True)
+    ]
+    matched: int | None = None
+    lost: ConnectionFailure | None = None
+    try:
+        matched = (await store.collection.bulk_write(requests, ordered=False)).matched_count
+    except BulkWriteError as exc:  # some writes refused: the others stand
+        matched = exc.details.get("nMatched")
+    except ConnectionFailure as exc:
+        if store.in_transaction:
+            raise
+        lost = exc  # some may have been applied: the read below finds them
+    try:
+        found = [
+            Task.model_validate(doc) async for doc in store.collection.find(lq.by_runs(run_ids))
+        ]
+    except ConnectionFailure as exc:
+        if lost is None:
+            raise
+        raise ClaimUncertain(
+            f"MongoDB is unreachable: a batched claim's reply was lost ({lost}) and so was "
+            f"the read of its {len(run_ids)} runs ({exc})",
+            worker_id=worker_id,
+            run_ids=run_ids,
+        ) from exc
+    leases = []
+    ours = set(run_ids)
+    for task in found:
+        own = next(ws for ws in task.worker_states if ws.run_id in ours)
+        if own.worker_id == worker_id:
+            leases.append(Lease(key=task.key, worker_id=worker_id, run_id=own.run_id, task=task))
+    if matched is not None and matched > len(leases):
+        # A claim whose sweep exhausted the retries fails the task instead (no lease): its
+        # dependents are told here, as `TaskStore.claim` does.
+        won = {lease.task.id for lease in leases}
+        await settle([task_id for task_id in candidates if task_id not in won])
+    if lost is not None and leases:
+        log.info(
+            "batched claim reply lost; %d claims were applied and are recovered by run_id",
+            len(leases),
+            extra={"action": "claim_recovered"},
+        )
+    return sorted(leases, key=lambda lease: candidates.index(lease.task.id))

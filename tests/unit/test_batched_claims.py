@@ -1,0 +1,104 @@
+"""Batched claims (issue 12): up to k tasks in three round trips, in claim order, each one the
+single claim's conditional write; races and lost replies handled as for one claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pymongo.errors import AutoReconnect
+
+import mscheduler as ms
+from mscheduler.errors import ClaimUncertain
+from mscheduler.testing import CountingCollection
+
+pytestmark = pytest.mark.anyio
+
+
+async def _publish(sched: ms.Scheduler, count: int) -> None:
+    await sched.publish_many(
+        ms.TaskSpec(key=f"t{n}", name="job", options=ms.TaskOptions(priority=n % 3))
+        for n in range(count)
+    )
+
+
+async def test_a_batch_takes_the_best_in_claim_order_in_three_calls(scheduler: ms.Scheduler):
+    await _publish(scheduler, 12)
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    leases = await sched.store.claim_many("w1", names=["job"], limit=5)
+    assert counting.calls == 3, counting.counts
+    # priority 2 first (t2, t5, t8, t11), then priority 1 by age (t1)
+    assert [lease.key for lease in leases] == ["t2", "t5", "t8", "t11", "t1"]
+    assert len({lease.run_id for lease in leases}) == 5
+    for lease in leases:
+        task = await scheduler.get(lease.key)
+        assert task is not None and task.state is ms.TaskState.RUNNING
+        assert [ws.run_id for ws in task.worker_states] == [lease.run_id]
+    # The next batch goes on where this one stopped, never twice the same task.
+    more = await sched.store.claim_many("w2", names=["job"], limit=10)
+    assert {lease.key for lease in more}.isdisjoint(lease.key for lease in leases)
+    assert len(more) == 7
+
+
+class _TakesFirst(CountingCollection):
+    """Another worker claims ``key`` between the batch's read and its write."""
+
+    def __init__(self, collection: Any, scheduler: ms.Scheduler, key: str) -> None:
+        super().__init__(collection)
+        self.other, self.key = scheduler, key
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        assert await self.other.store.claim("rival", key=self.key) is not None
+        return await self.wrapped.bulk_write(requests, **kwargs)
+
+
+async def test_a_candidate_taken_meanwhile_is_not_claimed_twice(scheduler: ms.Scheduler):
+    await _publish(scheduler, 6)
+    racing = _TakesFirst(scheduler.collection, scheduler, "t2")
+    sched = ms.Scheduler(racing, clock=scheduler.store.clock)
+    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert "t2" not in {lease.key for lease in leases} and len(leases) == 3
+    task = await scheduler.get("t2")
+    assert task is not None and [ws.worker_id for ws in task.worker_states] == ["rival"]
+
+
+class _LosesReplies(CountingCollection):
+    """The bulk write is applied and its reply lost; with ``reads_lost`` the look-up too."""
+
+    def __init__(self, collection: Any, reads_lost: int) -> None:
+        super().__init__(collection)
+        self.reads_lost = reads_lost
+        self.bulk_lost = True
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        await self.wrapped.bulk_write(requests, **kwargs)
+        if self.bulk_lost:
+            self.bulk_lost = False
+            raise AutoReconnect("connection reset after the batch was applied")
+        return None
+
+    def find(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "worker_states.run_id" in query and self.reads_lost:
+            self.reads_lost -= 1
+            raise AutoReconnect("connection reset during the look-up")
+        return self.wrapped.find(query, *args, **kwargs)
+
+
+async def test_a_lost_reply_is_recovered_by_run_id(scheduler: ms.Scheduler):
+    await _publish(scheduler, 5)
+    sched = ms.Scheduler(_LosesReplies(scheduler.collection, 0), clock=scheduler.store.clock)
+    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert len(leases) == 4
+
+
+async def test_a_lost_reply_and_look_up_leave_every_run_uncertain(scheduler: ms.Scheduler):
+    await _publish(scheduler, 5)
+    sched = ms.Scheduler(_LosesReplies(scheduler.collection, 1), clock=scheduler.store.clock)
+    with pytest.raises(ClaimUncertain) as uncertain:
+        await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert len(uncertain.value.run_ids) == 4
+    found = [await sched.store.find_claim("w1", run_id) for run_id in uncertain.value.run_ids]
+    assert len([lease for lease in found if lease is not None]) == 4  # each one is recovered
