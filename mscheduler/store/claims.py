@@ -79,6 +79,11 @@ async def claim_many(
             worker_id=worker_id,
             run_ids=run_ids,
         ) from exc
+    if lost is not None and not found:
+        # Nothing was applied: an ordinary network error, as for a single claim. Returning no
+        # leases instead would tell the consumer nothing is claimable, and it would drop the
+        # due keys from its heap until they change (found by a chaos run with failing reads).
+        raise lost
     leases = []
     ours = set(run_ids)
     for task in found:

@@ -32,6 +32,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .finishes import FinishBatcher
 from .flows import Flows
 from .publisher import Publisher
 
@@ -49,6 +50,7 @@ class TaskStore(StoreBase):
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
+        self._finishes = FinishBatcher(self, self._lost)
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
@@ -56,6 +58,7 @@ class TaskStore(StoreBase):
         view = TaskStore(collection, self.clock)
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
+        view._finishes = FinishBatcher(view, view._lost, alone=True)
         return view
 
     # ------------------------------------------------------------ publish
@@ -213,6 +216,13 @@ class TaskStore(StoreBase):
             raise await self._lost(lease)
         return await self._after_write(Task.model_validate(found))
 
+    async def _finish_write(
+        self, lease: Lease, update: list[dict[str, Any]], now: Any, wrote: WorkerStateKind
+    ) -> Task:
+        """A fenced write that ends the run: sent with the finishes in flight (`finishes`)."""
+        found = await self._finishes.write(lease, update, now, wrote)
+        return await self._after_write(Task.model_validate(found))
+
     async def _lost(self, lease: Lease) -> LeaseLost:
         """Only on the failure path: one read to tell the worker what happened."""
         prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
@@ -268,8 +278,11 @@ class TaskStore(StoreBase):
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         stored = check_result(result, lease.task.options)
         now = self.clock.now()
-        task = await self._fenced_write(
-            lease, lq.success_update(lease.worker_id, lease.run_id, stored, now), now
+        task = await self._finish_write(
+            lease,
+            lq.success_update(lease.worker_id, lease.run_id, stored, now),
+            now,
+            WorkerStateKind.SUCCESS,
         )
         log.info(
             "attempt succeeded",
@@ -284,8 +297,11 @@ class TaskStore(StoreBase):
         """Record a failed attempt; ``final`` fails the task whatever retries are left."""
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
         now = self.clock.now()
-        task = await self._fenced_write(
-            lease, lq.fail_update(lease.worker_id, lease.run_id, info, now, final=final), now
+        task = await self._finish_write(
+            lease,
+            lq.fail_update(lease.worker_id, lease.run_id, info, now, final=final),
+            now,
+            WorkerStateKind.FAIL,
         )
         log.info(
             "attempt failed",
@@ -298,14 +314,13 @@ class TaskStore(StoreBase):
         now = self.clock.now()
         retry_at = to_bson_time(now + dt.timedelta(seconds=delay))
         update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
-        return await self._fenced_write(lease, update, now)
+        return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 
     @driver_errors
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
         now = self.clock.now()
-        return await self._fenced_write(
-            lease, lq.release_update(lease.worker_id, lease.run_id, reason, now), now
-        )
+        update = lq.release_update(lease.worker_id, lease.run_id, reason, now)
+        return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 
     @driver_errors
     async def fetch(

@@ -102,3 +102,20 @@ async def test_a_lost_reply_and_look_up_leave_every_run_uncertain(scheduler: ms.
     assert len(uncertain.value.run_ids) == 4
     found = [await sched.store.find_claim("w1", run_id) for run_id in uncertain.value.run_ids]
     assert len([lease for lease in found if lease is not None]) == 4  # each one is recovered
+
+
+class _BulkNeverArrives(CountingCollection):
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        raise AutoReconnect("connection reset before the batch reached the server")
+
+
+async def test_a_batch_that_never_arrived_is_a_network_error_not_nothing_to_claim(
+    scheduler: ms.Scheduler,
+):
+    """Found by a fault run: returning no leases made the consumer drop its due keys, and the
+    tasks waited for a change that never came."""
+    await _publish(scheduler, 5)
+    sched = ms.Scheduler(_BulkNeverArrives(scheduler.collection), clock=scheduler.store.clock)
+    with pytest.raises(ms.BackendUnavailable):
+        await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert all(t.state is ms.TaskState.PENDING for t in await scheduler.store.get_many(["t0"]))

@@ -48,7 +48,9 @@ async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, see
     producer = ms.Scheduler(memory, clock=clock)  # publishes without faults
     faulty = FaultyCollection(memory, rate=0.15, seed=seed)
     sched = ms.Scheduler(faulty, clock=clock)
-    keys = [f"t{n}" for n in range(30)]
+    # Enough tasks, and few enough slots (batched claims and finishes make fewer calls per
+    # task), that every seed injects faults of both kinds.
+    keys = [f"t{n}" for n in range(60)]
     for key in keys:
         await producer.publish(key, None, name="job", options=PATIENT)
     runs: collections.Counter[str] = collections.Counter()
@@ -75,7 +77,7 @@ async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, see
     started: list[ms.Consumer] = []
     async with contextlib.AsyncExitStack() as stack:
         for n in range(3):
-            options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200)
+            options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200, max_running=4)
             consumer = sched.consumer({"job": handler}, options=options)
             started.append(await stack.enter_async_context(consumer))
         await drive(clock, all_done)

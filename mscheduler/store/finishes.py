@@ -1,0 +1,169 @@
+"""Group commit of finishes (issue 12): outcomes written while another write of them is in
+flight go out together, as one unordered bulk write and one read, instead of one round trip
+each.
+
+No timer: a finish that finds nothing in flight is sent at once, alone, as the single fenced
+``find_one_and_update`` it always was (so a lone task's latency is unchanged); finishes that
+arrive meanwhile wait for it and are then sent together. Under load the batches grow by
+themselves; idle, nothing waits.
+
+Each write in a batch is the same fenced update (``key + worker_id + run_id`` of a live
+lease, `queries.lease.lease_filter`), so fencing holds per task as before. The read after the
+bulk returns every document, for the callers (who tell dependents, as after a single write)
+and to tell, per task, whether its write landed: a batch reports lease loss per task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from pymongo import ReturnDocument, UpdateOne
+from pymongo.errors import BulkWriteError
+
+from ..errors import BackendUnavailable, LeaseLost
+from ..models import Lease, WorkerStateKind
+from ..queries import lease as lq
+from ..queries import tasks as q
+
+if TYPE_CHECKING:
+    from .base import StoreBase
+
+Document = dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Finish:
+    lease: Lease
+    update: list[Document]
+    now: Any
+    wrote: WorkerStateKind
+    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    document: Document | None = None
+    error: BaseException | None = None
+
+    def settle(self, document: Document | None = None, error: BaseException | None = None) -> None:
+        self.document, self.error = document, error
+        self.done.set()
+
+
+class FinishBatcher:
+    def __init__(
+        self,
+        store: StoreBase,
+        lost: Callable[[Lease], Awaitable[LeaseLost]],
+        *,
+        alone: bool = False,
+    ) -> None:
+        """``alone``: every finish is written by itself, at once, never yielding first (inside
+        `transactions.run_atomically`, where the memory backend's atomicity is that nothing
+        else runs between the batch's writes)."""
+        self._store = store
+        self._lost = lost  # one read to say how a lease was lost (`TaskStore._lost`)
+        self._alone = alone
+        self._queue: list[_Finish] = []
+        self._busy = False
+
+    async def write(
+        self, lease: Lease, update: list[Document], now: Any, wrote: WorkerStateKind
+    ) -> Document:
+        """The document after this finish (``wrote``: the state it gives the run), or
+        `LeaseLost`; driver errors as from the write itself."""
+        finish = _Finish(lease, update, now, wrote)
+        if self._alone:
+            await self._one(finish)
+            return _outcome(finish)
+        self._queue.append(finish)
+        if not self._busy:
+            self._busy = True
+            try:
+                # Let the handlers that ended in this turn of the event loop join this batch
+                # (the memory backend's calls never yield, so nothing would join otherwise).
+                await anyio.lowlevel.checkpoint()
+                while self._queue:
+                    batch, self._queue = self._queue, []
+                    await self._send(batch)
+            finally:
+                self._busy = False
+                for left in self._queue:  # the sender was cancelled: the others retry
+                    left.settle(error=_interrupted())
+        await finish.done.wait()
+        return _outcome(finish)
+
+    async def _send(self, batch: list[_Finish]) -> None:
+        try:
+            if len(batch) == 1:
+                await self._one(batch[0])
+            else:
+                await self._many(batch)
+        except BaseException as exc:
+            # Each waiter gets the driver's error (its caller converts and retries it); a
+            # cancellation of the sender is not theirs: they are told to retry.
+            error = exc if isinstance(exc, Exception) else _interrupted()
+            for finish in batch:
+                if not finish.done.is_set():
+                    finish.settle(error=error)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _one(self, finish: _Finish) -> None:
+        lease = finish.lease
+        found = await self._store.collection.find_one_and_update(
+            lq.lease_filter(lease.key, lease.worker_id, lease.run_id, finish.now),
+            finish.update,
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is None:
+            finish.settle(error=await self._lost(lease))
+        else:
+            finish.settle(found)
+
+    async def _many(self, batch: list[_Finish]) -> None:
+        requests = [
+            UpdateOne(
+                lq.lease_filter(f.lease.key, f.lease.worker_id, f.lease.run_id, f.now), f.update
+            )
+            for f in batch
+        ]
+        refused: dict[int, BaseException] = {}
+        try:
+            await self._store.collection.bulk_write(requests, ordered=False)
+        except BulkWriteError as exc:  # the server refused some; the others stand
+            for error in exc.details.get("writeErrors", []):
+                refused[error["index"]] = BulkWriteError({**exc.details, "writeErrors": [error]})
+        cursor = self._store.collection.find(q.by_keys([f.lease.key for f in batch]))
+        documents = {document["key"]: document async for document in cursor}
+        for index, finish in enumerate(batch):
+            if index in refused:
+                finish.settle(error=refused[index])
+            elif _landed(documents.get(finish.lease.key), finish):
+                finish.settle(documents[finish.lease.key])
+            else:
+                finish.settle(error=await self._lost(finish.lease))
+
+
+def _outcome(finish: _Finish) -> Document:
+    if finish.error is not None:
+        raise finish.error
+    assert finish.document is not None
+    return finish.document
+
+
+def _interrupted() -> BackendUnavailable:
+    return BackendUnavailable("the write of this outcome was interrupted; it may have landed")
+
+
+def _landed(document: Document | None, finish: _Finish) -> bool:
+    """Whether this finish's write is what the run's state shows: only its holder writes a
+    success or a failure, and a release of its own carries its reason (a cancel's release
+    carries none)."""
+    if document is None:
+        return False
+    for state in document.get("worker_states", []):
+        if state.get("run_id") == finish.lease.run_id:
+            if state.get("state") != finish.wrote.value:
+                return False
+            return finish.wrote is not WorkerStateKind.RELEASED or state.get("error") is not None
+    return False
