@@ -1,9 +1,9 @@
 """Throughput, round trips at saturation, pings under load, and CPU overhead. Prints numbers.
 
-    python bench/bench_throughput.py                     # memory backend (+ procrastinate)
+    python bench/bench_throughput.py                     # memory backend
     python bench/bench_throughput.py --uri "mongodb://localhost:27017/?directConnection=true"
 
-The comparison with procrastinate needs ``pip install -e '.[bench]'``.
+The comparison with other queues is `bench_peers.py`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ from common import counted_scheduler, dispose
 import mscheduler as ms
 
 
-async def mscheduler_run(uri: str, consumers: int, tasks: int) -> dict[str, float]:
-    """``tasks`` short tasks published first, then ``consumers`` (one task at a time each)."""
+async def mscheduler_run(
+    uri: str, consumers: int, tasks: int, max_running: int = 1
+) -> dict[str, float]:
+    """``tasks`` short tasks published first, then ``consumers`` (``max_running`` at a time
+    each: one, as the peers are compared)."""
     sched, counting, connection = await counted_scheduler(uri)
     keys = [f"job:{n}" for n in range(tasks)]
     await sched.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
@@ -33,7 +36,7 @@ async def mscheduler_run(uri: str, consumers: int, tasks: int) -> dict[str, floa
     async with contextlib.AsyncExitStack() as stack:
         running = []
         for n in range(consumers):
-            options = ms.WorkerOptions(worker_id=f"w{n}", max_running=1)
+            options = ms.WorkerOptions(worker_id=f"w{n}", max_running=max_running)
             consumer = sched.consumer({"job": job}, options=options)
             running.append(await stack.enter_async_context(consumer))
         # Done when the consumers have recorded every success (the peers are timed until
@@ -115,24 +118,35 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", default="memory://")
     parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--markdown", action="store_true", help="print a table for the README")
     args = parser.parse_args()
-    print(f"backend: {args.uri.split('://')[0]}://, {args.tasks} short tasks")
-    for consumers in (1, 3, 10):
-        ours = await mscheduler_run(args.uri, consumers, args.tasks)
-        theirs = await anyio.to_thread.run_sync(procrastinate_run, consumers, args.tasks)
-        line = (
-            f"{consumers:>2} consumer(s): {ours['tasks_per_s']:7.1f} tasks/s, "
-            f"{ours['calls_per_task']:.2f} calls/task, overhead "
-            f"{ours['overhead_ms_per_task']:.2f} ms CPU/task outside the database "
-            f"(database {ours['db_cpu_ms_per_task']:.2f} ms)"
-        )
-        if theirs is not None:
-            line += (
-                f"; procrastinate InMemoryConnector {theirs:7.1f} tasks/s "
-                f"(ratio mscheduler/procrastinate {ours['tasks_per_s'] / theirs:.2f})"
+    backend = args.uri.split("://")[0] + "://"
+    rows = []
+    for consumers, max_running, tasks in ((1, 1, args.tasks), (3, 1, args.tasks), (3, 16, 1_000)):
+        ours = await mscheduler_run(args.uri, consumers, tasks, max_running)
+        rows.append((consumers, max_running, tasks, ours))
+        if not args.markdown:
+            print(
+                f"{backend} {consumers} consumer(s) x max_running={max_running}, {tasks} tasks: "
+                f"{ours['tasks_per_s']:7.1f} tasks/s, {ours['calls_per_task']:.2f} round trips "
+                f"per task, {ours['overhead_ms_per_task']:.2f} ms CPU/task outside the database "
+                f"(database {ours['db_cpu_ms_per_task']:.2f} ms)",
+                flush=True,
             )
-        print(line)
-    await pings_under_load(args.uri, 100, 3.0)
+    if args.markdown:
+        print(
+            f"| {backend} consumers x max_running | tasks | tasks/s | round trips/task | "
+            "CPU ms/task outside the database | in database calls |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for consumers, max_running, tasks, ours in rows:
+            print(
+                f"| {consumers} x {max_running} | {tasks:,} | {ours['tasks_per_s']:.0f} | "
+                f"{ours['calls_per_task']:.2f} | {ours['overhead_ms_per_task']:.2f} | "
+                f"{ours['db_cpu_ms_per_task']:.2f} |"
+            )
+    else:
+        await pings_under_load(args.uri, 100, 3.0)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Rounds a batch may lose every candidate to other workers before it reports nothing won.
+_CONTENDED_ROUNDS = 8
+
+
 async def claim_many(
     store: StoreBase,
     worker_id: str,
@@ -44,13 +48,34 @@ async def claim_many(
     exclude_keys: Sequence[str],
     settle: Callable[[list[Any]], Awaitable[None]],
 ) -> list[Lease]:
-    """``settle``: `TaskStore.settle`, for candidates whose claim ended the task instead."""
+    """``settle``: `TaskStore.settle`, for candidates whose claim ended the task instead.
+
+    Returns no lease only when nothing is claimable: losing every candidate to other workers
+    is not that (a single claim picks and claims at once, and never loses so), and the
+    consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
+    lost them all reads again: each such round others took tasks, so this ends."""
+    for _ in range(_CONTENDED_ROUNDS):
+        leases, contended = await _claim_round(store, worker_id, names, limit, exclude_keys, settle)
+        if leases or not contended:
+            return leases
+    return []
+
+
+async def _claim_round(
+    store: StoreBase,
+    worker_id: str,
+    names: Sequence[str],
+    limit: int,
+    exclude_keys: Sequence[str],
+    settle: Callable[[list[Any]], Awaitable[None]],
+) -> tuple[list[Lease], bool]:
+    """(leases won, whether there were candidates)."""
     now = store.clock.now()
     claim = q.claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
     cursor = store.collection.find(claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=limit)
     candidates = [document["_id"] async for document in cursor]
     if not candidates:
-        return []
+        return [], False
     run_ids = [uuid.uuid4().hex for _ in candidates]
     requests = [
         UpdateOne(q.claim_one_of(claim, task_id), q.claim_update(worker_id, run_id, now))
@@ -101,4 +126,4 @@ async def claim_many(
             len(leases),
             extra={"action": "claim_recovered"},
         )
-    return sorted(leases, key=lambda lease: candidates.index(lease.task.id))
+    return sorted(leases, key=lambda lease: candidates.index(lease.task.id)), True

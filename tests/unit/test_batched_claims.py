@@ -119,3 +119,29 @@ async def test_a_batch_that_never_arrived_is_a_network_error_not_nothing_to_clai
     with pytest.raises(ms.BackendUnavailable):
         await sched.store.claim_many("w1", names=["job"], limit=4)
     assert all(t.state is ms.TaskState.PENDING for t in await scheduler.store.get_many(["t0"]))
+
+
+class _TakesAllFirst(CountingCollection):
+    """Rivals claim every candidate of the first batch between its read and its write."""
+
+    def __init__(self, collection: Any, scheduler: ms.Scheduler) -> None:
+        super().__init__(collection)
+        self.other, self.rounds = scheduler, 0
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        self.rounds += 1
+        if self.rounds == 1:
+            for request in requests:
+                found = await self.wrapped.find_one({"_id": request._filter["_id"]})
+                assert await self.other.store.claim("rival", key=found["key"]) is not None
+        return await self.wrapped.bulk_write(requests, **kwargs)
+
+
+async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Scheduler):
+    """Found on the wire: "no lease" made the consumer forget the tasks it thought due, while
+    others were still claimable."""
+    await _publish(scheduler, 8)
+    racing = _TakesAllFirst(scheduler.collection, scheduler)
+    sched = ms.Scheduler(racing, clock=scheduler.store.clock)
+    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert racing.rounds == 2 and len(leases) == 4
