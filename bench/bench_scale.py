@@ -11,12 +11,11 @@ Prints process CPU per task, and how much of it was spent inside database calls.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import anyio
+from bench_throughput import mscheduler_run
 from bson import ObjectId
-from common import counted_scheduler, dispose
 from pymongo import InsertOne
 
 import mscheduler as ms
@@ -38,27 +37,15 @@ async def _seed_finished(sched: ms.Scheduler, counting: Any, finished: int) -> N
 
 
 async def run(uri: str, finished: int, tasks: int) -> dict[str, float]:
-    sched, counting, connection = await counted_scheduler(uri)
-    await _seed_finished(sched, counting, finished)
-    keys = [f"job:{n}" for n in range(tasks)]
-    await sched.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
+    async def seed(sched: ms.Scheduler, counting: Any) -> None:
+        await _seed_finished(sched, counting, finished)
 
-    async def job(task: ms.Task) -> None:
-        return None
-
-    counting.reset()
-    cpu_started, started = time.process_time(), time.perf_counter()
-    options = ms.WorkerOptions(worker_id="w0", max_running=1)
-    async with sched.consumer({"job": job}, options=options):
-        await sched.wait_many(keys, timeout=3_600)
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    await dispose(counting, connection)
+    result = await mscheduler_run(uri, 1, tasks, 1, prepare=seed)
     return {
-        "cpu_ms": cpu / tasks * 1000,
-        "db_cpu_ms": counting.cpu_seconds / tasks * 1000,
-        "tasks_per_s": tasks / elapsed,
-        "calls": counting.calls / tasks,
+        "cpu_ms": result["overhead_ms_per_task"] + result["db_cpu_ms_per_task"],
+        "db_cpu_ms": result["db_cpu_ms_per_task"],
+        "tasks_per_s": result["tasks_per_s"],
+        "calls": result["calls_per_task"],
     }
 
 

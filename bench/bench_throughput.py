@@ -12,19 +12,27 @@ import argparse
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 from common import counted_scheduler, dispose
 
 import mscheduler as ms
+from mscheduler.testing import CountingCollection
 
 
 async def mscheduler_run(
-    uri: str, consumers: int, tasks: int, max_running: int = 1
+    uri: str,
+    consumers: int,
+    tasks: int,
+    max_running: int = 1,
+    prepare: Callable[[ms.Scheduler, CountingCollection], Awaitable[None]] | None = None,
 ) -> dict[str, float]:
     """``tasks`` short tasks published first, then ``consumers`` (``max_running`` at a time
-    each: one, as the peers are compared)."""
+    each: one, as the peers are compared). ``prepare`` fills the collection beforehand."""
     sched, counting, connection = await counted_scheduler(uri)
+    if prepare is not None:
+        await prepare(sched, counting)
     keys = [f"job:{n}" for n in range(tasks)]
     await sched.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
 

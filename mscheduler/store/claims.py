@@ -17,6 +17,7 @@ do for `TaskStore.claim`. What differs, and why it is safe:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,76 +55,88 @@ async def claim_many(
     is not that (a single claim picks and claims at once, and never loses so), and the
     consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
     lost them all reads again: each such round others took tasks, so this ends."""
+    batch = _Batch(store, worker_id, names, limit, exclude_keys, settle)
     for _ in range(_CONTENDED_ROUNDS):
-        leases, contended = await _claim_round(store, worker_id, names, limit, exclude_keys, settle)
+        leases, contended = await batch.round()
         if leases or not contended:
             return leases
     return []
 
 
-async def _claim_round(
-    store: StoreBase,
-    worker_id: str,
-    names: Sequence[str],
-    limit: int,
-    exclude_keys: Sequence[str],
-    settle: Callable[[list[Any]], Awaitable[None]],
-) -> tuple[list[Lease], bool]:
-    """(leases won, whether there were candidates)."""
-    now = store.clock.now()
-    claim = q.claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
-    cursor = store.collection.find(claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=limit)
-    candidates = [document["_id"] async for document in cursor]
-    if not candidates:
-        return [], False
-    run_ids = [uuid.uuid4().hex for _ in candidates]
-    requests = [
-        UpdateOne(q.claim_one_of(claim, task_id), q.claim_update(worker_id, run_id, now))
-        for task_id, run_id in zip(candidates, run_ids, strict=True)
-    ]
-    matched: int | None = None
-    lost: ConnectionFailure | None = None
-    try:
-        matched = (await store.collection.bulk_write(requests, ordered=False)).matched_count
-    except BulkWriteError as exc:  # some writes refused: the others stand
-        matched = exc.details.get("nMatched")
-    except ConnectionFailure as exc:
-        if store.in_transaction:
-            raise
-        lost = exc  # some may have been applied: the read below finds them
-    try:
-        found = [
-            Task.model_validate(doc) async for doc in store.collection.find(lq.by_runs(run_ids))
-        ]
-    except ConnectionFailure as exc:
-        if lost is None:
-            raise
-        raise ClaimUncertain(
-            f"MongoDB is unreachable: a batched claim's reply was lost ({lost}) and so was "
-            f"the read of its {len(run_ids)} runs ({exc})",
-            worker_id=worker_id,
-            run_ids=run_ids,
-        ) from exc
-    if lost is not None and not found:
-        # Nothing was applied: an ordinary network error, as for a single claim. Returning no
-        # leases instead would tell the consumer nothing is claimable, and it would drop the
-        # due keys from its heap until they change (found by a chaos run with failing reads).
-        raise lost
-    leases = []
-    ours = set(run_ids)
-    for task in found:
-        own = next(ws for ws in task.worker_states if ws.run_id in ours)
-        if own.worker_id == worker_id:
-            leases.append(Lease(key=task.key, worker_id=worker_id, run_id=own.run_id, task=task))
-    if matched is not None and matched > len(leases):
-        # A claim whose sweep exhausted the retries fails the task instead (no lease): its
-        # dependents are told here, as `TaskStore.claim` does.
-        won = {lease.task.id for lease in leases}
-        await settle([task_id for task_id in candidates if task_id not in won])
-    if lost is not None and leases:
-        log.info(
-            "batched claim reply lost; %d claims were applied and are recovered by run_id",
-            len(leases),
-            extra={"action": "claim_recovered"},
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    store: StoreBase
+    worker_id: str
+    names: Sequence[str]
+    limit: int
+    exclude_keys: Sequence[str]
+    settle: Callable[[list[Any]], Awaitable[None]]
+
+    async def round(self) -> tuple[list[Lease], bool]:
+        """(leases won, whether there were candidates)."""
+        now = self.store.clock.now()
+        claim = q.claim_filter(
+            self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
         )
-    return sorted(leases, key=lambda lease: candidates.index(lease.task.id)), True
+        cursor = self.store.collection.find(
+            claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=self.limit
+        )
+        candidates = [document["_id"] async for document in cursor]
+        if not candidates:
+            return [], False
+        run_ids = [uuid.uuid4().hex for _ in candidates]
+        requests = [
+            UpdateOne(q.claim_one_of(claim, task_id), q.claim_update(self.worker_id, run_id, now))
+            for task_id, run_id in zip(candidates, run_ids, strict=True)
+        ]
+        matched: int | None = None
+        lost: ConnectionFailure | None = None
+        try:
+            matched = (
+                await self.store.collection.bulk_write(requests, ordered=False)
+            ).matched_count
+        except BulkWriteError as exc:  # some writes refused: the others stand
+            matched = exc.details.get("nMatched")
+        except ConnectionFailure as exc:
+            if self.store.in_transaction:
+                raise
+            lost = exc  # some may have been applied: the read below finds them
+        try:
+            found = [
+                Task.model_validate(doc)
+                async for doc in self.store.collection.find(lq.by_runs(run_ids))
+            ]
+        except ConnectionFailure as exc:
+            if lost is None:
+                raise
+            raise ClaimUncertain(
+                f"MongoDB is unreachable: a batched claim's reply was lost ({lost}) and so was "
+                f"the read of its {len(run_ids)} runs ({exc})",
+                worker_id=self.worker_id,
+                run_ids=run_ids,
+            ) from exc
+        if lost is not None and not found:
+            # Nothing was applied: an ordinary network error, as for a single claim. Returning no
+            # leases instead would tell the consumer nothing is claimable, and it would drop the
+            # due keys from its heap until they change (found by a chaos run with failing reads).
+            raise lost
+        leases = []
+        ours = set(run_ids)
+        for task in found:
+            own = next(ws for ws in task.worker_states if ws.run_id in ours)
+            if own.worker_id == self.worker_id:
+                leases.append(
+                    Lease(key=task.key, worker_id=self.worker_id, run_id=own.run_id, task=task)
+                )
+        if matched is not None and matched > len(leases):
+            # A claim whose sweep exhausted the retries fails the task instead (no lease): its
+            # dependents are told here, as `TaskStore.claim` does.
+            won = {lease.task.id for lease in leases}
+            await self.settle([task_id for task_id in candidates if task_id not in won])
+        if lost is not None and leases:
+            log.info(
+                "batched claim reply lost; %d claims were applied and are recovered by run_id",
+                len(leases),
+                extra={"action": "claim_recovered"},
+            )
+        return sorted(leases, key=lambda lease: candidates.index(lease.task.id)), True
