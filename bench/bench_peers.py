@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import os
 import platform
 import threading
 import time
@@ -151,8 +152,9 @@ async def main() -> None:
     if args.markdown:
         names = [name for name in PEERS if any(row[3][name] is not None for row in rows)]
         print(
-            f"{dt.date.today().isoformat()}, {platform.machine()} with {_cores()} cores, "
-            f"Python {platform.python_version()}; tasks/s (ratio mscheduler / peer)\n"
+            f"{dt.date.today().isoformat()}, {platform.machine()} with "
+            f"{os.cpu_count() or 1} cores, Python {platform.python_version()}; "
+            "tasks/s (ratio mscheduler / peer)\n"
         )
         print("| tasks | workers | mscheduler memory:// | calls/task | " + " | ".join(names) + " |")
         print("| ---: | ---: | ---: | ---: |" + " ---: |" * len(names))
@@ -167,12 +169,6 @@ async def main() -> None:
                 f"| {tasks:,} | {workers} | {ours['tasks_per_s']:.0f} | "
                 f"{ours['calls_per_task']:.2f} | " + " | ".join(cells) + " |"
             )
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

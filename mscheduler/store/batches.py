@@ -23,12 +23,12 @@ from bson import ObjectId
 from pymongo import UpdateOne
 
 from .. import context
-from ..encoding import check_result, to_storable
+from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
-from ..models import Lease, PublishResult, Task, TaskOptions, WorkerStateKind, check_key, checked
+from ..models import Lease, PublishResult, Task, WorkerStateKind, check_key, checked
 from ..queries import tasks as q
 from ..specs import Step, TaskSpec, dependency_order, flatten
-from .publisher import prepare
+from .publisher import Prepared, prepare
 from .transactions import run_atomically
 
 if TYPE_CHECKING:
@@ -39,11 +39,14 @@ log = logging.getLogger(__name__)
 Completion = Lease | tuple[Lease, Any]
 
 
-def _checked_specs(specs: Step | Iterable[Step]) -> list[TaskSpec]:
+def _checked_specs(specs: Step | Iterable[Step]) -> tuple[list[TaskSpec], dict[str, Prepared]]:
+    """The specs in dependency order, and each one's checked arguments by key."""
     ordered = dependency_order(flatten(specs))
-    for spec in ordered:
-        prepare(spec.key, spec.payload, spec.name, spec.options, spec.depends_on)
-    return ordered
+    prepared = {
+        spec.key: prepare(spec.key, spec.payload, spec.name, spec.options, spec.depends_on)
+        for spec in ordered
+    }
+    return ordered, prepared
 
 
 async def _check_names(
@@ -106,7 +109,7 @@ async def _publish_all(
 async def publish_many(
     store: TaskStore, specs: Step | Iterable[Step], *, allow_missing: bool = False
 ) -> list[PublishResult]:
-    ordered = _checked_specs(specs)
+    ordered, prepared = _checked_specs(specs)
     if not ordered:
         return []
     await store._ready()
@@ -117,13 +120,13 @@ async def publish_many(
         view = store.bound_to(collection)
         if any(spec.depends_on for spec in ordered):
             return await _publish_all(view, ordered, allow_missing)
-        return await _publish_flat(view, ordered, existing)
+        return await _publish_flat(view, [prepared[spec.key] for spec in ordered], existing)
 
     return await run_atomically(store.collection, write)
 
 
 async def _publish_flat(
-    store: TaskStore, specs: Sequence[TaskSpec], existing: Mapping[str, Task]
+    store: TaskStore, specs: Sequence[Prepared], existing: Mapping[str, Task]
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
     idempotent upserts (issue 12: one round trip per task made ``publish_many`` of 5,000
@@ -134,8 +137,8 @@ async def _publish_flat(
         spec.key: q.new_task_document(
             key=spec.key,
             name=spec.name,
-            payload=to_storable(spec.payload, "payload"),
-            options=spec.options or TaskOptions(),
+            payload=spec.payload,
+            options=spec.options,
             now=now,
             task_id=ObjectId(),
         )
@@ -178,7 +181,7 @@ async def commit(
     naming it, unless published with ``on_dependency_failure="run"``)."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
     results = [(lease, check_result(result, lease.task.options)) for lease, result in completions]
-    ordered = _checked_specs(publish)
+    ordered, _ = _checked_specs(publish)
     deletions = [checked(check_key, key) for key in delete]
     required = {checked(check_key, key): version for key, version in (require or {}).items()}
     replacing = frozenset(deletions) & {spec.key for spec in ordered}

@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from pymongo import ReturnDocument, UpdateOne
+from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 from ..errors import BackendUnavailable, LeaseLost
-from ..models import Lease, WorkerStateKind
+from ..models import Lease, Task, WorkerStateKind
 from ..queries import lease as lq
 from ..queries import tasks as q
 
@@ -53,15 +53,16 @@ class FinishBatcher:
     def __init__(
         self,
         store: StoreBase,
-        lost: Callable[[Lease], Awaitable[LeaseLost]],
+        write_one: Callable[[Lease, list[Document], Any], Awaitable[Document]],
         *,
         alone: bool = False,
     ) -> None:
-        """``alone``: every finish is written by itself, at once, never yielding first (inside
-        `transactions.run_atomically`, where the memory backend's atomicity is that nothing
-        else runs between the batch's writes)."""
+        """``write_one``: the single fenced write (`TaskStore._fenced_document`), for a finish
+        sent by itself. ``alone``: every finish is written by itself, at once, never yielding
+        first (inside `transactions.run_atomically`, where the memory backend's atomicity is
+        that nothing else runs between the batch's writes)."""
         self._store = store
-        self._lost = lost  # one read to say how a lease was lost (`TaskStore._lost`)
+        self._write_one = write_one
         self._alone = alone
         self._queue: list[_Finish] = []
         self._busy = False
@@ -71,10 +72,9 @@ class FinishBatcher:
     ) -> Document:
         """The document after this finish (``wrote``: the state it gives the run), or
         `LeaseLost`; driver errors as from the write itself."""
-        finish = _Finish(lease, update, now, wrote)
         if self._alone:
-            await self._one(finish)
-            return _outcome(finish)
+            return await self._write_one(lease, update, now)
+        finish = _Finish(lease, update, now, wrote)
         self._queue.append(finish)
         if not self._busy:
             self._busy = True
@@ -90,12 +90,16 @@ class FinishBatcher:
                 for left in self._queue:  # the sender was cancelled: the others retry
                     left.settle(error=_interrupted())
         await finish.done.wait()
-        return _outcome(finish)
+        if finish.error is not None:
+            raise finish.error
+        assert finish.document is not None
+        return finish.document
 
     async def _send(self, batch: list[_Finish]) -> None:
         try:
             if len(batch) == 1:
-                await self._one(batch[0])
+                (finish,) = batch
+                finish.settle(await self._write_one(finish.lease, finish.update, finish.now))
             else:
                 await self._many(batch)
         except BaseException as exc:
@@ -107,18 +111,6 @@ class FinishBatcher:
                     finish.settle(error=error)
             if not isinstance(exc, Exception):
                 raise
-
-    async def _one(self, finish: _Finish) -> None:
-        lease = finish.lease
-        found = await self._store.collection.find_one_and_update(
-            lq.lease_filter(lease.key, lease.worker_id, lease.run_id, finish.now),
-            finish.update,
-            return_document=ReturnDocument.AFTER,
-        )
-        if found is None:
-            finish.settle(error=await self._lost(lease))
-        else:
-            finish.settle(found)
 
     async def _many(self, batch: list[_Finish]) -> None:
         requests = [
@@ -140,15 +132,8 @@ class FinishBatcher:
                 finish.settle(error=refused[index])
             elif _landed(documents.get(finish.lease.key), finish):
                 finish.settle(documents[finish.lease.key])
-            else:
-                finish.settle(error=await self._lost(finish.lease))
-
-
-def _outcome(finish: _Finish) -> Document:
-    if finish.error is not None:
-        raise finish.error
-    assert finish.document is not None
-    return finish.document
+            else:  # the read above already tells how it was lost
+                finish.settle(error=lease_lost(finish.lease, documents.get(finish.lease.key)))
 
 
 def _interrupted() -> BackendUnavailable:
@@ -167,3 +152,22 @@ def _landed(document: Document | None, finish: _Finish) -> bool:
                 return False
             return finish.wrote is not WorkerStateKind.RELEASED or state.get("error") is not None
     return False
+
+
+def lease_lost(lease: Lease, document: Document | None) -> LeaseLost:
+    """What happened to a lease, told from its task's document as read after the write that
+    did not match (None: the task is gone)."""
+    prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
+    if document is None:
+        return LeaseLost(f"{prefix}; the task was deleted")
+    task = Task.model_validate(document)
+    own = next((ws for ws in task.worker_states if ws.run_id == lease.run_id), None)
+    state = None if own is None else own.state.value
+    if task.state.is_terminal:
+        return LeaseLost(f"{prefix}; the task is {task.state.value}", state=state)
+    if own is None:
+        return LeaseLost(f"{prefix}; the task was re-published")
+    if own.state is WorkerStateKind.RUNNING and own.ping_expire_at is not None:
+        expired = f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
+        return LeaseLost(expired, state=state)
+    return LeaseLost(f"{prefix}; its state is {own.state.value}", state=state)

@@ -32,7 +32,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
-from .finishes import FinishBatcher
+from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
 from .publisher import Publisher
 
@@ -50,7 +50,7 @@ class TaskStore(StoreBase):
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
-        self._finishes = FinishBatcher(self, self._lost)
+        self._finishes = FinishBatcher(self, self._fenced_document)
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
@@ -58,7 +58,7 @@ class TaskStore(StoreBase):
         view = TaskStore(collection, self.clock)
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
-        view._finishes = FinishBatcher(view, view._lost, alone=True)
+        view._finishes = FinishBatcher(view, view._fenced_document, alone=True)
         return view
 
     # ------------------------------------------------------------ publish
@@ -206,7 +206,11 @@ class TaskStore(StoreBase):
         )
         return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
 
-    async def _fenced_write(self, lease: Lease, update: list[dict[str, Any]], now: Any) -> Task:
+    async def _fenced_document(
+        self, lease: Lease, update: list[dict[str, Any]], now: Any
+    ) -> dict[str, Any]:
+        """The document after a write only the live holder of ``lease`` can make, or
+        `LeaseLost`."""
         found = await self.collection.find_one_and_update(
             lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
             update,
@@ -214,6 +218,10 @@ class TaskStore(StoreBase):
         )
         if found is None:
             raise await self._lost(lease)
+        return dict(found)
+
+    async def _fenced_write(self, lease: Lease, update: list[dict[str, Any]], now: Any) -> Task:
+        found = await self._fenced_document(lease, update, now)
         return await self._after_write(Task.model_validate(found))
 
     async def _finish_write(
@@ -225,21 +233,7 @@ class TaskStore(StoreBase):
 
     async def _lost(self, lease: Lease) -> LeaseLost:
         """Only on the failure path: one read to tell the worker what happened."""
-        prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
-        found = await self.collection.find_one(q.by_key(lease.key))
-        if found is None:
-            return LeaseLost(f"{prefix}; the task was deleted")
-        task = Task.model_validate(found)
-        own = next((ws for ws in task.worker_states if ws.run_id == lease.run_id), None)
-        state = None if own is None else own.state.value
-        if task.state.is_terminal:
-            return LeaseLost(f"{prefix}; the task is {task.state.value}", state=state)
-        if own is None:
-            return LeaseLost(f"{prefix}; the task was re-published")
-        if own.state is WorkerStateKind.RUNNING and own.ping_expire_at is not None:
-            expired = f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
-            return LeaseLost(expired, state=state)
-        return LeaseLost(f"{prefix}; its state is {own.state.value}", state=state)
+        return lease_lost(lease, await self.collection.find_one(q.by_key(lease.key)))
 
     @driver_errors
     async def ping(self, lease: Lease) -> Task:
