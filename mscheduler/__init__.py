@@ -4,6 +4,7 @@ from .__about__ import __version__
 from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
 from .consumer.consumer import Consumer
+from .consumer.handlers import Handlers
 from .consumer.stats import ConsumerStats
 from .context import current_lease
 from .errors import (
@@ -19,6 +20,7 @@ from .errors import (
     StoreError,
     TaskNotFound,
     TaskRunning,
+    TaskTimeout,
 )
 from .models import (
     ErrorInfo,
@@ -44,6 +46,7 @@ __all__ = [
     "DependencyError",
     "ErrorInfo",
     "Flow",
+    "Handlers",
     "Lease",
     "LeaseLost",
     "MSchedulerError",
@@ -62,6 +65,7 @@ __all__ = [
     "TaskRunning",
     "TaskSpec",
     "TaskState",
+    "TaskTimeout",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -15,9 +16,11 @@ from .backends.uri import (
     open_collection,
 )
 from .clock import Clock, SystemClock
-from .consumer.calls import Handler
 from .consumer.consumer import Consumer
-from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
+from .consumer.group import running as group_running
+from .consumer.handlers import Handler
+from .errors import ConfigurationError
+from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, with_delay
 from .specs import Step
 from .store import batches, operations
 from .store.tasks import TaskStore
@@ -124,19 +127,21 @@ class Scheduler:
         replace_finished: bool = False,
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
+        delay: dt.timedelta | float | None = None,
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``.
 
         An existing key returns the existing task (``created=False``) and changes nothing,
         unless ``update_payload`` (a task not running gets the new payload) or
         ``replace_finished`` (a finished task is published anew). A running task is never
-        replaced: `TaskRunning`.
+        replaced: `TaskRunning`. ``delay`` (a timedelta or seconds) sets ``not_before`` to
+        that long from now.
         """
         return await self.store.publisher.publish(
             key,
             payload,
             name=name,
-            options=options,
+            options=with_delay(options, delay, self.store.clock.now()),
             update_payload=update_payload,
             replace_finished=replace_finished,
             depends_on=depends_on,
@@ -199,6 +204,34 @@ class Scheduler:
         return value is stored as the result). Start it with ``await consumer.run()`` or
         ``async with consumer:``."""
         return Consumer(self.store, handlers, options)
+
+    @contextlib.asynccontextmanager
+    async def consumers(
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        count: int = 1,
+        options: WorkerOptions | None = None,
+    ) -> AsyncIterator[list[Consumer]]:
+        """Run ``count`` consumers of ``handlers`` in one task group; entered once all of them
+        listen, left once all of them stopped (gracefully, as `Consumer.stop`). Their worker
+        ids are ``options.worker_id`` followed by ``-1``, ``-2``, ... when ``count`` > 1."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
+            raise ConfigurationError(f"count: expected an integer from 1 to 1000, got {count!r}")
+        base = options or WorkerOptions()
+        group = [
+            self.consumer(
+                handlers,
+                options=base
+                if count == 1
+                else WorkerOptions.model_validate(
+                    {**base.model_dump(), "worker_id": f"{base.worker_id}-{n}"}
+                ),
+            )
+            for n in range(1, count + 1)
+        ]
+        async with group_running(group) as started:
+            yield started
 
     async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
         """Make existing tasks wait: each ``(before, after)`` makes ``after`` depend on

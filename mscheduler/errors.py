@@ -99,6 +99,11 @@ class Abort(MSchedulerError):
         self.reason = reason
 
 
+class TaskTimeout(MSchedulerError):
+    """Recorded as the error of an attempt that outlived ``TaskOptions.timeout_ms``: its
+    handler was cancelled, and the attempt counts as an unexpected failure."""
+
+
 class RetryLater(MSchedulerError):
     """Raised by a handler to put its task back, claimable again after ``delay`` seconds.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 import traceback
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -11,6 +12,7 @@ from typing import Annotated, Any, Literal
 from bson import ObjectId
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
@@ -57,6 +59,9 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc)]
+# What a user gives: a naive time is refused, not taken as UTC (issue 13 #5: in Tokyo
+# "now + 1 min" became a nine-hour delay). Documents read back are naive UTC: `UtcDatetime`.
+AwareUtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 
 def _object_id(value: Any) -> ObjectId:
@@ -138,8 +143,12 @@ class TaskOptions(BaseModel):
     )
     ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1, le=86_400_000)
     worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1, le=7 * 86_400_000)
+    timeout_ms: int | None = Field(default=None, ge=1, le=7 * 86_400_000)
+    """Hard time limit of one attempt: past it the handler is cancelled and the attempt is an
+    unexpected failure (`TaskTimeout`). None: no limit, only the lease's pings bound it."""
     specific_worker_ids: list[str] = Field(default_factory=list, max_length=c.MAX_SPECIFIC_WORKERS)
-    not_before: UtcDatetime | None = None
+    not_before: AwareUtcDatetime | None = None
+    """No claim before this time (timezone-aware); ``publish(delay=...)`` sets it for you."""
     max_tries: int | None = Field(default=None, ge=1, le=c.MAX_TRIES)
     """Attempts in all, ``RetryLater`` ones included; None: only the retry limit applies.
     At least ``concurrent_worker_cnt``: each of those workers' successes is an attempt."""
@@ -177,6 +186,34 @@ class TaskOptions(BaseModel):
     def to_document(self) -> dict[str, Any]:
         """The stored ``options``: ``not_before`` lives at the top level of the task instead."""
         return self.model_dump(exclude={"not_before"})
+
+
+MAX_DELAY = dt.timedelta(days=366 * 100)  # far, yet no date computed from it overflows
+
+
+def with_delay(
+    options: TaskOptions | None, delay: dt.timedelta | float | None, now: dt.datetime
+) -> TaskOptions | None:
+    """``options`` with ``not_before = now + delay`` (Celery's ``countdown``, procrastinate's
+    ``schedule_in``): a relative delay needs no timezone, so it cannot be misread."""
+    if delay is None:
+        return options
+    if isinstance(delay, bool) or not isinstance(delay, (dt.timedelta, int, float)):
+        raise ConfigurationError(
+            f"delay: expected a timedelta or a number of seconds, got {type(delay).__name__}"
+        )
+    if isinstance(delay, dt.timedelta):
+        span = delay
+    elif math.isfinite(delay) and 0 <= delay <= MAX_DELAY.total_seconds():
+        span = dt.timedelta(seconds=delay)
+    else:
+        raise ConfigurationError(f"delay: {delay!r} seconds is not between 0 and 100 years")
+    if not dt.timedelta(0) <= span <= MAX_DELAY:
+        raise ConfigurationError(f"delay: {span} is not between 0 and 100 years")
+    if options is not None and options.not_before is not None:
+        raise ConfigurationError("delay: give either delay or options.not_before, not both")
+    fields = options.model_dump() if options is not None else {}
+    return TaskOptions.model_validate({**fields, "not_before": now + span})
 
 
 class ErrorInfo(BaseModel):
@@ -284,7 +321,11 @@ class Task(BaseModel):
         # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
         if isinstance(data, dict) and isinstance(data.get("options"), dict):
             data = dict(data)
-            data["options"] = {**data["options"], "not_before": data.get("not_before")}
+            stored = data.get("not_before")  # naive UTC from pymongo: make it aware
+            data["options"] = {
+                **data["options"],
+                "not_before": to_bson_time(stored) if isinstance(stored, dt.datetime) else stored,
+            }
         return data
 
     def states(self, kind: WorkerStateKind) -> list[WorkerState]:

@@ -12,7 +12,7 @@ import typer
 from anyio.abc import TaskStatus
 
 from ..api import Scheduler
-from ..consumer.calls import Handler
+from ..consumer.handlers import Handler
 from ..errors import ConfigurationError
 from ..worker_options import WorkerOptions
 

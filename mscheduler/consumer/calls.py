@@ -1,24 +1,29 @@
 """Calling a handler: in an asyncio task of its own, so that one that ignores cancellation
-can be left behind instead of holding the consumer (issue 10 #7)."""
+can be left behind instead of holding the consumer (issue 10 #7); a sync handler in a worker
+thread; and the hard time limit (``TaskOptions.timeout_ms``)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from ..clock import Clock
-from ..models import Task
+from ..errors import TaskTimeout
+from ..models import ErrorInfo, Lease, Task
 from ..worker_options import WorkerOptions
+from .handlers import HandlerSpec
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[Task], Awaitable[Any]]
 
 
 def _retrieved(call: asyncio.Task[Any]) -> None:
@@ -26,6 +31,10 @@ def _retrieved(call: asyncio.Task[Any]) -> None:
     would otherwise have asyncio report "exception was never retrieved"."""
     if not call.cancelled():
         call.exception()
+
+
+def _set(event: anyio.Event, _: object) -> None:
+    event.set()
 
 
 class HandlerCancelled(RuntimeError):
@@ -38,12 +47,15 @@ class HandlerCalls:
 
     def __init__(
         self,
-        handlers: Mapping[str, Handler],
+        handlers: Mapping[str, HandlerSpec],
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
     ) -> None:
         self._handlers = handlers
+        # Sync handlers' threads: max_running already bounds the running ones, and a thread
+        # left behind by a stop must not take a token a new handler needs.
+        self._threads = anyio.CapacityLimiter(math.inf)
         self._options = options
         self._clock = clock
         self._stats = stats
@@ -59,39 +71,64 @@ class HandlerCalls:
         it is abandoned (left to run, its outcome never written, its key not claimed again by
         this worker until it returns) and the stop goes on. ``may_start`` is asked first, in
         that task: False (the lease ran out while the task waited to run) and the handler
-        never starts."""
-        done = anyio.Event()
+        never starts.
+
+        A sync handler runs in a worker thread, which cannot be killed: cancelling it (a
+        stop, a lost lease, a remote cancel, ``timeout_ms``) means its outcome is discarded
+        and, past ``cancel_timeout_ms``, it is abandoned as above. It may stop early by
+        calling ``anyio.from_thread.check_cancelled()`` now and then.
+
+        ``timeout_ms`` past, the handler is cancelled the same way and `TaskTimeout` raised."""
         scope = anyio.CancelScope()  # anyio's own cancellation: shields in the handler hold
+        spec = self._handlers[task.name]
 
         async def call_handler() -> Any:
             with scope:
                 if not may_start():
                     await anyio.sleep_forever()  # the stop that refused it cancels this
-                return await self._handlers[task.name](task)
+                if spec.is_async:
+                    return await spec.function(task)
+                result = await anyio.to_thread.run_sync(spec.function, task, limiter=self._threads)
+                # A plain function that returns an awaitable (a lambda around a coroutine).
+                return await result if inspect.isawaitable(result) else result
             return None  # cancelled by us: the caller re-raises its own cancellation
 
         call: asyncio.Task[Any] = asyncio.ensure_future(call_handler())
         call.set_name(f"mscheduler-handler:{task.key}")
         call.add_done_callback(_retrieved)  # read below, unless a stop came first
-        call.add_done_callback(lambda _: done.set())
+        limit = task.options.timeout_ms
+        deadline = None if limit is None else self._clock.now() + dt.timedelta(milliseconds=limit)
         try:
-            await done.wait()
+            await self._until_done(call, deadline)
         except anyio.get_cancelled_exc_class():
-            scope.cancel()
             with anyio.CancelScope(shield=True):
-                timeout = dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
-                deadline = self._clock.now() + timeout
-                while not call.done() and self._clock.now() < deadline:
-                    await self._clock.wait_until(deadline, done)
-            if not call.done():
-                self._abandon(task, call)
+                await self._stop(task, call, scope)
             raise
+        if not call.done():
+            await self._stop(task, call, scope)
+            raise TaskTimeout(f"the handler ran past timeout_ms={limit} and was cancelled")
         if call.cancelled():
             raise HandlerCancelled(
                 "the handler raised CancelledError without being cancelled (or was "
                 "cancelled by code of its own)"
             )
         return call.result()
+
+    async def _until_done(self, call: asyncio.Task[Any], deadline: dt.datetime | None) -> None:
+        """Wait for the call to end, or the clock to reach ``deadline``. A fresh event each
+        time: the clock sets the one it is given when the deadline comes."""
+        while not call.done() and (deadline is None or self._clock.now() < deadline):
+            wake = anyio.Event()
+            call.add_done_callback(functools.partial(_set, wake))
+            await self._clock.wait_until(deadline, wake)
+
+    async def _stop(self, task: Task, call: asyncio.Task[Any], scope: anyio.CancelScope) -> None:
+        """Cancel the call; give it ``cancel_timeout_ms`` to unwind, then abandon it."""
+        scope.cancel()
+        timeout = dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
+        await self._until_done(call, self._clock.now() + timeout)
+        if not call.done():
+            self._abandon(task, call)
 
     def _abandon(self, task: Task, call: asyncio.Task[Any]) -> None:
         self._stats.record("abandoned", task.name)
@@ -114,3 +151,28 @@ class HandlerCalls:
             )
 
         call.add_done_callback(returned)
+
+
+def log_failure(lease: Lease, error: BaseException, task: Task) -> None:
+    """A failed attempt is a WARNING naming the task, the attempt and the error, with the
+    traceback once the task has failed for good (before that, a retry may still fix it)."""
+    final = task.state.is_terminal
+    info = ErrorInfo.from_exception(error)  # safe: a str() that raises is handled there
+    log.warning(
+        "task %r (%s) attempt %d failed%s: %s: %s",
+        lease.key,
+        lease.task.name,
+        task.attempts,
+        ", no retry left" if final else ", will retry",
+        info.type,
+        info.message,
+        extra={
+            "action": "task_failed" if final else "attempt_failed",
+            "key": lease.key,
+            "task_name": lease.task.name,
+            "attempt": task.attempts,
+            "error": f"{info.type}: {info.message}",
+            "state": task.state.value,
+        },
+        exc_info=error if final else None,
+    )

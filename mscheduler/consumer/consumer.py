@@ -16,7 +16,6 @@ Idle, it makes no database call at all: every loop waits on the clock or an even
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 from collections.abc import Mapping
 from types import TracebackType
@@ -28,11 +27,11 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..clock import sleep
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError
-from ..models import Lease, Task, check_name
+from ..models import Lease, Task
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
-from .calls import Handler
 from .executor import Executor
+from .handlers import Handler, handler_specs
 from .heap import ClaimHeap
 from .listener import ChangeListener
 from .stats import ConsumerStats
@@ -42,27 +41,6 @@ log = logging.getLogger(__name__)
 # How long a finished task may stay "dependents not told" before a consumer that saw it tells
 # them itself: far beyond the writer's next round trip, so normally it is done by then.
 _DEPENDENTS_GRACE_S = 10.0
-
-
-def _check_handlers(handlers: Any) -> dict[str, Handler]:
-    if not isinstance(handlers, Mapping) or not handlers:
-        raise ConfigurationError(
-            "handlers: expected a non-empty mapping of task name to async function"
-        )
-    checked: dict[str, Handler] = {}
-    for name, handler in handlers.items():
-        try:
-            check_name(name)
-        except ValueError as exc:
-            raise ConfigurationError(f"handlers: {exc}") from None
-        call = getattr(handler, "__call__", None)  # noqa: B004 - async callables objects too
-        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
-            raise ConfigurationError(
-                f"handlers[{name!r}]: expected an async function (task) -> result, got "
-                f"{type(handler).__name__}"
-            )
-        checked[name] = handler
-    return checked
 
 
 class Consumer:
@@ -79,7 +57,8 @@ class Consumer:
                 f"options: expected WorkerOptions, got {type(options).__name__}"
             )
         self.options = options or WorkerOptions()
-        self.handlers = _check_handlers(handlers)
+        self._specs = handler_specs(handlers)
+        self.handlers = {name: spec.function for name, spec in self._specs.items()}
         self.names = sorted(self.handlers)
         self.worker_id = self.options.worker_id
         self.stats = ConsumerStats()
@@ -89,7 +68,7 @@ class Consumer:
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
         self._executor = Executor(
-            store, self.handlers, self.options, self._clock, self.stats, self._slot_freed
+            store, self._specs, self.options, self._clock, self.stats, self._slot_freed
         )
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_change, self._fetch
@@ -116,10 +95,13 @@ class Consumer:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def run(self) -> None:
-        """Run until `stop` (graceful) or cancellation (hard: running leases left to expire)."""
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until `stop` (graceful) or cancellation (hard: running leases left to expire).
+        With ``task_group.start``, returns once the change stream is open and the first
+        fetch done."""
         async with anyio.create_task_group() as task_group:
             await task_group.start(self._serve)
+            task_status.started()
 
     async def wait_stopped(self) -> None:
         """Return once `stop` has been called (the shutdown itself follows)."""

@@ -26,11 +26,13 @@ from ..errors import (
     PayloadError,
     RetryLater,
     StoreError,
+    TaskTimeout,
 )
 from ..models import Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
-from .calls import Handler, HandlerCalls
+from .calls import HandlerCalls, log_failure
+from .handlers import HandlerSpec
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
@@ -75,13 +77,14 @@ class _Outcome:
     result: Any = None
     error: BaseException | None = None
     seconds: float | None = None  # the handler's wall time, all local retries included
+    final: bool = False  # the failure ends the task (`Abort`, or not in ``retry_on``)
 
 
 class Executor:
     def __init__(
         self,
         store: TaskStore,
-        handlers: Mapping[str, Handler],
+        handlers: Mapping[str, HandlerSpec],
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
@@ -173,9 +176,14 @@ class Executor:
             try:
                 return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
             except (Abort, RetryLater) as exc:
-                return _Outcome(error=exc)  # the handler's decision: no local retry
+                # the handler's decision: no local retry
+                return _Outcome(error=exc, final=isinstance(exc, Abort))
             except Exception as exc:
-                if attempt == self._options.handler_retries:
+                if not self._handlers[task.name].retries(exc):
+                    return _Outcome(error=exc, final=True)  # not in retry_on: no retry at all
+                if isinstance(exc, TaskTimeout) or attempt == self._options.handler_retries:
+                    # A timed-out attempt is not retried locally: the limit bounds how long
+                    # the task is held, and the task's own retries decide what comes next.
                     return _Outcome(error=exc)
                 self._stats.record("handler_retries", task.name)
                 log.info(
@@ -203,7 +211,8 @@ class Executor:
                 if isinstance(error, RetryLater):
                     await self._store.retry_later(lease, error.delay, error.reason)
                 else:
-                    await self._store.fail(lease, error, final=isinstance(error, Abort))
+                    task = await self._store.fail(lease, error, final=outcome.final)
+                    log_failure(lease, error, task)
                 break
             except LeaseLost as exc:
                 if attempt > 0 and self._landed_before(lease, outcome, exc):

@@ -297,7 +297,7 @@ class TaskStore(StoreBase):
             now,
             WorkerStateKind.FAIL,
         )
-        log.info(
+        log.debug(  # the consumer logs it as a WARNING, with the handler's error
             "attempt failed",
             extra={"action": "task_attempt_failed", "key": lease.key, "state": task.state.value},
         )

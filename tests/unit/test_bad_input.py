@@ -95,6 +95,11 @@ async def test_claim_needs_a_key_or_names(scheduler: ms.Scheduler):
         await scheduler.store.claim("", names=["job"])
 
 
-def test_naive_not_before_is_taken_as_utc():
-    opts = ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 12, 0, 0, 123456))
+def test_naive_not_before_is_refused_and_an_aware_one_becomes_utc():
+    """Issue 13 #5: a naive time was taken as UTC, so in Tokyo "now + 1 min" waited 9 h."""
+    with pytest.raises(ValidationError, match="not_before") as refused:
+        ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 12, 0, 0))
+    assert "timezone" in str(refused.value)
+    tokyo = dt.timezone(dt.timedelta(hours=9))
+    opts = ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 21, 0, 0, 123456, tzinfo=tokyo))
     assert opts.not_before == dt.datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=dt.timezone.utc)

@@ -5,6 +5,7 @@ are exactly as before."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -203,11 +204,37 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         r"handlers\['job'\]",
     ),  # type: ignore[dict-item]
     (
-        "handler not async",
-        lambda s: _sync(lambda: s.consumer({"job": print})),
+        "retry_on not exceptions",
+        lambda s: _sync(lambda: ms.Handlers().task("job", retry_on=(3,))(_async_handler)),
         ms.ConfigurationError,
-        "expected an async function",
-    ),  # type: ignore[dict-item]
+        r"handlers\['job'\]: retry_on must be exception classes",
+    ),  # type: ignore[arg-type]
+    (
+        "consumers count",
+        lambda s: s.consumers({"job": _async_handler}, count=0).__aenter__(),
+        ms.ConfigurationError,
+        "count: expected an integer from 1 to 1000",
+    ),
+    (
+        "negative delay",
+        lambda s: s.publish("k", None, name="job", delay=-5),
+        ms.ConfigurationError,
+        "delay: -5 seconds is not between 0 and 100 years",
+    ),
+    (
+        "naive not_before",
+        lambda s: s.publish(
+            "k", None, name="job", options=ms.TaskOptions(not_before=dt.datetime(2031, 1, 1))
+        ),
+        ValidationError,
+        "not_before",
+    ),
+    (
+        "timeout_ms zero",
+        lambda s: s.publish("k", None, name="job", options=ms.TaskOptions(timeout_ms=0)),
+        ValidationError,
+        "timeout_ms",
+    ),
     (
         "worker options as dict",
         lambda s: _sync(lambda: s.consumer({"job": _async_handler}, options={"max_running": 2})),
