@@ -7,7 +7,6 @@ python examples/quickstart.py --uri "mongodb://localhost:27017/?directConnection
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 
 import anyio
@@ -37,12 +36,8 @@ async def main(uri: str) -> None:
         await sched.publish("email:urgent", {"to": "ops"}, name="email", options=urgent)
         keys.append("email:urgent")
 
-        async with contextlib.AsyncExitStack() as stack:
-            for n in range(3):
-                worker = ms.WorkerOptions(worker_id=f"worker-{n}", max_running=2)
-                await stack.enter_async_context(
-                    sched.consumer({"email": send_email}, options=worker)
-                )
+        worker = ms.WorkerOptions(worker_id="worker", max_running=2)  # worker-1 .. worker-3
+        async with sched.consumers({"email": send_email}, count=3, options=worker):
             finished = await sched.wait_many(keys, timeout=30)  # from the change stream
 
         for key, task in finished.items():

@@ -1,5 +1,7 @@
 """mscheduler: a reliable multi-worker task scheduler on a MongoDB collection."""
 
+import logging as _logging
+
 from .__about__ import __version__
 from .api import Scheduler
 from .clock import Clock, ManualClock, SystemClock
@@ -35,6 +37,10 @@ from .models import (
 )
 from .specs import Flow, TaskSpec, chain, chord, group
 from .worker_options import WorkerOptions
+
+# A library logs, the application decides where to: no "No handlers could be found" noise,
+# no output unless the application configures logging.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     "Abort",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import sys
 import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,6 @@ from pymongo.errors import InvalidURI, PyMongoError
 
 from .. import constants as c
 from ..errors import BackendUnavailable, ConfigurationError
-from .memory.server import memory_server
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,19 @@ async def open_collection(
     )
 
 
+def is_private_memory(uri: str) -> bool:
+    """A ``memory://`` URI whose database nobody else in this process has opened: what is
+    written there is gone when the process exits, and no other process sees it."""
+    parsed = urllib.parse.urlsplit(uri) if isinstance(uri, str) else None
+    if parsed is None or parsed.scheme.lower() != "memory":
+        return False
+    if not parsed.netloc or __package__ + ".memory.server" not in sys.modules:
+        return True
+    from .memory.server import memory_server_exists
+
+    return not memory_server_exists(parsed.netloc)
+
+
 def _check_name(field: str, value: str) -> None:
     if not isinstance(value, str) or not value or any(ch in value for ch in "$\x00"):
         raise ConfigurationError(f"{field}: {value!r} is not a valid MongoDB {field} name")
@@ -85,6 +98,9 @@ def _open_memory(uri: str, database: str, collection: str) -> Connection:
         return options.get(option, [default])[-1].lower() in ("1", "true", "yes")
 
     _check_name("database", database)
+    # Imported here: a worker on a real server never loads mongomock (issue 13 #9).
+    from .memory.server import memory_server
+
     server = memory_server(parsed.netloc)
     return Connection(
         server.collection(

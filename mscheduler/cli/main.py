@@ -1,20 +1,15 @@
 """The ``mscheduler`` command. Every global option can also be set from ``MSCHEDULER_*``.
 
-A user error (bad JSON, an unknown state, an unreachable server, a missing task) prints one
-line on stderr and exits with status 2; no traceback.
+A user error (bad JSON, an unknown state, an unreachable server, a missing task, a bad
+option value) prints one line on stderr and exits with status 2; no traceback.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import json
-import logging
-import re
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar
+import sys
+from typing import Annotated, Any
 
-import anyio
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -23,11 +18,13 @@ from rich.table import Table
 from .. import constants as c
 from ..__about__ import __version__
 from ..api import Scheduler
-from ..errors import ConfigurationError, MSchedulerError
+from ..errors import MSchedulerError
 from ..models import Task, TaskOptions
 from ..worker_options import WorkerOptions
+from . import logs
+from .common import Settings, fail, one_line, parse_duration, parse_json, parse_time, run
 from .demo import run_demo, stats_table
-from .worker import load_handlers, serve_worker
+from .worker import check_metrics_port, load_handlers, only, serve_worker
 
 app = typer.Typer(
     name="mscheduler",
@@ -37,15 +34,34 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-T = TypeVar("T")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-@dataclasses.dataclass
-class Settings:
-    uri: str
-    database: str | None  # None: the URI's database, else "mscheduler"
-    collection: str
+def entry() -> None:
+    """The installed command: typer's usage errors (a bad ``--priority``, an unknown option)
+    become one line and exit 2, like every other user error, instead of a boxed panel."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(prog_name="mscheduler", standalone_mode=False)
+    except Exception as exc:
+        # Click's exceptions, whichever click typer uses (its own copy since 0.2x): they are
+        # told apart by what they offer, not by class.
+        message, context = getattr(exc, "format_message", None), getattr(exc, "ctx", None)
+        if message is None:
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
+            typer.echo(context.get_help())
+            sys.exit(2)
+        hint = f" (see: {context.command_path} --help)" if context is not None else ""
+        typer.echo(f"error: {' '.join(str(message()).split())}{hint}", err=True)
+        sys.exit(int(getattr(exc, "exit_code", 2)))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mscheduler {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -63,41 +79,24 @@ def main(
         ),
     ] = None,
     collection: Annotated[str, typer.Option(envvar="MSCHEDULER_COLLECTION")] = c.DEFAULT_COLLECTION,
-    log_level: Annotated[str, typer.Option(envvar="MSCHEDULER_LOG_LEVEL")] = "warning",
+    log_level: Annotated[
+        str, typer.Option(envvar="MSCHEDULER_LOG_LEVEL", help=", ".join(logs.LEVELS))
+    ] = "warning",
+    log_format: Annotated[
+        str,
+        typer.Option(envvar="MSCHEDULER_LOG_FORMAT", help="text, or json: one JSON object a line."),
+    ] = "text",
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
 ) -> None:
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if log_level.lower() not in logs.LEVELS:
+        fail(f"log-level: {log_level!r} is not one of {', '.join(logs.LEVELS)}")
+    if log_format.lower() not in logs.FORMATS:
+        fail(f"log-format: {log_format!r} is not one of {', '.join(logs.FORMATS)}")
+    logs.configure(log_level.lower(), log_format.lower())
     ctx.obj = Settings(uri, database, collection)
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'value'}: {error['msg']}"
-            for error in exc.errors()
-        )
-    return " ".join(str(exc).split())
-
-
-def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def run(ctx: typer.Context, work: Callable[[Scheduler], Awaitable[T]]) -> T:
-    settings: Settings = ctx.obj
-
-    async def session() -> T:
-        async with await Scheduler.connect(
-            settings.uri, database=settings.database, collection=settings.collection
-        ) as sched:
-            return await work(sched)
-
-    try:
-        return anyio.run(session)
-    except (MSchedulerError, ValidationError, ValueError, TimeoutError) as exc:
-        fail(_one_line(exc))
 
 
 def emit(value: BaseModel | list[Any] | dict[str, Any]) -> None:
@@ -121,21 +120,13 @@ def _tasks_table(tasks: list[Task]) -> Table:
     return table
 
 
-def parse_duration(text: str) -> dt.timedelta:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
-    if match is None:
-        fail(f"older-than: {text!r} is not a duration such as 90s, 15m, 12h, 7d or 2w")
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-    return dt.timedelta(**{unit[match[2]]: float(match[1])})
-
-
 # ------------------------------------------------------------------------ commands
 
 
 @app.command()
 def demo(ctx: typer.Context, emails: int = 24) -> None:
     """Run the main job: publish a realistic mix of tasks and let three consumers run them."""
-    run(ctx, lambda sched: run_demo(sched, console, emails=emails))
+    run(ctx, lambda sched: run_demo(sched, console, emails=emails), private="fine")
 
 
 @app.command()
@@ -145,23 +136,25 @@ def publish(
     name: Annotated[str, typer.Option(help="The kind of task (a handler's name).")],
     payload: Annotated[str, typer.Option(help="The payload, as JSON.")] = "null",
     priority: int = 0,
-    not_before: Annotated[str | None, typer.Option(help="ISO 8601 time.")] = None,
+    not_before: Annotated[
+        str | None, typer.Option(help="ISO 8601 time with its timezone, e.g. …T09:00Z.")
+    ] = None,
+    delay: Annotated[str | None, typer.Option(help="Start after, e.g. 30s, 15m, 2h.")] = None,
     depends_on: Annotated[list[str] | None, typer.Option(help="A key; repeat for more.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Publish a task (idempotent by key)."""
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        fail(f"payload: not valid JSON ({exc.msg} at column {exc.colno})")
-    try:
-        when = dt.datetime.fromisoformat(not_before) if not_before else None
-    except ValueError:
-        fail(f"not-before: {not_before!r} is not an ISO 8601 time")
+    body = parse_json(payload, "payload")
+    if not_before and delay:
+        fail("delay: give either --delay or --not-before, not both")
+    when = parse_time(not_before, "not-before") if not_before else None
+    wait = parse_duration(delay, "delay") if delay else None
 
     async def work(sched: Scheduler) -> None:
         options = TaskOptions(priority=priority, not_before=when)
-        result = await sched.publish(key, body, name=name, options=options, depends_on=depends_on)
+        result = await sched.publish(
+            key, body, name=name, options=options, depends_on=depends_on, delay=wait
+        )
         if json_output:
             emit(result)
         else:
@@ -260,7 +253,7 @@ def purge(
     older_than: Annotated[str, typer.Option(help="e.g. 90s, 15m, 12h, 7d, 2w")] = "7d",
 ) -> None:
     """Delete finished tasks that ended more than --older-than ago."""
-    age = parse_duration(older_than)
+    age = parse_duration(older_than, "older-than")
 
     async def work(sched: Scheduler) -> None:
         deleted = await sched.purge(states=state or ["success"], older_than=age)
@@ -278,7 +271,7 @@ def indexes(
     json_output: JsonFlag = False,
 ) -> None:
     """Create the indexes (idempotent) and list them."""
-    ttl = parse_duration(finished_ttl) if finished_ttl else None
+    ttl = parse_duration(finished_ttl, "finished-ttl") if finished_ttl else None
 
     async def work(sched: Scheduler) -> None:
         await sched.ensure_indexes(finished_ttl=ttl)
@@ -323,7 +316,7 @@ def watch(
             if limit and seen >= limit:
                 return
 
-    run(ctx, work)
+    run(ctx, work, private="refuse")
 
 
 @app.command()
@@ -336,29 +329,43 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
+    poll_interval: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_POLL_INTERVAL",
+            help="How often to look for tasks on a server without change streams (5s).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once)."""
+    """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once).
+
+    TARGET is module:attribute, imported from the current directory: a mapping of task name
+    to handler (async or plain functions), an ms.Handlers registry, or an object with
+    .handlers."""
     try:
-        handlers = dict(load_handlers(target))
+        check_metrics_port(metrics_port)
+        handlers = load_handlers(target)
         if names:
-            unknown = sorted(set(names) - set(handlers))
-            if unknown:
-                raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
-            handlers = {n: h for n, h in handlers.items() if n in names}
+            handlers = only(handlers, names, target)
         if metrics_port is not None:
             from ..metrics import require_prometheus
 
             require_prometheus()  # fail now, with a clear line, if the extra is missing
-        options = WorkerOptions(
-            max_running=max_running, **({"worker_id": worker_id} if worker_id else {})
-        )
+        chosen: dict[str, Any] = {"max_running": max_running}
+        if worker_id:
+            chosen["worker_id"] = worker_id
+        if poll_interval:
+            interval = parse_duration(poll_interval, "poll-interval")
+            chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        options = WorkerOptions(**chosen)
     except (MSchedulerError, ValidationError) as exc:
-        fail(_one_line(exc))
+        fail(one_line(exc))
 
     async def work(sched: Scheduler) -> None:
         await serve_worker(sched, handlers, options, metrics_port)
 
-    run(ctx, work)
+    run(ctx, work, private="refuse")
 
 
 @app.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError
@@ -91,6 +91,12 @@ class Handlers(Mapping[str, Handler]):
         if name in self._specs:
             raise ConfigurationError(f"handlers: {name!r} is registered twice")
         self._specs[name] = _spec(name, function, retry_on, "handlers")
+
+    def subset(self, names: Collection[str]) -> Handlers:
+        """The handlers of ``names`` only, with their options."""
+        kept = Handlers()
+        kept._specs = {name: spec for name, spec in self._specs.items() if name in names}
+        return kept
 
     def spec(self, name: str) -> HandlerSpec:
         return self._specs[name]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ from typer.testing import CliRunner
 import mscheduler as ms
 from mscheduler.backends.memory.server import forget_memory_server
 from mscheduler.cli.main import app
+from tests.engines import WireServer
 
 runner = CliRunner()
 
@@ -142,12 +146,19 @@ def test_bad_uri_is_one_line():
 BIN = pathlib.Path(sys.executable).parent / "mscheduler"
 
 
-def program(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+ROOT = pathlib.Path(__file__).parents[2]
+needs_bin = pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
+
+
+def program(
+    *args: str, env: dict[str, str] | None = None, cwd: pathlib.Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN), *args],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=cwd,
         env={**os.environ, "COLUMNS": "120", **(env or {})},
     )
 
@@ -181,9 +192,52 @@ def test_program_errors_exit_non_zero_with_one_line(args: list[str], message: st
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1
 
 
-@pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
-def test_worker_serves_metrics_and_stops_gracefully_on_sigint():
-    import signal as signals
+def wire_db(server: WireServer) -> str:
+    """A database of its own on the wire engine: a real server, in another process."""
+    return server.uri.replace("/?", f"/cli-{uuid.uuid4().hex[:8]}?")
+
+
+def start_worker(uri: str, *args: str, cwd: pathlib.Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(BIN), "--uri", uri, *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "MSCHEDULER_POLL_INTERVAL": "50ms", **env},
+    )
+
+
+def read_until(process: subprocess.Popen[str], text: str) -> list[str]:
+    """stderr lines up to the one holding ``text`` (the worker logs before it says so)."""
+    assert process.stderr is not None
+    lines: list[str] = []
+    while not any(text in line for line in lines):
+        line = process.stderr.readline()
+        assert line, f"the worker exited before saying {text!r}: {lines}"
+        lines.append(line)
+    return lines
+
+
+def wait_for_tasks(uri: str, keys: list[str]) -> dict[str, ms.Task]:
+    async def work() -> dict[str, ms.Task]:
+        async with await ms.Scheduler.connect(uri) as sched:
+            return await sched.wait_many(keys, timeout=60, poll_interval_ms=50)
+
+    return anyio.run(work)
+
+
+def publish(uri: str, *tasks: tuple[str, str, object]) -> None:
+    async def work() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            for key, name, payload in tasks:
+                options = ms.TaskOptions(max_unexpected_retries=0)
+                await sched.publish(key, payload, name=name, options=options)
+
+    anyio.run(work)
+
+
+@needs_bin
+def test_worker_serves_metrics_and_stops_gracefully_on_sigint(wire_server: WireServer):
     import socket
     import time
     import urllib.request
@@ -191,24 +245,16 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    root = pathlib.Path(__file__).parents[2]
-    process = subprocess.Popen(
-        [
-            str(BIN),
-            "worker",
-            "tests.acceptance.handlers_for_tests:handlers",
-            "--metrics-port",
-            str(port),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+    process = start_worker(
+        wire_db(wire_server),
+        "worker",
+        "tests.acceptance.handlers_for_tests:handlers",
+        "--metrics-port",
+        str(port),
+        cwd=ROOT,
     )
     try:
-        assert process.stderr is not None
-        started = [process.stderr.readline() for _ in range(2)]
-        assert any("running echo" in line for line in started), started
+        read_until(process, "running echo")
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -218,30 +264,194 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint():
                 assert time.monotonic() < deadline, "no /metrics"
                 time.sleep(0.1)
         assert b"mscheduler_tasks" in page or b"mscheduler_handler_seconds" in page
-        process.send_signal(signals.SIGINT)
+        process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
+        assert process.stderr is not None
         assert "stopping gracefully" in process.stderr.read()
     finally:
         process.kill()
 
 
-@pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
-def test_worker_without_metrics_runs_until_sigterm():
-    import signal as signals
+@needs_bin
+def test_worker_imports_from_the_current_directory_and_runs_sync_handlers(
+    wire_server: WireServer, tmp_path: pathlib.Path
+):
+    """Issue 13 #2, #4, #7: ``mscheduler worker myapp.tasks:handlers`` from the project's
+    directory, as with ``celery -A``; a registry with a sync handler; a failure logged as a
+    JSON line naming the task."""
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "tasks.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            import mscheduler as ms
 
-    root = pathlib.Path(__file__).parents[2]
-    process = subprocess.Popen(
-        [str(BIN), "worker", "tests.acceptance.handlers_for_tests:handlers", "--names", "echo"],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+            handlers = ms.Handlers()
+
+            @handlers.task("resize")
+            def resize(task):  # a plain function: run in a worker thread
+                return {"size": task.payload * 2, "thread": threading.current_thread().name}
+
+            @handlers.task("charge")
+            async def charge(task):
+                raise RuntimeError("card declined")
+            """
+        )
+    )
+    uri = wire_db(wire_server)
+    publish(uri, ("img", "resize", 21), ("pay", "charge", None))
+    process = start_worker(
+        uri, "--log-format", "json", "worker", "myapp.tasks:handlers", cwd=tmp_path
     )
     try:
-        assert process.stderr is not None
-        assert "running echo" in process.stderr.readline()
-        process.send_signal(signals.SIGTERM)
+        said = read_until(process, "running charge, resize")
+        done = wait_for_tasks(uri, ["img", "pay"])
+        process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+        assert process.stderr is not None
+        lines = said + process.stderr.read().splitlines()
+    finally:
+        process.kill()
+    assert done["img"].state is ms.TaskState.SUCCESS and done["img"].result["size"] == 42
+    assert done["img"].result["thread"] != "MainThread"
+    assert done["pay"].state is ms.TaskState.FAIL
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    failed = [r for r in records if r.get("key") == "pay"]
+    assert len(failed) == 1 and failed[0]["level"] == "WARNING"
+    assert failed[0]["action"] == "task_failed" and failed[0]["attempt"] == 1
+    assert failed[0]["error"] == "RuntimeError: card declined"
+    assert "card declined" in failed[0]["exc_info"]  # the traceback, as the task failed for good
+    # The polling fallback is said once, as a JSON line too (the wire engine has no streams).
+    assert any(r.get("action") == "polling_fallback" for r in records)
+
+
+@needs_bin
+def test_worker_without_metrics_runs_until_sigterm(wire_server: WireServer):
+    process = start_worker(
+        wire_db(wire_server),
+        "worker",
+        "tests.acceptance.handlers_for_tests:handlers",
+        "--names",
+        "echo",
+        cwd=ROOT,
+    )
+    try:
+        read_until(process, "running echo")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert process.stderr is not None
         assert "SIGTERM: stopping gracefully" in process.stderr.read()
     finally:
         process.kill()
+
+
+@needs_bin
+def test_a_busy_metrics_port_is_one_line(wire_server: WireServer):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = program(
+            "--uri",
+            wire_db(wire_server),
+            "worker",
+            "tests.acceptance.handlers_for_tests:handlers",
+            "--metrics-port",
+            str(port),
+            cwd=ROOT,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: metrics-port: cannot listen on {port}")
+    assert done.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------ first-hour errors
+
+
+@needs_bin
+def test_commands_say_when_their_database_is_private_to_the_process():
+    done = program("publish", "k", "--name", "email")
+    assert done.returncode == 0 and "published: k" in done.stdout
+    assert done.stderr.startswith("note: memory:// is a database inside this process")
+    assert "--uri (or MSCHEDULER_URI)" in done.stderr and done.stderr.count("\n") == 1
+    for command in (["worker", "tests.acceptance.handlers_for_tests:handlers"], ["watch"]):
+        refused = program(*command, cwd=ROOT)
+        assert refused.returncode == 2
+        assert refused.stderr.startswith(f"error: {command[0]}: memory:// is a database inside")
+        assert refused.stderr.count("\n") == 1
+
+
+@needs_bin
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("def broken(:\n", "raised SyntaxError: invalid syntax"),
+        ("raise RuntimeError('no config')\n", "raised RuntimeError: no config"),
+        ("import no_such_dependency\n", "raised ModuleNotFoundError: No module named"),
+        ("other = {}\n", "module badapp has no 'handlers'"),
+    ],
+)
+def test_a_handlers_module_that_cannot_be_imported_is_one_line(
+    tmp_path: pathlib.Path, module: str, message: str
+):
+    (tmp_path / "badapp.py").write_text(module)
+    done = program("worker", "badapp:handlers", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: worker: ") and message in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+@needs_bin
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log-level", "bogus", "stats"], "error: log-level: 'bogus' is not one of debug,"),
+        (["--log-format", "xml", "stats"], "error: log-format: 'xml' is not one of text, json"),
+        (["publish", "k", "--name", "n", "--priority", "high"], "error: Invalid value for '--pri"),
+        (["nosuchcommand"], "error: No such command 'nosuchcommand'."),
+        (["worker", "x:y", "--metrics-port", "70000"], "error: metrics-port: 70000 is not a TCP"),
+        (["worker", "x:y", "--metrics-port", "-1"], "error: metrics-port: -1 is not a TCP port"),
+        (["publish", "k", "--name", "n", "--payload", "NaN"], "error: payload: not valid JSON"),
+        (
+            ["publish", "k", "--name", "n", "--payload", "1e999"],
+            "error: payload: not valid JSON (1e999",
+        ),
+        (
+            ["publish", "k", "--name", "n", "--not-before", "2030-01-01T09:00"],
+            "error: not-before: '2030-01-01T09:00' has no timezone",
+        ),
+        (["publish", "k", "--name", "n", "--delay", "soon"], "error: delay: 'soon' is not a dur"),
+        (
+            ["--uri", "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200", "stats"],
+            "error: cannot reach MongoDB at",
+        ),
+    ],
+)
+def test_user_errors_of_the_program_are_one_line(args: list[str], message: str):
+    done = program(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(message), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert len(done.stderr) < 400  # the topology description is not printed
+
+
+@needs_bin
+def test_the_full_server_error_is_in_the_debug_log():
+    uri = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200"
+    done = program("--log-level", "debug", "--uri", uri, "stats")
+    assert done.returncode == 2 and "Topology Description" in done.stderr
+
+
+@needs_bin
+def test_version_and_delay():
+    done = program("--version")
+    assert done.returncode == 0 and done.stdout == f"mscheduler {ms.__version__}\n"
+    done = program("publish", "k", "--name", "n", "--delay", "90s", "--json")
+    assert done.returncode == 0, done.stderr
+    task = json.loads(done.stdout)["task"]
+    created = dt.datetime.fromisoformat(task["created_at"])
+    waits = dt.datetime.fromisoformat(task["not_before"]) - created  # from the moment of asking
+    assert dt.timedelta(seconds=89) < waits <= dt.timedelta(seconds=90)

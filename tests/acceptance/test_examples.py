@@ -9,6 +9,8 @@ from types import ModuleType
 
 import pytest
 
+import mscheduler as ms
+
 pytestmark = pytest.mark.anyio
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 
@@ -67,3 +69,51 @@ async def test_webapp_double_submits_send_one_email_each(example_uri: str):
 async def test_fan_out_fan_in_adds_up_every_map(example_uri: str):
     summary = await load("fan_out_fan_in").main(example_uri)
     assert summary["maps"] == 30
+
+
+async def test_the_worker_module_runs_sync_handlers_and_retries_only_what_it_lists(
+    example_uri: str,
+):
+    """examples/tasks.py is what the compose worker serves; here two consumers run it."""
+    tasks = load("tasks")
+    no_retry_delay = ms.TaskOptions(unexpected_retry_delay_ms=0, max_unexpected_retries=2)
+    async with await ms.Scheduler.connect(example_uri, collection="tasks_example") as sched:
+        await sched.publish("thumb", {"width": 4000}, name="thumbnail")
+        event = {"url": "https://example.com/hook", "event": {"id": 7}}
+        await sched.publish("hook:ok", event, name="webhook")
+        await sched.publish("hook:bad", {"event": {}}, name="webhook", options=no_retry_delay)
+        down = {"url": "https://down.example.com", "event": {}}
+        await sched.publish("hook:down", down, name="webhook", options=no_retry_delay)
+        worker = ms.WorkerOptions(worker_id="example", poll_interval_ms=20)
+        async with sched.consumers(tasks.handlers, count=2, options=worker):
+            done = await sched.wait_many(
+                ["thumb", "hook:ok", "hook:bad", "hook:down"], timeout=60, poll_interval_ms=20
+            )
+    assert done["thumb"].result == {"width": 320}
+    assert done["hook:ok"].state is ms.TaskState.SUCCESS
+    assert done["hook:bad"].state is ms.TaskState.FAIL and done["hook:bad"].attempts == 1
+    assert done["hook:down"].state is ms.TaskState.FAIL and done["hook:down"].attempts == 3
+
+
+def test_the_readme_lists_every_example():
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    missing = [p.name for p in EXAMPLES.glob("*.py") if f"examples/{p.name}" not in readme]
+    assert not missing, f"examples not in the README: {missing}"
+
+
+def test_the_readmes_first_python_block_runs_as_written(tmp_path: pathlib.Path):
+    """A newcomer pastes it into a file and runs it: it must work unchanged."""
+    import re
+    import subprocess
+    import sys
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert block is not None
+    script = tmp_path / "first.py"
+    script.write_text(block[1])
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "success" in done.stdout

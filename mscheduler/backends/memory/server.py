@@ -372,14 +372,8 @@ class MemoryServer:
             ordered = self._ordered[namespace] = IndexSet()
             # mongomock's own reads (updates, deletes, counts) take their candidates from it.
             setattr(inner._store, patches.INDEX_SET_ATTRIBUTE, ordered)
-        return MemoryCollection(
-            inner,
-            feed,
-            indexes,
-            ordered,
-            notablescan=notablescan,
-            change_streams=change_streams,
-        )
+        flags = {"notablescan": notablescan, "change_streams": change_streams}
+        return MemoryCollection(inner, feed, indexes, ordered, **flags)
 
 
 _servers: dict[str, MemoryServer] = {}
@@ -392,6 +386,10 @@ def memory_server(name: str) -> MemoryServer:
         return MemoryServer()
     with _servers_lock:
         return _servers.setdefault(name, MemoryServer())
+
+
+def memory_server_exists(name: str) -> bool:
+    return name in _servers  # one dict lookup: atomic
 
 
 def forget_memory_server(name: str) -> None:
