@@ -200,9 +200,10 @@ class Scheduler:
     def consumer(
         self, handlers: Mapping[str, Handler], *, options: WorkerOptions | None = None
     ) -> Consumer:
-        """A consumer that runs ``handlers`` (task name → ``async def handler(task)``; the
-        return value is stored as the result). Start it with ``await consumer.run()`` or
-        ``async with consumer:``."""
+        """A consumer that runs ``handlers`` (task name → ``async def handler(task)``, or a
+        plain ``def``, run in a worker thread; or an `ms.Handlers` registry); the return value
+        is stored as the result. Start it with ``await consumer.run()`` or
+        ``async with consumer:``; several at once with `consumers`."""
         return Consumer(self.store, handlers, options)
 
     @contextlib.asynccontextmanager

@@ -66,7 +66,8 @@ class Handlers(Mapping[str, Handler]):
         async def send_email(task: ms.Task) -> None: ...
 
     ``retry_on``: only these exceptions are retried (within ``max_unexpected_retries``);
-    any other ends the task as failed at once, as `Abort` does. Left out, every one retries.
+    any other ends the task as failed at once, as `Abort` does, `TaskTimeout` included unless
+    listed. Left out, every one retries.
     """
 
     def __init__(self) -> None:
