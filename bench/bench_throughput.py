@@ -122,6 +122,30 @@ async def pings_under_load(uri: str, running: int, seconds: float) -> None:
     await dispose(counting, connection)
 
 
+async def events_per_task(uri: str, consumers: int, tasks: int) -> None:
+    """Change events each consumer receives per task, for tasks published while it runs and
+    pinged while they run (issue 12: it was about 3 per task per consumer, pings included)."""
+    sched, counting, connection = await counted_scheduler(uri)
+    options = ms.TaskOptions(ping_interval_ms=20, worker_timeout_ms=1_000)
+
+    async def job(task: ms.Task) -> None:
+        await anyio.sleep(0.06)  # long enough for two or three pings
+
+    worker = ms.WorkerOptions(worker_id="w", max_running=16)
+    async with sched.consumers({"job": job}, count=consumers, options=worker) as running:
+        keys = [f"ev:{n}" for n in range(tasks)]
+        await sched.publish_many(ms.TaskSpec(key=k, name="job", options=options) for k in keys)
+        await sched.wait_many(keys, timeout=120)
+    events = [consumer.stats.events for consumer in running]
+    pings = sum(consumer.stats.pings for consumer in running)
+    polling = " (polling: this server has no change streams)" if running[0].polling else ""
+    print(
+        f"events delivered per task per consumer: {max(events) / tasks:.2f} at most "
+        f"({consumers} consumers, {tasks} tasks, {pings} pings written){polling}"
+    )
+    await dispose(counting, connection)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", default="memory://")
@@ -155,6 +179,7 @@ async def main() -> None:
             )
     else:
         await pings_under_load(args.uri, 100, 3.0)
+        await events_per_task(args.uri, 3, 300)
 
 
 if __name__ == "__main__":

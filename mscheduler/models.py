@@ -312,6 +312,8 @@ class Task(BaseModel):
     # Finished states dropped from worker_states to bound the document (constants), counted.
     dropped_attempts: int = 0
     dropped_failures: int = 0  # of those, failed or timed out
+    # Bumped by each write that may give a consumer work: what consumers' change streams wake on.
+    wakes: int = 0
     result: Any = None
     error: ErrorInfo | None = None
 

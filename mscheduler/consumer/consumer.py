@@ -71,7 +71,7 @@ class Consumer:
             store, self._specs, self.options, self._clock, self.stats, self._slot_freed
         )
         self._listener = ChangeListener(
-            store, self.names, self.options, self._clock, self._on_change, self._fetch
+            store, self.names, self.options, self._clock, self._on_event, self._fetch
         )
         self._own_task_group: TaskGroup | None = None
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
@@ -163,6 +163,10 @@ class Consumer:
                     task_group.start_soon(self._poll_loop)
 
     # ------------------------------------------------------------ feeding the heap
+
+    def _on_event(self, task: Task) -> None:
+        self.stats.record("events", task.name)
+        self._on_change(task)
 
     def _on_change(self, task: Task) -> None:
         self._executor.on_change(task)
@@ -303,12 +307,33 @@ class Consumer:
             await sleep(self._clock, self.options.reconnect_delay(0))
             return
         if not leases:
-            # Nothing due is claimable by us after all (taken, or changed): the change stream
-            # brings these keys back when they change.
-            self._heap.pop_due(now)
+            await self._reschedule(self._heap.pop_due(now))
             return
         for lease in leases:
             self._start(lease)
+
+    async def _reschedule(self, keys: list[str]) -> None:
+        """Nothing due was claimable by us after all: each key was taken, finished, or
+        pushed back, by writes that woke nobody (claims, pings and finishes do not: see
+        `queries.derived.wakes_consumers`). One read says when each may be claimable next: a
+        later time goes back in the heap (a lease that may expire, a retry); a task not
+        claimable by us, or due yet not claimable, waits for a write that wakes us."""
+        if not keys:
+            return
+        self.stats.record("rescheduled")
+        try:
+            tasks = await self._store.snapshots(keys)
+        except BackendUnavailable as exc:
+            log.warning(str(exc), extra={"action": "reschedule_retry"})
+            for key in keys:  # look again after the delay, as for a failed claim
+                self._heap.nudge(key, self._clock.now())
+            await sleep(self._clock, self.options.reconnect_delay(0))
+            return
+        now = self._clock.now()
+        for task in tasks:
+            when = task.next_claim_for(self.worker_id, now)
+            if when is not None and when > now:
+                self._heap.offer(task.key, when, task.version, task.id)
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)

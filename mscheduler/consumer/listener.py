@@ -55,13 +55,15 @@ class ChangeListener:
         self._clock = clock
         self._on_change = on_change
         self._on_resync = on_resync
+        # Only writes that may give us work (not pings, claims or finishes): see task_changes.
+        self._pipeline = task_changes(wakes_only=True, name=self._names)
         self.resume_token: Any = None
         self.polling = False
         self.reopened = 0
         self.resyncs = 0
 
     async def _open(self, resume_token: Any) -> Any:
-        return await open_change_stream(self._store, task_changes(name=self._names), resume_token)
+        return await open_change_stream(self._store, self._pipeline, resume_token)
 
     async def run(self, *, task_status: TaskStatus[bool] = anyio.TASK_STATUS_IGNORED) -> None:
         """Reports True once the stream is open, or False when polling must replace it."""
@@ -105,7 +107,7 @@ class ChangeListener:
         while True:
             try:
                 stream, refusal = await open_unless_refused(
-                    self._store, task_changes(name=self._names), self._options.discovery
+                    self._store, self._pipeline, self._options.discovery
                 )
             except PyMongoError as exc:
                 log.warning(

@@ -28,6 +28,8 @@ class ConsumerStats:
     cancelled: int = 0
     abandoned: int = 0  # handlers that ignored cancellation past cancel_timeout_ms
     pings: int = 0
+    events: int = 0  # change events received (only writes that may give work: see listener)
+    rescheduled: int = 0  # reads after a claim found nothing claimable (Consumer._reschedule)
     observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
 
     def record(self, event: str, name: str = "", seconds: float | None = None) -> None:

@@ -13,7 +13,8 @@ import datetime as dt
 from collections.abc import Sequence
 
 from ..models import ErrorInfo, TaskState
-from .stages import TERMINAL, Document, Pipeline, literal, recompute, sweep_expired
+from .derived import recompute
+from .stages import TERMINAL, Document, Pipeline, literal, sweep_expired
 
 _WAITING_FOR = "deps_pending"
 
@@ -72,7 +73,8 @@ def unnotified_dependents_of(key: str) -> Document:
 def mark_notified(key: str) -> tuple[Document, Document]:
     return (
         {"key": key, "dependents_notified": False, "state": {"$in": TERMINAL}},
-        {"$set": {"dependents_notified": True}},
+        # A wake: consumers that saw the task end unnotified drop their recovery check.
+        {"$set": {"dependents_notified": True}, "$inc": {"wakes": 1}},
     )
 
 

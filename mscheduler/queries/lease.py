@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import ErrorInfo, TaskState
+from .derived import recompute
 from .stages import (
     FAIL,
     RELEASED,
@@ -22,7 +23,6 @@ from .stages import (
     literal,
     map_states,
     rebuilt_state,
-    recompute,
     sweep_expired,
 )
 

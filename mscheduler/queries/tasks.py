@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import ErrorInfo, TaskOptions, TaskState
+from .derived import recompute, wake_consumers
 from .stages import (
     CLAIMABLE,
     RUNNING,
@@ -40,7 +41,6 @@ from .stages import (
     is_live,
     lease_expiry,
     literal,
-    recompute,
     state_is,
     sweep_expired,
 )
@@ -96,6 +96,7 @@ def new_task_document(
         "worker_states": [],
         "dropped_attempts": 0,
         "dropped_failures": 0,
+        "wakes": 0,
         "result": None,
         "error": error,
     }
@@ -311,6 +312,7 @@ def options_update(options: TaskOptions, now: dt.datetime) -> Pipeline:
                 "not_before": options.not_before,
             }
         },
+        wake_consumers(),  # a holder takes the new ping interval, or stops if excluded
         *recompute(now),
     ]
 
@@ -381,5 +383,6 @@ def cancel_update(reason: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
         {"$set": {"state": TaskState.CANCELLED.value, "error": literal(error)}},
+        wake_consumers(),  # its holders stop their handlers now, not at their next ping
         *recompute(now),
     ]

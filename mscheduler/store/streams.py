@@ -23,11 +23,28 @@ if TYPE_CHECKING:
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
 
 
-def task_changes(**fields: Sequence[str]) -> list[dict[str, Any]]:
+def task_changes(*, wakes_only: bool = False, **fields: Sequence[str]) -> list[dict[str, Any]]:
     """Server-side filter: writes to tasks whose ``field`` is one of the values given (e.g.
     ``name=[...]``, ``key=[...]``). Deletes are left out: a deleted task's claim or ping
-    simply matches nothing."""
+    simply matches nothing.
+
+    ``wakes_only`` (a consumer's stream): only inserts, replaces and the updates that bumped
+    ``wakes`` (`queries.derived.wakes_consumers`), so pings, claims and finishes wake nobody.
+    That part tests the event alone, not ``fullDocument``: MongoDB (5.1+) moves such a
+    predicate into its oplog scan, so a ping is dropped there, before any ``updateLookup``.
+    A pipeline update's ``updatedFields`` names ``wakes`` on every engine, as it is a
+    top-level number (a changed subdocument may be reported by paths inside it instead)."""
     match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
+    if wakes_only:
+        match = {
+            "$or": [
+                {"operationType": {"$in": ["insert", "replace"]}},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.wakes": {"$exists": True},
+                },
+            ]
+        }
     for field, values in fields.items():
         match[f"fullDocument.{field}"] = {"$in": list(values)}
     return [{"$match": match}]

@@ -333,6 +333,14 @@ class TaskStore(StoreBase):
         return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors
+    async def snapshots(self, keys: Sequence[str]) -> list[Task]:
+        """The tasks of ``keys`` as they are now (payloads left out), for a consumer whose
+        claim found none of them claimable: when may it try each again?"""
+        await self._ready()
+        cursor = self.collection.find(q.by_keys(keys), q.FETCH_PROJECTION)
+        return [Task.model_validate(document) async for document in cursor]
+
+    @driver_errors
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         if not isinstance(options, TaskOptions):

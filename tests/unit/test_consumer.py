@@ -442,3 +442,61 @@ def _memory_collection() -> Any:
     from mscheduler.backends.memory.server import memory_server
 
     return memory_server("").collection("db", "tasks", notablescan=True)
+
+
+async def test_a_consumer_hears_one_event_per_task_and_none_of_its_pings(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+):
+    """Issue 12 #3: every consumer used to receive every ping, claim and finish of every task
+    of its names (3 events and more per task per consumer, each looked up)."""
+    needs_change_streams(engine)
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    for n in range(12):
+        await scheduler.publish(f"t{n}", None, name="job", options=FAST)
+    async with consumers(scheduler, recorder, count=3, max_running=2) as started:
+        for n in range(12, 30):
+            await scheduler.publish(f"t{n}", None, name="job", options=FAST)
+        for _ in range(6):  # runs long enough to be pinged a few times
+            clock.advance(1)
+            await settle()
+        gate.set()
+        for _ in range(20):
+            await settle()
+            clock.advance(0.1)
+    assert len(recorder.runs) == 30
+    assert sum(c.stats.pings for c in started) > 0
+    for consumer in started:
+        # The 18 published while it ran, each one insert; the 12 before came from the fetch.
+        assert consumer.stats.events <= 18, consumer.stats
+
+
+async def test_a_task_claimed_unseen_is_taken_over_at_its_last_pings_expiry(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+):
+    """Claims and pings wake nobody now: a consumer that finds a task taken asks when it may
+    be claimable next, and so still takes it over once its holder stops pinging."""
+    needs_change_streams(engine)
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(scheduler, recorder, max_running=1) as (consumer,):
+        await scheduler.publish("blocker", None, name="job", options=FAST)
+        await settle()
+        await scheduler.publish("long", None, name="job", options=FAST)
+        ghost = await scheduler.store.claim("ghost", key="long")
+        assert ghost is not None
+        for _ in range(3):
+            clock.advance(2)
+            await scheduler.store.ping(ghost)  # the ghost's last ping: expires in 5 s
+            await settle()
+        gate.set()  # the slot frees: "long" is found taken, and its expiry read
+        await settle()
+        assert [key for key, _ in recorder.runs] == ["blocker"]
+        assert consumer.stats.rescheduled >= 1
+        clock.advance(4.9)
+        await settle()
+        assert [key for key, _ in recorder.runs] == ["blocker"], "taken over while pinged"
+        clock.advance(0.2)
+        await settle()
+        assert [key for key, _ in recorder.runs] == ["blocker", "long"]
+    assert consumer.stats.events <= 2

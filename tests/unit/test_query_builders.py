@@ -24,14 +24,14 @@ import mscheduler as ms
 from mscheduler import constants as c
 from mscheduler.backends.memory.server import memory_server
 from mscheduler.models import ErrorInfo, TaskState
+from mscheduler.queries import derived, stages
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
-from mscheduler.queries import stages
 from mscheduler.queries import tasks as queries
 from tests.engines import WIRE_DATABASE, WireServer
 
 pytestmark = pytest.mark.anyio
-BUILDER_MODULES: tuple[ModuleType, ...] = (queries, lease_queries, flow_queries, stages)
+BUILDER_MODULES: tuple[ModuleType, ...] = (queries, lease_queries, flow_queries, stages, derived)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
 
@@ -64,6 +64,7 @@ SAMPLES: dict[str, Any] = {
     "then": "$$ws",
     "running": 1,
     "value": "$not.a.path",
+    "next_claim_at": "$retry_at",
     "task_id": ObjectId("65a000000000000000000001"),
     "task_ids": [ObjectId("65a000000000000000000001")],
     "run_ids": ["run-of-w1", "run-of-nobody"],
@@ -138,7 +139,7 @@ def operators_in(value: Any) -> set[str]:
 
 def test_every_builder_is_walked():
     assert len(BUILT) >= 40, sorted(BUILT)
-    assert "stages.recompute" in BUILT and "lease.lease_filter" in BUILT
+    assert "derived.recompute" in BUILT and "lease.lease_filter" in BUILT
 
 
 @pytest.mark.parametrize("builder", sorted(BUILT))
@@ -257,6 +258,8 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
     ("aggregate", pipeline)."""
     if builder == "tasks.stats_pipeline":
         return "aggregate", built
+    if builder == "derived.wakes_consumers":  # an expression whose top level ($or) is a filter's
+        return "update", ({}, [{"$set": {"probe": built}}])
     if isinstance(built, tuple):
         return "update", built
     if isinstance(built, list):

@@ -36,6 +36,17 @@ def _sequence(token: Mapping[str, Any]) -> int:
         raise OperationFailure(f"invalid resume token {token!r}", code=260) from exc
 
 
+def _update_description(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What changed, by top-level field. MongoDB may name paths inside a changed subdocument
+    or array instead (``worker_states.0.ping_expire_at``); a top-level scalar such as
+    ``wakes`` is named the same way by both. The values are the event's own copies."""
+    return {
+        "updatedFields": {k: v for k, v in after.items() if k not in before or before[k] != v},
+        "removedFields": [k for k in before if k not in after],
+        "truncatedArrays": [],
+    }
+
+
 class ChangeFeed:
     """Events of one collection, kept in a bounded history so streams can resume."""
 
@@ -57,21 +68,24 @@ class ChangeFeed:
         operation: str,
         document_id: Any,
         full_document: Mapping[str, Any] | None,
+        before: Mapping[str, Any] | None = None,
     ) -> None:
         self._sequence += 1
         if len(self._events) == self._events.maxlen:
             self._forgotten_before = self._events[0]["_seq"] + 1
-        self._events.append(
-            {
-                "_seq": self._sequence,
-                "_id": _token(self._sequence),
-                "operationType": operation,
-                "ns": dict(self._namespace),
-                "documentKey": {"_id": document_id},
-                "wallTime": dt.datetime.now(UTC),
-                "fullDocument": copy.deepcopy(full_document) if full_document else None,
-            }
-        )
+        after = copy.deepcopy(full_document) if full_document else None
+        event = {
+            "_seq": self._sequence,
+            "_id": _token(self._sequence),
+            "operationType": operation,
+            "ns": dict(self._namespace),
+            "documentKey": {"_id": document_id},
+            "wallTime": dt.datetime.now(UTC),
+            "fullDocument": after,
+        }
+        if operation == "update" and before is not None and after is not None:
+            event["updateDescription"] = _update_description(before, after)
+        self._events.append(event)
         self._wake()
 
     def inject_error(self, error: PyMongoError) -> None:

@@ -211,7 +211,7 @@ class MemoryCollection:
         elif before is None and after is not None:
             self.changes.publish("insert", after["_id"], after)
         elif before is not None and after is not None and before != after:
-            self.changes.publish("update", after["_id"], after)
+            self.changes.publish("update", after["_id"], after, before)
 
     async def insert_one(self, document: dict[str, Any], **_: Any) -> Any:
         refuse_insert(document)

@@ -1,0 +1,198 @@
+"""The derived fields of a task, recomputed at the end of every pipeline update, and the
+``wakes`` counter that tells consumers a write may have given them work.
+
+Kept apart from `stages` (the building blocks they use) so each stays one screen of rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ..models import TaskState
+from .stages import (
+    CLAIMABLE,
+    FAIL,
+    RELEASED,
+    RUNNING,
+    SUCCESS,
+    TERMINAL,
+    TIMEOUT,
+    Document,
+    Pipeline,
+    count_states,
+    earliest_lease_expiry,
+    failure_error,
+    failures,
+    latest,
+    map_states,
+    rebuilt_state,
+    state_is,
+    tries_exhausted,
+    trim_history,
+)
+
+
+def bumped_wakes() -> Document:
+    """``wakes`` + 1: the one field the consumers' change streams wake on (see
+    `wakes_consumers`); a counter, so that every bump is a change the server reports."""
+    return {"$add": [{"$ifNull": ["$wakes", 0]}, 1]}
+
+
+def wake_consumers() -> Document:
+    """A stage for writes that the holders of a task must hear of at once (a cancel, new
+    options), whether or not they make it claimable."""
+    return {"$set": {"wakes": bumped_wakes()}}
+
+
+def wakes_consumers(next_claim_at: Document, now: dt.datetime) -> Document:
+    """Whether this write can give a consumer something to do (issue 12 #3: a consumer was
+    woken by every ping of every task of its names):
+
+    - ``next_claim_at`` appeared (pending again: a retry, a dependency done), moved earlier
+      (a slot freed), or an attempt ended in this write and the task is still to run (a
+      failure or `RetryLater` whose retry comes later than the lease would have expired:
+      nobody else knows that time). A claim or a ping only moves it later, a success makes
+      it null: no wake. A consumer that still expects the task at the old, earlier time
+      tries then, finds it not claimable, and reads its new time (`Consumer._reschedule`);
+    - the task ended with dependents still to be told (``dependents_notified`` false): if
+      its writer dies before telling them, a consumer that heard of it does.
+
+    ``$ifNull`` on both old values: a missing field compares as null on every engine."""
+    old_next = {"$ifNull": ["$next_claim_at", None]}
+    return {
+        "$or": [
+            {
+                "$and": [
+                    {"$ne": [next_claim_at, None]},
+                    {
+                        "$or": [
+                            {"$eq": [old_next, None]},
+                            {"$lt": [next_claim_at, old_next]},
+                            {"$gt": [count_states({"$eq": ["$$ws.finished_at", now]}), 0]},
+                        ]
+                    },
+                ]
+            },
+            {
+                "$and": [
+                    {"$in": ["$state", TERMINAL]},
+                    {"$gt": ["$dependent_count", 0]},
+                    {"$eq": [{"$ifNull": ["$dependents_notified", None]}, None]},
+                ]
+            },
+        ]
+    }
+
+
+def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
+    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states,
+    after `trim_history` (``run_id``: the writer's own state, kept whatever its age).
+
+    Runs after `sweep_expired`, so every running state here is live. Invariants:
+    - blocked while ``deps_pending`` lists a dependency; success once
+      ``concurrent_worker_cnt`` workers succeeded; fail once unexpected failures exceed
+      ``max_unexpected_retries`` or ``max_tries`` attempts were made; a terminal state is
+      never left;
+    - a terminal task holds no running state (they become ``released``), so no late ping,
+      success or fail can match it;
+    - ``next_claim_at`` is null unless the task is pending or running; with a free slot it is
+      ``max(not_before, retry_at)`` (or ``created_at``); with every slot held it is the
+      earliest lease expiry, when a slot frees up.
+    """
+    succeeded = count_states(state_is(SUCCESS))
+    running = count_states(state_is(RUNNING))
+    failed = failures()
+    state = {
+        "$switch": {
+            "branches": [
+                {"case": {"$in": ["$state", TERMINAL]}, "then": "$state"},
+                {
+                    "case": {"$gt": [{"$size": "$deps_pending"}, 0]},
+                    "then": TaskState.BLOCKED.value,
+                },
+                {
+                    "case": {"$gte": [succeeded, "$options.concurrent_worker_cnt"]},
+                    "then": TaskState.SUCCESS.value,
+                },
+                {
+                    "case": {"$gt": [failed, "$options.max_unexpected_retries"]},
+                    "then": TaskState.FAIL.value,
+                },
+                {"case": tries_exhausted(running), "then": TaskState.FAIL.value},
+                {"case": {"$gt": [running, 0]}, "then": TaskState.RUNNING.value},
+            ],
+            "default": TaskState.PENDING.value,
+        }
+    }
+    next_claim_at = {
+        "$cond": [
+            {"$in": ["$state", CLAIMABLE]},
+            {
+                "$cond": [
+                    {"$lt": [{"$add": [succeeded, running]}, "$options.concurrent_worker_cnt"]},
+                    {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, "$created_at"]},
+                    earliest_lease_expiry(),
+                ]
+            },
+            None,
+        ]
+    }
+    return [
+        *trim_history(run_id),
+        {"$set": {"state": state, "updated_at": now, "version": {"$add": ["$version", 1]}}},
+        map_states(
+            {"$and": [{"$in": ["$state", TERMINAL]}, {"$eq": ["$$ws.state", RUNNING]}]},
+            rebuilt_state(state=RELEASED, ping_expire_at=None, finished_at=now),
+        ),
+        {
+            "$set": {
+                # Read in this stage, "$next_claim_at" and "$dependents_notified" are the values
+                # from before this write: `wakes` compares them with the new ones.
+                "wakes": {
+                    "$cond": [
+                        wakes_consumers(next_claim_at, now),
+                        bumped_wakes(),
+                        {"$ifNull": ["$wakes", 0]},
+                    ]
+                },
+                "next_claim_at": next_claim_at,
+                # when the task ended (purge and the optional TTL index use it), else null
+                "finished_at": {
+                    "$cond": [
+                        {"$in": ["$state", TERMINAL]},
+                        {"$ifNull": ["$finished_at", now]},
+                        None,
+                    ]
+                },
+                # false: finished, and its dependents still to be told (flows); else null.
+                "dependents_notified": {
+                    "$cond": [
+                        {
+                            "$and": [
+                                {"$in": ["$state", TERMINAL]},
+                                {"$gt": ["$dependent_count", 0]},
+                            ]
+                        },
+                        {"$ifNull": ["$dependents_notified", False]},
+                        None,
+                    ]
+                },
+                "result": latest([SUCCESS], "result"),
+                "error": {
+                    "$switch": {
+                        "branches": [
+                            {
+                                "case": {"$eq": ["$state", TaskState.CANCELLED.value]},
+                                "then": "$error",
+                            },
+                            {
+                                "case": {"$eq": ["$state", TaskState.FAIL.value]},
+                                "then": failure_error(running),
+                            },
+                        ],
+                        "default": latest([FAIL, TIMEOUT], "error"),
+                    }
+                },
+            }
+        },
+    ]
