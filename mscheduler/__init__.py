@@ -35,6 +35,7 @@ from .models import (
     WorkerState,
     WorkerStateKind,
 )
+from .periodic import Schedule
 from .specs import Flow, TaskSpec, chain, chord, group
 from .worker_options import WorkerOptions
 
@@ -61,6 +62,7 @@ __all__ = [
     "PreconditionFailed",
     "PublishResult",
     "RetryLater",
+    "Schedule",
     "Scheduler",
     "StatsRow",
     "StoreError",

@@ -19,8 +19,10 @@ from .clock import Clock, SystemClock
 from .consumer.consumer import Consumer
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
+from .encoding import check_document_size
 from .errors import ConfigurationError
 from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, with_delay
+from .periodic import CatchUp, Schedule, new_schedule
 from .specs import Step
 from .store import batches, operations
 from .store.tasks import TaskStore
@@ -286,6 +288,50 @@ class Scheduler:
             discovery=discovery,
             poll_interval_ms=poll_interval_ms,
         )
+
+    async def schedule(
+        self,
+        schedule_id: str,
+        *,
+        name: str,
+        cron: str | None = None,
+        every: dt.timedelta | None = None,
+        timezone: str = "UTC",
+        payload: Any = None,
+        options: TaskOptions | None = None,
+        skip_if_running: bool = False,
+        catch_up: CatchUp = "latest",
+        jitter: dt.timedelta | None = None,
+    ) -> Schedule:
+        """A periodic task: a ``name`` task every ``every``, or at each time of the ``cron``
+        expression in ``timezone`` (DST-correct). Consumers of ``name`` publish each
+        occurrence as the task ``<schedule_id>@<time>``, so many workers make it once.
+        ``skip_if_running``: no occurrence while the previous one has not ended.
+        ``catch_up`` after downtime: ``latest`` runs the last missed occurrence, ``all`` each
+        one, ``none`` none. ``jitter``: each start is delayed by up to that much. The same
+        id again replaces the schedule."""
+        schedule = new_schedule(
+            schedule_id,
+            name=name,
+            now=self.store.clock.now(),
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload=payload,
+            options=options,
+            skip_if_running=skip_if_running,
+            catch_up=catch_up,
+            jitter=jitter,
+        )
+        check_document_size({"payload": payload}, options or TaskOptions())
+        return await self.store.schedules.put(schedule)
+
+    async def schedules(self, *, names: Sequence[str] | None = None) -> list[Schedule]:
+        return await self.store.schedules.all(names)
+
+    async def unschedule(self, schedule_id: str) -> bool:
+        """Remove a schedule (its tasks already published stay). False if there was none."""
+        return await self.store.schedules.remove(schedule_id)
 
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running workers and,

@@ -143,6 +143,7 @@ class Consumer:
             await self._fetch()
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
+            task_group.start_soon(self._schedule_loop)
             claiming = anyio.CancelScope()
             task_group.start_soon(self._claim_and_poll, claiming)
             task_status.started()
@@ -246,6 +247,27 @@ class Consumer:
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
             self._store.owed_listeners.remove(self._wake_recovery)
+
+    async def _schedule_loop(self) -> None:
+        """Publish the due occurrences of the schedules of our names (`periodic`), then sleep
+        until the next one, or ``schedule_refresh_ms`` to find new schedules. Every consumer
+        does it: an occurrence's key makes it one task however many publish it."""
+        attempt = 0
+        while True:
+            try:
+                await self._store.schedules.publish_due(self.names)
+                upcoming = await self._store.schedules.next_due(self.names)
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "schedule_retry"})
+                await sleep(self._clock, self.options.reconnect_delay(attempt))
+                attempt += 1
+                continue
+            attempt = 0
+            refresh = self._clock.now() + dt.timedelta(
+                milliseconds=self.options.schedule_refresh_ms
+            )
+            deadline = refresh if upcoming is None else min(upcoming, refresh)
+            await self._clock.wait_until(deadline, anyio.Event())
 
     async def _poll_loop(self) -> None:
         """Until the listener's stream opens (``discovery="auto"`` retries it)."""

@@ -35,6 +35,7 @@ from .base import StoreBase
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
 from .publisher import Publisher
+from .schedules import ScheduleStore
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class TaskStore(StoreBase):
         super().__init__(collection, clock)
         self.flows = Flows(self)
         self.publisher = Publisher(self, self.flows)
+        self.schedules = ScheduleStore(self, self.publisher)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()

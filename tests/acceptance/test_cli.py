@@ -455,3 +455,39 @@ def test_version_and_delay():
     created = dt.datetime.fromisoformat(task["created_at"])
     waits = dt.datetime.fromisoformat(task["not_before"]) - created  # from the moment of asking
     assert dt.timedelta(seconds=89) < waits <= dt.timedelta(seconds=90)
+
+
+def test_schedule_add_ls_rm(uri: str):
+    code, out, err = cli(
+        uri,
+        "schedule",
+        "add",
+        "nightly",
+        "--name",
+        "report",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Europe/Paris",
+        "--payload",
+        '{"kind": "sales"}',
+        "--skip-if-running",
+        "--catch-up",
+        "none",
+        "--jitter",
+        "30s",
+    )
+    assert code == 0, err
+    assert out.startswith("scheduled: nightly (next ")
+    code, out, _ = cli(uri, "schedule", "add", "tick", "--name", "tick", "--every", "15m")
+    assert code == 0
+    code, out, _ = cli(uri, "schedule", "ls", "--json")
+    listed = {s["_id"]: s for s in json.loads(out)}
+    assert listed["nightly"]["cron"] == "0 3 * * *" and listed["nightly"]["catch_up"] == "none"
+    assert listed["nightly"]["skip_if_running"] and listed["nightly"]["jitter_ms"] == 30_000
+    assert listed["tick"]["every_ms"] == 900_000
+    assert cli(uri, "schedule", "rm", "tick")[0] == 0
+    code, _, err = cli(uri, "schedule", "rm", "tick")
+    assert code == 2 and "no schedule has the id 'tick'" in err
+    code, _, err = cli(uri, "schedule", "add", "bad", "--name", "x", "--cron", "every day")
+    assert code == 2 and err.startswith("error: schedule: cron:") and err.count("\n") == 1

@@ -117,3 +117,16 @@ def test_the_readmes_first_python_block_runs_as_written(tmp_path: pathlib.Path):
     )
     assert done.returncode == 0, done.stderr
     assert "success" in done.stdout
+
+
+async def test_periodic_publishes_each_heartbeat_once(example_uri: str):
+    clock = ms.ManualClock()
+    summary = await load("periodic").main(example_uri, clock)
+    beats = summary["heartbeats"]
+    assert beats[:3] == [
+        "heartbeat@20300101T000010Z",
+        "heartbeat@20300101T000020Z",
+        "heartbeat@20300101T000030Z",
+    ]
+    assert len(beats) == len(set(beats)), "an occurrence ran twice"
+    assert summary["schedules"] == ["nightly-report"]

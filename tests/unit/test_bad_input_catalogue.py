@@ -230,6 +230,24 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "not_before",
     ),
     (
+        "schedule cron",
+        lambda s: s.schedule("s", name="job", cron="every day"),
+        ms.ConfigurationError,
+        "schedule: cron: Value error, 'every day' is not a cron expression",
+    ),
+    (
+        "schedule timezone",
+        lambda s: s.schedule("s", name="job", cron="0 3 * * *", timezone="Paris"),
+        ms.ConfigurationError,
+        "schedule: timezone: Value error, 'Paris' is not an IANA timezone",
+    ),
+    (
+        "schedule payload",
+        lambda s: s.schedule("s", name="job", every=dt.timedelta(minutes=1), payload={1, 2}),
+        ms.PayloadError,
+        "payload",
+    ),
+    (
         "timeout_ms zero",
         lambda s: s.publish("k", None, name="job", options=ms.TaskOptions(timeout_ms=0)),
         ValidationError,

@@ -24,6 +24,7 @@ FOUNDATION = {
     "encoding",
     "errors",
     "models",
+    "periodic",
     "specs",
     "worker_options",
 }

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.anyio
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"
 BLOCK = re.compile(r"<!-- check: (?P<check>[\w-]+) -->\s*```js\n(?P<code>.*?)\n```", re.S)
 CALL = re.compile(
-    r"^db\.tasks\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
+    r'^db\.(?:tasks|getCollection\("(?P<beside>tasks\.schedules)"\))'
+    r"\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
     r"(?:\.sort\((?P<sort>.*?)\))?(?:\.limit\((?P<limit>\d+)\))?;?$"
 )
 NOW_MARK = '{"$now_placeholder": 1}'
@@ -54,11 +55,13 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
     assert match is not None, f"not a query this test can run: {code}"
     now = sched.clock.now()
     args = _arguments(match["args"], now)
+    # "tasks.schedules" is the schedules beside the tasks (named otherwise on the wire).
+    collection = sched.store.schedules.collection if match["beside"] else sched.collection
     if match["method"] == "aggregate":
-        cursor = await sched.collection.aggregate(args[0])
+        cursor = await collection.aggregate(args[0])
         return [doc async for doc in cursor]
     sort = _arguments(match["sort"], now)[0] if match["sort"] else None
-    cursor = sched.collection.find(
+    cursor = collection.find(
         *args,
         sort=list(sort.items()) if sort else None,
         limit=int(match["limit"] or 0),
@@ -69,6 +72,7 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
 @pytest.fixture
 async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     sched = await open_scheduler(notablescan=False)  # operators' ad-hoc queries
+    await sched.schedule("digest", name="digest", every=dt.timedelta(seconds=30))
     short = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
     await sched.publish("waiting-old", None, name="email")
     clock.advance(60)
@@ -85,6 +89,9 @@ async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     await sched.publish("load", None, name="etl", depends_on=["extract"])
     await sched.publish("report", None, name="etl", depends_on=["load"])
     clock.advance(10)  # the stuck worker's lease has expired
+    await sched.store.schedules.publish_due(["digest"])  # the occurrence of 00:01:00
+    clock.advance(1)  # and the next one (00:01:30) is not due yet
+    await sched.schedule("weekly", name="digest", cron="0 9 * * 1")
     return sched
 
 
@@ -100,6 +107,7 @@ EXPECTED: dict[str, Any] = {
     "counts": lambda rows: (
         {(r["_id"]["name"], r["_id"]["state"]): r["count"] for r in rows}
         == {
+            ("digest", "pending"): 1,
             ("email", "pending"): 2,
             ("etl", "blocked"): 2,
             ("etl", "pending"): 1,
@@ -108,7 +116,7 @@ EXPECTED: dict[str, Any] = {
         }
     ),
     "oldest-pending": lambda rows: (
-        {r["_id"]: r["waiting"] for r in rows} == {"email": 2, "etl": 1}
+        {r["_id"]: r["waiting"] for r in rows} == {"digest": 1, "email": 2, "etl": 1}
         # a server returns aware datetimes (the client is tz_aware), mongomock naive UTC ones
         and _utc(min(r["oldest"] for r in rows)) == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     ),
@@ -124,6 +132,13 @@ EXPECTED: dict[str, Any] = {
         sorted((u["key"], u["depth"]) for u in rows[0]["upstream"]) == [("extract", 1), ("load", 0)]
     ),
     "dependents": lambda rows: _keys(rows) == ["load"],
+    "schedules": lambda rows: (
+        [(r["_id"], r.get("cron"), r.get("every_ms")) for r in rows]
+        == [("digest", None, 30_000), ("weekly", "0 9 * * 1", None)]
+    ),
+    "occurrences": lambda rows: (
+        [(r["key"], r["state"]) for r in rows] == [("digest@20300101T000100Z", "pending")]
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 """The embedded ``memory://`` backend: mongomock-motor plus a change feed and an index check.
 
-It runs the store's very filters and updates. Three things make it behave like the server
-where mongomock does not on its own:
+It runs the store's very filters and updates. What makes it behave like the server where
+mongomock does not on its own:
 - every write publishes a change event (`changefeed.ChangeFeed`), so the consumer's change
   stream listener runs for real;
 - ``$add`` of a date and milliseconds gives a date, and the elements of an array literal are
@@ -11,12 +11,12 @@ where mongomock does not on its own:
   serves raises ``OperationFailure`` code 291, so the test suite proves index coverage;
 - a document over 16 MiB or nested over 100 levels is refused, written by no one (`limits`).
 
-Operations run synchronously inside the event loop, so each one is atomic, as a single-document
-write is on the server.
+Operations run synchronously in the event loop: each is atomic, as a one-document write is.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,7 +64,10 @@ class _Cursor:
 
 
 class _MemoryDatabase:
-    """Database commands, as a server that has none of them answers."""
+    """Database commands, as a server that has none of them answers; its collections."""
+
+    def __init__(self, get_collection: Any) -> None:
+        self.get_collection = get_collection
 
     async def command(self, command: Mapping[str, Any], **_: Any) -> Any:
         name = next(iter(command))
@@ -83,7 +86,9 @@ class MemoryCollection:
         *,
         notablescan: bool = False,
         change_streams: bool = True,
+        sibling: Any = None,
     ) -> None:
+        self._sibling = sibling  # name -> the collection of that name in this database
         self._inner = inner
         self.changes = feed
         self.notablescan = notablescan
@@ -115,7 +120,7 @@ class MemoryCollection:
 
     @property
     def database(self) -> _MemoryDatabase:
-        return _MemoryDatabase()
+        return _MemoryDatabase(self._sibling)
 
     def _check_plan(self, query: Mapping[str, Any] | None, sort: Any = None) -> None:
         if not self.notablescan:
@@ -355,14 +360,8 @@ class MemoryServer:
         self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
         self._ordered: dict[tuple[str, str], IndexSet] = {}
 
-    def collection(
-        self,
-        database: str,
-        collection: str,
-        *,
-        notablescan: bool = False,
-        change_streams: bool = True,
-    ) -> MemoryCollection:
+    def collection(self, database: str, collection: str, **flags: bool) -> MemoryCollection:
+        """``flags``: ``notablescan``, ``change_streams`` (see `MemoryCollection`)."""
         namespace = (database, collection)
         feed = self._feeds.setdefault(namespace, ChangeFeed(database, collection))
         indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
@@ -372,8 +371,8 @@ class MemoryServer:
             ordered = self._ordered[namespace] = IndexSet()
             # mongomock's own reads (updates, deletes, counts) take their candidates from it.
             setattr(inner._store, patches.INDEX_SET_ATTRIBUTE, ordered)
-        flags = {"notablescan": notablescan, "change_streams": change_streams}
-        return MemoryCollection(inner, feed, indexes, ordered, **flags)
+        beside = functools.partial(self.collection, database)
+        return MemoryCollection(inner, feed, indexes, ordered, sibling=beside, **flags)
 
 
 _servers: dict[str, MemoryServer] = {}

@@ -1,0 +1,100 @@
+"""``mscheduler schedule add|ls|rm``: periodic tasks from the command line."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..api import Scheduler
+from ..periodic import Schedule
+from .common import fail, parse_duration, parse_json, run
+
+app = typer.Typer(help="Periodic tasks: add, list, remove schedules.", no_args_is_help=True)
+console = Console()
+
+
+def _table(schedules: list[Schedule]) -> Table:
+    table = Table()
+    for column in ("id", "name", "when", "timezone", "next", "options"):
+        table.add_column(column)
+    for s in schedules:
+        when = s.cron if s.cron is not None else f"every {(s.every_ms or 0) / 1000:g}s"
+        flags = [f"catch_up={s.catch_up}"]
+        if s.skip_if_running:
+            flags.append("skip_if_running")
+        if s.jitter_ms:
+            flags.append(f"jitter={s.jitter_ms / 1000:g}s")
+        table.add_row(s.id, s.name, when, s.timezone, s.next_at.isoformat(), " ".join(flags))
+    return table
+
+
+@app.command("add")
+def add(
+    ctx: typer.Context,
+    schedule_id: Annotated[str, typer.Argument(metavar="ID")],
+    name: Annotated[str, typer.Option(help="The task name (a handler's name).")],
+    cron: Annotated[str | None, typer.Option(help="A cron expression, e.g. '0 3 * * *'.")] = None,
+    every: Annotated[str | None, typer.Option(help="An interval, e.g. 30s, 15m, 2h.")] = None,
+    timezone: Annotated[str, typer.Option(help="IANA timezone of the cron times.")] = "UTC",
+    payload: Annotated[str, typer.Option(help="The tasks' payload, as JSON.")] = "null",
+    skip_if_running: Annotated[
+        bool, typer.Option("--skip-if-running", help="No new run while the last one runs.")
+    ] = False,
+    catch_up: Annotated[str, typer.Option(help="After downtime: latest, all or none.")] = "latest",
+    jitter: Annotated[str | None, typer.Option(help="Delay each start by up to, e.g. 30s.")] = None,
+) -> None:
+    """Add a schedule (or replace the one with this ID)."""
+    body = parse_json(payload, "payload")
+    interval = parse_duration(every, "every") if every else None
+    spread = parse_duration(jitter, "jitter") if jitter else None
+    if catch_up not in ("latest", "all", "none"):
+        fail(f"catch-up: {catch_up!r} is not one of latest, all, none")
+
+    async def work(sched: Scheduler) -> None:
+        added = await sched.schedule(
+            schedule_id,
+            name=name,
+            cron=cron,
+            every=interval,
+            timezone=timezone,
+            payload=body,
+            skip_if_running=skip_if_running,
+            catch_up=catch_up,  # type: ignore[arg-type]
+            jitter=spread,
+        )
+        typer.echo(f"scheduled: {added.id} (next {added.next_at.isoformat()})")
+
+    run(ctx, work)
+
+
+@app.command("ls")
+def list_schedules(
+    ctx: typer.Context,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the schedules and their next occurrence."""
+
+    async def work(sched: Scheduler) -> None:
+        found = await sched.schedules()
+        if json_output:
+            typer.echo(json.dumps([s.model_dump(mode="json", by_alias=True) for s in found]))
+        else:
+            console.print(_table(found))
+
+    run(ctx, work)
+
+
+@app.command("rm")
+def remove(ctx: typer.Context, schedule_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Remove a schedule; the tasks it already published stay."""
+
+    async def work(sched: Scheduler) -> None:
+        if not await sched.unschedule(schedule_id):
+            fail(f"no schedule has the id {schedule_id!r}")
+        typer.echo(f"removed: {schedule_id}")
+
+    run(ctx, work)

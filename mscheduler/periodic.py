@@ -1,0 +1,200 @@
+"""Periodic tasks: what a schedule is, and which occurrences are due (pure, no I/O).
+
+A schedule is a document of its own (``<collection>.schedules``). Any consumer may publish its
+due occurrences: each occurrence is a task whose key is the schedule's id and the
+occurrence's time, so N workers publishing it make one task. Idempotent publish is the
+cluster-wide dedupe: no leader, no lock. Cron expressions are read by cronsim, which follows
+cron's own rules across daylight-saving changes (a time skipped in spring runs at the
+change; one repeated in autumn runs once).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import zoneinfo
+from typing import Any, Literal
+
+from cronsim import CronSim, CronSimError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .clock import UTC, to_bson_time
+from .errors import ConfigurationError
+from .models import TaskOptions, UtcDatetime, check_key, check_name
+
+CatchUp = Literal["latest", "all", "none"]
+# With catch_up="none", an occurrence is still run if found at most this late (a consumer
+# busy for a moment is not downtime).
+MISFIRE_GRACE = dt.timedelta(seconds=60)
+# With catch_up="all", at most this many missed occurrences are published at once.
+MAX_CATCH_UP = 1_000
+_KEY_TIME = "%Y%m%dT%H%M%SZ"
+
+
+class Schedule(BaseModel):
+    """Stored as is (field names are the document's); ``_id`` is the schedule's id."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    id: str = Field(alias="_id")
+    name: str
+    cron: str | None = None
+    every_ms: int | None = Field(default=None, ge=1_000, le=366 * 86_400_000)
+    timezone: str = "UTC"
+    payload: Any = None
+    options: TaskOptions = Field(default_factory=TaskOptions)
+    skip_if_running: bool = False
+    catch_up: CatchUp = "latest"
+    jitter_ms: int = Field(default=0, ge=0, le=86_400_000)
+    anchor: UtcDatetime  # every_ms counts from here; cron ignores it
+    next_at: UtcDatetime  # the next occurrence not yet handled
+    last_key: str | None = None  # the task of the last occurrence published
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_key_prefix(cls, value: str) -> str:
+        # The occurrence keys are "<id>@<time>": the id must leave room for the time.
+        check_key(value + "@" + "0" * 16)
+        if "@" in value:
+            raise ValueError("schedule id must not contain '@' (it separates the time)")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"{value!r} is not an IANA timezone (Europe/Paris, UTC)") from exc
+        return value
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                CronSim(value, dt.datetime(2030, 1, 1, tzinfo=UTC))
+            except CronSimError as exc:
+                raise ValueError(f"{value!r} is not a cron expression: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _cron_or_every(self) -> Schedule:
+        if (self.cron is None) == (self.every_ms is None):
+            raise ValueError("give either cron or every, not both and not neither")
+        return self
+
+    def after(self, moment: dt.datetime) -> dt.datetime:
+        """The first occurrence strictly after ``moment``."""
+        if self.cron is not None:
+            local = moment.astimezone(zoneinfo.ZoneInfo(self.timezone))
+            return to_bson_time(next(CronSim(self.cron, local)))
+        assert self.every_ms is not None
+        every = dt.timedelta(milliseconds=self.every_ms)
+        periods = (moment - self.anchor) // every + 1 if moment >= self.anchor else 0
+        return to_bson_time(self.anchor + periods * every)
+
+    def key_of(self, occurrence: dt.datetime) -> str:
+        return f"{self.id}@{occurrence.astimezone(UTC).strftime(_KEY_TIME)}"
+
+    def start_of(self, occurrence: dt.datetime) -> dt.datetime:
+        """When the occurrence's task may start: its time plus a jitter that every worker
+        computes alike (from the key), so whichever publishes it, the task is the same."""
+        if not self.jitter_ms:
+            return occurrence
+        digest = hashlib.sha256(self.key_of(occurrence).encode()).digest()
+        return occurrence + dt.timedelta(
+            milliseconds=int.from_bytes(digest[:8], "big") % (self.jitter_ms + 1)
+        )
+
+
+def due(schedule: Schedule, now: dt.datetime) -> tuple[list[dt.datetime], dt.datetime]:
+    """The occurrences to publish at ``now`` (by the catch-up policy) and the next one
+    after them. Occurrences from ``next_at`` up to ``now`` were missed or are due now:
+    ``latest`` runs the last one, ``all`` each of them (at most `MAX_CATCH_UP`), ``none``
+    only one that is less than `MISFIRE_GRACE` late."""
+    missed: list[dt.datetime] = []
+    moment = schedule.next_at
+    while moment <= now:
+        missed.append(moment)
+        if len(missed) > MAX_CATCH_UP:
+            missed.pop(0)
+        moment = schedule.after(moment)
+    if schedule.catch_up == "all":
+        return missed, moment
+    latest = missed[-1:]
+    if schedule.catch_up == "none":
+        latest = [m for m in latest if now - m <= MISFIRE_GRACE]
+    return latest, moment
+
+
+def new_schedule(
+    schedule_id: str,
+    *,
+    name: str,
+    now: dt.datetime,
+    cron: str | None = None,
+    every: dt.timedelta | None = None,
+    timezone: str = "UTC",
+    payload: Any = None,
+    options: TaskOptions | None = None,
+    skip_if_running: bool = False,
+    catch_up: CatchUp = "latest",
+    jitter: dt.timedelta | None = None,
+) -> Schedule:
+    """A validated schedule whose first occurrence is the first one after ``now``."""
+    fields: dict[str, Any] = {
+        "_id": schedule_id,
+        "name": name,
+        "cron": cron,
+        "every_ms": None if every is None else round(every.total_seconds() * 1000),
+        "timezone": timezone,
+        "payload": payload,
+        "options": options or TaskOptions(),
+        "skip_if_running": skip_if_running,
+        "catch_up": catch_up,
+        "jitter_ms": 0 if jitter is None else round(jitter.total_seconds() * 1000),
+        "anchor": now,
+        "next_at": now,  # replaced below, once the schedule can compute it
+        "created_at": now,
+        "updated_at": now,
+    }
+    if not isinstance(fields["options"], TaskOptions):
+        raise ConfigurationError(
+            f"schedule: options: expected TaskOptions, got {type(options).__name__}"
+        )
+    if fields["options"].not_before is not None:
+        raise ConfigurationError(
+            "schedule: options.not_before: a schedule sets each occurrence's start itself"
+        )
+    try:
+        draft = Schedule.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'schedule'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigurationError(f"schedule: {problems}") from None
+    return draft.model_copy(update={"next_at": draft.after(now)})
+
+
+def schedule_document(schedule: Schedule) -> dict[str, Any]:
+    document = schedule.model_dump(by_alias=True)
+    document["options"] = schedule.options.to_document()
+    return document
+
+
+__all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "CatchUp", "Schedule", "due", "new_schedule"]

@@ -1,0 +1,130 @@
+"""Periodic tasks in the database: schedule documents, and publishing their occurrences.
+
+Any consumer runs `ScheduleStore.publish_due` (see `Consumer`); N of them at once publish each
+occurrence once, as its key is derived from the schedule and the time (`periodic`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pymongo import IndexModel, ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from ..errors import ConfigurationError, driver_errors
+from ..models import PublishResult, TaskOptions, TaskState
+from ..periodic import Schedule, due, schedule_document
+from ..queries import schedules as sq
+from .base import StoreBase
+from .publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".schedules"
+
+
+class ScheduleStore:
+    """The schedules beside a task collection (``tasks`` → ``tasks.schedules``)."""
+
+    def __init__(self, tasks: StoreBase, publisher: Publisher) -> None:
+        self._tasks = tasks
+        self._publisher = publisher
+        self._collection: Any = None
+
+    @property
+    def collection(self) -> Any:
+        if self._collection is None:
+            tasks = self._tasks.collection
+            database = getattr(tasks, "database", None)
+            if database is None:
+                raise ConfigurationError(
+                    "schedules: this collection object does not give its database, so the "
+                    "schedules collection beside it cannot be opened"
+                )
+            self._collection = database.get_collection(tasks.name + SUFFIX)
+        return self._collection
+
+    async def _ready(self) -> None:
+        models = [IndexModel(keys, name=name) for name, keys in sq.INDEXES]
+        await self.collection.create_indexes(models)
+
+    @driver_errors
+    async def put(self, schedule: Schedule) -> Schedule:
+        """Create or replace a schedule by id (a replaced one starts afresh from now)."""
+        await self._ready()
+        document = schedule_document(schedule)
+        try:
+            await self.collection.insert_one(document)
+        except DuplicateKeyError:  # the id exists: this schedule replaces it
+            await self.collection.find_one_and_replace(sq.by_id(schedule.id), document)
+        return schedule
+
+    @driver_errors
+    async def remove(self, schedule_id: str) -> bool:
+        result = await self.collection.delete_one(sq.by_id(schedule_id))
+        return bool(result.deleted_count)
+
+    @driver_errors
+    async def all(self, names: Sequence[str] | None = None) -> list[Schedule]:
+        query = sq.of_names(names) if names else {}
+        cursor = self.collection.find(query, sort=[("_id", 1)])
+        return [Schedule.model_validate(document) async for document in cursor]
+
+    @driver_errors
+    async def next_due(self, names: Sequence[str]) -> dt.datetime | None:
+        """When the next occurrence of ``names`` comes, for a consumer to sleep until."""
+        found = await self.collection.find_one(sq.of_names(names), sort=sq.NEXT_SORT)
+        return None if found is None else Schedule.model_validate(found).next_at
+
+    @driver_errors
+    async def publish_due(self, names: Sequence[str]) -> list[PublishResult]:
+        """Publish every due occurrence of the schedules of ``names``; one read when none is."""
+        now = self._tasks.clock.now()
+        published: list[PublishResult] = []
+        async for document in self.collection.find(sq.due_filter(names, now)):
+            published += await self._publish_occurrences(Schedule.model_validate(document), now)
+        return published
+
+    async def _publish_occurrences(
+        self, schedule: Schedule, now: dt.datetime
+    ) -> list[PublishResult]:
+        occurrences, next_at = due(schedule, now)
+        published: list[PublishResult] = []
+        last_key = schedule.last_key
+        for occurrence in occurrences:
+            if schedule.skip_if_running and await self._still_running(last_key):
+                log.info(
+                    "schedule %r: the previous occurrence still runs; %s skipped",
+                    schedule.id,
+                    occurrence.isoformat(),
+                    extra={"action": "schedule_skip", "schedule": schedule.id, "key": last_key},
+                )
+                continue
+            key = schedule.key_of(occurrence)
+            options = TaskOptions.model_validate(
+                {**schedule.options.model_dump(), "not_before": schedule.start_of(occurrence)}
+            )
+            published.append(
+                await self._publisher.publish(
+                    key, schedule.payload, name=schedule.name, options=options
+                )
+            )
+            last_key = key
+        await self.collection.find_one_and_update(
+            *sq.advance(schedule.id, schedule.next_at, next_at, last_key, now),
+            return_document=ReturnDocument.AFTER,
+        )
+        return published
+
+    async def _still_running(self, key: str | None) -> bool:
+        if key is None:
+            return False
+        task = await self._tasks.get(key)
+        return task is not None and task.state in (
+            TaskState.PENDING,
+            TaskState.BLOCKED,
+            TaskState.RUNNING,
+        )

@@ -1,0 +1,221 @@
+"""Periodic tasks (issue 14 #1): schedules whose occurrences any consumer publishes, once each
+however many do, on both engines with the manual clock; cron across daylight-saving changes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from mscheduler.periodic import Schedule, due, new_schedule
+from tests.engines import POLL_MS
+
+pytestmark = pytest.mark.anyio
+UTC = dt.timezone.utc
+S = ms.TaskState
+
+
+def worker(n: int = 0, **fields: Any) -> ms.WorkerOptions:
+    return ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, **fields)
+
+
+async def tasks_of(sched: ms.Scheduler, name: str) -> list[ms.Task]:
+    return sorted(await sched.list_tasks(name=name, limit=1000), key=lambda t: t.key)
+
+
+# ------------------------------------------------------------------------ occurrences (pure)
+
+
+def make(now: dt.datetime, **fields: Any) -> Schedule:
+    return new_schedule("report", name="report", now=now, **fields)
+
+
+def test_cron_follows_the_timezone_across_daylight_saving():
+    """03:00 in Paris is 02:00 UTC in winter and 01:00 UTC in summer; 02:30 does not exist
+    on the night clocks go forward, and runs at the change, as cron does."""
+    friday = dt.datetime(2030, 3, 29, 12, 0, tzinfo=UTC)
+    nightly = make(friday, cron="0 3 * * *", timezone="Europe/Paris")
+    times = [nightly.next_at]
+    for _ in range(2):
+        times.append(nightly.after(times[-1]))
+    assert [t.isoformat() for t in times] == [
+        "2030-03-30T02:00:00+00:00",
+        "2030-03-31T01:00:00+00:00",
+        "2030-04-01T01:00:00+00:00",
+    ]
+    skipped = make(friday, cron="30 2 * * *", timezone="Europe/Paris")
+    assert skipped.after(skipped.next_at).isoformat() == "2030-03-31T01:00:00+00:00"
+    assert nightly.key_of(times[1]) == "report@20300331T010000Z"
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "published"),
+    [("latest", ["00:50"]), ("all", ["00:10", "00:20", "00:30", "00:40", "00:50"]), ("none", [])],
+)
+def test_catch_up_after_downtime(catch_up: str, published: list[str]):
+    start = dt.datetime(2030, 1, 1, tzinfo=UTC)
+    every = make(start, every=dt.timedelta(minutes=10), catch_up=catch_up)
+    back = start + dt.timedelta(minutes=55)  # down from 00:05 to 00:55
+    occurrences, next_at = due(every, back)
+    assert [o.strftime("%H:%M") for o in occurrences] == published
+    assert next_at == start + dt.timedelta(hours=1)
+    # "none" still runs an occurrence found less than a minute late.
+    on_time, _ = due(
+        make(start, every=dt.timedelta(minutes=10), catch_up="none"),
+        start.replace(minute=10, second=30),
+    )
+    assert [o.strftime("%H:%M") for o in on_time] == ["00:10"]
+
+
+def test_jitter_is_the_same_for_every_worker_and_within_bounds():
+    start = dt.datetime(2030, 1, 1, tzinfo=UTC)
+    jittered = make(start, every=dt.timedelta(hours=1), jitter=dt.timedelta(seconds=30))
+    starts = [jittered.start_of(start + dt.timedelta(hours=h)) for h in range(1, 40)]
+    assert all(
+        0 <= (s - (start + dt.timedelta(hours=h))).total_seconds() <= 30
+        for h, s in enumerate(starts, 1)
+    )
+    assert len({s.second for s in starts}) > 1, "every occurrence got the same delay"
+    assert jittered.start_of(start) == jittered.start_of(start)
+
+
+# ------------------------------------------------------------------------ on the engines
+
+
+async def test_many_consumers_run_each_occurrence_once(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    ran: list[str] = []
+
+    async def report(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    await scheduler.schedule(
+        "hourly", name="report", every=dt.timedelta(hours=1), payload={"kind": "sales"}
+    )
+    async with scheduler.consumers({"report": report}, count=4, options=worker()):
+        for _ in range(3):
+            clock.advance(3600)
+            await discover()
+            await discover()
+    tasks = await tasks_of(scheduler, "report")
+    assert [t.key for t in tasks] == [
+        "hourly@20300101T010000Z",
+        "hourly@20300101T020000Z",
+        "hourly@20300101T030000Z",
+    ]
+    assert sorted(ran) == [t.key for t in tasks], "an occurrence ran twice or not at all"
+    assert all(t.payload == {"kind": "sales"} and t.state is S.SUCCESS for t in tasks)
+
+
+async def test_workers_publishing_the_same_occurrence_at_once_make_one_task(
+    open_scheduler: Any, clock: ms.ManualClock
+):
+    first = await open_scheduler()
+    others = [await open_scheduler() for _ in range(4)]  # the same collection
+    await first.schedule("tick", name="tick", every=dt.timedelta(minutes=1))
+    clock.advance(60)
+    results: list[Any] = []
+
+    async def publish(sched: ms.Scheduler) -> None:
+        results.extend(await sched.store.schedules.publish_due(["tick"]))
+
+    async with anyio.create_task_group() as group:
+        for sched in [first, *others]:
+            group.start_soon(publish, sched)
+    assert [t.key for t in await tasks_of(first, "tick")] == ["tick@20300101T000100Z"]
+    assert sum(result.created for result in results) == 1
+
+
+async def test_skip_if_running_starts_no_occurrence_while_the_last_one_runs(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    gate = anyio.Event()
+    options = ms.TaskOptions(ping_interval_ms=20_000, worker_timeout_ms=600_000)
+
+    async def slow(task: ms.Task) -> None:
+        await gate.wait()
+
+    await scheduler.schedule(
+        "sync", name="sync", every=dt.timedelta(minutes=1), skip_if_running=True, options=options
+    )
+    async with scheduler.consumers({"sync": slow}, count=2, options=worker()):
+        for _ in range(3):  # 00:01 starts; 00:02 and 00:03 are skipped
+            clock.advance(60)
+            await discover()
+        assert [t.key for t in await tasks_of(scheduler, "sync")] == ["sync@20300101T000100Z"]
+        gate.set()
+        await discover()
+        clock.advance(60)
+        await discover()
+        await discover()
+    keys = [t.key for t in await tasks_of(scheduler, "sync")]
+    assert keys == ["sync@20300101T000100Z", "sync@20300101T000400Z"]
+
+
+async def test_a_schedule_added_while_consumers_run_is_found_at_the_next_refresh(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    async with scheduler.consumer({"job": job}, options=worker(schedule_refresh_ms=30_000)):
+        await scheduler.schedule("later", name="job", every=dt.timedelta(seconds=10))
+        clock.advance(10)  # due, but this consumer does not know the schedule yet
+        await discover()
+        assert ran == []
+        clock.advance(20)  # the refresh: the latest missed occurrence runs
+        await discover()
+        await discover()
+    assert ran == ["later@20300101T000030Z"]
+
+
+async def test_schedules_are_listed_replaced_and_removed(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    await scheduler.schedule("a", name="job", cron="*/5 * * * *")
+    await scheduler.schedule("b", name="other", every=dt.timedelta(minutes=1))
+    await scheduler.schedule("a", name="job", cron="0 * * * *", timezone="Asia/Tokyo")
+    listed = await scheduler.schedules()
+    assert [(s.id, s.cron) for s in listed] == [("a", "0 * * * *"), ("b", None)]
+    assert listed[0].timezone == "Asia/Tokyo"
+    assert [s.id for s in await scheduler.schedules(names=["other"])] == ["b"]
+    assert await scheduler.unschedule("a") is True
+    assert await scheduler.unschedule("a") is False
+    assert [s.id for s in await scheduler.schedules()] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"cron": "61 * * * *"},
+            "cron: Value error, '61 \\* \\* \\* \\*' is not a cron expression",
+        ),
+        ({"every": dt.timedelta(minutes=1), "timezone": "Mars/Base"}, "timezone: .*IANA"),
+        ({}, "give either cron or every"),
+        ({"cron": "* * * * *", "every": dt.timedelta(minutes=1)}, "give either cron or every"),
+        ({"every": dt.timedelta(milliseconds=10)}, "every_ms"),
+        (
+            {
+                "every": dt.timedelta(minutes=1),
+                "options": ms.TaskOptions(not_before=dt.datetime(2031, 1, 1, tzinfo=UTC)),
+            },
+            "options.not_before",
+        ),
+        ({"every": dt.timedelta(minutes=1), "catch_up": "some"}, "catch_up"),
+    ],
+)
+async def test_a_bad_schedule_names_the_field_and_writes_nothing(
+    scheduler: ms.Scheduler, fields: dict[str, Any], message: str
+):
+    with pytest.raises(ms.ConfigurationError, match=f"schedule: .*{message}"):
+        await scheduler.schedule("s", name="job", **fields)
+    with pytest.raises(ms.ConfigurationError, match="must not contain '@'"):
+        await scheduler.schedule("a@b", name="job", every=dt.timedelta(minutes=1))
+    assert await scheduler.schedules() == []
