@@ -19,9 +19,10 @@ from .clock import Clock, SystemClock
 from .consumer.consumer import Consumer
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
+from .delays import with_delay
 from .encoding import check_document_size
 from .errors import ConfigurationError
-from .models import Lease, PublishResult, StatsRow, Task, TaskOptions, with_delay
+from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import Step
 from .store import batches, operations
@@ -130,6 +131,7 @@ class Scheduler:
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
         delay: dt.timedelta | float | None = None,
+        debounce: dt.timedelta | float | None = None,
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``.
 
@@ -137,8 +139,23 @@ class Scheduler:
         unless ``update_payload`` (a task not running gets the new payload) or
         ``replace_finished`` (a finished task is published anew). A running task is never
         replaced: `TaskRunning`. ``delay`` (a timedelta or seconds) sets ``not_before`` to
-        that long from now.
+        that long from now. ``debounce`` (the same): start that long from now, and a publish
+        of the key again before it started gives it the new payload and pushes its start back
+        (``payload_updated``), so a burst of publishes makes one run, with the last payload.
         """
+        if debounce is not None:
+            if delay is not None:
+                raise ConfigurationError("debounce: give either debounce or delay, not both")
+            window = with_delay(options, debounce, self.store.clock.now(), field="debounce")
+            assert window is not None
+            return await self.store.publisher.debounce(
+                key,
+                payload,
+                name=name,
+                options=window,
+                depends_on=depends_on,
+                allow_missing=allow_missing,
+            )
         return await self.store.publisher.publish(
             key,
             payload,
@@ -332,6 +349,19 @@ class Scheduler:
     async def unschedule(self, schedule_id: str) -> bool:
         """Remove a schedule (its tasks already published stay). False if there was none."""
         return await self.store.schedules.remove(schedule_id)
+
+    async def pause(self, name: str, reason: str = "") -> bool:
+        """Consumers stop claiming tasks of ``name`` (within a moment on a change stream, one
+        poll interval otherwise); running ones finish. False if it was paused already."""
+        return await self.store.pauses.pause(name, reason)
+
+    async def resume(self, name: str) -> bool:
+        """Claiming ``name`` again; False if it was not paused."""
+        return await self.store.pauses.resume(name)
+
+    async def paused(self) -> dict[str, dt.datetime]:
+        """The paused names, with when each was paused."""
+        return await self.store.pauses.paused()
 
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running workers and,

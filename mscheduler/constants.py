@@ -91,6 +91,7 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
 # array field (mongoeco: null); $sortArray; $graphLookup (mongoeco over the wire).
 QUERY_OPERATORS: Final = frozenset(
     {"$in", "$nin", "$ne", "$lt", "$lte", "$gt", "$elemMatch", "$nor", "$or", "$size", "$expr"}
+    | {"$type"}  # only {"$type": "date", ...}: see queries.tasks.expired_by
 )
 EXPRESSION_OPERATORS: Final = frozenset(
     {
@@ -124,3 +125,6 @@ ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
 OPERATORS: Final = (
     QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS
 )
+
+# A progress message (Lease.progress): a status line, not a log.
+MAX_PROGRESS_MESSAGE = 1_000

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import math
 import traceback
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -18,6 +17,8 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    PrivateAttr,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -152,6 +153,9 @@ class TaskOptions(BaseModel):
     max_tries: int | None = Field(default=None, ge=1, le=c.MAX_TRIES)
     """Attempts in all, ``RetryLater`` ones included; None: only the retry limit applies.
     At least ``concurrent_worker_cnt``: each of those workers' successes is an attempt."""
+    expires_at: AwareUtcDatetime | None = None
+    """Not started by then, the task is never claimed and ends as ``cancelled`` (its error
+    says ``expired``); a task already running is not affected."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
 
@@ -186,34 +190,6 @@ class TaskOptions(BaseModel):
     def to_document(self) -> dict[str, Any]:
         """The stored ``options``: ``not_before`` lives at the top level of the task instead."""
         return self.model_dump(exclude={"not_before"})
-
-
-MAX_DELAY = dt.timedelta(days=366 * 100)  # far, yet no date computed from it overflows
-
-
-def with_delay(
-    options: TaskOptions | None, delay: dt.timedelta | float | None, now: dt.datetime
-) -> TaskOptions | None:
-    """``options`` with ``not_before = now + delay`` (Celery's ``countdown``, procrastinate's
-    ``schedule_in``): a relative delay needs no timezone, so it cannot be misread."""
-    if delay is None:
-        return options
-    if isinstance(delay, bool) or not isinstance(delay, (dt.timedelta, int, float)):
-        raise ConfigurationError(
-            f"delay: expected a timedelta or a number of seconds, got {type(delay).__name__}"
-        )
-    if isinstance(delay, dt.timedelta):
-        span = delay
-    elif math.isfinite(delay) and 0 <= delay <= MAX_DELAY.total_seconds():
-        span = dt.timedelta(seconds=delay)
-    else:
-        raise ConfigurationError(f"delay: {delay!r} seconds is not between 0 and 100 years")
-    if not dt.timedelta(0) <= span <= MAX_DELAY:
-        raise ConfigurationError(f"delay: {span} is not between 0 and 100 years")
-    if options is not None and options.not_before is not None:
-        raise ConfigurationError("delay: give either delay or options.not_before, not both")
-    fields = options.model_dump() if options is not None else {}
-    return TaskOptions.model_validate({**fields, "not_before": now + span})
 
 
 class ErrorInfo(BaseModel):
@@ -285,6 +261,17 @@ class WorkerState(BaseModel):
         )
 
 
+class Progress(BaseModel):
+    """How far a running handler says it is (`Lease.progress`): written with its next ping."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    fraction: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    message: str = Field(default="", max_length=c.MAX_PROGRESS_MESSAGE)
+    worker_id: str | None = None
+    at: UtcDatetime | None = None
+
+
 class Task(BaseModel):
     """A task document as read from the collection."""
 
@@ -314,6 +301,7 @@ class Task(BaseModel):
     dropped_failures: int = 0  # of those, failed or timed out
     # Bumped by each write that may give a consumer work: what consumers' change streams wake on.
     wakes: int = 0
+    progress: Progress | None = None  # the latest a running handler reported; null once none runs
     result: Any = None
     error: ErrorInfo | None = None
 
@@ -323,11 +311,12 @@ class Task(BaseModel):
         # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
         if isinstance(data, dict) and isinstance(data.get("options"), dict):
             data = dict(data)
-            stored = data.get("not_before")  # naive UTC from pymongo: make it aware
-            data["options"] = {
-                **data["options"],
-                "not_before": to_bson_time(stored) if isinstance(stored, dt.datetime) else stored,
-            }
+            # Stored times come back naive UTC from pymongo: aware, as TaskOptions wants them.
+            options = {**data["options"], "not_before": data.get("not_before")}
+            for field in ("not_before", "expires_at"):
+                if isinstance(options.get(field), dt.datetime):
+                    options[field] = to_bson_time(options[field])
+            data["options"] = options
         return data
 
     def states(self, kind: WorkerStateKind) -> list[WorkerState]:
@@ -368,6 +357,7 @@ class StatsRow(BaseModel):
     count: int
     running_workers: int = 0
     oldest_age_s: float | None = None  # pending only: how long the oldest has waited
+    paused: bool = False  # the name is paused (`Scheduler.pause`): no consumer claims it
 
 
 class PublishResult(BaseModel):
@@ -388,10 +378,23 @@ class Lease(BaseModel):
     worker_id: str
     run_id: str
     task: Task
+    _progress: Progress | None = PrivateAttr(default=None)
+
+    async def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the handler is, from 0 to 1, with a short message: it is written
+        with the next ping (no round trip of its own), shown by ``show`` and ``watch``, and
+        cleared when the attempt ends. A bad value raises at once, naming the field."""
+        try:
+            self._progress = Progress(fraction=fraction, message=message)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigurationError(f"progress: {first['loc'][0]}: {first['msg']}") from None
+
+    @property
+    def reported_progress(self) -> Progress | None:
+        return self._progress
 
     @property
     def ping_expire_at(self) -> dt.datetime | None:
-        for ws in self.task.worker_states:
-            if ws.run_id == self.run_id:
-                return ws.ping_expire_at
-        return None
+        own = (ws.ping_expire_at for ws in self.task.worker_states if ws.run_id == self.run_id)
+        return next(own, None)

@@ -30,7 +30,8 @@ def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
         table.add_column(column, justify="left" if column in ("name", "state") else "right")
     for row in rows:
         age = "" if row.oldest_age_s is None else f"{row.oldest_age_s:.1f} s"
-        table.add_row(row.name, row.state.value, str(row.count), str(row.running_workers), age)
+        name = f"{row.name} (paused)" if row.paused else row.name
+        table.add_row(name, row.state.value, str(row.count), str(row.running_workers), age)
     return table
 
 

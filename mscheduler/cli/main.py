@@ -21,7 +21,7 @@ from ..api import Scheduler
 from ..errors import MSchedulerError
 from ..models import Task, TaskOptions
 from ..worker_options import WorkerOptions
-from . import logs, schedules
+from . import controls, logs, schedules
 from .common import Settings, fail, one_line, parse_duration, parse_json, parse_time, run
 from .demo import run_demo, stats_table
 from .worker import check_metrics_port, load_handlers, only, serve_worker
@@ -34,6 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(schedules.app, name="schedule")
+controls.register(app)
 console = Console()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -307,12 +308,17 @@ def watch(
                             "name": task.name,
                             "state": task.state.value,
                             "version": task.version,
+                            "progress": task.progress.model_dump(mode="json")
+                            if task.progress
+                            else None,
                         }
                     )
                 )
             else:
                 at = task.updated_at.isoformat(timespec="milliseconds")
-                typer.echo(f"{at} {task.state.value:<9} {task.name} {task.key}")
+                done = task.progress
+                shown = f" {done.fraction:.0%} {done.message}".rstrip() if done else ""
+                typer.echo(f"{at} {task.state.value:<9} {task.name} {task.key}{shown}")
             seen += 1
             if limit and seen >= limit:
                 return

@@ -30,6 +30,7 @@ from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError
 from ..models import Lease, Task
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .controls import Controls
 from .executor import Executor
 from .handlers import Handler, handler_specs
 from .heap import ClaimHeap
@@ -78,11 +79,17 @@ class Consumer:
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
+        self._controls = Controls(store, self.names, self.options, self._fetch)
 
     @property
     def polling(self) -> bool:
         """True when the server has no change streams and the consumer polls instead."""
         return self._listener.polling
+
+    @property
+    def paused(self) -> set[str]:
+        """Names paused (`Scheduler.pause`): this consumer claims none of their tasks."""
+        return self._controls.paused
 
     @property
     def stop_requested(self) -> bool:
@@ -143,7 +150,8 @@ class Consumer:
             await self._fetch()
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
-            task_group.start_soon(self._schedule_loop)
+            task_group.start_soon(self._controls.schedule_loop)
+            await task_group.start(self._controls.pause_loop)
             claiming = anyio.CancelScope()
             task_group.start_soon(self._claim_and_poll, claiming)
             task_status.started()
@@ -248,27 +256,6 @@ class Consumer:
         finally:
             self._store.owed_listeners.remove(self._wake_recovery)
 
-    async def _schedule_loop(self) -> None:
-        """Publish the due occurrences of the schedules of our names (`periodic`), then sleep
-        until the next one, or ``schedule_refresh_ms`` to find new schedules. Every consumer
-        does it: an occurrence's key makes it one task however many publish it."""
-        attempt = 0
-        while True:
-            try:
-                await self._store.schedules.publish_due(self.names)
-                upcoming = await self._store.schedules.next_due(self.names)
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": "schedule_retry"})
-                await sleep(self._clock, self.options.reconnect_delay(attempt))
-                attempt += 1
-                continue
-            attempt = 0
-            refresh = self._clock.now() + dt.timedelta(
-                milliseconds=self.options.schedule_refresh_ms
-            )
-            deadline = refresh if upcoming is None else min(upcoming, refresh)
-            await self._clock.wait_until(deadline, anyio.Event())
-
     async def _poll_loop(self) -> None:
         """Until the listener's stream opens (``discovery="auto"`` retries it)."""
         while True:
@@ -313,9 +300,13 @@ class Consumer:
                 return
             # Several due and slots for them: one batched claim of three round trips
             # (`store.claims`); one or two go one by one, which costs less.
+            names = [name for name in self.names if name not in self.paused]
+            if not names:  # all paused: resuming fetches them again
+                self._heap.pop_due(now)
+                return
             leases = await self._store.claim_many(
                 self.worker_id,
-                names=self.names,
+                names=names,
                 limit=self._heap.due_count(now, self._executor.free_slots),
                 exclude_keys=self._executor.running_keys,
             )

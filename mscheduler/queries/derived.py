@@ -177,6 +177,10 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                         None,
                     ]
                 },
+                # What a handler last reported, while one runs (see `Lease.progress`).
+                "progress": {
+                    "$cond": [{"$gt": [running, 0]}, {"$ifNull": ["$progress", None]}, None]
+                },
                 "result": latest([SUCCESS], "result"),
                 "error": {
                     "$switch": {

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from ..models import ErrorInfo, TaskState
+from ..models import ErrorInfo, Progress, TaskState
 from .derived import recompute
 from .stages import (
     FAIL,
@@ -76,10 +76,28 @@ def _end_own_state(
     )
 
 
-def ping_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
+def ping_update(
+    worker_id: str, run_id: str, now: dt.datetime, progress: Progress | None = None
+) -> Pipeline:
+    """Extend the lease; with ``progress``, record what the handler reported (it rides on
+    the ping: no write of its own)."""
+    reported = (
+        []
+        if progress is None
+        else [
+            {
+                "$set": {
+                    "progress": literal(
+                        progress.model_copy(update={"worker_id": worker_id, "at": now}).model_dump()
+                    )
+                }
+            }
+        ]
+    )
     return [
         sweep_expired(now),
         _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
+        *reported,
         *recompute(now, run_id),
     ]
 

@@ -97,6 +97,7 @@ def new_task_document(
         "dropped_attempts": 0,
         "dropped_failures": 0,
         "wakes": 0,
+        "progress": None,
         "result": None,
         "error": error,
     }
@@ -189,6 +190,7 @@ def claim_filter(
                 {"options.specific_worker_ids": worker_id},
             ],
             "$nor": [
+                expired_by(now),
                 {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}},
                 {
                     "worker_states": {
@@ -215,6 +217,13 @@ def claim_filter(
         }
     )
     return query
+
+
+def expired_by(now: dt.datetime) -> Document:
+    """Past ``options.expires_at``. ``$type`` first: MongoDB never matches null (no expiry)
+    with ``$lte`` a date, as its comparisons stay within a BSON type, but the wire engine
+    did (it expired every task); with the type named, every engine agrees."""
+    return {"options.expires_at": {"$type": "date", "$lte": now}}
 
 
 def claim_one_of(claim: Document, task_id: Any) -> Document:

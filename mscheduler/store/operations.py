@@ -119,4 +119,6 @@ async def stats(store: TaskStore) -> list[StatsRow]:
                 oldest_age_s=age,
             )
         )
+    paused = await store.pauses.paused(sorted({row.name for row in rows}))
+    rows = [row.model_copy(update={"paused": row.name in paused}) for row in rows]
     return sorted(rows, key=lambda row: (row.name, row.state.value))

@@ -20,6 +20,7 @@ from ..encoding import check_document_size, to_storable
 from ..errors import ConfigurationError, StoreError, TaskRunning, driver_errors
 from ..models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
 from ..queries import tasks as q
+from ..queries import timing as tq
 from .flows import Flows, check_dependencies
 
 if TYPE_CHECKING:
@@ -106,6 +107,42 @@ class Publisher:
                 return outcome
             task = outcome  # changed under us: decide again on what is there now
         raise StoreError(f"publish {task.key!r}: the task kept changing; try again")
+
+    @driver_errors
+    async def debounce(
+        self,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+    ) -> PublishResult:
+        """Publish, or, if the key waits to start, give it this payload and push its start
+        back to ``options.not_before`` (set by the caller from the debounce window)."""
+        result = await self.publish(
+            key,
+            payload,
+            name=name,
+            options=options,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
+        )
+        if result.created or result.task.state.value not in tq.NOT_STARTED:
+            return result  # new, or running or finished: nothing to debounce
+        assert options.not_before is not None
+        found = await self._store.collection.find_one_and_update(
+            tq.debounce_filter(key, name),
+            tq.debounce_update(
+                to_storable(payload, "payload"), options.not_before, self._store.clock.now()
+            ),
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is None:  # it started meanwhile: as publish says
+            return result
+        log.info("task debounced", extra={"action": "task_debounced", "key": key})
+        return PublishResult(task=Task.model_validate(found), created=False, payload_updated=True)
 
     @driver_errors
     async def replace(

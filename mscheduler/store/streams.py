@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..errors import ConfigurationError
 from ..worker_options import Discovery
-
-if TYPE_CHECKING:
-    from .tasks import TaskStore
 
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
@@ -50,8 +47,15 @@ def task_changes(*, wakes_only: bool = False, **fields: Sequence[str]) -> list[d
     return [{"$match": match}]
 
 
+class Watched(Protocol):
+    """What a stream is opened on: a store part with a ``collection`` (tasks, paused names)."""
+
+    @property
+    def collection(self) -> Any: ...
+
+
 async def open_change_stream(
-    store: TaskStore, pipeline: list[dict[str, Any]], resume_after: Any = None
+    store: Watched, pipeline: list[dict[str, Any]], resume_after: Any = None
 ) -> Any:
     """``watch`` with the document after each write; pymongo's async API returns a coroutine,
     Motor the stream itself."""
@@ -63,7 +67,7 @@ async def open_change_stream(
 
 
 async def open_unless_refused(
-    store: TaskStore, pipeline: list[dict[str, Any]], discovery: Discovery
+    store: Watched, pipeline: list[dict[str, Any]], discovery: Discovery
 ) -> tuple[Any, OperationFailure | None]:
     """``(stream, None)``, or ``(None, refusal)`` when the caller must poll instead.
 

@@ -32,8 +32,10 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
+from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
 
@@ -48,6 +50,8 @@ class TaskStore(StoreBase):
         self.flows = Flows(self)
         self.publisher = Publisher(self, self.flows)
         self.schedules = ScheduleStore(self, self.publisher)
+        self.expiry = Expiry(self, self._after_write)
+        self.pauses = Pauses(self)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
@@ -241,7 +245,7 @@ class TaskStore(StoreBase):
     async def ping(self, lease: Lease) -> Task:
         now = self.clock.now()
         return await self._fenced_write(
-            lease, lq.ping_update(lease.worker_id, lease.run_id, now), now
+            lease, lq.ping_update(lease.worker_id, lease.run_id, now, lease.reported_progress), now
         )
 
     @driver_errors
@@ -253,7 +257,7 @@ class TaskStore(StoreBase):
         requests = [
             UpdateOne(
                 lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now),
-                lq.ping_update(lease.worker_id, lease.run_id, now),
+                lq.ping_update(lease.worker_id, lease.run_id, now, lease.reported_progress),
             )
             for lease in leases
         ]

@@ -114,7 +114,7 @@ def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.
     code, out, _ = cli(uri, "watch", "--json", "--limit", "2")
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
-    assert len(lines) == 2 and set(lines[0]) == {"key", "name", "state", "version"}
+    assert len(lines) == 2 and set(lines[0]) == {"key", "name", "state", "version", "progress"}
 
 
 @pytest.mark.parametrize(

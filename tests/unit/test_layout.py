@@ -21,6 +21,7 @@ FOUNDATION = {
     "clock",
     "constants",
     "context",
+    "delays",
     "encoding",
     "errors",
     "models",

@@ -23,7 +23,7 @@ from bson import ObjectId
 import mscheduler as ms
 from mscheduler import constants as c
 from mscheduler.backends.memory.server import memory_server
-from mscheduler.models import ErrorInfo, TaskState
+from mscheduler.models import ErrorInfo, Progress, TaskState
 from mscheduler.queries import derived, stages
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
@@ -65,6 +65,7 @@ SAMPLES: dict[str, Any] = {
     "running": 1,
     "value": "$not.a.path",
     "next_claim_at": "$retry_at",
+    "progress": Progress(fraction=0.5, message="half way"),
     "task_id": ObjectId("65a000000000000000000001"),
     "task_ids": [ObjectId("65a000000000000000000001")],
     "run_ids": ["run-of-w1", "run-of-nobody"],

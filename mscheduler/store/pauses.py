@@ -1,0 +1,62 @@
+"""Paused task names: a document per name in ``<collection>.paused``; consumers claim none.
+
+Pausing is advisory for claims, not a lock: a claim already on its way when the pause is
+written may still land; after that, consumers of the name stop claiming it (within a moment on
+a change stream, one poll interval without one). Running tasks finish as usual.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError
+
+from ..errors import ConfigurationError, driver_errors
+from ..models import check_name, checked
+from .base import StoreBase
+
+SUFFIX = ".paused"
+
+
+class Pauses:
+    def __init__(self, tasks: StoreBase) -> None:
+        self._tasks = tasks
+        self._collection: Any = None
+
+    @property
+    def collection(self) -> Any:
+        if self._collection is None:
+            tasks = self._tasks.collection
+            database = getattr(tasks, "database", None)
+            if database is None:
+                raise ConfigurationError(
+                    "pause: this collection object does not give its database, so the "
+                    "collection of paused names beside it cannot be opened"
+                )
+            self._collection = database.get_collection(tasks.name + SUFFIX)
+        return self._collection
+
+    @driver_errors
+    async def pause(self, name: str, reason: str = "") -> bool:
+        """True if this call paused ``name``; False if it was paused already."""
+        name = checked(check_name, name)
+        document = {"_id": name, "reason": reason, "paused_at": self._tasks.clock.now()}
+        try:
+            await self.collection.insert_one(document)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    @driver_errors
+    async def resume(self, name: str) -> bool:
+        """True if ``name`` was paused."""
+        result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        return bool(result.deleted_count)
+
+    @driver_errors
+    async def paused(self, names: Sequence[str] | None = None) -> dict[str, dt.datetime]:
+        """Paused names (of ``names``), with when each was paused."""
+        query = {"_id": {"$in": list(names)}} if names is not None else {}
+        return {d["_id"]: d["paused_at"] async for d in self.collection.find(query)}
