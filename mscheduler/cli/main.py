@@ -142,6 +142,12 @@ def publish(
         str | None, typer.Option(help="ISO 8601 time with its timezone, e.g. …T09:00Z.")
     ] = None,
     delay: Annotated[str | None, typer.Option(help="Start after, e.g. 30s, 15m, 2h.")] = None,
+    debounce: Annotated[
+        str | None, typer.Option(help="Start after; a publish again before restarts the wait.")
+    ] = None,
+    expires_in: Annotated[
+        str | None, typer.Option(help="Cancel it if not started within, e.g. 1h.")
+    ] = None,
     depends_on: Annotated[list[str] | None, typer.Option(help="A key; repeat for more.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
@@ -151,16 +157,27 @@ def publish(
         fail("delay: give either --delay or --not-before, not both")
     when = parse_time(not_before, "not-before") if not_before else None
     wait = parse_duration(delay, "delay") if delay else None
+    window = parse_duration(debounce, "debounce") if debounce else None
+    lifetime = parse_duration(expires_in, "expires-in") if expires_in else None
 
     async def work(sched: Scheduler) -> None:
-        options = TaskOptions(priority=priority, not_before=when)
+        expires = None if lifetime is None else sched.clock.now() + lifetime
+        options = TaskOptions(priority=priority, not_before=when, expires_at=expires)
         result = await sched.publish(
-            key, body, name=name, options=options, depends_on=depends_on, delay=wait
+            key,
+            body,
+            name=name,
+            options=options,
+            depends_on=depends_on,
+            delay=wait,
+            debounce=window,
         )
         if json_output:
             emit(result)
         else:
             said = "published" if result.created else "exists, unchanged"
+            if result.payload_updated:
+                said = "debounced"
             typer.echo(f"{said}: {key} ({result.task.state.value})")
 
     run(ctx, work)

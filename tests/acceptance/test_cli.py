@@ -491,3 +491,26 @@ def test_schedule_add_ls_rm(uri: str):
     assert code == 2 and "no schedule has the id 'tick'" in err
     code, _, err = cli(uri, "schedule", "add", "bad", "--name", "x", "--cron", "every day")
     assert code == 2 and err.startswith("error: schedule: cron:") and err.count("\n") == 1
+
+
+def test_pause_resume_and_stats_show_it(uri: str):
+    fill(uri)
+    assert cli(uri, "pause", "email", "--reason", "quota")[1] == "paused: email\n"
+    assert cli(uri, "pause", "email")[1] == "already paused: email\n"
+    out = cli(uri, "stats", "--json")[1]
+    paused = {(row["name"], row["state"]): row["paused"] for row in json.loads(out)}
+    assert paused == {("email", "pending"): True, ("sms", "fail"): False}
+    assert "email (paused)" in cli(uri, "stats")[1]
+    assert cli(uri, "resume", "email")[1] == "resumed: email\n"
+    assert cli(uri, "resume", "email")[1] == "was not paused: email\n"
+
+
+def test_publish_with_debounce_and_expiry(uri: str):
+    code, out, err = cli(
+        uri, "publish", "k", "--name", "n", "--debounce", "5s", "--expires-in", "1h"
+    )
+    assert code == 0, err
+    code, out, _ = cli(uri, "publish", "k", "--name", "n", "--debounce", "5s", "--payload", "2")
+    assert code == 0 and out.startswith("debounced: k")
+    task = json.loads(cli(uri, "show", "k", "--json")[1])
+    assert task["payload"] == 2 and task["options"]["expires_at"] is not None

@@ -130,3 +130,11 @@ async def test_periodic_publishes_each_heartbeat_once(example_uri: str):
     ]
     assert len(beats) == len(set(beats)), "an occurrence ran twice"
     assert summary["schedules"] == ["nightly-report"]
+
+
+async def test_operations_shows_progress_debounce_expiry_and_pause(example_uri: str):
+    summary = await load("operations").main(example_uri)
+    assert summary["reindexed"] == [{"version": 3}]
+    assert summary["otp"] == "cancelled"
+    assert summary["sms_while_paused"] == "pending"
+    assert summary["progress_seen"] and max(summary["progress_seen"]) <= 1.0

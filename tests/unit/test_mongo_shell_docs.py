@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"
 BLOCK = re.compile(r"<!-- check: (?P<check>[\w-]+) -->\s*```js\n(?P<code>.*?)\n```", re.S)
 CALL = re.compile(
-    r'^db\.(?:tasks|getCollection\("(?P<beside>tasks\.schedules)"\))'
+    r'^db\.(?:tasks|getCollection\("tasks\.(?P<beside>schedules|paused)"\))'
     r"\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
     r"(?:\.sort\((?P<sort>.*?)\))?(?:\.limit\((?P<limit>\d+)\))?;?$"
 )
@@ -56,7 +56,8 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
     now = sched.clock.now()
     args = _arguments(match["args"], now)
     # "tasks.schedules" is the schedules beside the tasks (named otherwise on the wire).
-    collection = sched.store.schedules.collection if match["beside"] else sched.collection
+    beside = {"schedules": sched.store.schedules, "paused": sched.store.pauses}
+    collection = beside[match["beside"]].collection if match["beside"] else sched.collection
     if match["method"] == "aggregate":
         cursor = await collection.aggregate(args[0])
         return [doc async for doc in cursor]
@@ -80,7 +81,11 @@ async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     await sched.publish("stuck", None, name="sms", options=short)
     assert await sched.store.claim("vanished", key="stuck") is not None
     await sched.publish("busy", None, name="sms")
-    assert await sched.store.claim("worker-1", key="busy") is not None
+    busy = await sched.store.claim("worker-1", key="busy")
+    assert busy is not None
+    await busy.progress(0.5, "half way")
+    await sched.store.ping(busy)
+    await sched.pause("sms", reason="provider outage")
     await sched.publish(
         "broken", None, name="sms", options=ms.TaskOptions(max_unexpected_retries=0)
     )
@@ -135,6 +140,10 @@ EXPECTED: dict[str, Any] = {
     "schedules": lambda rows: (
         [(r["_id"], r.get("cron"), r.get("every_ms")) for r in rows]
         == [("digest", None, 30_000), ("weekly", "0 9 * * 1", None)]
+    ),
+    "paused": lambda rows: [(r["_id"], r["reason"]) for r in rows] == [("sms", "provider outage")],
+    "progress": lambda rows: (
+        _keys(rows) == ["busy"] and rows[0]["progress"]["message"] == "half way"
     ),
     "occurrences": lambda rows: (
         [(r["key"], r["state"]) for r in rows] == [("digest@20300101T000100Z", "pending")]
