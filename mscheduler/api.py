@@ -26,6 +26,7 @@ from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import Step
 from .store import batches, operations
+from .store.limits import Limit
 from .store.tasks import TaskStore
 from .store.waiting import wait_for, watch_tasks
 from .worker_options import Discovery, WorkerOptions
@@ -362,6 +363,26 @@ class Scheduler:
     async def paused(self) -> dict[str, dt.datetime]:
         """The paused names, with when each was paused."""
         return await self.store.pauses.paused()
+
+    async def set_limit(
+        self,
+        name: str,
+        *,
+        rate: int | None = None,
+        per: dt.timedelta | None = None,
+        max_running: int | None = None,
+    ) -> Limit:
+        """Limit ``name`` across every worker: at most ``rate`` starts in any window of
+        ``per`` (a sliding window), and at most ``max_running`` running at once. Enforced at
+        claim time by a token taken atomically before each claim of the name; a consumer at
+        the limit sleeps until the window frees. Setting it again replaces the limits."""
+        return await self.store.limits.set(name, rate=rate, per=per, max_running=max_running)
+
+    async def remove_limit(self, name: str) -> bool:
+        return await self.store.limits.remove(name)
+
+    async def limits(self) -> dict[str, Limit]:
+        return await self.store.limits.of()
 
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running workers and,

@@ -119,7 +119,7 @@ EXPRESSION_OPERATORS: Final = frozenset(
         "$max",  # only as {"$max": [expr, expr]}, of two scalars (nulls ignored everywhere)
     }
 )
-UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc"})  # $set: also a stage
+UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc", "$pull"})  # $set: also a stage
 AGGREGATION_STAGES: Final = frozenset({"$set", "$sort", "$group"})
 ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
 OPERATORS: Final = (

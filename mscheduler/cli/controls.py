@@ -1,4 +1,4 @@
-"""``mscheduler pause NAME`` and ``resume NAME``: stop and restart the claims of a name."""
+"""``mscheduler pause|resume NAME`` and ``limit set|ls|rm``: the claims of a name."""
 
 from __future__ import annotations
 
@@ -7,10 +7,62 @@ from typing import Annotated
 import typer
 
 from ..api import Scheduler
-from .common import run
+from .common import fail, parse_duration, run
+
+limits = typer.Typer(help="Limits per task name across all workers.", no_args_is_help=True)
+
+
+@limits.command("set")
+def set_limit(
+    ctx: typer.Context,
+    name: str,
+    rate: Annotated[int | None, typer.Option(help="Starts allowed per --per window.")] = None,
+    per: Annotated[str | None, typer.Option(help="The window, e.g. 1m.")] = None,
+    max_running: Annotated[int | None, typer.Option(help="Running at once.")] = None,
+) -> None:
+    """Limit NAME: --rate 100 --per 1m, and/or --max-running 5."""
+    window = parse_duration(per, "per") if per else None
+
+    async def work(sched: Scheduler) -> None:
+        limit = await sched.set_limit(name, rate=rate, per=window, max_running=max_running)
+        typer.echo(f"limited: {limit.name}")
+
+    run(ctx, work)
+
+
+@limits.command("ls")
+def list_limits(ctx: typer.Context) -> None:
+    """The limits, and what counts against them now."""
+
+    async def work(sched: Scheduler) -> None:
+        now = sched.clock.now()
+        for name, limit in sorted((await sched.limits()).items()):
+            starts = sum(1 for e in limit.starts if e.until and e.until > now)
+            slots = sum(1 for e in limit.slots if e.until and e.until > now)
+            rate = (
+                f"{starts}/{limit.rate} per {(limit.per_ms or 0) / 1000:g}s" if limit.rate else "-"
+            )
+            running = f"{slots}/{limit.max_running} running" if limit.max_running else "-"
+            typer.echo(f"{name}: {rate}, {running}")
+
+    run(ctx, work)
+
+
+@limits.command("rm")
+def remove_limit(ctx: typer.Context, name: str) -> None:
+    """Remove the limits of NAME."""
+
+    async def work(sched: Scheduler) -> None:
+        if not await sched.remove_limit(name):
+            fail(f"{name!r} has no limit")
+        typer.echo(f"unlimited: {name}")
+
+    run(ctx, work)
 
 
 def register(app: typer.Typer) -> None:
+    app.add_typer(limits, name="limit")
+
     @app.command()
     def pause(
         ctx: typer.Context,

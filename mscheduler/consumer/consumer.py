@@ -7,10 +7,9 @@
   poll interval when the server has no change streams.
 - heap (`heap.py`): next-claim time per key; the claimer sleeps until the earliest.
 - claimer: while a slot is free and something is due, claims the best task of its names
-  (server-side: priority, then age), so a later, higher-priority task still goes first.
+  (server-side: priority, then age); a limited name's under a token (`quotas.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
-
-Idle, it makes no database call at all: every loop waits on the clock or an event.
+- controls (`controls.py`): schedules, expiry, paused names, limits; idle, one read a minute.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from .executor import Executor
 from .handlers import Handler, handler_specs
 from .heap import ClaimHeap
 from .listener import ChangeListener
+from .quotas import Quotas
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,11 @@ class Consumer:
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
-        self._controls = Controls(store, self.names, self.options, self._fetch)
+        self._quotas = Quotas(store)
+        self._limited_keys: dict[str, str] = {}  # key -> its name, for limited names only
+        self._controls = Controls(
+            store, self.names, self.options, self._fetch, self._quotas.refresh
+        )
 
     @property
     def polling(self) -> bool:
@@ -146,8 +150,11 @@ class Consumer:
         )
         async with anyio.create_task_group() as task_group:
             self._executor.bind(task_group)
+            self._quotas.bind(task_group)
             await task_group.start(self._listener.run)  # the stream is open before the fetch
+            await self._quotas.refresh(self.names)
             await self._fetch()
+            task_group.start_soon(self._quotas.extend_loop)
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
@@ -193,8 +200,14 @@ class Consumer:
 
     def _offer(self, task: Task) -> None:
         when = task.next_claim_for(self.worker_id, self._clock.now())
+        if task.name in self._quotas.limited:
+            if when is None:
+                self._limited_keys.pop(task.key, None)
+            else:  # at its limit: not before the window frees (a fetch must not undo that)
+                self._limited_keys[task.key] = task.name
+                when = max(when, self._quotas.blocked_until(task.name, when) or when)
         if self._heap.offer(task.key, when, task.version, task.id):
-            self._wake_claimer()
+            self._wake.set()
 
     async def _fetch(self) -> None:
         """Fill the heap with the tasks claimable soonest; retried until the database answers."""
@@ -219,7 +232,7 @@ class Consumer:
         # the claimer something to do: a full fetch of tasks none of which we can claim now
         # (our own running ones, say) would otherwise be repeated back to back for ever.
         self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
-        self._wake_claimer()
+        self._wake.set()
 
     def _wake_recovery(self) -> None:
         self._recovery_checks[""] = self._clock.now()  # "": owed by this process, now
@@ -266,12 +279,10 @@ class Consumer:
 
     # ------------------------------------------------------------ claiming
 
-    def _slot_freed(self, unsettled_key: str | None) -> None:
-        if unsettled_key is not None:
-            self._heap.nudge(unsettled_key, self._clock.now())
-        self._wake_claimer()
-
-    def _wake_claimer(self) -> None:
+    def _slot_freed(self, key: str, written: bool) -> None:
+        self._quotas.ended(key)
+        if not written:
+            self._heap.nudge(key, self._clock.now())
         self._wake.set()
 
     async def _claim_loop(self) -> None:
@@ -298,18 +309,35 @@ class Consumer:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
                 return
-            # Several due and slots for them: one batched claim of three round trips
-            # (`store.claims`); one or two go one by one, which costs less.
             names = [name for name in self.names if name not in self.paused]
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return
-            leases = await self._store.claim_many(
-                self.worker_id,
-                names=names,
-                limit=self._heap.due_count(now, self._executor.free_slots),
-                exclude_keys=self._executor.running_keys,
-            )
+            due = self._heap.due_keys(now, self._executor.free_slots)
+            limited: dict[str, list[str]] = {}
+            for key in due:
+                name = self._limited_keys.get(key)
+                if name in names and name in self._quotas.limited:
+                    limited.setdefault(name, []).append(key)
+            plain = [name for name in names if name not in self._quotas.limited]
+            leases: list[Lease] = []
+            if plain and len(due) > sum(map(len, limited.values())):
+                # Several due and slots for them: one batched claim of three round trips
+                # (`store.claims`); one or two go one by one, which costs less.
+                leases = await self._store.claim_many(
+                    self.worker_id,
+                    names=plain,
+                    limit=len(due) - sum(map(len, limited.values())),
+                    exclude_keys=self._executor.running_keys,
+                )
+            for name, keys in limited.items():  # each under a token (`Quotas`)
+                room = min(len(keys), self._executor.free_slots - len(leases))
+                running = [*self._executor.running_keys, *(lease.key for lease in leases)]
+                got, blocked = await self._quotas.claim_up_to(self.worker_id, name, room, running)
+                leases += got
+                if blocked is not None:  # its due keys wait until the window frees
+                    self.stats.record("limited", name)
+                    self._heap.postpone_all(keys, blocked)
         except ClaimUncertain as exc:
             log.warning(str(exc), extra={"action": "claim_uncertain", "run_id": exc.run_id})
             self._uncertain_runs.extend(exc.run_ids)
@@ -350,6 +378,7 @@ class Consumer:
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
+        self._limited_keys.pop(lease.key, None)
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
 

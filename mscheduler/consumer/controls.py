@@ -27,7 +27,9 @@ class Controls:
         names: Sequence[str],
         options: WorkerOptions,
         fetch: Callable[[], Awaitable[None]],
+        refresh_limits: Callable[[Sequence[str]], Awaitable[None]],
     ) -> None:
+        self._refresh_limits = refresh_limits  # the consumer's `Quotas.refresh`
         self._store = store
         self._clock = store.clock
         self._names = list(names)
@@ -44,6 +46,7 @@ class Controls:
         while True:
             try:
                 await self._store.schedules.publish_due(self._names)
+                await self._refresh_limits(self._names)
                 await self._store.expiry.expire_due(self._names)  # housekeeping, as often
                 upcoming = await self._store.schedules.next_due(self._names)
             except BackendUnavailable as exc:

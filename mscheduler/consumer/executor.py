@@ -88,7 +88,7 @@ class Executor:
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
-        on_slot_freed: Callable[[str | None], None],
+        on_slot_freed: Callable[[str, bool], None],
     ) -> None:
         self._store = store
         self._handlers = handlers
@@ -168,7 +168,7 @@ class Executor:
             # A run that ended without writing (lease lost or expired, outcome not recorded)
             # produced no change event: the key must be looked at again, or it would wait
             # for some other write to it (it was excluded from claims while it ran).
-            self._on_slot_freed(None if written else key)
+            self._on_slot_freed(key, written)
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task

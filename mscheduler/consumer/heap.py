@@ -88,18 +88,29 @@ class ClaimHeap:
         return self._heap[0][0] if self._heap else None
 
     def due_count(self, now: dt.datetime, limit: int) -> int:
-        """How many keys are due at ``now``, counting up to ``limit``: the heap's top subtree
-        of due pairs is walked, so this costs O(limit), not O(len)."""
-        count, pending, heap = 0, [0], self._heap
-        while pending and count < limit:
+        """How many keys are due at ``now``, counting up to ``limit``."""
+        return len(self.due_keys(now, limit))
+
+    def due_keys(self, now: dt.datetime, limit: int) -> list[str]:
+        """Up to ``limit`` keys due at ``now``: the heap's top subtree of due pairs is walked,
+        so this costs O(limit), not O(len)."""
+        keys: list[str] = []
+        pending, heap = [0], self._heap
+        while pending and len(keys) < limit:
             index = pending.pop()
             if index >= len(heap) or heap[index][0] > now:
                 continue
             when, key = heap[index]
             if self._entries.get(key) == when:
-                count += 1
+                keys.append(key)
             pending += (2 * index + 1, 2 * index + 2)
-        return count
+        return keys
+
+    def postpone_all(self, keys: list[str], when: dt.datetime) -> None:
+        """Try ``keys`` at ``when`` and not before (their name's limit frees then)."""
+        for key in keys:
+            if key in self._entries:
+                self._put(key, when)
 
     def pop_due(self, now: dt.datetime) -> list[str]:
         """Remove and return every key due at ``now``, earliest first."""

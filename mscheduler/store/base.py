@@ -16,7 +16,7 @@ from pymongo.errors import OperationFailure
 
 from .. import constants as c
 from ..clock import Clock
-from ..errors import driver_errors
+from ..errors import ConfigurationError, driver_errors
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
 
@@ -32,6 +32,20 @@ class StoreBase:
         self._indexes_ready = False
         self._indexes_lock = anyio.Lock()
         self.in_transaction = False
+        self._beside: dict[str, Any] = {}
+
+    def beside(self, suffix: str) -> Any:
+        """The collection named after this one plus ``suffix`` (``tasks.schedules``), in the
+        same database: where schedules, paused names and limits live."""
+        if suffix not in self._beside:
+            database = getattr(self.collection, "database", None)
+            if database is None:
+                raise ConfigurationError(
+                    f"{type(self.collection).__name__} does not give its database, so the "
+                    f"collection {self.collection.name}{suffix} beside it cannot be opened"
+                )
+            self._beside[suffix] = database.get_collection(self.collection.name + suffix)
+        return self._beside[suffix]
 
     # ------------------------------------------------------------ indexes
 

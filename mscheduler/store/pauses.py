@@ -13,7 +13,7 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from ..errors import ConfigurationError, driver_errors
+from ..errors import driver_errors
 from ..models import check_name, checked
 from .base import StoreBase
 
@@ -23,20 +23,10 @@ SUFFIX = ".paused"
 class Pauses:
     def __init__(self, tasks: StoreBase) -> None:
         self._tasks = tasks
-        self._collection: Any = None
 
     @property
     def collection(self) -> Any:
-        if self._collection is None:
-            tasks = self._tasks.collection
-            database = getattr(tasks, "database", None)
-            if database is None:
-                raise ConfigurationError(
-                    "pause: this collection object does not give its database, so the "
-                    "collection of paused names beside it cannot be opened"
-                )
-            self._collection = database.get_collection(tasks.name + SUFFIX)
-        return self._collection
+        return self._tasks.beside(SUFFIX)
 
     @driver_errors
     async def pause(self, name: str, reason: str = "") -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from pymongo import IndexModel, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from ..errors import ConfigurationError, driver_errors
+from ..errors import driver_errors
 from ..models import PublishResult, TaskOptions, TaskState
 from ..periodic import Schedule, due, schedule_document
 from ..queries import schedules as sq
@@ -32,20 +32,10 @@ class ScheduleStore:
     def __init__(self, tasks: StoreBase, publisher: Publisher) -> None:
         self._tasks = tasks
         self._publisher = publisher
-        self._collection: Any = None
 
     @property
     def collection(self) -> Any:
-        if self._collection is None:
-            tasks = self._tasks.collection
-            database = getattr(tasks, "database", None)
-            if database is None:
-                raise ConfigurationError(
-                    "schedules: this collection object does not give its database, so the "
-                    "schedules collection beside it cannot be opened"
-                )
-            self._collection = database.get_collection(tasks.name + SUFFIX)
-        return self._collection
+        return self._tasks.beside(SUFFIX)
 
     async def _ready(self) -> None:
         models = [IndexModel(keys, name=name) for name, keys in sq.INDEXES]

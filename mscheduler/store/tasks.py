@@ -35,6 +35,7 @@ from .base import StoreBase
 from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
+from .limits import Limits
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
@@ -52,6 +53,7 @@ class TaskStore(StoreBase):
         self.schedules = ScheduleStore(self, self.publisher)
         self.expiry = Expiry(self, self._after_write)
         self.pauses = Pauses(self)
+        self.limits = Limits(self)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()

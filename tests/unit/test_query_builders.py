@@ -24,14 +24,23 @@ import mscheduler as ms
 from mscheduler import constants as c
 from mscheduler.backends.memory.server import memory_server
 from mscheduler.models import ErrorInfo, Progress, TaskState
-from mscheduler.queries import derived, stages
+from mscheduler.queries import derived, limits, schedules, stages, timing
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
 from mscheduler.queries import tasks as queries
 from tests.engines import WIRE_DATABASE, WireServer
 
 pytestmark = pytest.mark.anyio
-BUILDER_MODULES: tuple[ModuleType, ...] = (queries, lease_queries, flow_queries, stages, derived)
+BUILDER_MODULES: tuple[ModuleType, ...] = (
+    queries,
+    lease_queries,
+    flow_queries,
+    stages,
+    derived,
+    limits,
+    schedules,
+    timing,
+)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
 
@@ -66,6 +75,18 @@ SAMPLES: dict[str, Any] = {
     "value": "$not.a.path",
     "next_claim_at": "$retry_at",
     "progress": Progress(fraction=0.5, message="half way"),
+    "token": "token-1",
+    "tokens": ["token-1"],
+    "until": NOW + dt.timedelta(seconds=60),
+    "rate": 10,
+    "per_ms": 60_000,
+    "max_running": 2,
+    "limit": "rate",
+    "schedule_id": "nightly",
+    "handled": NOW,
+    "next_at": NOW + dt.timedelta(seconds=60),
+    "last_key": "nightly@20260101T000000Z",
+    "not_before": NOW + dt.timedelta(seconds=5),
     "task_id": ObjectId("65a000000000000000000001"),
     "task_ids": [ObjectId("65a000000000000000000001")],
     "run_ids": ["run-of-w1", "run-of-nobody"],

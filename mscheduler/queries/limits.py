@@ -1,0 +1,98 @@
+"""Limits per task name (``<collection>.limits``, one document per name): the updates, pure.
+
+A document ``{_id: name, rate, per_ms, max_running, starts: [{id, until}], slots: [{id,
+until}]}``: a start counts until ``per_ms`` after it (``until``), a slot until its lease ends.
+A claim of that name first takes a token here, in one conditional update that is atomic on
+this document: it succeeds only while fewer than ``rate`` starts lie within the last
+``per_ms`` (a sliding window, exact) and fewer than ``max_running`` slots are live. Expired
+entries are pruned by the same write, so both arrays stay bounded by the limits themselves.
+
+Invariant: a task of a limited name starts only under a token, so in any window of
+``per_ms`` at most ``rate`` tasks start, and at most ``max_running`` run at once (a slot
+lives while its lease does: the holder extends it, a crashed holder's expires with its
+lease). A token whose claim found nothing is given back; a worker that dies in between
+leaves it unused: the limit errs on the safe side.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from .stages import Document, Pipeline, literal
+
+
+def _live(field: str, now: dt.datetime) -> Document:
+    """The entries of ``field`` that still count at ``now``."""
+    return {
+        "$filter": {
+            "input": {"$ifNull": [f"${field}", []]},
+            "as": "s",
+            "cond": {"$gt": ["$$s.until", now]},
+        }
+    }
+
+
+def _within(limit: str, field: str, now: dt.datetime) -> Document:
+    """No ``limit`` set, or fewer live entries than it allows."""
+    return {
+        "$or": [
+            {"$eq": [{"$ifNull": [f"${limit}", None]}, None]},
+            {"$lt": [{"$size": _live(field, now)}, f"${limit}"]},
+        ]
+    }
+
+
+def acquire(
+    name: str, token: str, now: dt.datetime, until: dt.datetime
+) -> tuple[Document, Pipeline]:
+    """Take a start and a slot for ``name``, if its limits allow one now; the slot lives
+    until ``until`` (the lease's expiry) unless extended."""
+    allowed = {"$and": [_within("rate", "starts", now), _within("max_running", "slots", now)]}
+    start = {"id": literal(token), "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}}
+    update = {
+        "$set": {
+            "starts": {"$concatArrays": [_live("starts", now), [start]]},
+            "slots": {
+                "$concatArrays": [_live("slots", now), [{"id": literal(token), "until": until}]]
+            },
+        }
+    }
+    return {"_id": name, "$expr": allowed}, [update]
+
+
+def give_back(name: str, token: str) -> tuple[Document, Document]:
+    """A token whose claim found nothing: neither a start nor a slot was used."""
+    return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
+
+
+def release(name: str, token: str) -> tuple[Document, Document]:
+    """The task ended: its slot frees; its start still counts in the window."""
+    return {"_id": name}, {"$pull": {"slots": {"id": token}}}
+
+
+def extend(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
+    """The holders still run: their slots live until ``until`` (their lease's expiry)."""
+    slots = {
+        "$map": {
+            "input": {"$ifNull": ["$slots", []]},
+            "as": "s",
+            "in": {
+                "$cond": [
+                    {"$in": ["$$s.id", literal(list(tokens))]},
+                    {"id": "$$s.id", "until": until},
+                    "$$s",
+                ]
+            },
+        }
+    }
+    return {"_id": name}, [{"$set": {"slots": slots}}]
+
+
+def set_limit(
+    name: str, rate: int | None, per_ms: int | None, max_running: int | None
+) -> tuple[Document, Document]:
+    return {"_id": name}, {
+        "$set": {"rate": rate, "per_ms": per_ms, "max_running": max_running},
+        "$setOnInsert": {"starts": [], "slots": []},
+    }

@@ -1,0 +1,128 @@
+"""Limits per task name in the database: the limits themselves, and the tokens a claim of a
+limited name takes first (see `queries.limits` for the protocol and its invariant)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ConfigurationError, driver_errors
+from ..models import UtcDatetime, check_name, checked
+from ..queries import limits as lq
+from .base import StoreBase
+
+SUFFIX = ".limits"
+# A consumer held back by max_running asks again this often: a slot frees when a task ends,
+# which no write tells it of (a consumer of the same process is told at once).
+RUNNING_RECHECK = dt.timedelta(seconds=1)
+
+
+class _Entry(BaseModel):
+    id: str
+    until: UtcDatetime | None = None
+
+
+class Limit(BaseModel):
+    """The limits of one name, and what counts against them now."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(alias="_id")
+    rate: int | None = None
+    per_ms: int | None = None
+    max_running: int | None = None
+    starts: list[_Entry] = Field(default_factory=list)
+    slots: list[_Entry] = Field(default_factory=list)
+
+    def free_at(self, now: dt.datetime) -> dt.datetime:
+        """When to ask for a token again: for a full window, when its oldest start leaves it
+        (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
+        from now, whichever is first (a task may end, and free its slot, at any moment)."""
+        times = []
+        for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
+            live = sorted(e.until for e in entries if e.until is not None and e.until > now)
+            if limit is not None and len(live) >= limit:
+                free = live[len(live) - limit]
+                times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
+        return max(times, default=now)
+
+
+def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
+    """``per`` in milliseconds, once every value is one a limit can have."""
+    for field, value in (("rate", rate), ("max_running", max_running)):
+        number = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and not (number and 1 <= value <= 1_000_000):
+            raise ConfigurationError(
+                f"{field}: expected an integer from 1 to 1000000, got {value!r}"
+            )
+    if (rate is None) != (per is None):
+        raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
+    if rate is None and max_running is None:
+        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
+    if per is None:
+        return None
+    longest = dt.timedelta(days=366)
+    if not isinstance(per, dt.timedelta) or not dt.timedelta(milliseconds=1) <= per <= longest:
+        raise ConfigurationError(f"per: expected a timedelta from 1 ms to a year, got {per!r}")
+    return round(per.total_seconds() * 1000)
+
+
+class Limits:
+    def __init__(self, tasks: StoreBase) -> None:
+        self._tasks = tasks
+
+    @property
+    def collection(self) -> Any:
+        return self._tasks.beside(SUFFIX)
+
+    @driver_errors
+    async def set(
+        self,
+        name: str,
+        *,
+        rate: int | None = None,
+        per: dt.timedelta | None = None,
+        max_running: int | None = None,
+    ) -> Limit:
+        name = checked(check_name, name)
+        per_ms = _checked_limits(rate, per, max_running)
+        update = lq.set_limit(name, rate, per_ms, max_running)
+        await self.collection.update_one(*update, upsert=True)
+        found = await self.collection.find_one({"_id": name})
+        return Limit.model_validate(found)
+
+    @driver_errors
+    async def remove(self, name: str) -> bool:
+        result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        return bool(result.deleted_count)
+
+    @driver_errors
+    async def of(self, names: Sequence[str] | None = None) -> dict[str, Limit]:
+        query = {"_id": {"$in": list(names)}} if names is not None else {}
+        return {d["_id"]: Limit.model_validate(d) async for d in self.collection.find(query)}
+
+    @driver_errors
+    async def acquire(self, name: str, until: dt.datetime) -> str | dt.datetime:
+        """A token for one claim of ``name``, or when one may be had (its limit is reached)."""
+        token, now = uuid.uuid4().hex, self._tasks.clock.now()
+        taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
+        if taken is not None:
+            return token
+        found = await self.collection.find_one({"_id": name})
+        return now if found is None else Limit.model_validate(found).free_at(now)
+
+    @driver_errors
+    async def give_back(self, name: str, token: str) -> None:
+        await self.collection.update_one(*lq.give_back(name, token))
+
+    @driver_errors
+    async def release(self, name: str, token: str) -> None:
+        await self.collection.update_one(*lq.release(name, token))
+
+    @driver_errors
+    async def extend(self, name: str, tokens: Sequence[str], until: dt.datetime) -> None:
+        await self.collection.update_one(*lq.extend(name, tokens, until))
