@@ -1,5 +1,5 @@
-"""Operating a queue: progress from a long handler, a debounced reindex, a name paused while its
-provider is down, and a one-time code that expires if not sent in time.
+"""Operating a queue: progress from a long handler (one at a time, by a limit), a debounced
+reindex, a name paused while its provider is down, and a one-time code that expires.
 
 python examples/operations.py                      # in-process, nothing to set up
 python examples/operations.py --uri "mongodb://localhost:27017/?directConnection=true"
@@ -49,6 +49,8 @@ async def main(uri: str) -> dict[str, Any]:
         await sched.publish("sms:otp", {"to": "+100", "code": 4242}, name="sms", options=otp)
         await sched.publish("sms:1", {"to": "+100"}, name="sms")
 
+        # However many workers: one export at a time (the others wait for its slot).
+        await sched.set_limit("export", max_running=1)
         quick = ms.TaskOptions(ping_interval_ms=20, worker_timeout_ms=1_000)
         await sched.publish("export:1", None, name="export", options=quick)
         handlers = {"export": export, "reindex": reindex, "sms": sms}

@@ -514,3 +514,16 @@ def test_publish_with_debounce_and_expiry(uri: str):
     assert code == 0 and out.startswith("debounced: k")
     task = json.loads(cli(uri, "show", "k", "--json")[1])
     assert task["payload"] == 2 and task["options"]["expires_at"] is not None
+
+
+def test_limit_set_ls_rm(uri: str):
+    code, out, err = cli(uri, "limit", "set", "email", "--rate", "100", "--per", "1m")
+    assert code == 0 and out == "limited: email\n", err
+    assert cli(uri, "limit", "set", "render", "--max-running", "2")[0] == 0
+    out = cli(uri, "limit", "ls")[1]
+    assert "email: 0/100 per 60s, -" in out and "render: -, 0/2 running" in out
+    assert cli(uri, "limit", "rm", "render")[1] == "unlimited: render\n"
+    code, _, err = cli(uri, "limit", "rm", "render")
+    assert code == 2 and "'render' has no limit" in err
+    code, _, err = cli(uri, "limit", "set", "email", "--rate", "0", "--per", "1m")
+    assert code == 2 and err.startswith("error: rate: expected an integer")

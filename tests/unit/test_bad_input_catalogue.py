@@ -248,6 +248,32 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "payload",
     ),
     (
+        "limit rate",
+        lambda s: s.set_limit("job", rate=-1, per=dt.timedelta(minutes=1)),
+        ms.ConfigurationError,
+        "rate: expected an integer from 1",
+    ),
+    (
+        "pause name",
+        lambda s: s.pause(""),
+        ms.ConfigurationError,
+        "name must be a non-empty string",
+    ),
+    (
+        "debounce type",
+        lambda s: s.publish("k", None, name="job", debounce="5s"),
+        ms.ConfigurationError,
+        "debounce: expected a timedelta or a number of seconds, got str",
+    ),
+    (
+        "naive expires_at",
+        lambda s: s.publish(
+            "k", None, name="job", options=ms.TaskOptions(expires_at=dt.datetime(2031, 1, 1))
+        ),
+        ValidationError,
+        "expires_at",
+    ),
+    (
         "timeout_ms zero",
         lambda s: s.publish("k", None, name="job", options=ms.TaskOptions(timeout_ms=0)),
         ValidationError,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"
 BLOCK = re.compile(r"<!-- check: (?P<check>[\w-]+) -->\s*```js\n(?P<code>.*?)\n```", re.S)
 CALL = re.compile(
-    r'^db\.(?:tasks|getCollection\("tasks\.(?P<beside>schedules|paused)"\))'
+    r'^db\.(?:tasks|getCollection\("tasks\.(?P<beside>schedules|paused|limits)"\))'
     r"\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
     r"(?:\.sort\((?P<sort>.*?)\))?(?:\.limit\((?P<limit>\d+)\))?;?$"
 )
@@ -56,7 +56,8 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
     now = sched.clock.now()
     args = _arguments(match["args"], now)
     # "tasks.schedules" is the schedules beside the tasks (named otherwise on the wire).
-    beside = {"schedules": sched.store.schedules, "paused": sched.store.pauses}
+    store = sched.store
+    beside = {"schedules": store.schedules, "paused": store.pauses, "limits": store.limits}
     collection = beside[match["beside"]].collection if match["beside"] else sched.collection
     if match["method"] == "aggregate":
         cursor = await collection.aggregate(args[0])
@@ -86,6 +87,7 @@ async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     await busy.progress(0.5, "half way")
     await sched.store.ping(busy)
     await sched.pause("sms", reason="provider outage")
+    await sched.set_limit("email", rate=100, per=dt.timedelta(minutes=1))
     await sched.publish(
         "broken", None, name="sms", options=ms.TaskOptions(max_unexpected_retries=0)
     )
@@ -142,6 +144,9 @@ EXPECTED: dict[str, Any] = {
         == [("digest", None, 30_000), ("weekly", "0 9 * * 1", None)]
     ),
     "paused": lambda rows: [(r["_id"], r["reason"]) for r in rows] == [("sms", "provider outage")],
+    "limits": lambda rows: (
+        [(r["_id"], r["rate"], r["per_ms"]) for r in rows] == [("email", 100, 60_000)]
+    ),
     "progress": lambda rows: (
         _keys(rows) == ["busy"] and rows[0]["progress"]["message"] == "half way"
     ),
