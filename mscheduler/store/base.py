@@ -113,3 +113,17 @@ class StoreBase:
         await self._ready()
         cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
         return [Task.model_validate(document) async for document in cursor]
+
+
+class BesideTasks:
+    """A part of the store whose documents live in a collection beside the tasks (its name
+    plus ``SUFFIX``): schedules, paused names, limits."""
+
+    SUFFIX = ""
+
+    def __init__(self, tasks: StoreBase) -> None:
+        self._tasks = tasks
+
+    @property
+    def collection(self) -> Any:
+        return self._tasks.beside(self.SUFFIX)

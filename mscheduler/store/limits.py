@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import ConfigurationError, driver_errors
 from ..models import UtcDatetime, check_name, checked
 from ..queries import limits as lq
-from .base import StoreBase
+from .base import BesideTasks
 
 SUFFIX = ".limits"
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
@@ -71,13 +71,8 @@ def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
     return round(per.total_seconds() * 1000)
 
 
-class Limits:
-    def __init__(self, tasks: StoreBase) -> None:
-        self._tasks = tasks
-
-    @property
-    def collection(self) -> Any:
-        return self._tasks.beside(SUFFIX)
+class Limits(BesideTasks):
+    SUFFIX = SUFFIX
 
     @driver_errors
     async def set(

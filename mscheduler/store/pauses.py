@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
 from ..errors import driver_errors
 from ..models import check_name, checked
-from .base import StoreBase
+from .base import BesideTasks
 
 SUFFIX = ".paused"
 
 
-class Pauses:
-    def __init__(self, tasks: StoreBase) -> None:
-        self._tasks = tasks
-
-    @property
-    def collection(self) -> Any:
-        return self._tasks.beside(SUFFIX)
+class Pauses(BesideTasks):
+    SUFFIX = SUFFIX
 
     @driver_errors
     async def pause(self, name: str, reason: str = "") -> bool:

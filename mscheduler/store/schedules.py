@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from pymongo import IndexModel, ReturnDocument
 from pymongo.errors import DuplicateKeyError
@@ -18,7 +17,7 @@ from ..errors import driver_errors
 from ..models import PublishResult, TaskOptions, TaskState
 from ..periodic import Schedule, due, schedule_document
 from ..queries import schedules as sq
-from .base import StoreBase
+from .base import BesideTasks, StoreBase
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -26,16 +25,14 @@ log = logging.getLogger(__name__)
 SUFFIX = ".schedules"
 
 
-class ScheduleStore:
+class ScheduleStore(BesideTasks):
     """The schedules beside a task collection (``tasks`` → ``tasks.schedules``)."""
 
-    def __init__(self, tasks: StoreBase, publisher: Publisher) -> None:
-        self._tasks = tasks
-        self._publisher = publisher
+    SUFFIX = SUFFIX
 
-    @property
-    def collection(self) -> Any:
-        return self._tasks.beside(SUFFIX)
+    def __init__(self, tasks: StoreBase, publisher: Publisher) -> None:
+        super().__init__(tasks)
+        self._publisher = publisher
 
     async def _ready(self) -> None:
         models = [IndexModel(keys, name=name) for name, keys in sq.INDEXES]
