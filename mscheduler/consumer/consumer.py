@@ -305,6 +305,7 @@ class Consumer:
             await self._claim_due(now)
 
     async def _claim_due(self, now: Any) -> None:
+        leases: list[Lease] = []  # started whatever happens next: each is a live lease
         try:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
@@ -320,7 +321,6 @@ class Consumer:
                 if name in names and name in self._quotas.limited:
                     limited.setdefault(name, []).append(key)
             plain = [name for name in names if name not in self._quotas.limited]
-            leases: list[Lease] = []
             if plain and len(due) > sum(map(len, limited.values())):
                 # Several due and slots for them: one batched claim of three round trips
                 # (`store.claims`); one or two go one by one, which costs less.
@@ -338,13 +338,13 @@ class Consumer:
                 if blocked is not None:  # its due keys wait until the window frees
                     self.stats.record("limited", name)
                     self._heap.postpone_all(keys, blocked)
-        except ClaimUncertain as exc:
-            log.warning(str(exc), extra={"action": "claim_uncertain", "run_id": exc.run_id})
-            self._uncertain_runs.extend(exc.run_ids)
-            await sleep(self._clock, self.options.reconnect_delay(0))
-            return
-        except BackendUnavailable as exc:
-            log.warning(str(exc), extra={"action": "claim_retry"})
+        except (ClaimUncertain, BackendUnavailable) as exc:
+            if isinstance(exc, ClaimUncertain):  # its run_ids are looked up before any claim
+                self._uncertain_runs.extend(exc.run_ids)
+            action = "claim_uncertain" if isinstance(exc, ClaimUncertain) else "claim_retry"
+            log.warning(str(exc), extra={"action": action})
+            for lease in leases:  # won before the failure: they run
+                self._start(lease)
             await sleep(self._clock, self.options.reconnect_delay(0))
             return
         if not leases:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import anyio
 from anyio.abc import TaskGroup
 
-from ..errors import BackendUnavailable, StoreError
+from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease
 from ..store.limits import Limit
 from ..store.tasks import TaskStore
@@ -55,6 +55,8 @@ class Quotas:
             return token
         try:
             lease = await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)
+        except ClaimUncertain:
+            raise  # the claim may have landed: the token stays counted (the safe side)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._give_back(name, token)
