@@ -6,6 +6,7 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import ParamSpec, TypeVar
 
+from pydantic import ValidationError
 from pymongo.errors import ConnectionFailure, DocumentTooLarge, PyMongoError
 
 P = ParamSpec("P")
@@ -140,3 +141,12 @@ def driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]
             raise StoreError(f"{method.__name__} failed: {exc}") from exc
 
     return wrapper
+
+
+def field_errors(exc: ValidationError, whole: str = "value") -> str:
+    """Pydantic's errors on one line, each naming its field (``whole`` when it is about the
+    model itself): ``per_ms: Input should be ...; timezone: ...``."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or whole}: {error['msg']}"
+        for error in exc.errors()
+    )

@@ -26,7 +26,7 @@ from pydantic import (
 
 from . import constants as c
 from .clock import to_bson_time
-from .errors import ConfigurationError
+from .errors import ConfigurationError, field_errors
 
 
 class TaskState(str, enum.Enum):
@@ -387,8 +387,7 @@ class Lease(BaseModel):
         try:
             self._progress = Progress(fraction=fraction, message=message)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ConfigurationError(f"progress: {first['loc'][0]}: {first['msg']}") from None
+            raise ConfigurationError(f"progress: {field_errors(exc)}") from None
 
     @property
     def reported_progress(self) -> Progress | None:

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from .clock import UTC, to_bson_time
-from .errors import ConfigurationError
+from .errors import ConfigurationError, field_errors
 from .models import TaskOptions, UtcDatetime, check_key, check_name
 
 CatchUp = Literal["latest", "all", "none"]
@@ -184,10 +184,7 @@ def new_schedule(
     try:
         draft = Schedule.model_validate(fields)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'schedule'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigurationError(f"schedule: {problems}") from None
+        raise ConfigurationError(f"schedule: {field_errors(exc, 'schedule')}") from None
     return draft.model_copy(update={"next_at": draft.after(now)})
 
 

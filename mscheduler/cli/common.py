@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ..api import Scheduler
 from ..backends.uri import is_private_memory
-from ..errors import MSchedulerError
+from ..errors import MSchedulerError, field_errors
 
 log = logging.getLogger("mscheduler.cli")
 T = TypeVar("T")
@@ -39,10 +39,7 @@ class Settings:
 
 def one_line(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'value'}: {error['msg']}"
-            for error in exc.errors()
-        )
+        return field_errors(exc)
     text = " ".join(str(exc).split())
     # pymongo's server selection error ends with ~600 characters of topology description:
     # the reason comes first; the whole is logged at debug level.
