@@ -153,11 +153,11 @@ class HandlerCalls:
         call.add_done_callback(returned)
 
 
-def log_failure(lease: Lease, error: BaseException, task: Task) -> None:
-    """A failed attempt is a WARNING naming the task, the attempt and the error, with the
-    traceback once the task has failed for good (before that, a retry may still fix it)."""
+def log_failure(lease: Lease, error: BaseException, info: ErrorInfo, task: Task) -> None:
+    """A failed attempt is a WARNING naming the task, the attempt and the error (``info``, as
+    stored: a ``str()`` that raises is handled there), with the traceback once the task has
+    failed for good (before that, a retry may still fix it)."""
     final = task.state.is_terminal
-    info = ErrorInfo.from_exception(error)  # safe: a str() that raises is handled there
     log.warning(
         "task %r (%s) attempt %d failed%s: %s: %s",
         lease.key,

@@ -28,7 +28,7 @@ from ..errors import (
     StoreError,
     TaskTimeout,
 )
-from ..models import Lease, Task, WorkerStateKind
+from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .calls import HandlerCalls, log_failure
@@ -211,8 +211,9 @@ class Executor:
                 if isinstance(error, RetryLater):
                     await self._store.retry_later(lease, error.delay, error.reason)
                 else:
-                    task = await self._store.fail(lease, error, final=outcome.final)
-                    log_failure(lease, error, task)
+                    info = ErrorInfo.from_exception(error)  # once: stored, then logged
+                    task = await self._store.fail(lease, info, final=outcome.final)
+                    log_failure(lease, error, info, task)
                 break
             except LeaseLost as exc:
                 if attempt > 0 and self._landed_before(lease, outcome, exc):
