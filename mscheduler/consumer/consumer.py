@@ -80,7 +80,6 @@ class Consumer:
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
         self._quotas = Quotas(store)
-        self._limited_keys: dict[str, str] = {}  # key -> its name, for limited names only
         self._controls = Controls(
             store, self.names, self.options, self._fetch, self._quotas.refresh
         )
@@ -199,13 +198,7 @@ class Consumer:
         self._offer(task)
 
     def _offer(self, task: Task) -> None:
-        when = task.next_claim_for(self.worker_id, self._clock.now())
-        if task.name in self._quotas.limited:
-            if when is None:
-                self._limited_keys.pop(task.key, None)
-            else:  # at its limit: not before the window frees (a fetch must not undo that)
-                self._limited_keys[task.key] = task.name
-                when = max(when, self._quotas.blocked_until(task.name, when) or when)
+        when = self._quotas.offered(task, task.next_claim_for(self.worker_id, self._clock.now()))
         if self._heap.offer(task.key, when, task.version, task.id):
             self._wake.set()
 
@@ -317,17 +310,18 @@ class Consumer:
             due = self._heap.due_keys(now, self._executor.free_slots)
             limited: dict[str, list[str]] = {}
             for key in due:
-                name = self._limited_keys.get(key)
+                name = self._quotas.name_of(key)
                 if name in names and name in self._quotas.limited:
                     limited.setdefault(name, []).append(key)
             plain = [name for name in names if name not in self._quotas.limited]
-            if plain and len(due) > sum(map(len, limited.values())):
+            plain_due = len(due) - sum(map(len, limited.values()))
+            if plain and plain_due > 0:
                 # Several due and slots for them: one batched claim of three round trips
                 # (`store.claims`); one or two go one by one, which costs less.
                 leases = await self._store.claim_many(
                     self.worker_id,
                     names=plain,
-                    limit=len(due) - sum(map(len, limited.values())),
+                    limit=plain_due,
                     exclude_keys=self._executor.running_keys,
                 )
             for name, keys in limited.items():  # each under a token (`Quotas`)
@@ -354,11 +348,10 @@ class Consumer:
             self._start(lease)
 
     async def _reschedule(self, keys: list[str]) -> None:
-        """Nothing due was claimable by us after all: each key was taken, finished, or
-        pushed back, by writes that woke nobody (claims, pings and finishes do not: see
-        `queries.derived.wakes_consumers`). One read says when each may be claimable next: a
-        later time goes back in the heap (a lease that may expire, a retry); a task not
-        claimable by us, or due yet not claimable, waits for a write that wakes us."""
+        """Nothing due was claimable by us: each key was taken, finished or pushed back by
+        writes that wake nobody (`queries.derived.wakes_consumers`). One read says when each
+        may be claimable next: a later time goes back in the heap (an expiring lease, a
+        retry); a key not ours, or due yet not claimable, waits for a write that wakes us."""
         if not keys:
             return
         self.stats.record("rescheduled")
@@ -371,14 +364,15 @@ class Consumer:
             await sleep(self._clock, self.options.reconnect_delay(0))
             return
         now = self._clock.now()
+        self._quotas.forget(keys)  # `_offer` notes again those that go back in the heap
         for task in tasks:
             when = task.next_claim_for(self.worker_id, now)
             if when is not None and when > now:
-                self._heap.offer(task.key, when, task.version, task.id)
+                self._offer(task)
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
-        self._limited_keys.pop(lease.key, None)
+        self._quotas.forget([lease.key])
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
 

@@ -12,7 +12,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
-from ..models import Lease
+from ..models import Lease, Task
 from ..store.limits import Limit
 from ..store.tasks import TaskStore
 
@@ -29,6 +29,7 @@ class Quotas:
         self.limited: dict[str, Limit] = {}
         self.blocked: dict[str, dt.datetime] = {}  # name -> when its limit frees
         self._held: dict[str, tuple[str, str, Lease]] = {}  # key -> (name, token, lease)
+        self._names: dict[str, str] = {}  # key -> name, for the keys of limited names only
         self._wake = anyio.Event()
         self._task_group: TaskGroup | None = None
 
@@ -37,6 +38,27 @@ class Quotas:
 
     async def refresh(self, names: Sequence[str]) -> None:
         self.limited = await self._store.limits.of(names)
+
+    def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None:
+        """When the consumer may try ``task`` (claimable from ``when``): a limited name's
+        key is noted, and not tried before the name's window frees (a fetch must not undo
+        that)."""
+        if task.name not in self.limited:
+            return when
+        if when is None:
+            self._names.pop(task.key, None)
+            return None
+        self._names[task.key] = task.name
+        return max(when, self.blocked_until(task.name, when) or when)
+
+    def name_of(self, key: str) -> str | None:
+        """The name of a key noted by `offered` (so of a limited name), else None."""
+        return self._names.get(key)
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """These keys left the consumer's heap (claimed, or found not claimable)."""
+        for key in keys:
+            self._names.pop(key, None)
 
     def blocked_until(self, name: str, now: dt.datetime) -> dt.datetime | None:
         until = self.blocked.get(name)

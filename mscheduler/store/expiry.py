@@ -30,7 +30,7 @@ class Expiry:
     async def expire_due(self, names: Sequence[str]) -> list[str]:
         """Cancel the expired tasks of ``names``; their keys. One read when there are none."""
         store, now = self._store, self._store.clock.now()
-        cursor = store.collection.find(eq.expired(names, now), {"key": 1, "options": 1})
+        cursor = store.collection.find(eq.expired(names, now), {"key": 1})
         keys = [document["key"] async for document in cursor]
         ended = []
         for key in keys:
