@@ -69,14 +69,18 @@ async def consumers(
         yield started
 
 
-async def test_tasks_before_and_after_start_each_run_once(scheduler: ms.Scheduler):
+async def test_tasks_before_and_after_start_each_run_once(
+    scheduler: ms.Scheduler, discover: Discover
+):
     for n in range(50):
         await scheduler.publish(f"before:{n}", {"n": n}, name="job")
     recorder = Recorder()
     async with consumers(scheduler, recorder, count=3):
         for n in range(50):
             await scheduler.publish(f"after:{n}", {"n": n}, name="job")
-        await settle()
+        # On the wire the consumers poll: the tasks published after their last fetch wait for
+        # the next poll (settle() alone passed only when a claim happened to pick them up).
+        await discover()
     keys = [key for key, _ in recorder.runs]
     assert sorted(keys) == sorted(
         [f"before:{n}" for n in range(50)] + [f"after:{n}" for n in range(50)]
