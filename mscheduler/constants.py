@@ -120,7 +120,7 @@ EXPRESSION_OPERATORS: Final = frozenset(
     }
 )
 UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc", "$pull"})  # $set: also a stage
-AGGREGATION_STAGES: Final = frozenset({"$set", "$sort", "$group"})
+AGGREGATION_STAGES: Final = frozenset({"$set", "$unset", "$sort", "$group"})
 ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
 OPERATORS: Final = (
     QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS

@@ -44,7 +44,13 @@ def wake_consumers() -> Document:
     return {"$set": {"wakes": bumped_wakes()}}
 
 
-def wakes_consumers(next_claim_at: Document, now: dt.datetime) -> Document:
+# What the last stages of `recompute` need from before the write, kept in fields of their own
+# while it runs and removed by its last stage.
+WAS_NEXT_CLAIM_AT = "_was_next_claim_at"
+WAS_DEPENDENTS_NOTIFIED = "_was_dependents_notified"
+
+
+def wakes_consumers(now: dt.datetime) -> Document:
     """Whether this write can give a consumer something to do (issue 12 #3: a consumer was
     woken by every ping of every task of its names):
 
@@ -57,8 +63,12 @@ def wakes_consumers(next_claim_at: Document, now: dt.datetime) -> Document:
     - the task ended with dependents still to be told (``dependents_notified`` false): if
       its writer dies before telling them, a consumer that heard of it does.
 
-    ``$ifNull`` on both old values: a missing field compares as null on every engine."""
-    old_next = {"$ifNull": ["$next_claim_at", None]}
+    Reads the new ``next_claim_at`` and the old values that `recompute` kept in
+    `WAS_NEXT_CLAIM_AT` and `WAS_DEPENDENTS_NOTIFIED` (null when the field was missing)."""
+    # $ifNull although recompute always sets these fields: a missing field compares as null on
+    # every engine only so (MongoDB orders missing before null; mongoeco takes it as null).
+    next_claim_at = {"$ifNull": ["$next_claim_at", None]}
+    old_next = {"$ifNull": [f"${WAS_NEXT_CLAIM_AT}", None]}
     return {
         "$or": [
             {
@@ -77,7 +87,7 @@ def wakes_consumers(next_claim_at: Document, now: dt.datetime) -> Document:
                 "$and": [
                     {"$in": ["$state", TERMINAL]},
                     {"$gt": ["$dependent_count", 0]},
-                    {"$eq": [{"$ifNull": ["$dependents_notified", None]}, None]},
+                    {"$eq": [{"$ifNull": [f"${WAS_DEPENDENTS_NOTIFIED}", None]}, None]},
                 ]
             },
         ]
@@ -146,15 +156,12 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
         ),
         {
             "$set": {
-                # Read in this stage, "$next_claim_at" and "$dependents_notified" are the values
-                # from before this write: `wakes` compares them with the new ones.
-                "wakes": {
-                    "$cond": [
-                        wakes_consumers(next_claim_at, now),
-                        bumped_wakes(),
-                        {"$ifNull": ["$wakes", 0]},
-                    ]
-                },
+                # Every expression of a stage reads the document as it entered the stage: the
+                # values from before this write, kept for `wakes` in the next stage. (Not
+                # computed there from the expression of next_claim_at: that evaluated it three
+                # times, the most costly part of every write on the memory backend.)
+                WAS_NEXT_CLAIM_AT: {"$ifNull": ["$next_claim_at", None]},
+                WAS_DEPENDENTS_NOTIFIED: {"$ifNull": ["$dependents_notified", None]},
                 "next_claim_at": next_claim_at,
                 # when the task ended (purge and the optional TTL index use it), else null
                 "finished_at": {
@@ -199,4 +206,12 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                 },
             }
         },
+        {
+            "$set": {
+                "wakes": {
+                    "$cond": [wakes_consumers(now), bumped_wakes(), {"$ifNull": ["$wakes", 0]}]
+                }
+            }
+        },
+        {"$unset": [WAS_NEXT_CLAIM_AT, WAS_DEPENDENTS_NOTIFIED]},
     ]

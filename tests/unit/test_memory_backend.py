@@ -159,6 +159,52 @@ async def test_array_literal_elements_are_expressions(collection: MemoryCollecti
     assert found is not None and found["xs"] == [{"v": 1, "w": "$a"}]
 
 
+async def test_dates_in_an_update_pipeline_are_stored_as_mongodb_stores_them(
+    collection: MemoryCollection,
+):
+    # The pipeline is not walked before it runs (issue 12): each date is converted where the
+    # pipeline evaluates it, a literal's and an array's included.
+    paris = dt.timezone(dt.timedelta(hours=1))
+    at = dt.datetime(2030, 1, 1, 13, 0, 0, 123_456, tzinfo=paris)
+    stored = dt.datetime(2030, 1, 1, 12, 0, 0, 123_000)
+    await collection.insert_one({"_id": 1})
+    found = await collection.find_one_and_update(
+        {"_id": 1},
+        [
+            {
+                "$set": {
+                    "plain": at,
+                    "literal": {"$literal": {"at": at}},
+                    "array": [at],
+                    "let": {"$let": {"vars": {"v": {"at": at}}, "in": "$$v.at"}},
+                    "cond": {"$cond": [True, at, None]},
+                }
+            }
+        ],
+        return_document=ReturnDocument.AFTER,
+    )
+    assert found is not None
+    assert found["plain"] == stored and found["literal"] == {"at": stored}
+    assert found["array"] == [stored] and found["let"] == stored and found["cond"] == stored
+
+
+async def test_variables_are_read_by_path(collection: MemoryCollection):
+    await collection.insert_one({"_id": 1, "xs": [{"a": {"b": 1}}, {"a": {"b": 2}}]})
+    found = await collection.find_one_and_update(
+        {"_id": 1},
+        [
+            {
+                "$set": {
+                    "bs": {"$map": {"input": "$xs", "as": "x", "in": "$$x.a.b"}},
+                    "root": {"$size": "$$ROOT.xs"},
+                }
+            }
+        ],
+        return_document=ReturnDocument.AFTER,
+    )
+    assert found is not None and found["bs"] == [1, 2] and found["root"] == 2
+
+
 async def test_same_memory_name_shares_one_database():
     try:
         one = await ms.Scheduler.connect("memory://shared-test")
