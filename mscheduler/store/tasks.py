@@ -342,10 +342,10 @@ class TaskStore(StoreBase):
 
     @driver_errors
     async def snapshots(self, keys: Sequence[str]) -> list[Task]:
-        """The tasks of ``keys`` as they are now (payloads left out), for a consumer whose
-        claim found none of them claimable: when may it try each again?"""
+        """Those of ``keys`` still pending or running (payloads left out), for a consumer whose
+        claim found none claimable: when may it try each again? (The others never will be.)"""
         await self._ready()
-        cursor = self.collection.find(q.by_keys(keys), q.FETCH_PROJECTION)
+        cursor = self.collection.find(q.by_keys(keys, claimable=True), q.FETCH_PROJECTION)
         return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors

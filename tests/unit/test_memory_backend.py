@@ -205,6 +205,24 @@ async def test_variables_are_read_by_path(collection: MemoryCollection):
     assert found is not None and found["bs"] == [1, 2] and found["root"] == 2
 
 
+async def test_documents_written_read_or_returned_are_copies(collection: MemoryCollection):
+    # Copies share only immutable values with the stored document (issue 12: mongomock's
+    # deepcopy was replaced), so a caller that changes what it got changes nothing stored.
+    inserted = {"_id": 1, "key": "a", "xs": [{"n": 1}], "d": {"e": [1]}}
+    await collection.insert_one(inserted)
+    read = await collection.find_one({"_id": 1})
+    returned = await collection.find_one_and_update(
+        {"key": "a"}, {"$set": {"m": 1}}, return_document=ReturnDocument.AFTER
+    )
+    assert read is not None and returned is not None
+    for got in (inserted, read, returned):
+        got["xs"][0]["n"] = 99
+        got["xs"].append({"n": 2})
+        got["d"]["e"].append(2)
+    stored = await collection.find_one({"_id": 1})
+    assert stored == {"_id": 1, "key": "a", "xs": [{"n": 1}], "d": {"e": [1]}, "m": 1}
+
+
 async def test_same_memory_name_shares_one_database():
     try:
         one = await ms.Scheduler.connect("memory://shared-test")

@@ -1,9 +1,12 @@
-"""Where mongomock differs from MongoDB in what the store relies on, made to agree, and one
-place where it is slower than it needs to be. Applied once, on import of the memory backend.
+"""Where mongomock differs from MongoDB in what the store relies on, made to agree, and where
+it is slower than it needs to be. Applied once, on import of the memory backend.
 
 - ``$add`` of a date and milliseconds gives a date (mongomock only adds numbers);
 - the elements of an array literal are evaluated as expressions (mongomock stores them
   unevaluated);
+- ``$and`` stops at its first false operand, and the ``$unset`` stage exists, as on MongoDB;
+- an update pipeline's dates are converted as it is evaluated, not by a walk of the whole
+  pipeline first; operators are dispatched by a dict, and ``$$var`` read directly;
 - a query by ``_id`` alone (or ``_id`` ``$in`` a list) reads those documents, as the server's
   ``_id`` index does, instead of testing every document of the collection (the memory
   backend looks each written document up by ``_id`` before and after the write, for its
@@ -20,7 +23,7 @@ import numbers
 from collections.abc import Iterator
 from typing import Any
 
-from bson import ObjectId
+from bson import Int64, ObjectId
 from mongomock import aggregate as mongomock_aggregate
 from mongomock import collection as mongomock_collection
 from mongomock import helpers as mongomock_helpers
@@ -255,3 +258,36 @@ def _iter_documents_indexed(self: Any, filter: Any) -> Iterator[Any]:
 
 
 mongomock_collection.Collection._iter_documents = _iter_documents_indexed  # type: ignore[method-assign]
+
+
+# Values that no write changes in place: a copy of a document may share them with the original.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, dt.datetime, ObjectId, Int64})
+
+
+def document_copy(value: Any) -> Any:
+    """A deep copy of a stored document: its dicts and lists copied, immutable values shared.
+    mongomock copies every document it reads or updates with `copy.deepcopy`, which was the
+    largest part of its reads; anything else (a subclass, a Timestamp) still goes to it."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is dict:
+        return {key: document_copy(item) for key, item in value.items()}
+    if kind is list:
+        return [document_copy(item) for item in value]
+    return copy.deepcopy(value)
+
+
+class _DocumentCopies:
+    """What mongomock's collection module calls ``copy``: `document_copy` for its copies."""
+
+    @staticmethod
+    def deepcopy(value: Any, memo: Any = None) -> Any:
+        return document_copy(value)
+
+    @staticmethod
+    def copy(value: Any) -> Any:
+        return value if type(value) in _IMMUTABLE else copy.copy(value)
+
+
+mongomock_collection.copy = _DocumentCopies  # type: ignore[attr-defined,assignment]

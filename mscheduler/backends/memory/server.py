@@ -4,9 +4,7 @@ It runs the store's very filters and updates. What makes it behave like the serv
 mongomock does not on its own:
 - every write publishes a change event (`changefeed.ChangeFeed`), so the consumer's change
   stream listener runs for real;
-- ``$add`` of a date and milliseconds gives a date, and the elements of an array literal are
-  evaluated as expressions, as on MongoDB (mongomock only adds numbers, and stores array
-  literals unevaluated);
+- what mongomock evaluates otherwise than MongoDB, or slowly, is patched (`patches`);
 - with ``notablescan`` (as the server parameter of that name) a query that no declared index
   serves raises ``OperationFailure`` code 291, so the test suite proves index coverage;
 - a document over 16 MiB or nested over 100 levels is refused, written by no one (`limits`).
@@ -237,14 +235,19 @@ class MemoryCollection:
     ) -> dict[str, Any] | None:
         self._check_plan(filter, sort)
         first = self._walk(filter, sort, 1) if sort else None
-        if first is not None:
-            before = await self._inner.find_one({"_id": first[0]}) if first else None
-        else:
-            before = await self._inner.find_one(filter, sort=sort)
-        target = {"_id": before["_id"]} if before is not None else filter
-        after = await self._inner.find_one_and_update(
-            target, update, upsert=upsert and before is None, return_document=True
-        )
+        target = {"_id": first[0]} if first else filter
+        if first == [] and not upsert:  # nothing matches
+            return None
+        sort = None if first else sort
+        if upsert:
+            before = await self._inner.find_one(target, sort=sort)
+            target = {"_id": before["_id"]} if before is not None else filter
+            after = await self._inner.find_one_and_update(
+                target, update, upsert=before is None, return_document=True
+            )
+        else:  # mongomock reads the document before the write: its reply is `before`
+            before = await self._inner.find_one_and_update(target, update, sort=sort)
+            after = None if before is None else await self._inner.find_one({"_id": before["_id"]})
         if after is not None:
             await self._undo_unless_storable(before, after)
         self._emit(before, after)
