@@ -9,26 +9,68 @@ Each queue gets the same job (a coroutine, or for RQ a function, that returns at
 tasks are enqueued first, then N workers each running one job at a time are timed until the
 queue is empty. Every queue runs in process on an in-memory store, so the numbers compare
 the queues' own work per job, not a network. A peer that is not installed is left out.
+
+``--rounds`` runs every queue that many times, in turn, and reports each one's median: on a
+shared machine one run varies by a quarter from one minute to the next. A queue still
+running after ``--deadline`` seconds is stopped and its rate is the jobs it finished in that
+time (marked ``*``): procrastinate's in-memory connector slows as its queue grows (it scans
+every job for each one it fetches), and with 5,000 jobs would take many minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import platform
+import statistics
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
-from bench_throughput import mscheduler_run, procrastinate_run
+from bench_throughput import mscheduler_run
 from common import rq_job
 
 
-def arq_run(workers: int, tasks: int) -> float | None:
+class Rate(NamedTuple):
+    tasks_per_s: float
+    complete: bool  # False: stopped at the deadline, the rate of the jobs done by then
+
+
+def procrastinate_run(workers: int, tasks: int, deadline: float) -> Rate | None:
+    try:
+        from procrastinate import App, testing
+    except ImportError:
+        return None
+    connector = testing.InMemoryConnector()
+    app = App(connector=connector)
+
+    @app.task(name="job")
+    async def job(n: int) -> None:
+        return None
+
+    async def main() -> Rate:
+        async with app.open_async():
+            for n in range(tasks):
+                await job.defer_async(n=n)
+            started = time.perf_counter()
+            runs = asyncio.gather(
+                *(app.run_worker_async(wait=False, concurrency=1) for _ in range(workers))
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(runs, deadline)
+            elapsed = time.perf_counter() - started
+            done = sum(1 for row in connector.jobs.values() if row["status"] == "succeeded")
+            return Rate(done / elapsed, done == tasks)
+
+    return asyncio.run(main())
+
+
+def arq_run(workers: int, tasks: int, deadline: float) -> Rate | None:
     try:
         from arq.connections import ArqRedis
         from arq.worker import Worker
@@ -48,7 +90,7 @@ def arq_run(workers: int, tasks: int) -> float | None:
     async def job(ctx: dict[str, Any], n: int) -> None:
         return None
 
-    async def main() -> float:
+    async def main() -> Rate:
         server = FakeServer()
 
         def pool() -> ArqRedis:
@@ -71,16 +113,16 @@ def arq_run(workers: int, tasks: int) -> float | None:
             for _ in range(workers)
         ]
         started = time.perf_counter()
-        await asyncio.gather(*(runner.main() for runner in runners))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(runner.main() for runner in runners)), deadline)
         elapsed = time.perf_counter() - started
         done = sum(runner.jobs_complete for runner in runners)
-        assert done == tasks, f"arq ran {done} of {tasks}"
-        return tasks / elapsed
+        return Rate(done / elapsed, done == tasks)
 
     return asyncio.run(main())
 
 
-def rq_run(workers: int, tasks: int) -> float | None:
+def rq_run(workers: int, tasks: int, deadline: float) -> Rate | None:
     try:
         from fakeredis import FakeServer, FakeStrictRedis
         from rq import Queue, SimpleWorker
@@ -102,72 +144,101 @@ def rq_run(workers: int, tasks: int) -> float | None:
     for n in range(tasks):
         queue.enqueue(rq_job, n)
 
+    runners: list[ThreadWorker] = []
+
     def work() -> None:
         connection = FakeStrictRedis(server=server)
-        ThreadWorker([Queue("bench", connection=connection)], connection=connection).work(
-            burst=True, logging_level="WARNING"
-        )
+        runner = ThreadWorker([Queue("bench", connection=connection)], connection=connection)
+        runners.append(runner)
+        runner.work(burst=True, logging_level="WARNING")
 
     started = time.perf_counter()
     threads = [threading.Thread(target=work) for _ in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(max(0.0, started + deadline - time.perf_counter()))
     elapsed = time.perf_counter() - started
+    for runner in runners:  # past the deadline: each stops after its current job
+        runner._stop_requested = True
+    for thread in threads:
+        thread.join()
     finished = queue.finished_job_registry.count
-    assert queue.count == 0 and finished == tasks, f"RQ finished {finished} of {tasks}"
-    return tasks / elapsed
+    return Rate(finished / elapsed, finished == tasks)
 
 
-PEERS: dict[str, Callable[[int, int], float | None]] = {
+PEERS: dict[str, Callable[[int, int, float], Rate | None]] = {
     "procrastinate InMemory": procrastinate_run,
     "arq + fakeredis": arq_run,
     "RQ + fakeredis": rq_run,
 }
+OURS = "mscheduler memory://"
+
+
+async def measure(tasks: int, workers: int, rounds: int, deadline: float) -> dict[str, Any]:
+    """Every queue ``rounds`` times, in turn: the median rate of each (None: not installed),
+    and mscheduler's calls per task."""
+    rates: dict[str, list[Rate]] = {OURS: []}
+    calls = []
+    for _ in range(rounds):
+        ours = await mscheduler_run("memory://", workers, tasks)
+        rates[OURS].append(Rate(ours["tasks_per_s"], True))
+        calls.append(ours["calls_per_task"])
+        for name, run in PEERS.items():
+            rate = await anyio.to_thread.run_sync(run, workers, tasks, deadline)
+            if rate is not None:
+                rates.setdefault(name, []).append(rate)
+    medians: dict[str, Any] = {
+        name: sorted(measured)[len(measured) // 2] for name, measured in rates.items()
+    }
+    medians["calls_per_task"] = statistics.median(calls)
+    return medians
+
+
+def cell(rate: Rate | None, ours: Rate) -> str:
+    if rate is None:
+        return "-"
+    mark = "" if rate.complete else "*"
+    return f"{rate.tasks_per_s:.0f}{mark} ({ours.tasks_per_s / rate.tasks_per_s:.2f})"
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="500,5000")
     parser.add_argument("--workers", default="1,3")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each queue (median)")
+    parser.add_argument("--deadline", type=float, default=60.0, help="seconds per peer run")
     parser.add_argument("--markdown", action="store_true", help="print a table for the README")
     args = parser.parse_args()
     rows = []
     for tasks in (int(n) for n in args.tasks.split(",")):
         for workers in (int(n) for n in args.workers.split(",")):
-            ours = await mscheduler_run("memory://", workers, tasks)
-            theirs = {
-                name: await anyio.to_thread.run_sync(run, workers, tasks)
-                for name, run in PEERS.items()
-            }
-            rows.append((tasks, workers, ours, theirs))
+            measured = await measure(tasks, workers, args.rounds, args.deadline)
+            rows.append((tasks, workers, measured))
             if not args.markdown:
+                ours = measured[OURS]
                 line = f"{tasks:>5} tasks, {workers} worker(s): mscheduler "
-                line += f"{ours['tasks_per_s']:6.0f}/s ({ours['calls_per_task']:.2f} calls/task)"
-                for name, rate in theirs.items():
-                    if rate is not None:
-                        line += f"; {name} {rate:6.0f}/s (ratio {ours['tasks_per_s'] / rate:.2f})"
+                line += f"{ours.tasks_per_s:6.0f}/s ({measured['calls_per_task']:.2f} calls/task)"
+                for name in PEERS:
+                    if name in measured:
+                        line += f"; {name} {cell(measured[name], ours)}"
                 print(line, flush=True)
     if args.markdown:
-        names = [name for name in PEERS if any(row[3][name] is not None for row in rows)]
+        names = [name for name in PEERS if any(name in row[2] for row in rows)]
         print(
             f"{dt.date.today().isoformat()}, {platform.machine()} with "
-            f"{os.cpu_count() or 1} cores, Python {platform.python_version()}; "
-            "tasks/s (ratio mscheduler / peer)\n"
+            f"{os.cpu_count() or 1} cores, Python {platform.python_version()}; median of "
+            f"{args.rounds} rounds; tasks/s (ratio mscheduler / peer); * stopped after "
+            f"{args.deadline:.0f} s, the rate of the jobs it had finished\n"
         )
         print("| tasks | workers | mscheduler memory:// | calls/task | " + " | ".join(names) + " |")
         print("| ---: | ---: | ---: | ---: |" + " ---: |" * len(names))
-        for tasks, workers, ours, theirs in rows:
-            cells = []
-            for name in names:
-                rate = theirs[name]
-                cells.append(
-                    "-" if rate is None else f"{rate:.0f} ({ours['tasks_per_s'] / rate:.2f})"
-                )
+        for tasks, workers, measured in rows:
+            ours = measured[OURS]
+            cells = [cell(measured.get(name), ours) for name in names]
             print(
-                f"| {tasks:,} | {workers} | {ours['tasks_per_s']:.0f} | "
-                f"{ours['calls_per_task']:.2f} | " + " | ".join(cells) + " |"
+                f"| {tasks:,} | {workers} | {ours.tasks_per_s:.0f} | "
+                f"{measured['calls_per_task']:.2f} | " + " | ".join(cells) + " |"
             )
 
 

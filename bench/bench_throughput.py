@@ -9,7 +9,6 @@ The comparison with other queues is `bench_peers.py`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -63,30 +62,6 @@ async def mscheduler_run(
     }
     await dispose(counting, connection)
     return result
-
-
-def procrastinate_run(workers: int, tasks: int) -> float | None:
-    try:
-        from procrastinate import App, testing
-    except ImportError:
-        return None
-    app = App(connector=testing.InMemoryConnector())
-
-    @app.task(name="job")
-    async def job(n: int) -> None:
-        return None
-
-    async def main() -> float:
-        async with app.open_async():
-            for n in range(tasks):
-                await job.defer_async(n=n)
-            started = time.perf_counter()
-            await asyncio.gather(
-                *(app.run_worker_async(wait=False, concurrency=1) for _ in range(workers))
-            )
-            return tasks / (time.perf_counter() - started)
-
-    return asyncio.run(main())
 
 
 async def pings_under_load(uri: str, running: int, seconds: float) -> None:

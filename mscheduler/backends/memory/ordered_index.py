@@ -129,6 +129,17 @@ class OrderedIndex:
         if position < len(self._entries) and self._entries[position] == entry:
             del self._entries[position]
 
+    def replace(self, document: Mapping[str, Any]) -> None:
+        """``document`` written again: moved only if its key changed (most writes change no
+        field of most indexes)."""
+        try:
+            if self._key_of.get(document["_id"]) == self._key(document):
+                return
+        except _Unorderable:
+            pass
+        self.remove(document["_id"])
+        self.add(document)
+
     def add(self, document: Mapping[str, Any]) -> None:
         document_id = document["_id"]
         try:
@@ -230,6 +241,9 @@ class IndexSet:
 
     def changed(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
         for index in self._indexes.values():
+            if before is not None and after is not None:
+                index.replace(after)
+                continue
             if before is not None:
                 index.remove(before["_id"])
             if after is not None:

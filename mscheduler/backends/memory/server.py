@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mongomock.filtering import filter_applies
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import IndexModel
 from pymongo.errors import OperationFailure, WriteError
+from pymongo.results import UpdateResult
 
 from . import patches  # applied on import: what mongomock lacks
 from .bulk import bulk_write
@@ -31,45 +31,12 @@ from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
 from .limits import refuse_insert, refuse_update
 from .ordered_index import IndexSet
+from .replies import AggregateCursor, MemoryDatabase
 
 NO_QUERY_EXECUTION_PLANS = 291
 
 
 # ---------------------------------------------------------------- the collection
-
-
-@dataclass
-class _Cursor:
-    """What ``await collection.aggregate(...)`` returns: async iteration and ``to_list``."""
-
-    documents: list[dict[str, Any]]
-
-    def __aiter__(self) -> _Cursor:
-        self._iterator = iter(self.documents)
-        return self
-
-    async def __anext__(self) -> dict[str, Any]:
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    async def to_list(self, length: int | None = None) -> list[dict[str, Any]]:
-        return self.documents if length is None else self.documents[:length]
-
-    async def close(self) -> None:
-        return None
-
-
-class _MemoryDatabase:
-    """Database commands, as a server that has none of them answers; its collections."""
-
-    def __init__(self, get_collection: Any) -> None:
-        self.get_collection = get_collection
-
-    async def command(self, command: Mapping[str, Any], **_: Any) -> Any:
-        name = next(iter(command))
-        raise OperationFailure(f"no such command: '{name}'", 59)  # CommandNotFound
 
 
 class MemoryCollection:
@@ -117,8 +84,8 @@ class MemoryCollection:
         self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
 
     @property
-    def database(self) -> _MemoryDatabase:
-        return _MemoryDatabase(self._sibling)
+    def database(self) -> MemoryDatabase:
+        return MemoryDatabase(self._sibling)
 
     def _check_plan(self, query: Mapping[str, Any] | None, sort: Any = None) -> None:
         if not self.notablescan:
@@ -179,7 +146,7 @@ class MemoryCollection:
         self._check_plan(filter)
         return int(await self._inner.count_documents(filter))
 
-    async def aggregate(self, pipeline: Sequence[Mapping[str, Any]], **_: Any) -> _Cursor:
+    async def aggregate(self, pipeline: Sequence[Mapping[str, Any]], **_: Any) -> AggregateCursor:
         first = pipeline[0] if pipeline else {}
         if "$match" in first:
             following = pipeline[1] if len(pipeline) > 1 else {}
@@ -188,7 +155,7 @@ class MemoryCollection:
             self._check_plan({}, list(first["$sort"].items()))
         else:
             self._check_plan({})
-        return _Cursor(await self._inner.aggregate(list(pipeline)).to_list(None))
+        return AggregateCursor(await self._inner.aggregate(list(pipeline)).to_list(None))
 
     async def watch(
         self,
@@ -234,27 +201,38 @@ class MemoryCollection:
         **_: Any,
     ) -> dict[str, Any] | None:
         self._check_plan(filter, sort)
-        first = self._walk(filter, sort, 1) if sort else None
-        target = {"_id": first[0]} if first else filter
-        if first == [] and not upsert:  # nothing matches
-            return None
-        sort = None if first else sort
         if upsert:
-            before = await self._inner.find_one(target, sort=sort)
+            before = await self._inner.find_one(filter, sort=sort)
             target = {"_id": before["_id"]} if before is not None else filter
             after = await self._inner.find_one_and_update(
                 target, update, upsert=before is None, return_document=True
             )
-        else:  # mongomock reads the document before the write: its reply is `before`
-            before = await self._inner.find_one_and_update(target, update, sort=sort)
-            after = None if before is None else await self._inner.find_one({"_id": before["_id"]})
-        if after is not None:
-            await self._undo_unless_storable(before, after)
-        self._emit(before, after)
+            if after is not None:
+                await self._undo_unless_storable(before, after)
+            self._emit(before, after)
+        else:
+            before, after = await self._modify(filter, update, sort)
         chosen = after if return_document else before
         if chosen is not None and projection is not None:
             chosen = await self._inner.find_one({"_id": chosen["_id"]}, projection)
         return chosen
+
+    async def _modify(
+        self, filter: Mapping[str, Any], update: Any, sort: Any
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Update the first match of ``filter`` in ``sort`` order: the document before and
+        after, or two Nones. Two reads of mongomock's, where a read before the write, the
+        write and a read after took four (mongomock reads the document before it writes)."""
+        first = self._walk(filter, sort, 1) if sort else None
+        if first == []:  # nothing matches
+            return None, None
+        target, sort = ({"_id": first[0]}, None) if first else (filter, sort)
+        before = await self._inner.find_one_and_update(target, update, sort=sort)
+        after = None if before is None else await self._inner.find_one({"_id": before["_id"]})
+        if after is not None:
+            await self._undo_unless_storable(before, after)
+        self._emit(before, after)
+        return before, after
 
     async def find_one_and_replace(
         self,
@@ -290,6 +268,10 @@ class MemoryCollection:
         self, filter: Mapping[str, Any], update: Any, *, upsert: bool, many: bool
     ) -> Any:
         self._check_plan(filter)
+        if not many and not upsert:
+            before, after = await self._modify(filter, update, None)
+            changed = before is not None and before != after
+            return UpdateResult({"n": int(before is not None), "nModified": int(changed)}, True)
         befores = await self._matching(filter, many)
         if not befores:
             result = await self._inner.update_one(filter, update, upsert=upsert)
