@@ -349,14 +349,19 @@ class Consumer:
 
     async def _reschedule(self, keys: list[str]) -> None:
         """Nothing due was claimable by us: each key was taken, finished or pushed back by
-        writes that wake nobody (`queries.derived.wakes_consumers`). One read says when each
-        may be claimable next: a later time goes back in the heap (an expiring lease, a
-        retry); a key not ours, or due yet not claimable, waits for a write that wakes us."""
+        writes that wake nobody (`queries.derived.wakes_consumers`). The fetch's read (what we
+        may claim, soonest first) says when each may be claimable next: a later time goes back
+        in the heap (an expiring lease, a retry); a key not ours, finished, or due yet not
+        claimable, waits for a write that wakes us. Not a read of ``keys``: a heap fetched
+        while other consumers ran holds thousands of keys they finished (issue 12: that read
+        was a tenth of the time of 3 consumers on 5,000 tasks)."""
         if not keys:
             return
         self.stats.record("rescheduled")
         try:
-            tasks = await self._store.snapshots(keys)
+            tasks = await self._store.fetch(
+                self.names, self.worker_id, self.options.heap_size, self.options.fetch_batch_size
+            )
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim

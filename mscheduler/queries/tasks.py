@@ -111,9 +111,8 @@ def by_ids(task_ids: Sequence[Any]) -> Document:
     return {"_id": {"$in": list(task_ids)}}
 
 
-def by_keys(keys: Sequence[str], *, claimable: bool = False) -> Document:
-    """``claimable``: only those pending or running (a consumer's look at keys it expected)."""
-    return {"key": {"$in": list(keys)}, **({"state": {"$in": CLAIMABLE}} if claimable else {})}
+def by_keys(keys: Sequence[str]) -> Document:
+    return {"key": {"$in": list(keys)}}
 
 
 def publish_upsert(document: Document) -> tuple[Document, Document]:

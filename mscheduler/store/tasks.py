@@ -341,14 +341,6 @@ class TaskStore(StoreBase):
         return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors
-    async def snapshots(self, keys: Sequence[str]) -> list[Task]:
-        """Those of ``keys`` still pending or running (payloads left out), for a consumer whose
-        claim found none claimable: when may it try each again? (The others never will be.)"""
-        await self._ready()
-        cursor = self.collection.find(q.by_keys(keys, claimable=True), q.FETCH_PROJECTION)
-        return [Task.model_validate(document) async for document in cursor]
-
-    @driver_errors
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Change the options of a task that has not finished; None if it has (or is gone)."""
         if not isinstance(options, TaskOptions):

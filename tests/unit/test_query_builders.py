@@ -48,7 +48,6 @@ NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some ex
 SAMPLES: dict[str, Any] = {
     "key": "running-1",
     "keys": ["pending", "running-1", "dep"],
-    "claimable": True,
     "names": ["job"],
     "name": "job",
     "state": "pending",
