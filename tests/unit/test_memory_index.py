@@ -71,6 +71,8 @@ async def test_the_index_answers_as_a_scan_does():
             (q.claim_filter("w1", now, names=names), q.CLAIM_SORT, 7),
             (q.fetch_filter(names, "w1"), q.FETCH_SORT, 25),
             (q.by_keys([f"k{rng.randrange(450)}" for _ in range(30)]), None, 0),
+            (q.by_keys([f"k{rng.randrange(450)}" for _ in range(300)]), None, 0),
+            ({"name": {"$in": names}, "state": rng.choice(STATES)}, None, 0),
             (q.by_key(f"k{rng.randrange(450)}"), None, 0),
             ({"dependents_notified": False}, None, 0),
         ]
@@ -107,3 +109,5 @@ async def test_a_document_the_index_cannot_order_sends_queries_to_the_scan():
     await indexed.insert_one({"_id": ObjectId(), "key": ["b", "c"], "name": "job"})
     assert await _found(indexed, {"key": "c"}, None, 0) == [["b", "c"]]
     assert await _found(indexed, {"key": "a"}, None, 0) == ["a"]
+    both = await _found(indexed, {"key": {"$in": ["a", "c"]}}, None, 0)
+    assert both == sorted(["a", ["b", "c"]], key=repr)

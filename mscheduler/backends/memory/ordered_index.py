@@ -249,6 +249,25 @@ class IndexSet:
             if after is not None:
                 index.add(after)
 
+    def exact(self, query: Mapping[str, Any]) -> Iterator[Any] | None:
+        """The ids of exactly the documents matching ``query``, when it is equalities (or
+        ``$in``) on strings over fields an index's prefix covers: its ranges hold those and
+        only those, so the filter need not be tested on each (mongomock's ``$in`` walks its
+        list for every document: a read of 5,000 keys compared 25 million pairs)."""
+        if not all(
+            (values := _equality_values(condition)) is not None
+            and all(type(value) is str for value in values)
+            for condition in query.values()
+        ):
+            return None
+        for index in self._indexes.values():
+            if index.unindexed or set(index.fields[: len(query)]) != set(query):
+                continue
+            planned = index.scan(query, None)
+            if planned is not None and planned[0] == len(query):
+                return planned[1]
+        return None
+
     def candidates(
         self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
     ) -> Iterator[Any] | None:

@@ -247,6 +247,9 @@ def _iter_documents_indexed(self: Any, filter: Any) -> Iterator[Any]:
         return iter([store[one] for one in dict.fromkeys(wanted["$in"]) if one in store])
     index_set = getattr(store, INDEX_SET_ATTRIBUTE, None)
     if index_set is not None:
+        exact = index_set.exact(filter) if filter and "_id" not in filter else None
+        if exact is not None:
+            return iter([store[one] for one in list(exact) if one in store])
         candidates = index_set.candidates(filter, None)
         if candidates is not None:
             return (
