@@ -207,12 +207,7 @@ class Consumer:
         attempt = 0
         while True:
             try:
-                tasks = await self._store.fetch(
-                    self.names,
-                    self.worker_id,
-                    self.options.heap_size,
-                    self.options.fetch_batch_size,
-                )
+                tasks = await self._claimable_soonest()
                 await self._store.recover_dependents()
                 break
             except BackendUnavailable as exc:
@@ -226,6 +221,11 @@ class Consumer:
         # (our own running ones, say) would otherwise be repeated back to back for ever.
         self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
         self._wake.set()
+
+    async def _claimable_soonest(self) -> list[Task]:
+        """The tasks we may claim, soonest first, as many as the heap holds: its fill."""
+        size, batch = self.options.heap_size, self.options.fetch_batch_size
+        return await self._store.fetch(self.names, self.worker_id, size, batch)
 
     def _wake_recovery(self) -> None:
         self._recovery_checks[""] = self._clock.now()  # "": owed by this process, now
@@ -359,9 +359,7 @@ class Consumer:
             return
         self.stats.record("rescheduled")
         try:
-            tasks = await self._store.fetch(
-                self.names, self.worker_id, self.options.heap_size, self.options.fetch_batch_size
-            )
+            tasks = await self._claimable_soonest()
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim

@@ -260,19 +260,21 @@ class IndexSet:
             for condition in query.values()
         ):
             return None
-        for index in self._indexes.values():
-            if index.unindexed or set(index.fields[: len(query)]) != set(query):
-                continue
-            planned = index.scan(query, None)
-            if planned is not None and planned[0] == len(query):
-                return planned[1]
-        return None
+        planned = self._plan(query, None)
+        return planned[1] if planned is not None and planned[0] == len(query) else None
 
     def candidates(
         self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
     ) -> Iterator[Any] | None:
         """Candidate ids in ``sort`` order from the index with the longest equality prefix
         (None: no index gives them; mongomock must scan)."""
+        planned = self._plan(query, sort)
+        return None if planned is None else planned[1]
+
+    def _plan(
+        self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
+    ) -> tuple[int, Iterator[Any]] | None:
+        """The scan of the index with the longest equality prefix: (its depth, the ids)."""
         best: tuple[int, Iterator[Any]] | None = None
         for index in self._indexes.values():
             if index.unindexed:
@@ -280,4 +282,4 @@ class IndexSet:
             planned = index.scan(query, sort)
             if planned is not None and (best is None or planned[0] > best[0]):
                 best = planned
-        return None if best is None else best[1]
+        return best
