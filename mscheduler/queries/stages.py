@@ -124,18 +124,24 @@ def earliest_lease_expiry() -> Document:
     returns null. The running state that no other running state expires before evaluates the
     same on all three; it is quadratic in the running states, at most
     ``concurrent_worker_cnt`` of them."""
+    # The running states are filtered once, bound to $$running: an input written inline is
+    # evaluated again for every state the outer filter tests.
     running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
     expires_before_a = {
         "$filter": {
-            "input": running,
+            "input": "$$running",
             "as": "b",
             "cond": {"$lt": ["$$b.ping_expire_at", "$$a.ping_expire_at"]},
         }
     }
     first = {
-        "$filter": {"input": running, "as": "a", "cond": {"$eq": [{"$size": expires_before_a}, 0]}}
+        "$filter": {
+            "input": "$$running",
+            "as": "a",
+            "cond": {"$eq": [{"$size": expires_before_a}, 0]},
+        }
     }
-    return {
+    earliest = {
         "$let": {
             "vars": {"first": first},
             "in": {
@@ -152,6 +158,7 @@ def earliest_lease_expiry() -> Document:
             },
         }
     }
+    return {"$let": {"vars": {"running": running}, "in": earliest}}
 
 
 # ---------------------------------------------------------------- stages shared by every write
@@ -220,7 +227,14 @@ def trim_history(run_id: str | None) -> Pipeline:
             }
         }
 
-    too_many = {"$gt": [count_states(state_is(*_ENDED)), c.KEPT_FINISHED_STATES]}
+    # The size of the whole history first: it bounds the ended states, and a task of few
+    # states (nearly all of them) is then left after one cheap test, not three filters.
+    too_many = {
+        "$and": [
+            {"$gt": [{"$size": "$worker_states"}, c.KEPT_FINISHED_STATES]},
+            {"$gt": [count_states(state_is(*_ENDED)), c.KEPT_FINISHED_STATES]},
+        ]
+    }
     dropped = states(kept=False)
     dropped_failures = {
         "$size": {"$filter": {"input": dropped, "as": "ws", "cond": state_is(FAIL, TIMEOUT)}}

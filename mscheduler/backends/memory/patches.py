@@ -38,16 +38,19 @@ _original_arithmetic = mongomock_aggregate._Parser._handle_arithmetic_operator
 
 @functools.wraps(_original_arithmetic)
 def _arithmetic_with_dates(self: Any, operator: str, values: Any) -> Any:
+    """``$add`` evaluates its operands once (mongomock's evaluated them twice when they were
+    all numbers: ours, then its own)."""
     if operator == "$add" and isinstance(values, (list, tuple)):
         parsed = list(self.parse_many(values))
         dates = [v for v in parsed if isinstance(v, dt.datetime)]
-        if len(dates) == 1 and all(
-            v is dates[0] or isinstance(v, numbers.Number) for v in parsed if v is not None
+        if len(dates) <= 1 and all(
+            v is None or v is (dates[0] if dates else None) or isinstance(v, numbers.Number)
+            for v in parsed
         ):
             if any(v is None for v in parsed):
                 return None
-            millis = sum(v for v in parsed if not isinstance(v, dt.datetime))
-            return dates[0] + dt.timedelta(milliseconds=millis)
+            total = sum(v for v in parsed if not isinstance(v, dt.datetime))
+            return dates[0] + dt.timedelta(milliseconds=total) if dates else total
     return _original_arithmetic(self, operator, values)
 
 
