@@ -10,7 +10,6 @@ and errors that tests inject to exercise the listener's recovery.
 from __future__ import annotations
 
 import collections
-import copy
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ...clock import UTC
+from .patches import document_copy
 
 CHANGE_STREAM_HISTORY_LOST = 286
 DEFAULT_HISTORY = 10_000
@@ -73,7 +73,7 @@ class ChangeFeed:
         self._sequence += 1
         if len(self._events) == self._events.maxlen:
             self._forgotten_before = self._events[0]["_seq"] + 1
-        after = copy.deepcopy(full_document) if full_document else None
+        after = document_copy(full_document) if full_document else None
         event = {
             "_seq": self._sequence,
             "_id": _token(self._sequence),
@@ -208,7 +208,7 @@ class MemoryChangeStream:
                 self._scanned = event["_seq"]
                 seen = self._view(event)  # $match first; copy only what the stream delivers
                 if all(filter_applies(match, seen) for match in self._matches):
-                    self._buffer.append(copy.deepcopy(seen))
+                    self._buffer.append(document_copy(seen))
         if not self._buffer:
             # Like the server's post-batch resume token: skip past events the $match dropped.
             self._position = self._scanned
