@@ -75,6 +75,19 @@ async def test_the_index_answers_as_a_scan_does():
             ({"name": {"$in": names}, "state": rng.choice(STATES)}, None, 0),
             (q.by_key(f"k{rng.randrange(450)}"), None, 0),
             ({"dependents_notified": False}, None, 0),
+            # Ranges after the equality prefix are bounds on the index keys, within their type
+            # (a null next_claim_at, or a number bound against dates, matches nothing).
+            ({"name": {"$in": names}, "state": "pending", "next_claim_at": {"$gt": now}}, None, 0),
+            (
+                {
+                    "name": {"$in": names},
+                    "state": {"$in": ["pending", "running"]},
+                    "next_claim_at": {"$gte": now - dt.timedelta(seconds=20), "$lt": now},
+                },
+                q.CLAIM_SORT,
+                0,
+            ),
+            ({"name": {"$in": names}, "state": "pending", "next_claim_at": {"$lte": 5}}, None, 0),
         ]
         for query, sort, limit in queries:
             expected = await _found(scanned, query, sort, limit)

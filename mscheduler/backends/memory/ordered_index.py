@@ -23,6 +23,7 @@ import bisect
 import datetime as dt
 import heapq
 import itertools
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -181,6 +182,9 @@ class OrderedIndex:
             prefix = tuple(_directed(v, directions[n]) for n, v in enumerate(combination))
             ranges.append(self._range(prefix))
         depth = len(prefix_values)
+        bounded = _key_bounds(query, self.keys, depth)
+        if bounded:
+            ranges = [_within(entries, bounded) for entries in ranges]
         if len(ranges) == 1 or not sort:  # one range, or no order asked: one after another
             return depth, (entry[1][1] for entry in itertools.chain(*ranges))
         merged = heapq.merge(*ranges, key=lambda entry: (entry[0][depth:], entry[1]))
@@ -193,6 +197,54 @@ class OrderedIndex:
         while position < len(entries) and entries[position][0][:size] == prefix:
             yield entries[position]
             position += 1
+
+
+_COMPARISONS: dict[str, Any] = {
+    "$lt": operator.lt,
+    "$lte": operator.le,
+    "$gt": operator.gt,
+    "$gte": operator.ge,
+}
+
+
+def _key_bounds(
+    query: Mapping[str, Any], keys: Sequence[tuple[str, int]], depth: int
+) -> list[tuple[int, int, Any, Any]]:
+    """Ranges on ascending key fields after the equality prefix (``next_claim_at`` of the
+    claim's index), tested on the index keys as MongoDB's index bounds are: a candidate out of
+    them is never read. As (position, BSON type rank, comparison, bound): a comparison
+    matches only values of its bound's type, as on MongoDB (a null ``next_claim_at`` never
+    matches ``$lte`` a date)."""
+    bounds = []
+    for position in range(depth, len(keys)):
+        field, direction = keys[position]
+        condition = query.get(field)
+        if direction < 0 or not isinstance(condition, Mapping) or not condition:
+            continue
+        if not set(condition) <= _COMPARISONS.keys():
+            continue
+        for name, bound in condition.items():
+            if bound is None or isinstance(bound, (list, tuple, dict)):
+                continue
+            try:
+                rank, value = _ordered(bound)
+            except _Unorderable:
+                continue
+            bounds.append((position, rank, _COMPARISONS[name], value))
+    return bounds
+
+
+def _within(
+    entries: Iterator[tuple[tuple[Any, ...], tuple[int, Any]]],
+    bounds: list[tuple[int, int, Any, Any]],
+) -> Iterator[tuple[tuple[Any, ...], tuple[int, Any]]]:
+    for entry in entries:
+        key = entry[0]
+        if all(
+            key[position][0] == rank and compare(key[position][1], bound)
+            for position, rank, compare, bound in bounds
+        ):
+            yield entry
 
 
 def _id_key(document_id: Any) -> tuple[int, Any]:
