@@ -55,6 +55,7 @@ def _arithmetic_with_dates(self: Any, operator: str, values: Any) -> Any:
 
 
 _original_basic_expression = mongomock_aggregate._Parser._parse_basic_expression
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 @functools.wraps(_original_basic_expression)
@@ -74,7 +75,14 @@ def _basic_expression_with_arrays(self: Any, expression: Any) -> Any:
                 )
         return _original_basic_expression(self, expression)
     if kind is list:
-        return [self.parse(element) for element in expression]
+        # A plain string or number is itself (the lists of states that `$in` tests, for every
+        # element of every `$filter`); anything else is an expression.
+        return [
+            element
+            if type(element) in _PLAIN and not (type(element) is str and element[:1] == "$")
+            else self.parse(element)
+            for element in expression
+        ]
     if kind is dt.datetime:
         return datetimes_as_stored(expression)
     return _original_basic_expression(self, expression)
