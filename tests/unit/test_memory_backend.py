@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import anyio
 import pytest
@@ -62,6 +63,34 @@ async def test_match_pipeline_filters_events(collection: MemoryCollection):
     event = await stream.next()
     assert event["fullDocument"]["name"] == "email"
     assert await stream.try_next() is None
+
+
+async def test_each_stream_gets_the_events_its_own_match_and_shape_select(
+    collection: MemoryCollection,
+):
+    """Streams with one pipeline share the test of each event; none gets another's events."""
+
+    def names(*values: str) -> list[dict[str, Any]]:
+        return [{"$match": {"fullDocument.name": {"$in": list(values)}}}]
+
+    emails = [await collection.watch(names("email"), full_document="updateLookup") for _ in "ab"]
+    sms = await collection.watch(names("sms"), full_document="updateLookup")
+    # Without updateLookup an update has no fullDocument: the same $match drops it.
+    bare = await collection.watch(names("email"))
+    await collection.insert_one({"_id": 1, "name": "sms"})
+    await collection.insert_one({"_id": 2, "name": "email"})
+    await collection.update_one({"_id": 2}, {"$set": {"n": 1}})
+
+    async def seen(stream: Any) -> list[tuple[str, Any]]:
+        events = []
+        while (event := await stream.try_next()) is not None:
+            events.append((event["operationType"], event["documentKey"]["_id"]))
+        return events
+
+    for stream in emails:
+        assert await seen(stream) == [("insert", 2), ("update", 2)]
+    assert await seen(sms) == [("insert", 1)]
+    assert await seen(bare) == [("insert", 2)]
 
 
 async def test_resume_after_a_token_misses_nothing(collection: MemoryCollection):

@@ -25,6 +25,9 @@ CHANGE_STREAM_HISTORY_LOST = 286
 DEFAULT_HISTORY = 10_000
 
 
+_PRIVATE = frozenset({"_seq", "_verdicts"})  # what an event keeps for the feed alone
+
+
 def _token(sequence: int) -> dict[str, str]:
     return {"_data": f"{sequence:020d}"}
 
@@ -76,6 +79,7 @@ class ChangeFeed:
         after = document_copy(full_document) if full_document else None
         event = {
             "_seq": self._sequence,
+            "_verdicts": {},  # a stream's $match on this event, by `MemoryChangeStream._kind`
             "_id": _token(self._sequence),
             "operationType": operation,
             "ns": dict(self._namespace),
@@ -163,6 +167,9 @@ class MemoryChangeStream:
         self._generation = feed._generation
         self._buffer: collections.deque[dict[str, Any]] = collections.deque()
         self._closed = False
+        # Streams that show events alike and match them alike (the consumers of one set of
+        # names) test each event once between them.
+        self._kind = (self._with_full_document, repr(matches))
 
     @property
     def resume_token(self) -> dict[str, str]:
@@ -206,9 +213,8 @@ class MemoryChangeStream:
         if not self._buffer:
             for event in self._feed._events_after(self._scanned):
                 self._scanned = event["_seq"]
-                seen = self._view(event)  # $match first; copy only what the stream delivers
-                if all(filter_applies(match, seen) for match in self._matches):
-                    self._buffer.append(document_copy(seen))
+                if self._matched(event):  # $match first; copy only what the stream delivers
+                    self._buffer.append(document_copy(self._view(event)))
         if not self._buffer:
             # Like the server's post-batch resume token: skip past events the $match dropped.
             self._position = self._scanned
@@ -233,10 +239,18 @@ class MemoryChangeStream:
             self._closed = True  # a failed cursor is dead, as with the driver
             raise error
 
+    def _matched(self, event: dict[str, Any]) -> bool:
+        verdicts = event["_verdicts"]
+        verdict = verdicts.get(self._kind)
+        if verdict is None:
+            seen = self._view(event)
+            verdict = verdicts[self._kind] = all(filter_applies(m, seen) for m in self._matches)
+        return bool(verdict)
+
     def _view(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event as this stream shows it (a shallow view of the stored one: not to be
         changed, and copied before it is handed out)."""
-        shaped = {k: v for k, v in event.items() if k != "_seq"}
+        shaped = {k: v for k, v in event.items() if k not in _PRIVATE}
         if not self._with_full_document and shaped["operationType"] != "insert":
             shaped.pop("fullDocument", None)
         if shaped.get("fullDocument") is None:
