@@ -10,8 +10,11 @@ tasks are enqueued first, then N workers each running one job at a time are time
 queue is empty. Every queue runs in process on an in-memory store, so the numbers compare
 the queues' own work per job, not a network. A peer that is not installed is left out.
 
-``--rounds`` runs every queue that many times, in turn, and reports each one's median: on a
-shared machine one run varies by a quarter from one minute to the next. A queue still
+``--rounds`` runs every queue that many times, in turn, and reports each one's median rate.
+On a shared machine one run varies by a third from one minute to the next, so a ratio is
+not the quotient of two medians taken minutes apart: each round times mscheduler and then
+each peer straight after it, and the ratio printed is the median of those rounds' ratios
+(paired runs share the machine's state of that minute). A queue still
 running after ``--deadline`` seconds is stopped and its rate is the jobs it finished in that
 time (marked ``*``): procrastinate's in-memory connector slows as its queue grows (it scans
 every job for each one it fetches), and with 5,000 jobs would take many minutes.
@@ -39,6 +42,14 @@ from common import rq_job
 class Rate(NamedTuple):
     tasks_per_s: float
     complete: bool  # False: stopped at the deadline, the rate of the jobs done by then
+
+
+class Compared(NamedTuple):
+    """A peer over the rounds: its median rate, and the median of mscheduler's rate divided
+    by its rate in the same round."""
+
+    rate: Rate
+    ratio: float
 
 
 def procrastinate_run(workers: int, tasks: int, deadline: float) -> Rate | None:
@@ -85,7 +96,7 @@ def arq_run(workers: int, tasks: int, deadline: float) -> Rate | None:
     async def no_server_info(*_: Any) -> None:
         return None  # fakeredis has no INFO command, which arq logs at start
 
-    arq.worker.log_redis_info = no_server_info  # type: ignore[assignment]
+    arq.worker.log_redis_info = no_server_info  # type: ignore[assignment,attr-defined]
 
     async def job(ctx: dict[str, Any], n: int) -> None:
         return None
@@ -95,7 +106,7 @@ def arq_run(workers: int, tasks: int, deadline: float) -> Rate | None:
 
         def pool() -> ArqRedis:
             return ArqRedis(
-                connection_pool=ConnectionPool(connection_class=FakeConnection, server=server)
+                connection_pool=ConnectionPool(connection_class=FakeConnection, server=server)  # type: ignore[arg-type]
             )
 
         producer = pool()
@@ -176,30 +187,36 @@ OURS = "mscheduler memory://"
 
 
 async def measure(tasks: int, workers: int, rounds: int, deadline: float) -> dict[str, Any]:
-    """Every queue ``rounds`` times, in turn: the median rate of each (None: not installed),
-    and mscheduler's calls per task."""
-    rates: dict[str, list[Rate]] = {OURS: []}
+    """Every queue ``rounds`` times, in turn: mscheduler's median rate and calls per task, and
+    each peer's `Compared` (left out: not installed)."""
+    ours: list[Rate] = []
     calls = []
+    peers: dict[str, list[tuple[Rate, float]]] = {}
     for _ in range(rounds):
-        ours = await mscheduler_run("memory://", workers, tasks)
-        rates[OURS].append(Rate(ours["tasks_per_s"], True))
-        calls.append(ours["calls_per_task"])
+        measured = await mscheduler_run("memory://", workers, tasks)
+        ours.append(Rate(measured["tasks_per_s"], True))
+        calls.append(measured["calls_per_task"])
         for name, run in PEERS.items():
             rate = await anyio.to_thread.run_sync(run, workers, tasks, deadline)
             if rate is not None:
-                rates.setdefault(name, []).append(rate)
-    medians: dict[str, Any] = {
-        name: sorted(measured)[len(measured) // 2] for name, measured in rates.items()
-    }
-    medians["calls_per_task"] = statistics.median(calls)
+                peers.setdefault(name, []).append((rate, ours[-1].tasks_per_s / rate.tasks_per_s))
+    medians: dict[str, Any] = {OURS: _median(ours), "calls_per_task": statistics.median(calls)}
+    for name, runs in peers.items():
+        medians[name] = Compared(
+            _median([rate for rate, _ in runs]), statistics.median(ratio for _, ratio in runs)
+        )
     return medians
 
 
-def cell(rate: Rate | None, ours: Rate) -> str:
-    if rate is None:
+def _median(rates: list[Rate]) -> Rate:
+    return sorted(rates)[len(rates) // 2]
+
+
+def cell(compared: Compared | None) -> str:
+    if compared is None:
         return "-"
-    mark = "" if rate.complete else "*"
-    return f"{rate.tasks_per_s:.0f}{mark} ({ours.tasks_per_s / rate.tasks_per_s:.2f})"
+    mark = "" if compared.rate.complete else "*"
+    return f"{compared.rate.tasks_per_s:.0f}{mark} ({compared.ratio:.2f})"
 
 
 async def main() -> None:
@@ -221,21 +238,22 @@ async def main() -> None:
                 line += f"{ours.tasks_per_s:6.0f}/s ({measured['calls_per_task']:.2f} calls/task)"
                 for name in PEERS:
                     if name in measured:
-                        line += f"; {name} {cell(measured[name], ours)}"
+                        line += f"; {name} {cell(measured[name])}"
                 print(line, flush=True)
     if args.markdown:
         names = [name for name in PEERS if any(name in row[2] for row in rows)]
         print(
             f"{dt.date.today().isoformat()}, {platform.machine()} with "
             f"{os.cpu_count() or 1} cores, Python {platform.python_version()}; median of "
-            f"{args.rounds} rounds; tasks/s (ratio mscheduler / peer); * stopped after "
+            f"{args.rounds} rounds; tasks/s (median of the rounds' ratios mscheduler / peer); "
+            f"* stopped after "
             f"{args.deadline:.0f} s, the rate of the jobs it had finished\n"
         )
         print("| tasks | workers | mscheduler memory:// | calls/task | " + " | ".join(names) + " |")
         print("| ---: | ---: | ---: | ---: |" + " ---: |" * len(names))
         for tasks, workers, measured in rows:
             ours = measured[OURS]
-            cells = [cell(measured.get(name), ours) for name in names]
+            cells = [cell(measured.get(name)) for name in names]
             print(
                 f"| {tasks:,} | {workers} | {ours.tasks_per_s:.0f} | "
                 f"{measured['calls_per_task']:.2f} | " + " | ".join(cells) + " |"
