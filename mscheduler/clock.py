@@ -16,10 +16,13 @@ UTC = dt.timezone.utc
 
 def to_bson_time(moment: dt.datetime) -> dt.datetime:
     """Aware UTC, truncated to the millisecond, as BSON stores it (so reads equal writes)."""
-    if moment.tzinfo is None:
+    if moment.tzinfo is None:  # naive: UTC, as the driver reads dates back
         moment = moment.replace(tzinfo=UTC)
-    moment = moment.astimezone(UTC)
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+    elif moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    if moment.microsecond % 1000:
+        moment = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+    return moment
 
 
 class Clock(Protocol):
