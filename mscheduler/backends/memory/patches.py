@@ -6,7 +6,11 @@ it is slower than it needs to be. Applied once, on import of the memory backend.
   unevaluated);
 - ``$and`` stops at its first false operand, and the ``$unset`` stage exists, as on MongoDB;
 - an update pipeline's dates are converted as it is evaluated, not by a walk of the whole
-  pipeline first; operators are dispatched by a dict, and ``$$var`` read directly;
+  pipeline first; operators are dispatched by a dict, and ``$$var`` read directly; ``$add``
+  evaluates its operands once, and an array literal's plain strings and numbers are taken
+  as they are;
+- documents are copied by `document_copy` (dicts, lists and mongomock's stored OrderedDicts
+  rebuilt, immutable values shared), where mongomock used `copy.deepcopy`;
 - a query by ``_id`` alone (or ``_id`` ``$in`` a list) reads those documents, as the server's
   ``_id`` index does, instead of testing every document of the collection (the memory
   backend looks each written document up by ``_id`` before and after the write, for its
