@@ -49,8 +49,7 @@ def _arithmetic_with_dates(self: Any, operator: str, values: Any) -> Any:
         parsed = list(self.parse_many(values))
         dates = [v for v in parsed if isinstance(v, dt.datetime)]
         if len(dates) <= 1 and all(
-            v is None or v is (dates[0] if dates else None) or isinstance(v, numbers.Number)
-            for v in parsed
+            v is None or isinstance(v, (dt.datetime, numbers.Number)) for v in parsed
         ):
             if any(v is None for v in parsed):
                 return None
