@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import anyio
 from bench_throughput import mscheduler_run
-from common import rq_job
+from common import median_run, rq_job
 
 
 class Rate(NamedTuple):
@@ -209,7 +209,7 @@ async def measure(tasks: int, workers: int, rounds: int, deadline: float) -> dic
 
 
 def _median(rates: list[Rate]) -> Rate:
-    return sorted(rates)[len(rates) // 2]
+    return median_run(rates, lambda rate: rate.tasks_per_s)
 
 
 def cell(compared: Compared | None) -> str:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import anyio
-from common import counted_scheduler, dispose
+from common import counted_scheduler, dispose, median_run
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
@@ -139,7 +139,7 @@ async def main() -> None:
             runs[consumers, max_running, tasks].append(measured)
     rows = []
     for (consumers, max_running, tasks), measured_runs in runs.items():
-        ours = sorted(measured_runs, key=lambda run: run["tasks_per_s"])[len(measured_runs) // 2]
+        ours = median_run(measured_runs, lambda run: run["tasks_per_s"])
         rows.append((consumers, max_running, tasks, ours))
         if not args.markdown:
             print(

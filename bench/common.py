@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import mscheduler as ms
 from mscheduler.backends.uri import Connection, open_collection
@@ -24,6 +25,15 @@ async def dispose(counting: CountingCollection, connection: Any) -> None:
     if connection.kind == "mongodb":
         await counting.wrapped.drop()
     await connection.close()
+
+
+T = TypeVar("T")
+
+
+def median_run(runs: Sequence[T], rate: Callable[[T], float]) -> T:
+    """The run of median ``rate`` (the upper one of an even count): a run itself, so that
+    its other figures come from the same minute."""
+    return sorted(runs, key=rate)[len(runs) // 2]
 
 
 def rq_job(n: int) -> None:
