@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
@@ -59,6 +60,7 @@ class TaskStore(StoreBase):
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
         self._finishes = FinishBatcher(self, self._fenced_document)
+        self._claim_turn = anyio.Lock()
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
@@ -153,7 +155,8 @@ class TaskStore(StoreBase):
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
             return [] if lease is None else [lease]
         await self._ready()
-        return await claims.claim_many(self, worker_id, names, limit, exclude_keys, self.settle)
+        async with self._claim_turn:  # batches of this process take turns (`claims`)
+            return await claims.claim_many(self, worker_id, names, limit, exclude_keys, self.settle)
 
     async def settle(self, task_ids: Sequence[Any]) -> None:
         """After a write that may have ended these tasks without returning them: tell the

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 from pymongo.errors import AutoReconnect
 
@@ -145,3 +147,36 @@ async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Sche
     sched = ms.Scheduler(racing, clock=scheduler.store.clock)
     leases = await sched.store.claim_many("w1", names=["job"], limit=4)
     assert racing.rounds == 2 and len(leases) == 4
+    # The lost round read its candidates and wrote; it had nothing of its own to read back.
+    assert racing.counts["find"] == 3, racing.counts  # two reads of candidates, one of runs
+
+
+class _YieldsBeforeWriting(CountingCollection):
+    """A server's round trip: other tasks of the process run while a write is in flight."""
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return await super().bulk_write(requests, **kwargs)
+
+
+async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_candidates(
+    scheduler: ms.Scheduler,
+):
+    """Found on the wire (issue 12): consumers of one process, whose slots free together,
+    read the same best candidates at once; all but one lost them and read again."""
+    await _publish(scheduler, 8)
+    counting = _YieldsBeforeWriting(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    won: dict[str, list[ms.Lease]] = {}
+
+    async def claim(worker_id: str) -> None:
+        won[worker_id] = await sched.store.claim_many(worker_id, names=["job"], limit=4)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(claim, "w1")
+        group.start_soon(claim, "w2")
+    assert [len(won["w1"]), len(won["w2"])] == [4, 4]
+    assert {lease.key for lease in won["w1"]}.isdisjoint(lease.key for lease in won["w2"])
+    assert counting.calls == 6, counting.counts  # two batches of three round trips, no loss
