@@ -114,6 +114,7 @@ def create_app(
     secret: str | None = None,
     poll_interval: float = 2.0,
     min_refresh_interval: float = 1.0,
+    page_size: int = PAGE_SIZE,
 ) -> Starlette:
     """The dashboard of ``scheduler``'s collection, as an ASGI app to serve or mount.
 
@@ -121,7 +122,8 @@ def create_app(
     basic auth's password, or a bearer token); without it, serve on a trusted address only.
     ``secret``: derives the CSRF token, so several processes behind one address accept each
     other's pages (by default each process draws its own). ``poll_interval``: how often
-    open pages refresh where the server has no change streams.
+    open pages refresh where the server has no change streams. ``page_size``: rows of the
+    task list per page.
     """
     environment = _environment()
     csrf = csrf_token(secret)
@@ -157,7 +159,7 @@ def create_app(
             field: params.get(field) or None for field in ("name", "state", "prefix", "after")
         }
         try:
-            page = await browse.task_page(scheduler.store, limit=PAGE_SIZE, **chosen)
+            page = await browse.task_page(scheduler.store, limit=page_size, **chosen)
         except MSchedulerError as exc:
             return render(request, "error.html", 400, message=str(exc))
         names = await browse.task_names(scheduler.store)
