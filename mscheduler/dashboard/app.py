@@ -58,6 +58,14 @@ def _age(moment: dt.datetime | None, now: dt.datetime) -> str:
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
+def _duration(seconds: float) -> str:
+    """``90`` as ``90s``, ``60`` as ``1m``, ``7200`` as ``2h``: the largest exact unit."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def _environment() -> Environment:
     environment = Environment(
         loader=FileSystemLoader(HERE / "templates"),
@@ -66,17 +74,23 @@ def _environment() -> Environment:
     )
     environment.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
     environment.filters["json"] = _json
+    environment.filters["duration"] = _duration
     environment.globals["states"] = STATES
     return environment
 
 
 class EventStream(Response):
-    """``text/event-stream`` of ``refresh`` events until the client goes away."""
-
-    media_type = "text/event-stream"
+    """``text/event-stream`` of ``refresh`` events until the client goes away (no length:
+    the body never ends)."""
 
     def __init__(self, scheduler: Scheduler, poll_interval: float, min_interval: float) -> None:
-        super().__init__(headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # a proxy in front must not hold the events back
+        ]
         self.scheduler = scheduler
         self.poll_interval = poll_interval
         self.min_interval = min_interval

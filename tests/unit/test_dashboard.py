@@ -101,7 +101,7 @@ async def test_the_overview_shows_each_name_with_its_counts_pause_limits_and_sch
     assert count_in(sms, "pending") == 1
     assert "paused: provider outage" in text_of(sms)
     assert "paused" not in text_of(email)
-    assert "0/100 per 60s" in text_of(email) and "0/5 running" in text_of(email)
+    assert "0/100 per 1m" in text_of(email) and "0/5 running" in text_of(email)
     assert "0 3 * * *" in text_of(report)  # a schedule before any of its tasks exists
     assert "1 succeeded" in text_of(page) and "1 failed" in text_of(page)
     # Two bars in the chart of the last hour: the success, and the failure ten minutes later.
