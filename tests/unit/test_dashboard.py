@@ -345,6 +345,58 @@ async def test_open_pages_are_told_when_tasks_change(
         group.cancel_scope.cancel()
 
 
+async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_leaves(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
+):
+    app = create_app(scheduler, poll_interval=5, min_refresh_interval=1)
+    sent: list[dict[str, Any]] = []
+    requested, left = anyio.Event(), anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if not requested.is_set():
+            requested.set()
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/events",
+        "raw_path": b"/events",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "server": ("dashboard", 80),
+        "client": ("operator", 1234),
+    }
+
+    def bodies() -> bytes:
+        return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(app, scope, receive, send)
+            await discover()
+            headers = dict(sent[0]["headers"])
+            assert headers[b"content-type"].startswith(b"text/event-stream")
+            assert b"content-length" not in headers  # the body never ends
+            assert b"data: refresh" not in bodies()
+            await scheduler.publish("new", None, name="job")
+            await discover()
+            if engine == "wire":
+                clock.advance(5)
+                await discover()
+            assert bodies().count(b"data: refresh") == 1
+            left.set()  # the response ends with the client, no cancel needed
+
+
 async def test_the_workers_column_waits_for_the_registry(scheduler: ms.Scheduler):
     # Until the workers registry exists the overview shows none rather than failing.
     assert await live_workers(scheduler) == [] or hasattr(scheduler, "workers")
