@@ -162,6 +162,25 @@ async def test_a_key_with_slashes_and_spaces_has_a_page_and_actions(scheduler: m
     assert (await scheduler.get("export/2026 01/main")).state is ms.TaskState.CANCELLED
 
 
+async def test_mounted_under_a_path_its_links_forms_and_redirects_keep_the_path(
+    filled: ms.Scheduler,
+):
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/ops/queue", app=create_app(filled))])
+    async with client(host) as http:
+        overview = (await http.get("/ops/queue/")).text
+        task = (await http.get("/ops/queue/tasks/email:0")).text
+        asset = await http.get("/ops/queue/static/htmx.min.js")
+        done = await http.post("/ops/queue/tasks/email:0/cancel", data={"csrf": csrf_of(task)})
+    assert 'href="/ops/queue/tasks?name=email"' in overview
+    assert 'src="/ops/queue/static/htmx.min.js"' in overview
+    assert 'action="/ops/queue/tasks/email%3A0/cancel"' in task
+    assert asset.status_code == 200
+    assert done.status_code == 303 and done.headers["location"] == "/ops/queue/tasks/email%3A0"
+
+
 # ------------------------------------------------------------------------ the task list
 
 
