@@ -35,6 +35,7 @@ from .security import CSRF_FIELD, CSRF_HEADER, RequireToken, csrf_token, same_to
 HERE = pathlib.Path(__file__).parent
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
+MAX_LINKS = 100  # dependencies and dependents shown on a task's page
 
 
 def _json(value: Any) -> str:
@@ -190,13 +191,16 @@ def create_app(
         found = await scheduler.get(key)
         if found is None:
             return render(request, "error.html", 404, message=f"no task has the key {key!r}")
-        dependencies = {key: await scheduler.get(key) for key in found.depends_on}
-        dependents = await browse.dependents(scheduler.store, key)
+        shown = found.depends_on[:MAX_LINKS]
+        states = await browse.states_of(scheduler.store, shown)
+        dependencies = {dependency: states.get(dependency) for dependency in shown}
+        dependents = await browse.dependents(scheduler.store, key, limit=MAX_LINKS)
         return render(
             request,
             "task.html",
             task=found,
             dependencies=dependencies,
+            more_dependencies=len(found.depends_on) - len(shown),
             dependents=dependents,
             terminal=found.state.is_terminal,
             retryable=found.state in (TaskState.FAIL, TaskState.CANCELLED),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bson import ObjectId
@@ -137,8 +138,16 @@ async def task_page(
 
 
 @driver_errors
+async def states_of(store: TaskStore, keys: Sequence[str]) -> dict[str, TaskState]:
+    """The state of each task of ``keys`` that exists, in one read."""
+    await store._ready()
+    cursor = store.collection.find(q.keys_filter(keys), {"key": 1, "state": 1, "_id": 0})
+    return {document["key"]: TaskState(document["state"]) async for document in cursor}
+
+
+@driver_errors
 async def dependents(store: TaskStore, key: str, limit: int = 100) -> list[Task]:
-    """The tasks that depend on ``key`` (the first ``limit``, in key order)."""
+    """The tasks that depend on ``key``: at most ``limit`` of them, shown in key order."""
     await store._ready()
     cursor = store.collection.find(q.dependents_filter(key), limit=limit)
     found = [Task.model_validate(document) async for document in cursor]

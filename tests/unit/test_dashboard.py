@@ -142,6 +142,7 @@ async def test_the_task_page_shows_payload_result_error_history_and_links(
     assert "25% copied 1/4" in text_of(load)
     assert "w7" in text_of(load)  # the running attempt in the worker-state history
     assert 'href="/tasks/extract"' in load and 'href="/tasks/report"' in load
+    assert "extract success" in text_of(load) and "report blocked" in text_of(load)
     assert '"sent": true' in html.unescape(extract)
     assert "RuntimeError: smtp refused" in text_of(bad)
     traceback = re.search(r'<pre class="traceback">(.*?)</pre>', bad, re.S)
