@@ -84,11 +84,6 @@ def name_after_filter(after_name: str | None) -> Document:
     return {"name": {"$gt": after_name if after_name is not None else ""}}
 
 
-def keys_filter(keys: Sequence[str]) -> Document:
-    """The tasks of ``keys`` (key_unique): a task's dependencies, in one read."""
-    return {"key": {"$in": list(keys)}}
-
-
 def dependents_filter(key: str) -> Document:
     """Tasks that depend on ``key`` (the dependents index)."""
     return {"depends_on": key}

@@ -17,6 +17,7 @@ from ..clock import to_bson_time
 from ..errors import ConfigurationError, driver_errors
 from ..models import Task, TaskState
 from ..queries import browse as q
+from ..queries import tasks as tq
 from .operations import parse_state
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ async def task_page(
 async def states_of(store: TaskStore, keys: Sequence[str]) -> dict[str, TaskState]:
     """The state of each task of ``keys`` that exists, in one read."""
     await store._ready()
-    cursor = store.collection.find(q.keys_filter(keys), {"key": 1, "state": 1, "_id": 0})
+    cursor = store.collection.find(tq.by_keys(keys), {"key": 1, "state": 1, "_id": 0})
     return {document["key"]: TaskState(document["state"]) async for document in cursor}
 
 
