@@ -210,7 +210,8 @@ def create_app(
         work: Callable[[Request, dict[str, str]], Awaitable[str]],
     ) -> Callable[[Request], Awaitable[Response]]:
         """A POST that changes something: refused (403, nothing done) without the page's
-        CSRF token; then back to the page it came from."""
+        CSRF token; then to the page of what it changed (a path of this app, never one the
+        form names: no open redirect)."""
 
         async def endpoint(request: Request) -> Response:
             body = await request.body()
@@ -236,35 +237,30 @@ def create_app(
 
         return endpoint
 
-    def _back(form: dict[str, str], default: str) -> str:
-        target = form.get("next", "")
-        # Only a path of this app: never a redirect to another site.
-        return target if target.startswith("/") and not target.startswith("//") else default
-
     def task_path(key: str) -> str:
         return "/tasks/" + urllib.parse.quote(key, safe="")
 
     async def cancel(request: Request, form: dict[str, str]) -> str:
         key = request.path_params["key"]
         await scheduler.cancel(key, form.get("reason") or "cancelled from the dashboard")
-        return _back(form, task_path(key))
+        return task_path(key)
 
     async def retry(request: Request, form: dict[str, str]) -> str:
         key = request.path_params["key"]
         await scheduler.retry(key)
-        return _back(form, task_path(key))
+        return task_path(key)
 
     async def pause(request: Request, form: dict[str, str]) -> str:
         await scheduler.pause(request.path_params["name"], form.get("reason", ""))
-        return _back(form, "/")
+        return "/"
 
     async def resume(request: Request, form: dict[str, str]) -> str:
         await scheduler.resume(request.path_params["name"])
-        return _back(form, "/")
+        return "/"
 
     async def retry_failed(request: Request, form: dict[str, str]) -> str:
         await scheduler.retry_failed(name=request.path_params["name"])
-        return _back(form, "/")
+        return "/"
 
     routes: list[BaseRoute] = [
         Route("/", home, name="home"),

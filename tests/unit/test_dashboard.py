@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import mscheduler as ms
+from mscheduler.cli.dashboard import is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
 from mscheduler.dashboard.overview import live_workers
@@ -285,7 +286,7 @@ async def test_actions_with_the_page_token_cancel_retry_pause_and_resume(filled:
         retried = await http.post("/names/email/retry-failed", data={"csrf": token})
         bad_retry = await http.post("/tasks/email:1/retry", data={"csrf": token})
         offsite = await http.post(
-            "/tasks/email:2/cancel", data={"csrf": token, "next": "//evil.example/"}
+            "/tasks/email:2/cancel", data={"csrf": token, "next": "/\\evil.example/"}
         )
         overview = (await http.get("/")).text
     assert cancelled.status_code == 303 and cancelled.headers["location"] == "/tasks/email%3A0"
@@ -420,6 +421,11 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
 async def test_the_workers_column_waits_for_the_registry(scheduler: ms.Scheduler):
     # Until the workers registry exists the overview shows none rather than failing.
     assert await live_workers(scheduler) == [] or hasattr(scheduler, "workers")
+
+
+def test_only_loopback_addresses_go_without_a_token():
+    assert all(map(is_loopback, ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.7", "example.com", ""]))
 
 
 def test_the_core_install_does_not_import_the_dashboard():
