@@ -64,7 +64,15 @@ def register(app: typer.Typer) -> None:
 
         async def serve(sched: Scheduler) -> None:
             app = create_app(sched, read_only=read_only, token=token, poll_interval=poll_interval)
-            config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="off")
+            # Open pages hold an event stream each: a stop waits that long for them, no more.
+            config = uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_config=None,
+                lifespan="off",
+                timeout_graceful_shutdown=2,
+            )
             typer.echo(f"dashboard: http://{host}:{port}/ (Ctrl-C stops it)", err=True)
             await uvicorn.Server(config).serve()
 

@@ -140,6 +140,10 @@ def create_app(
     open pages refresh where the server has no change streams. ``page_size``: rows of the
     task list per page.
     """
+    if not 1 <= page_size <= browse.MAX_PAGE:
+        raise ConfigurationError(f"page_size: expected 1 to {browse.MAX_PAGE}, got {page_size}")
+    if not poll_interval > 0 or not min_refresh_interval >= 0:
+        raise ConfigurationError("poll_interval, min_refresh_interval: must be positive")
     environment = _environment()
     csrf = csrf_token(secret)
 

@@ -9,6 +9,7 @@ import concurrent.futures
 import datetime as dt
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import tempfile
@@ -104,8 +105,9 @@ async def seed(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
 
 
 @pytest.fixture
-def dashboard(wire_server: WireServer) -> Iterator[tuple[str, str]]:
-    """The command serving a fresh database of the wire engine: (its URL, that database's URI)."""
+def dashboard(wire_server: WireServer) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+    """The command serving a fresh database of the wire engine: its URL, that database's URI,
+    and the process."""
     if not BIN.exists():
         pytest.skip("the mscheduler command is not installed")
     uri = wire_server.uri.replace("/?", f"/dash-{uuid.uuid4().hex[:8]}?")
@@ -129,10 +131,14 @@ def dashboard(wire_server: WireServer) -> Iterator[tuple[str, str]]:
                 assert process.poll() is None, process.stderr.read() if process.stderr else ""
                 assert time.monotonic() < deadline, "the dashboard did not start in 30 s"
                 time.sleep(0.1)
-        yield url, uri
+        yield url, uri, process
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def post(url: str, form: bytes) -> int:
@@ -146,7 +152,7 @@ def post(url: str, form: bytes) -> int:
 
 
 def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
-    dashboard: tuple[str, str],
+    dashboard: tuple[str, str, subprocess.Popen[str]],
 ):
     if not CHROMIUM.exists():
         browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
@@ -154,7 +160,7 @@ def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
         browser_unavailable("no playwright (pip install -e '.[dev]')")
-    url, uri = dashboard
+    url, uri, process = dashboard
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         browser = playwright.chromium.launch_persistent_context(
             profile,
@@ -198,6 +204,13 @@ def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
     assert post(url + "/tasks/email%3Aqueued-1/cancel", b"csrf=guessed") == 403
     other = on(uri, lambda sched: sched.get("email:queued-1"))
     assert other is not None and other.state is ms.TaskState.PENDING
+
+    # A page left open (its event stream) does not hold the command when it is stopped.
+    with urllib.request.urlopen(url + "/events", timeout=10) as stream:
+        assert stream.readline() == b": open\n"
+        process.terminate()
+        # Within uvicorn's grace period; uvicorn then re-raises the signal, as it does.
+        assert process.wait(timeout=8) in (0, -signal.SIGTERM)
 
 
 @needs_bin
