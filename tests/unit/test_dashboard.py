@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -418,9 +419,37 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
             left.set()  # the response ends with the client, no cancel needed
 
 
-async def test_the_workers_column_waits_for_the_registry(scheduler: ms.Scheduler):
-    # Until the workers registry exists the overview shows none rather than failing.
-    assert await live_workers(scheduler) == [] or hasattr(scheduler, "workers")
+async def test_the_live_workers_of_the_registry_are_shown_by_name(
+    filled: ms.Scheduler, clock: ms.ManualClock
+):
+    """Until the workers registry lands there is none (and no column fails); with it, each
+    live worker shows under the names it serves, and a stale one nowhere."""
+    assert await live_workers(filled) == [] or hasattr(ms.Scheduler, "workers")
+
+    def worker(worker_id: str, names: list[str], stale: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            worker_id=worker_id,
+            host="web-1",
+            pid=4242,
+            names=names,
+            max_running=16,
+            running=3,
+            started_at=clock.now(),
+            last_seen_at=clock.now(),
+            stale=stale,
+        )
+
+    async def workers() -> list[SimpleNamespace]:
+        return [worker("mailer-1", ["email", "sms"], False), worker("gone-1", ["email"], True)]
+
+    filled.workers = workers  # type: ignore[attr-defined]
+    async with client(create_app(filled)) as http:
+        page = (await http.get("/")).text
+    assert "mailer-1 3/16" in text_of(row_of(page, "email"))
+    assert "mailer-1" in text_of(row_of(page, "sms"))
+    assert "mailer-1" not in text_of(row_of(page, "report"))
+    assert "gone-1" not in page
+    assert "web-1:4242" in text_of(page)
 
 
 def test_only_loopback_addresses_go_without_a_token():
