@@ -91,6 +91,7 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
 # array field (mongoeco: null); $sortArray; $graphLookup (mongoeco over the wire).
 QUERY_OPERATORS: Final = frozenset(
     {"$in", "$nin", "$ne", "$lt", "$lte", "$gt", "$elemMatch", "$nor", "$or", "$size", "$expr"}
+    | {"$gte"}  # only on keys: queries.browse.prefix_page_filter
     | {"$type"}  # only {"$type": "date", ...}: see queries.tasks.expired_by
 )
 EXPRESSION_OPERATORS: Final = frozenset(

@@ -21,7 +21,7 @@ from ..api import Scheduler
 from ..errors import MSchedulerError
 from ..models import Task, TaskOptions
 from ..worker_options import WorkerOptions
-from . import controls, logs, schedules
+from . import controls, dashboard, logs, schedules
 from .common import Settings, fail, one_line, parse_duration, parse_json, parse_time, run
 from .demo import run_demo, stats_table
 from .worker import check_metrics_port, load_handlers, only, serve_worker
@@ -35,6 +35,7 @@ app = typer.Typer(
 )
 app.add_typer(schedules.app, name="schedule")
 controls.register(app)
+dashboard.register(app)
 console = Console()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 

@@ -9,9 +9,11 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from bson import ObjectId
 
 from mscheduler import constants as c
 from mscheduler.backends.memory.index_plan import index_serves
+from mscheduler.queries import browse as bq
 from mscheduler.queries import flows as fq
 from mscheduler.queries import lease as lq
 from mscheduler.queries import tasks as q
@@ -40,6 +42,17 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "mark notified": (fq.mark_notified("k")[0], None),
     "add dependency": (fq.add_dependency_filter("k"), None),
     "count dependent": (fq.count_dependent(["a"])[0], None),
+    # The dashboard: pages of the task list, its names, a task's links, the chart's counts.
+    "page by key prefix": (bq.prefix_page_filter("mail:", None, "fail", None), bq.KEY_ORDER),
+    "next page by key prefix": (bq.prefix_page_filter("m", "a", None, "m1"), bq.KEY_ORDER),
+    "page in claim order": (bq.claim_order_page_filter(["a"], ["pending"], None), bq.CLAIM_ORDER),
+    "next page in claim order": (
+        bq.claim_order_page_filter(["a", "b"], ["pending", "fail"], (0, NOW, ObjectId())),
+        bq.CLAIM_ORDER,
+    ),
+    "task names": (bq.name_after_filter("a"), bq.NAME_ORDER),
+    "dependents": (bq.dependents_filter("k"), None),
+    "finished in a bucket": (bq.finished_filter("success", NOW, NOW), None),
 }
 
 
@@ -48,6 +61,27 @@ def test_query_is_served_by_a_declared_index(shape: str):
     query, sort = QUERY_SHAPES[shape]
     serving = [name for name, keys, _ in c.INDEXES if index_serves(keys, query, sort)]
     assert serving, f"no declared index serves {shape}: {query} sort {sort}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "index"),
+    [
+        ("page by key prefix", "key_unique"),
+        ("next page by key prefix", "key_unique"),
+        ("page in claim order", "claim_order_v2"),
+        ("next page in claim order", "claim_order_v2"),
+        ("task names", "claim_order_v2"),
+    ],
+)
+def test_each_page_of_the_task_list_is_selected_and_sorted_by_one_index(shape: str, index: str):
+    query, sort = QUERY_SHAPES[shape]
+    keys = dict((name, keys) for name, keys, _ in c.INDEXES)[index]
+    assert index_serves(keys, query, sort)
+
+
+def test_the_unfiltered_task_list_walks_the_id_index_newest_first():
+    for after in (None, ObjectId()):
+        assert index_serves((("_id", 1),), bq.newest_page_filter(after), bq.NEWEST_ORDER)
 
 
 def test_claim_next_uses_the_claim_order_index():

@@ -38,6 +38,7 @@ LAYERS = {
     "api": 4,
     "testing": 4,
     "metrics": 5,  # observes consumers and reads Scheduler.stats
+    "dashboard": 5,  # pages over the Scheduler (and store.browse); the cli serves it
     "__init__": 6,
     "cli": 6,
 }

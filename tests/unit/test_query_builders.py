@@ -24,7 +24,7 @@ import mscheduler as ms
 from mscheduler import constants as c
 from mscheduler.backends.memory.server import memory_server
 from mscheduler.models import ErrorInfo, Progress, TaskState
-from mscheduler.queries import derived, limits, schedules, stages, timing
+from mscheduler.queries import browse, derived, limits, schedules, stages, timing
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
 from mscheduler.queries import tasks as queries
@@ -40,6 +40,7 @@ BUILDER_MODULES: tuple[ModuleType, ...] = (
     limits,
     schedules,
     timing,
+    browse,
 )
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
@@ -91,6 +92,12 @@ SAMPLES: dict[str, Any] = {
     "task_ids": [ObjectId("65a000000000000000000001")],
     "run_ids": ["run-of-w1", "run-of-nobody"],
     "claim": queries.claim_filter("w1", NOW, names=["job"]),
+    "prefix": "running-",
+    "after_key": "running-1",
+    "after_position": (0, T0, ObjectId("000000000000000000000000")),
+    "after_id": ObjectId("ffffffffffffffffffffffff"),
+    "after_name": "job",
+    "since": T0,
 }
 # Builders whose arguments are a whole document rather than samples by name.
 SPECIAL: dict[str, Any] = {

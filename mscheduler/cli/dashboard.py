@@ -1,0 +1,79 @@
+"""``mscheduler dashboard``: the web dashboard, served with uvicorn on this collection."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated
+
+import typer
+
+from ..api import Scheduler
+from .common import fail, run
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``: a loopback name or address."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def dashboard(
+        ctx: typer.Context,
+        host: Annotated[str, typer.Option(help="Address to bind; others need --token.")] = (
+            "127.0.0.1"
+        ),
+        port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+        read_only: Annotated[
+            bool, typer.Option("--read-only", help="Pages only: no cancel, retry or pause.")
+        ] = False,
+        token: Annotated[
+            str | None,
+            typer.Option(
+                envvar="MSCHEDULER_DASHBOARD_TOKEN",
+                help="Required on every request (as the basic-auth password, or a bearer token).",
+                show_default=False,
+            ),
+        ] = None,
+        poll_interval: Annotated[
+            float,
+            typer.Option(
+                min=0.1, help="Seconds between refreshes where there are no change streams."
+            ),
+        ] = 2.0,
+    ) -> None:
+        """A web dashboard of the queue: names, counts, tasks, workers, and actions."""
+        if not is_loopback(host) and not token:
+            fail(
+                f"dashboard: binding {host} opens it to the network; give --token (or "
+                "MSCHEDULER_DASHBOARD_TOKEN), or bind 127.0.0.1"
+            )
+        try:
+            import uvicorn
+
+            from ..dashboard import create_app
+        except ImportError as exc:
+            fail(f"dashboard: {exc} (pip install 'mscheduler[dashboard]')")
+
+        async def serve(sched: Scheduler) -> None:
+            app = create_app(sched, read_only=read_only, token=token, poll_interval=poll_interval)
+            # Open pages hold an event stream each: a stop waits that long for them, no more.
+            config = uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_config=None,
+                lifespan="off",
+                timeout_graceful_shutdown=2,
+            )
+            typer.echo(f"dashboard: http://{host}:{port}/ (Ctrl-C stops it)", err=True)
+            await uvicorn.Server(config).serve()
+
+        run(ctx, serve, private="refuse")

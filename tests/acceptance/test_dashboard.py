@@ -1,0 +1,238 @@
+"""``mscheduler dashboard`` as operators use it: the installed command, on the wire engine (a
+real server in another process, without change streams), driven by a real headless Chromium
+from the system's packages through Playwright. The same test takes the README's screenshot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.engines import WireServer
+
+ROOT = pathlib.Path(__file__).parents[2]
+BIN = ROOT / ".venv" / "bin" / "mscheduler"
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+T = TypeVar("T")
+
+needs_bin = pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
+
+
+def browser_unavailable(reason: str) -> None:
+    """Skip, or fail under CI, where .ci/run installs the browser."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"browser test: {reason} (CI=true: it must run)", pytrace=False)
+    pytest.skip(f"browser test: {reason}")
+
+
+def on(uri: str, work: Callable[[ms.Scheduler], Awaitable[T]], **options: Any) -> T:
+    """Run ``work`` on the database, from a thread of its own: Playwright's sync API keeps an
+    event loop running in the test's thread."""
+
+    async def session() -> T:
+        async with await ms.Scheduler.connect(uri, **options) as sched:
+            return await work(sched)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(anyio.run, session).result(timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def seed(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+    """An hour of work: tasks of four names ended over the last hour, some failed, some
+    running now, one name paused, one limited, one on a schedule."""
+    start = clock.now()
+    for minute in range(0, 60, 3):
+        clock.set(start + dt.timedelta(minutes=minute))
+        for n in range(2 + minute % 7):
+            key = f"email:{minute:02d}-{n}"
+            options = ms.TaskOptions(max_unexpected_retries=0)
+            await sched.publish(key, {"to": f"user{n}@example.com"}, name="email", options=options)
+            lease = await sched.store.claim("mailer-1", key=key)
+            assert lease is not None
+            if (minute + n) % 9 == 0:
+                await sched.store.fail(lease, ConnectionError("smtp: 421 try again"), final=True)
+            else:
+                await sched.store.succeed(lease, {"sent": True})
+    clock.set(dt.datetime.now(dt.timezone.utc))
+    for n in range(4):
+        await sched.publish(f"email:queued-{n}", {"to": f"late{n}@example.com"}, name="email")
+    for n in range(2):
+        await sched.publish(f"thumbnail:{n}", {"width": 320 * (n + 1)}, name="thumbnail")
+        assert await sched.store.claim(f"imager-{n}", key=f"thumbnail:{n}") is not None
+    await sched.publish("thumbnail:big", {"width": 4000}, name="thumbnail")
+    for n in range(3):
+        await sched.publish(f"sms:{n}", {"text": "your code is 4242"}, name="sms")
+    await sched.pause("sms", reason="provider outage")
+    await sched.set_limit("email", rate=100, per=dt.timedelta(minutes=1), max_running=5)
+    await sched.schedule("nightly-report", name="report", cron="0 3 * * *")
+    await sched.publish("report:extract", {"table": "orders"}, name="report")
+    await sched.publish(
+        "report:build", {"kind": "sales"}, name="report", depends_on=["report:extract"]
+    )
+
+
+@pytest.fixture
+def dashboard(wire_server: WireServer) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+    """The command serving a fresh database of the wire engine: its URL, that database's URI,
+    and the process."""
+    if not BIN.exists():
+        pytest.skip("the mscheduler command is not installed")
+    uri = wire_server.uri.replace("/?", f"/dash-{uuid.uuid4().hex[:8]}?")
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=59)
+    clock = ms.ManualClock(start)
+    on(uri, lambda sched: seed(sched, clock), clock=clock)
+    port = free_port()
+    process = subprocess.Popen(
+        [str(BIN), "--uri", uri, "dashboard", "--port", str(port), "--poll-interval", "0.3"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/static/dashboard.css", timeout=2):
+                    break
+            except OSError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "the dashboard did not start in 30 s"
+                time.sleep(0.1)
+        yield url, uri, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def post(url: str, form: bytes) -> int:
+    request = urllib.request.Request(url, data=form, method="POST")
+    request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
+    dashboard: tuple[str, str, subprocess.Popen[str]],
+):
+    if not CHROMIUM.exists():
+        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        browser_unavailable("no playwright (pip install -e '.[dev]')")
+    url, uri, process = dashboard
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 600},
+        )
+        page = browser.new_page()
+        page.set_default_timeout(10_000)
+
+        # The overview: every name with its counts by state.
+        page.goto(url + "/")
+        email = page.locator('tr[data-name="email"]')
+        expect(email.locator('td[data-state="pending"]')).to_have_text("4")
+        expect(page.locator('tr[data-name="thumbnail"] td[data-state="running"]')).to_have_text("2")
+        expect(page.locator('tr[data-name="sms"]')).to_contain_text("paused: provider outage")
+        expect(page.locator('tr[data-name="report"]')).to_contain_text("0 3 * * *")
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+        # Live: a task of a new name appears without a reload (the wire has no change
+        # streams: the dashboard polls).
+        on(uri, lambda sched: sched.publish("hook:1", {"url": "https://x"}, name="webhook"))
+        expect(page.locator('tr[data-name="webhook"] td[data-state="pending"]')).to_have_text("1")
+
+        # From the counts to the list to the task page, which shows the payload.
+        email.locator('td[data-state="pending"] a').click()
+        page.get_by_role("link", name="email:queued-2").click()
+        expect(page.locator("#payload")).to_contain_text('"to": "late2@example.com"')
+
+        # Cancelling through the page's button changes the task.
+        page.get_by_role("button", name="Cancel").click()
+        expect(page.locator("#task-state")).to_have_text("cancelled")
+        browser.close()
+
+    task = on(uri, lambda sched: sched.get("email:queued-2"))
+    assert task is not None and task.state is ms.TaskState.CANCELLED
+    # A POST without the page's token is refused, and changes nothing.
+    assert post(url + "/tasks/email%3Aqueued-1/cancel", b"") == 403
+    assert post(url + "/tasks/email%3Aqueued-1/cancel", b"csrf=guessed") == 403
+    other = on(uri, lambda sched: sched.get("email:queued-1"))
+    assert other is not None and other.state is ms.TaskState.PENDING
+
+    # A page left open (its event stream) does not hold the command when it is stopped.
+    with urllib.request.urlopen(url + "/events", timeout=10) as stream:
+        assert stream.readline() == b": open\n"
+        process.terminate()
+        # Within uvicorn's grace period; uvicorn then re-raises the signal, as it does.
+        assert process.wait(timeout=8) in (0, -signal.SIGTERM)
+
+
+@needs_bin
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--uri", "memory://", "dashboard"], "error: dashboard: memory:// is a database inside"),
+        (
+            ["--uri", "mongodb://127.0.0.1:1/", "dashboard", "--host", "0.0.0.0"],
+            "error: dashboard: binding 0.0.0.0 opens it to the network; give --token",
+        ),
+    ],
+)
+def test_the_command_refuses_a_private_database_and_an_open_address_without_a_token(
+    args: list[str], message: str
+):
+    done = subprocess.run(
+        [str(BIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "MSCHEDULER_DASHBOARD_TOKEN"},
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(message), done.stderr
