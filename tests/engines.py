@@ -25,6 +25,7 @@ POLL_MS = 10
 # What an engine lacks, named once so every skip says the same thing.
 NO_CHANGE_STREAMS = "the wire engine (mongoeco) has no change streams over the wire"
 NO_GRAPH_LOOKUP = "the wire engine (mongoeco) has no $graphLookup over the wire"
+MEMORY_ONE_THREAD = "memory:// is used from one thread at a time (mongomock is not thread-safe)"
 
 
 def needs_change_streams(engine: str) -> None:

@@ -38,6 +38,7 @@ LAYERS = {
     "api": 4,
     "testing": 4,
     "metrics": 5,  # observes consumers and reads Scheduler.stats
+    "sync_scheduler": 5,  # a Scheduler run from blocking code
     "__init__": 6,
     "cli": 6,
 }
