@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import pymongo
@@ -15,7 +15,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.memory.server import forget_memory_server
-from tests.engines import MEMORY_ONE_THREAD, WIRE_DATABASE
+from tests.engines import MEMORY_ONE_THREAD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +38,22 @@ class Target:
 
 
 @pytest.fixture
-def target(engine: str, engine_uri: str) -> Iterator[Target]:
+def target(
+    engine: str,
+    engine_uri: str,
+    server_database: str,
+    prepare_collection: Callable[[str, str], None],
+) -> Iterator[Target]:
     if engine == "memory":
         name = engine_uri.removeprefix("memory://")
         yield Target(f"{engine_uri}?notablescan=1", None, "tasks")  # every query indexed
         forget_memory_server(name)
         return
-    found = Target(engine_uri, WIRE_DATABASE, f"t_{uuid.uuid4().hex[:16]}")
+    found = Target(engine_uri, server_database, f"t_{uuid.uuid4().hex[:16]}")
+    prepare_collection(found.database or "", found.collection)
     yield found
     with pymongo.MongoClient(engine_uri) as client:
-        client[WIRE_DATABASE].drop_collection(found.collection)
+        client[server_database].drop_collection(found.collection)
 
 
 def test_publish_is_idempotent_and_writes_the_async_schedulers_document(target: Target) -> None:
