@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
+from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
 from . import constants as c
@@ -59,12 +60,15 @@ class SyncScheduler:
     client (thread-safe: one per process serves every thread) and ``memory://NAME`` on the
     process's embedded database of that name, shared with the async schedulers of the same
     URI (that backend is not thread-safe: use it from one thread at a time). Use it as a
-    context manager, or call `close`.
+    context manager, or call `close`. ``SyncScheduler(collection)`` wraps a pymongo
+    ``Collection`` you already have (its client stays yours to close).
     """
 
-    def __init__(self, scheduler: Scheduler, close: Callable[[], None] | None = None) -> None:
-        self._scheduler = scheduler
-        self._close = close
+    def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
+        if isinstance(collection, Collection):
+            collection = AwaitableCollection(collection)
+        self._scheduler = Scheduler(collection, clock=clock)
+        self._close: Callable[[], None] | None = None
 
     @classmethod
     def connect(
@@ -101,7 +105,8 @@ class SyncScheduler:
                 collection=collection,
                 server_selection_timeout_ms=server_selection_timeout_ms,
             )
-        scheduler = cls(Scheduler(tasks, clock=clock), close)
+        scheduler = cls(tasks, clock=clock)
+        scheduler._close = close
         try:
             scheduler.ensure_indexes()
         except BaseException:
@@ -119,7 +124,7 @@ class SyncScheduler:
         return self._scheduler.collection
 
     def close(self) -> None:
-        """Close the client `connect` opened."""
+        """Close the client `connect` opened; a collection passed in is the caller's."""
         if self._close is not None:
             close, self._close = self._close, None
             close()

@@ -131,6 +131,17 @@ def test_wait_returns_once_another_thread_ends_the_task(engine: str, target: Tar
     assert task.error is not None and "done elsewhere" in task.error.message
 
 
+def test_wraps_a_pymongo_collection_and_leaves_its_client_open(engine: str, target: Target) -> None:
+    if engine == "memory":
+        pytest.skip("memory:// has no pymongo Collection to wrap (SyncScheduler.connect opens it)")
+    with pymongo.MongoClient(target.uri, tz_aware=True) as client:
+        collection = client[target.database or ""][target.collection]
+        with ms.SyncScheduler(collection) as sync:
+            assert sync.publish("wrapped:1", {"n": 1}, name="job").created
+        # Closing the scheduler left the caller's client usable.
+        assert collection.find_one({"key": "wrapped:1"}, {"payload": 1})["payload"] == {"n": 1}
+
+
 def test_called_from_async_code_says_what_to_use(target: Target) -> None:
     async def publish_in_a_loop(sync: ms.SyncScheduler) -> None:
         sync.publish("k", name="n")
