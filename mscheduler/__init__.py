@@ -37,6 +37,7 @@ from .models import (
 )
 from .periodic import Schedule
 from .specs import Flow, TaskSpec, chain, chord, group
+from .sync_scheduler import SyncScheduler
 from .worker_options import WorkerOptions
 
 # A library logs, the application decides where to: no "No handlers could be found" noise,
@@ -66,6 +67,7 @@ __all__ = [
     "Scheduler",
     "StatsRow",
     "StoreError",
+    "SyncScheduler",
     "SystemClock",
     "Task",
     "TaskNotFound",

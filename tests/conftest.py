@@ -62,8 +62,26 @@ def engine_uri(engine: str, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def server_database() -> str:
+    """The database the wire (and integration) tests make their collections in: the
+    integration tier gives each run its own (tests/integration/conftest.py)."""
+    return WIRE_DATABASE
+
+
+@pytest.fixture
+def prepare_collection() -> Callable[[str, str], None]:
+    """Called with (database, collection) before a test's collection on a server is first
+    opened: nothing to do here; on a sharded cluster the integration tier shards it."""
+    return lambda database, collection: None
+
+
+@pytest.fixture
 async def open_scheduler(
-    engine: str, clock: ms.ManualClock, request: pytest.FixtureRequest
+    engine: str,
+    clock: ms.ManualClock,
+    request: pytest.FixtureRequest,
+    server_database: str,
+    prepare_collection: Callable[[str, str], None],
 ) -> AsyncIterator[OpenScheduler]:
     """Opens schedulers on the test's engine: on memory a private database that refuses any
     query no declared index serves; on the wire a fresh collection, dropped afterwards.
@@ -80,10 +98,13 @@ async def open_scheduler(
         notablescan: bool = True,
     ) -> ms.Scheduler:
         if engine in ("wire", "mongodb"):
-            name = collections.setdefault(collection, f"t_{uuid.uuid4().hex[:16]}")
+            if collection not in collections:
+                collections[collection] = f"t_{uuid.uuid4().hex[:16]}"
+                prepare_collection(server_database, collections[collection])
+            name = collections[collection]
             sched = await ms.Scheduler.connect(
                 request.getfixturevalue("engine_uri"),
-                database=WIRE_DATABASE,
+                database=server_database,
                 collection=name,
                 clock=clock,
             )

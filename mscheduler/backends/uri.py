@@ -148,7 +148,7 @@ def check_collection(collection: Any) -> None:
     if isinstance(collection, SyncCollection):
         raise ConfigurationError(
             "collection: a synchronous pymongo Collection; pass an AsyncCollection "
-            "(from AsyncMongoClient) or a Motor collection"
+            "(from AsyncMongoClient) or a Motor collection, or use ms.SyncScheduler"
         )
     method = getattr(collection, "find_one_and_update", None)
     is_motor = type(collection).__module__.split(".")[0] in ("motor", "mongomock_motor")

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import anyio
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
+from pymongo.synchronous.collection import Collection
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def supports_transactions(collection: Any) -> bool:
     may run transactions (a standalone server then refuses, see `run_atomically`); the memory
     backend and a session-bound view may not. A wrapper that keeps the collection it wraps in
     ``wrapped`` (the testing helpers) answers for that collection."""
-    if isinstance(collection, AsyncCollection):
+    if isinstance(collection, (AsyncCollection, Collection)):  # Collection: `SyncScheduler`
         return True
     if type(collection).__module__.split(".")[0] == "motor":
         return True

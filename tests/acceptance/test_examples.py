@@ -66,6 +66,18 @@ async def test_webapp_double_submits_send_one_email_each(example_uri: str):
     assert summary["emails_sent"] == summary["requests"] // 2
 
 
+def test_django_views_publish_with_the_sync_scheduler_and_a_worker_runs_them(example_uri: str):
+    pytest.importorskip("django", reason="examples/django_app.py needs Django (the dev extra)")
+    summary = load("django_app").main(example_uri)
+    assert summary["report"] == "sales.csv" and summary["cancelled"] == 1
+
+
+def test_fastapi_endpoints_publish_and_answer_once_the_task_ended(example_uri: str):
+    pytest.importorskip("fastapi", reason="examples/fastapi_app.py needs FastAPI (the dev extra)")
+    summary = load("fastapi_app").main(example_uri)
+    assert summary["thumbnail"] == {"image": "cat.png", "width": 128}
+
+
 async def test_fan_out_fan_in_adds_up_every_map(example_uri: str):
     summary = await load("fan_out_fan_in").main(example_uri)
     assert summary["maps"] == 30

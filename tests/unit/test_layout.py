@@ -39,6 +39,7 @@ LAYERS = {
     "testing": 4,
     "metrics": 5,  # observes consumers and reads Scheduler.stats
     "dashboard": 5,  # pages over the Scheduler (and store.browse); the cli serves it
+    "sync_scheduler": 5,  # a Scheduler run from blocking code
     "__init__": 6,
     "cli": 6,
 }

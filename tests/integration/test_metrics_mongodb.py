@@ -1,0 +1,3 @@
+"""The metrics scenarios, unchanged, on a real server (see conftest.py)."""
+
+from tests.unit.test_metrics import *  # noqa: F403

@@ -1,0 +1,170 @@
+"""`SyncScheduler`: the publishing side for blocking code (Django, Flask, scripts), on every
+engine. Its calls block, so these tests are plain functions; the one that runs a consumer
+calls it from a worker thread, as an async web framework would."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterator
+
+import anyio
+import pymongo
+import pytest
+
+import mscheduler as ms
+from mscheduler.backends.memory.server import forget_memory_server
+from tests.engines import MEMORY_ONE_THREAD
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a test's schedulers connect: synchronous and async ones share the collection."""
+
+    uri: str
+    database: str | None
+    collection: str
+
+    def sync(self, clock: ms.Clock | None = None) -> ms.SyncScheduler:
+        return ms.SyncScheduler.connect(
+            self.uri, database=self.database, collection=self.collection, clock=clock
+        )
+
+    async def open_async(self) -> ms.Scheduler:
+        return await ms.Scheduler.connect(
+            self.uri, database=self.database, collection=self.collection
+        )
+
+
+@pytest.fixture
+def target(
+    engine: str,
+    engine_uri: str,
+    server_database: str,
+    prepare_collection: Callable[[str, str], None],
+) -> Iterator[Target]:
+    if engine == "memory":
+        name = engine_uri.removeprefix("memory://")
+        yield Target(f"{engine_uri}?notablescan=1", None, "tasks")  # every query indexed
+        forget_memory_server(name)
+        return
+    found = Target(engine_uri, server_database, f"t_{uuid.uuid4().hex[:16]}")
+    prepare_collection(found.database or "", found.collection)
+    yield found
+    with pymongo.MongoClient(engine_uri) as client:
+        client[server_database].drop_collection(found.collection)
+
+
+def test_publish_is_idempotent_and_writes_the_async_schedulers_document(target: Target) -> None:
+    with target.sync() as sync:
+        first = sync.publish("email:1", {"to": "a@b.c"}, name="email", delay=30)
+        again = sync.publish("email:1", {"to": "other"}, name="email")
+        assert (first.created, again.created) == (True, False)
+        assert again.task.payload == {"to": "a@b.c"}  # nothing changed
+        read = sync.get("email:1")
+
+    async def read_async() -> ms.Task | None:
+        async with await target.open_async() as sched:
+            return await sched.get("email:1")
+
+    assert read is not None and read.state is ms.TaskState.PENDING
+    assert read.not_before is not None
+    assert read == anyio.run(read_async)  # one document, whichever client reads it
+
+
+def test_bad_input_names_the_field_and_writes_nothing(target: Target) -> None:
+    with target.sync() as sync:
+        with pytest.raises(ms.ConfigurationError, match="name"):
+            sync.publish("job:1", name="")
+        with pytest.raises(ms.PayloadError, match=r"payload\.items\[0\]"):
+            sync.publish("job:1", {"items": ["\ud800"]}, name="job")  # not UTF-8
+        assert sync.get("job:1") is None
+
+
+def test_publish_many_writes_a_flow_or_nothing(target: Target) -> None:
+    with target.sync() as sync:
+        with pytest.raises(ms.DependencyError, match="missing:0"):
+            sync.publish_many([ms.TaskSpec(key="x", name="step", depends_on=["missing:0"])])
+        assert sync.get("x") is None
+        results = sync.publish_many(
+            ms.chain(ms.TaskSpec(key="a", name="step"), ms.TaskSpec(key="b", name="step"))
+        )
+        assert [(r.task.key, r.task.state) for r in results] == [
+            ("a", ms.TaskState.PENDING),
+            ("b", ms.TaskState.BLOCKED),
+        ]
+
+
+def test_cancel_reaches_the_dependents_and_is_done_once(target: Target) -> None:
+    with target.sync() as sync:
+        sync.publish("extract", name="etl")
+        sync.publish("load", name="etl", depends_on=["extract"])
+        assert sync.cancel("extract", "no longer needed") is True
+        assert sync.cancel("extract") is False
+        load = sync.get("load")
+        assert load is not None and load.state is ms.TaskState.CANCELLED
+
+
+def test_wait_times_out_on_the_clock_and_refuses_a_missing_key(target: Target) -> None:
+    clock = ms.ManualClock()
+    with target.sync(clock) as sync:
+        sync.publish("slow", name="job")
+        with pytest.raises(TimeoutError, match="slow"):
+            sync.wait("slow", timeout=0)
+        with pytest.raises(ms.TaskNotFound, match="nothing"):
+            sync.wait("nothing", timeout=0)
+        with pytest.raises(ms.ConfigurationError, match="discovery"):
+            sync.wait("slow", discovery="sometimes")  # type: ignore[arg-type]
+
+
+def test_wait_returns_once_another_thread_ends_the_task(engine: str, target: Target) -> None:
+    if engine == "memory":
+        pytest.skip(MEMORY_ONE_THREAD)
+    with target.sync() as waiter, target.sync() as other:
+        waiter.publish("report", name="report")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waited = pool.submit(waiter.wait, "report", 30, poll_interval_ms=10)
+            assert other.cancel("report", "done elsewhere")
+            task = waited.result(timeout=30)
+    assert task.state is ms.TaskState.CANCELLED
+    assert task.error is not None and "done elsewhere" in task.error.message
+
+
+def test_wraps_a_pymongo_collection_and_leaves_its_client_open(engine: str, target: Target) -> None:
+    if engine == "memory":
+        pytest.skip("memory:// has no pymongo Collection to wrap (SyncScheduler.connect opens it)")
+    with pymongo.MongoClient(target.uri, tz_aware=True) as client:
+        collection = client[target.database or ""][target.collection]
+        with ms.SyncScheduler(collection) as sync:
+            assert sync.publish("wrapped:1", {"n": 1}, name="job").created
+        # Closing the scheduler left the caller's client usable.
+        assert collection.find_one({"key": "wrapped:1"}, {"payload": 1})["payload"] == {"n": 1}
+
+
+def test_called_from_async_code_says_what_to_use(target: Target) -> None:
+    async def publish_in_a_loop(sync: ms.SyncScheduler) -> None:
+        sync.publish("k", name="n")
+
+    with target.sync() as sync:
+        with pytest.raises(ms.ConfigurationError, match=r"use ms\.Scheduler"):
+            anyio.run(publish_in_a_loop, sync)
+        assert sync.get("k") is None
+
+
+@pytest.mark.anyio
+async def test_a_consumer_runs_what_was_published_synchronously(target: Target) -> None:
+    async def double(task: ms.Task) -> int:
+        return int(task.payload["n"]) * 2
+
+    sync = await anyio.to_thread.run_sync(target.sync)
+    try:
+        await anyio.to_thread.run_sync(lambda: sync.publish("double:21", {"n": 21}, name="double"))
+        async with await target.open_async() as sched:
+            options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10)
+            async with sched.consumers({"double": double}, options=options):
+                await sched.wait("double:21", timeout=30, poll_interval_ms=10)
+        task = await anyio.to_thread.run_sync(lambda: sync.wait("double:21", timeout=0))
+    finally:
+        await anyio.to_thread.run_sync(sync.close)
+    assert (task.state, task.result) == (ms.TaskState.SUCCESS, 42)
