@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context
+from .. import context, tracing
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -174,7 +174,9 @@ class Executor:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
             try:
-                return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
+                with tracing.processing(entry.lease, lambda: entry.stop_reason):
+                    result = await self._calls.call(task, lambda: self._may_start(entry))
+                return _Outcome(result=result)
             except (Abort, RetryLater) as exc:
                 # the handler's decision: no local retry
                 return _Outcome(error=exc, final=isinstance(exc, Abort))

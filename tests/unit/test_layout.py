@@ -27,6 +27,7 @@ FOUNDATION = {
     "models",
     "periodic",
     "specs",
+    "tracing",
     "worker_options",
 }
 LAYERS = {
