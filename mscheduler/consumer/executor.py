@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context, tracing
+from .. import context, otel_metrics, tracing
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -137,6 +137,7 @@ class Executor:
             worker_timeout_ms=options.worker_timeout_ms,
         )
         self._ping_wake.set()
+        otel_metrics.claimed(lease)  # claim latency
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
 
     async def _run(self, key: str) -> None:

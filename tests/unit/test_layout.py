@@ -27,6 +27,7 @@ FOUNDATION = {
     "models",
     "periodic",
     "specs",
+    "otel_metrics",
     "tracing",
     "worker_options",
 }

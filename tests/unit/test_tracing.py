@@ -298,3 +298,46 @@ async def test_a_publisher_and_a_worker_in_two_processes_share_the_trace(
         "traceparent": f"00-{request['trace_id']:032x}-{process.parent.span_id:016x}"
         f"-{int(process.parent.trace_flags):02x}"
     }
+
+
+WITHOUT_OPENTELEMETRY = """
+import importlib.abc
+import sys
+
+
+class NoOpenTelemetry(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ImportError(f"{name} is not installed here")
+        return None
+
+
+sys.meta_path.insert(0, NoOpenTelemetry())
+
+import anyio
+
+import mscheduler as ms
+
+
+async def main() -> None:
+    async with await ms.Scheduler.connect("memory://") as sched:
+        await sched.publish("one", None, name="job")
+        await sched.publish_many([ms.TaskSpec(key="two", name="job")])
+        async with sched.consumer({"job": lambda task: "done"}):
+            tasks = await sched.wait_many(["one", "two"], timeout=30)
+    assert [t.state.value for t in tasks.values()] == ["success", "success"], tasks
+    assert [t.trace_context for t in tasks.values()] == [None, None], tasks
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+    assert not loaded, loaded
+    print("ok")
+
+
+anyio.run(main)
+"""
+
+
+async def test_without_opentelemetry_nothing_is_imported_and_tasks_run():
+    """The extra is optional: with opentelemetry unimportable, mscheduler imports, publishes
+    and runs tasks, and no opentelemetry module is loaded."""
+    done = await anyio.run_process([sys.executable, "-c", WITHOUT_OPENTELEMETRY], cwd=ROOT)
+    assert done.stdout.decode().strip() == "ok"
