@@ -33,6 +33,7 @@ from .errors import Abort, RetryLater
 from .models import Lease
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -66,14 +67,23 @@ _publishing: contextvars.ContextVar[bool] = contextvars.ContextVar(
 Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
 
 
+@functools.cache
 def _tracer() -> Any:
+    """Once: the API's proxy tracer hands over to the provider the application sets later."""
     return trace.get_tracer("mscheduler", __version__)
 
 
+def _configured() -> bool:
+    """Has the application set a tracer provider? Until then the API's spans record nothing,
+    and only a context that came from elsewhere (a current span, a task's) is worth passing
+    on: the hooks skip the rest, so tracing costs a publish next to nothing when off."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 def carrier() -> dict[str, str] | None:
-    """The current context as the task document stores it; None when there is nothing to
-    propagate (no span is current, or the extra is not installed)."""
-    if not AVAILABLE:
+    """The current context as the task document stores it (with the span, what else the
+    application's propagator carries, such as baggage); None when no span is current."""
+    if not AVAILABLE or not trace.get_current_span().get_span_context().is_valid:
         return None
     found: dict[str, str] = {}
     propagate.inject(found)
@@ -93,8 +103,8 @@ def publishing(
     ``commit``); current while the documents are built, so each carries its context. One
     span per call: every task of a batch carries the batch's span. A schedule's occurrence
     (``schedule_id``) starts a trace of its own, whatever the housekeeping ran in."""
-    if not AVAILABLE or _publishing.get():
-        yield
+    if not AVAILABLE or _publishing.get() or not _configured():
+        yield  # a current context is still written by `carrier`
         return
     distinct = sorted(set(names))
     attributes: dict[str, Any] = {
@@ -171,6 +181,13 @@ def processing(lease: Lease, stop_reason: Callable[[], str | None]) -> Iterator[
         yield
         return
     task = lease.task
+    if not _configured():  # no span to record; the publisher's context still passes on
+        token = otel_context.attach(_parent(task.trace_context))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
     attributes: dict[str, Any] = {
         ATTR_SYSTEM: SYSTEM,
         ATTR_OPERATION_TYPE: "process",

@@ -341,3 +341,48 @@ async def test_without_opentelemetry_nothing_is_imported_and_tasks_run():
     and runs tasks, and no opentelemetry module is loaded."""
     done = await anyio.run_process([sys.executable, "-c", WITHOUT_OPENTELEMETRY], cwd=ROOT)
     assert done.stdout.decode().strip() == "ok"
+
+
+WITHOUT_A_PROVIDER = """
+import sys
+
+import anyio
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+import mscheduler as ms
+
+# A context that came from elsewhere (an incoming request's traceparent), no provider set.
+incoming = SpanContext(0x5CE0E9A56015FEC5AADFA328AE398115, 0xAB54A98CEB1F0AD2, True,
+                       TraceFlags(TraceFlags.SAMPLED))
+seen = []
+
+
+def handler(task):
+    seen.append(trace.get_current_span().get_span_context())
+
+
+async def main() -> None:
+    async with await ms.Scheduler.connect("memory://") as sched:
+        with trace.use_span(NonRecordingSpan(incoming)):
+            await sched.publish("passed-on", None, name="job")
+        await sched.publish("alone", None, name="job")
+        async with sched.consumer({"job": handler}):
+            tasks = await sched.wait_many(["passed-on", "alone"], timeout=30)
+    assert tasks["passed-on"].trace_context == {
+        "traceparent": "00-5ce0e9a56015fec5aadfa328ae398115-ab54a98ceb1f0ad2-01"
+    }, tasks
+    assert tasks["alone"].trace_context is None, tasks
+    assert [c.trace_id for c in seen if c.is_valid] == [incoming.trace_id], seen
+    print("ok")
+
+
+anyio.run(main)
+"""
+
+
+async def test_without_a_provider_no_span_is_made_and_a_context_from_elsewhere_passes_on():
+    """No tracer provider configured: publish and run make no span of their own, yet a
+    context the publisher was in reaches the handler (as OpenTelemetry propagates it)."""
+    done = await anyio.run_process([sys.executable, "-c", WITHOUT_A_PROVIDER], cwd=ROOT)
+    assert done.stdout.decode().strip() == "ok"
