@@ -208,6 +208,25 @@ async def test_replace_runs_in_the_trace_of_the_replace_and_a_second_publish_in_
     assert otel.parent_of(spans.one("process report")) == replace.context.span_id
 
 
+async def test_a_task_a_handler_publishes_in_a_commit_continues_the_trace(
+    scheduler: ms.Scheduler, discover: Discover, spans: otel.Spans
+):
+    async def extract(task: ms.Task) -> None:
+        next_step = ms.TaskSpec(key="load", name="load")
+        await scheduler.commit(complete=[(ms.current_lease(), None)], publish=[next_step])
+
+    with tracer.start_as_current_span("request") as request:
+        await scheduler.publish("extract", None, name="extract")
+    async with running(scheduler, {"extract": extract, "load": lambda task: None}):
+        await discover()
+        await discover()
+    assert (await scheduler.get("load")).state is ms.TaskState.SUCCESS
+    first, publish = spans.one("process extract"), spans.one("publish load")
+    assert otel.parent_of(publish) == first.context.span_id
+    assert otel.parent_of(spans.one("process load")) == publish.context.span_id
+    assert {s.context.trace_id for s in spans} == {request.get_span_context().trace_id}
+
+
 async def test_a_task_without_a_trace_context_runs_in_a_new_trace(
     scheduler: ms.Scheduler, discover: Discover, spans: otel.Spans
 ):
