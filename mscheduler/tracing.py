@@ -99,9 +99,9 @@ def publishing(
     count: int | None = None,
     schedule_id: str | None = None,
 ) -> Iterator[None]:
-    """The PRODUCER span of one publishing call (``publish``, ``replace``, ``publish_many``,
-    ``commit``); current while the documents are built, so each carries its context. One
-    span per call: every task of a batch carries the batch's span. A schedule's occurrence
+    """The PRODUCER span of one publishing call (``publish``, ``replace``, ``publish_many``),
+    current while the documents are built, so each carries its context. One span per call:
+    every task of a batch carries the batch's span. A schedule's occurrence
     (``schedule_id``) starts a trace of its own, whatever the housekeeping ran in."""
     if not AVAILABLE or _publishing.get() or not _configured():
         yield  # a current context is still written by `carrier`

@@ -206,7 +206,7 @@ class Publisher:
             depends_on=present,
             deps_pending=pending,
             deps_failed=failed,
-            trace_context=tracing.carrier(),  # the span of the publish (`Scheduler`'s)
+            trace_context=tracing.carrier(),  # the current span: the publish's (`tracing.producer`)
         )
 
     async def _replace(
