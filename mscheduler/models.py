@@ -302,6 +302,7 @@ class Task(BaseModel):
     # Bumped by each write that may give a consumer work: what consumers' change streams wake on.
     wakes: int = 0
     progress: Progress | None = None  # the latest a running handler reported; null once none runs
+    trace_context: dict[str, str] | None = None  # the publisher's OpenTelemetry context
     result: Any = None
     error: ErrorInfo | None = None
 

@@ -11,13 +11,29 @@ import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
+from .. import otel_metrics
 from ..clock import sleep
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, MSchedulerError
+from ..store import operations
 from ..store.streams import close_quietly, open_unless_refused
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
+
+
+async def refresh_task_counts(store: TaskStore) -> None:
+    """OpenTelemetry's task-count gauge, refreshed only once a reader has collected it. A
+    failed refresh is logged and left for the next round: metrics never stop housekeeping."""
+    recorder = otel_metrics.instance()
+    if recorder is None or not recorder.counts_wanted():
+        return
+    try:
+        rows = await operations.stats(store)
+    except (MSchedulerError, PyMongoError) as exc:
+        log.warning("task counts not refreshed: %s", exc, extra={"action": "metrics_error"})
+        return
+    recorder.set_counts(store.collection.full_name, rows)
 
 
 class Controls:
@@ -48,6 +64,7 @@ class Controls:
                 await self._store.schedules.publish_due(self._names)
                 await self._refresh_limits(self._names)
                 await self._store.expiry.expire_due(self._names)  # housekeeping, as often
+                await refresh_task_counts(self._store)
                 upcoming = await self._store.schedules.next_due(self._names)
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "schedule_retry"})

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context
+from .. import context, otel_metrics, tracing
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -137,6 +137,7 @@ class Executor:
             worker_timeout_ms=options.worker_timeout_ms,
         )
         self._ping_wake.set()
+        otel_metrics.claimed(lease)  # claim latency
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
 
     async def _run(self, key: str) -> None:
@@ -174,7 +175,9 @@ class Executor:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
             try:
-                return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
+                with tracing.processing(entry.lease, lambda: entry.stop_reason):
+                    result = await self._calls.call(task, lambda: self._may_start(entry))
+                return _Outcome(result=result)
             except (Abort, RetryLater) as exc:
                 # the handler's decision: no local retry
                 return _Outcome(error=exc, final=isinstance(exc, Abort))

@@ -5,11 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+from .. import otel_metrics
+
 
 class StatsObserver(Protocol):
     """Receives every event a consumer counts (the Prometheus exporter is one)."""
 
     def record(self, event: str, name: str, seconds: float | None) -> None: ...
+
+
+def _default_observers() -> list[StatsObserver]:
+    """OpenTelemetry's metrics API hears every consumer (a no-op until a provider is set)."""
+    return [*otel_metrics.observers()]
 
 
 @dataclasses.dataclass
@@ -31,7 +38,9 @@ class ConsumerStats:
     events: int = 0  # change events received (only writes that may give work: see listener)
     limited: int = 0  # claims of a name held back by its limit (`Scheduler.set_limit`)
     rescheduled: int = 0  # reads after a claim found nothing claimable (Consumer._reschedule)
-    observers: list[StatsObserver] = dataclasses.field(default_factory=list, repr=False)
+    observers: list[StatsObserver] = dataclasses.field(
+        default_factory=_default_observers, repr=False
+    )
 
     def record(self, event: str, name: str = "", seconds: float | None = None) -> None:
         setattr(self, event, getattr(self, event) + 1)

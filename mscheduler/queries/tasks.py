@@ -23,7 +23,7 @@ Field semantics kept by every write (the same `recompute` stages end every pipel
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..models import ErrorInfo, TaskOptions, TaskState
@@ -59,9 +59,11 @@ def new_task_document(
     depends_on: Sequence[str] = (),
     deps_pending: Sequence[str] = (),
     deps_failed: Sequence[str] = (),
+    trace_context: Mapping[str, str] | None = None,
 ) -> Document:
     """A fresh task: its state and ``next_claim_at`` follow the `recompute` rule for a task
-    with no worker states (a failed dependency cancels it unless it runs anyway)."""
+    with no worker states (a failed dependency cancels it unless it runs anyway).
+    ``trace_context``: the publisher's OpenTelemetry context (`mscheduler.tracing`)."""
     cancelled = bool(deps_failed) and options.on_dependency_failure == "cancel"
     if cancelled:
         state = TaskState.CANCELLED
@@ -98,6 +100,7 @@ def new_task_document(
         "dropped_failures": 0,
         "wakes": 0,
         "progress": None,
+        "trace_context": dict(trace_context) if trace_context else None,
         "result": None,
         "error": error,
     }

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from bson import ObjectId
 from pymongo import UpdateOne
 
-from .. import context
+from .. import context, tracing
 from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
 from ..models import Lease, PublishResult, Task, WorkerStateKind, check_key, checked
@@ -112,17 +112,19 @@ async def publish_many(
     ordered, prepared = _checked_specs(specs)
     if not ordered:
         return []
-    await store._ready()
-    existing = await _check_names(store, ordered)
-    await _check_external(store, ordered, allow_missing)
+    # One PRODUCER span for the batch: each of its tasks carries this span's context.
+    with tracing.publishing("publish", [spec.name for spec in ordered], count=len(ordered)):
+        await store._ready()
+        existing = await _check_names(store, ordered)
+        await _check_external(store, ordered, allow_missing)
 
-    async def write(collection: Any) -> list[PublishResult]:
-        view = store.bound_to(collection)
-        if any(spec.depends_on for spec in ordered):
-            return await _publish_all(view, ordered, allow_missing)
-        return await _publish_flat(view, [prepared[spec.key] for spec in ordered], existing)
+        async def write(collection: Any) -> list[PublishResult]:
+            view = store.bound_to(collection)
+            if any(spec.depends_on for spec in ordered):
+                return await _publish_all(view, ordered, allow_missing)
+            return await _publish_flat(view, [prepared[spec.key] for spec in ordered], existing)
 
-    return await run_atomically(store.collection, write)
+        return await run_atomically(store.collection, write)
 
 
 async def _publish_flat(
@@ -133,6 +135,7 @@ async def _publish_flat(
     tasks take seconds). A key a concurrent publish inserted in between is matched, not
     inserted again (the upsert and the unique ``key`` index), and read back as existing."""
     now = store.clock.now()
+    trace_context = tracing.carrier()  # the batch's span: one for every task of it
     documents = {
         spec.key: q.new_task_document(
             key=spec.key,
@@ -141,6 +144,7 @@ async def _publish_flat(
             options=spec.options,
             now=now,
             task_id=ObjectId(),
+            trace_context=trace_context,
         )
         for spec in specs
         if spec.key not in existing

@@ -16,6 +16,7 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
+from .. import tracing
 from ..encoding import check_document_size, to_storable
 from ..errors import ConfigurationError, StoreError, TaskRunning, driver_errors
 from ..models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
@@ -81,6 +82,7 @@ class Publisher:
     def in_transaction(self) -> bool:
         return self._store.in_transaction
 
+    @tracing.producer("publish")  # the PRODUCER span whose context the document carries
     @driver_errors
     async def publish(
         self,
@@ -144,6 +146,7 @@ class Publisher:
         log.info("task debounced", extra={"action": "task_debounced", "key": key})
         return PublishResult(task=Task.model_validate(found), created=False, payload_updated=True)
 
+    @tracing.producer("replace")  # the PRODUCER span whose context the document carries
     @driver_errors
     async def replace(
         self,
@@ -203,6 +206,7 @@ class Publisher:
             depends_on=present,
             deps_pending=pending,
             deps_failed=failed,
+            trace_context=tracing.carrier(),  # the current span: the publish's (`tracing.producer`)
         )
 
     async def _replace(

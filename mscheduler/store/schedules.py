@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pymongo import IndexModel, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
+from .. import tracing
 from ..errors import driver_errors
 from ..models import PublishResult, TaskOptions, TaskState
 from ..periodic import Schedule, due, schedule_document
@@ -94,11 +95,12 @@ class ScheduleStore(BesideTasks):
             options = TaskOptions.model_validate(
                 {**schedule.options.model_dump(), "not_before": schedule.start_of(occurrence)}
             )
-            published.append(
-                await self._publisher.publish(
-                    key, schedule.payload, name=schedule.name, options=options
+            with tracing.publishing("publish", [schedule.name], key=key, schedule_id=schedule.id):
+                published.append(
+                    await self._publisher.publish(
+                        key, schedule.payload, name=schedule.name, options=options
+                    )
                 )
-            )
             last_key = key
         await self.collection.find_one_and_update(
             *sq.advance(schedule.id, schedule.next_at, next_at, last_key, now),

@@ -78,7 +78,10 @@ def test_a_worker_on_a_server_never_imports_mongomock_and_memory_still_works(
 
 def test_the_compose_worker_command_serves_the_example_handlers(wire_server: WireServer):
     compose = (ROOT / "docker" / "compose.yml").read_text()
-    found = re.search(r'command: \["mscheduler", "worker", (.*)\]', compose)
+    # opentelemetry-instrument sets OpenTelemetry's SDK up from the OTEL_* variables first.
+    found = re.search(
+        r'command: \[(?:"opentelemetry-instrument", )?"mscheduler", "worker", (.*)\]', compose
+    )
     assert found is not None, "the compose worker does not run `mscheduler worker`"
     args = [part.strip().strip('"') for part in found[1].split(",")]
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()

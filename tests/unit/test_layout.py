@@ -27,6 +27,8 @@ FOUNDATION = {
     "models",
     "periodic",
     "specs",
+    "otel_metrics",
+    "tracing",
     "worker_options",
 }
 LAYERS = {

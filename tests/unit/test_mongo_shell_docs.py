@@ -99,7 +99,23 @@ async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     await sched.store.schedules.publish_due(["digest"])  # the occurrence of 00:01:00
     clock.advance(1)  # and the next one (00:01:30) is not due yet
     await sched.schedule("weekly", name="digest", cron="0 9 * * 1")
+    await _publish_in_a_trace(sched)
     return sched
+
+
+async def _publish_in_a_trace(sched: ms.Scheduler) -> None:
+    """Two tasks published by a request whose trace id the doc's query names, one outside."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    request = SpanContext(TRACE_ID, 0xAB54A98CEB1F0AD2, True, TraceFlags(TraceFlags.SAMPLED))
+    with trace.use_span(NonRecordingSpan(request)):
+        await sched.publish("signup:7", None, name="welcome")
+        await sched.publish_many([ms.TaskSpec(key="signup:7:crm", name="crm")])
+    await sched.publish("signup:8", None, name="welcome")
+
+
+TRACE_ID = 0x5CE0E9A56015FEC5AADFA328AE398115
 
 
 async def test_every_documented_query_is_checked():
@@ -114,16 +130,19 @@ EXPECTED: dict[str, Any] = {
     "counts": lambda rows: (
         {(r["_id"]["name"], r["_id"]["state"]): r["count"] for r in rows}
         == {
+            ("crm", "pending"): 1,
             ("digest", "pending"): 1,
             ("email", "pending"): 2,
             ("etl", "blocked"): 2,
             ("etl", "pending"): 1,
             ("sms", "fail"): 1,
             ("sms", "running"): 2,
+            ("welcome", "pending"): 2,
         }
     ),
     "oldest-pending": lambda rows: (
-        {r["_id"]: r["waiting"] for r in rows} == {"digest": 1, "email": 2, "etl": 1}
+        {r["_id"]: r["waiting"] for r in rows}
+        == {"crm": 1, "digest": 1, "email": 2, "etl": 1, "welcome": 2}
         # a server returns aware datetimes (the client is tz_aware), mongomock naive UTC ones
         and _utc(min(r["oldest"] for r in rows)) == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     ),
@@ -149,6 +168,10 @@ EXPECTED: dict[str, Any] = {
     ),
     "progress": lambda rows: (
         _keys(rows) == ["busy"] and rows[0]["progress"]["message"] == "half way"
+    ),
+    "trace": lambda rows: (
+        _keys(rows) == ["signup:7", "signup:7:crm"]
+        and all(f"{TRACE_ID:032x}" in r["trace_context"]["traceparent"] for r in rows)
     ),
     "occurrences": lambda rows: (
         [(r["key"], r["state"]) for r in rows] == [("digest@20300101T000100Z", "pending")]

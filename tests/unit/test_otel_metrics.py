@@ -1,0 +1,104 @@
+"""OpenTelemetry metrics: the Prometheus exporter's figures through the metrics API, on both
+engines (the SDK's in-memory reader, `tests.otel`). Each test uses task names of its own, as
+the reader is the session's."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+import mscheduler as ms
+from tests import otel
+from tests.engines import POLL_MS
+
+pytestmark = pytest.mark.anyio
+Discover = Callable[[], Awaitable[None]]
+
+
+def points(metric: str, **attributes: Any) -> list[Any]:
+    """The data points of ``metric`` whose attributes include ``attributes``."""
+    found = []
+    data = otel.METRICS.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for each in scope.metrics:
+                if each.name != metric:
+                    continue
+                for point in each.data.data_points:
+                    if attributes.items() <= dict(point.attributes or {}).items():
+                        found.append(point)
+    return found
+
+
+def total(metric: str, **attributes: Any) -> float:
+    return sum(point.value for point in points(metric, **attributes))
+
+
+def options(worker_id: str = "w1") -> ms.WorkerOptions:
+    return ms.WorkerOptions(worker_id=worker_id, poll_interval_ms=POLL_MS)
+
+
+async def test_runs_are_counted_by_outcome_and_timed_and_claims_by_latency(
+    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+):
+    otel.install()
+    name = f"job-{uuid.uuid4().hex[:8]}"
+
+    async def handler(task: ms.Task) -> None:
+        if task.payload["fail"]:
+            raise ms.Abort("bad input")
+
+    await scheduler.publish("ok", {"fail": False}, name=name)
+    await scheduler.publish("bad", {"fail": True}, name=name)
+    clock.advance(2)  # both wait two seconds for a worker
+    async with scheduler.consumer({name: handler}, options=options()):
+        await discover()
+    key = "messaging.destination.name"
+    assert total("mscheduler.task.claims", **{key: name}) == 2
+    outcome = "mscheduler.run.outcome"
+    assert total("mscheduler.task.finished", **{key: name, outcome: "success"}) == 1
+    assert total("mscheduler.task.finished", **{key: name, outcome: "fail"}) == 1
+    durations = points("mscheduler.task.duration", **{key: name})
+    assert sorted(p.attributes[outcome] for p in durations) == ["fail", "success"]
+    assert [p.count for p in durations] == [1, 1]
+    [latency] = points("mscheduler.task.claim_latency", **{key: name})
+    assert (latency.count, latency.sum) == (2, 4.0)
+
+
+async def test_task_counts_by_name_and_state_once_a_reader_collects(
+    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+):
+    otel.install()
+    name = f"idle-{uuid.uuid4().hex[:8]}"
+    for n in range(3):
+        await scheduler.publish(f"{name}:{n}", None, name=name)
+    collection = scheduler.collection.full_name
+    gauge = "mscheduler.tasks"
+    points(gauge)  # a reader collects: the consumers' next housekeeping refreshes the counts
+    async with scheduler.consumer({"other": lambda task: None}, options=options()):
+        await discover()
+        assert (
+            total(
+                gauge,
+                **{
+                    "mscheduler.collection": collection,
+                    "mscheduler.task.state": "pending",
+                    "messaging.destination.name": name,
+                },
+            )
+            == 3
+        )
+        await scheduler.publish(f"{name}:3", None, name=name)
+        clock.advance(ms.WorkerOptions().schedule_refresh_ms / 1000)  # the next housekeeping
+        await discover()
+        assert (
+            total(
+                gauge, **{"mscheduler.collection": collection, "messaging.destination.name": name}
+            )
+            == 4
+        )
