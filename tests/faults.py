@@ -50,20 +50,23 @@ class FaultyCollection:
 
 
 class HeldWrites:
-    """Every fenced write (``find_one_and_update``, ``bulk_write``) waits until the test sets
-    its gate in ``held``, in the order they came: a slow network, made step by step."""
+    """Every fenced write (``find_one_and_update``, ``bulk_write``) made while ``holding``
+    waits until the test sets its gate in ``held``, in the order they came: a slow network,
+    made step by step."""
 
     def __init__(self, collection: Any) -> None:
         self.wrapped = collection
         self.held: list[anyio.Event] = []
+        self.holding = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
     async def _through(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        gate = anyio.Event()
-        self.held.append(gate)
-        await gate.wait()
+        if self.holding:
+            gate = anyio.Event()
+            self.held.append(gate)
+            await gate.wait()
         result = getattr(self.wrapped, name)(*args, **kwargs)
         return await result if inspect.isawaitable(result) else result
 
