@@ -61,6 +61,8 @@ class _Running:
     worker_timeout_ms: int
     stop_reason: str | None = None
     release_on_stop: bool = False
+    # While its outcome is written: a shutdown cuts a write that outlasts the grace (`shutdown`).
+    writing: anyio.CancelScope | None = None
 
     @property
     def stop_at(self) -> dt.datetime:
@@ -111,6 +113,12 @@ class Executor:
         """Keys this worker must not claim: running, or abandoned and still running."""
         return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
 
+    @property
+    def held_runs(self) -> set[str]:
+        """The run_ids of the leases this worker runs now: a live state of its worker_id with
+        another run_id belongs to a previous life (a restart under the same id)."""
+        return {entry.lease.run_id for entry in self._running.values()}
+
     def _may_start(self, entry: _Running) -> bool:
         """Checked as the handler is about to start: a claim whose handler waited (the loop
         blocked) until the lease ran out must not start, as another worker may hold it now."""
@@ -160,7 +168,16 @@ class Executor:
                 self._stats.record("succeeded", name, run.seconds)  # committed by the handler
                 written = True
             else:
-                written = await self._finish(entry, outcome)
+                entry.writing = anyio.CancelScope()
+                with entry.writing:
+                    written = await self._finish(entry, outcome)
+                if entry.writing.cancelled_caught:
+                    log.error(
+                        "outcome of task %r not recorded: the worker stopped before the write "
+                        "landed; its lease is left to expire",
+                        entry.lease.key,
+                        extra={"action": "outcome_lost", "key": entry.lease.key},
+                    )
         finally:
             if self._running.get(key) is entry:
                 del self._running[key]
@@ -368,13 +385,25 @@ class Executor:
 
     async def shutdown(self) -> None:
         """Let handlers finish within the grace period, then stop the rest and release them,
-        so another worker can claim at once instead of waiting for the leases to expire."""
+        so another worker can claim at once instead of waiting for the leases to expire.
+
+        Bounded: past the grace, handlers get ``cancel_timeout_ms`` to unwind (then they are
+        abandoned, `HandlerCalls`), and so do the writes of outcomes still on their way (a
+        slow or unreachable server, or a batch of other consumers' finishes ahead of them):
+        then they are cut, and their leases left to expire. Releases have their own bound."""
         deadline = self._clock.now() + dt.timedelta(milliseconds=self._options.shutdown_grace_ms)
         while self._running and self._clock.now() < deadline:
             self._idle = idle = anyio.Event()
             await self._clock.wait_until(deadline, idle)
         for entry in list(self._running.values()):
             entry.stop("the worker is shutting down", release=True)
+        give_up = self._clock.now() + dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
         while self._running:
             self._idle = idle = anyio.Event()
+            if self._clock.now() < give_up:
+                await self._clock.wait_until(give_up, idle)
+                continue
+            for entry in self._running.values():
+                if entry.writing is not None:
+                    entry.writing.cancel()
             await idle.wait()

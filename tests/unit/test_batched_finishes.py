@@ -10,6 +10,8 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
+from tests.engines import settle
+from tests.faults import HeldWrites
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +67,35 @@ async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     counting.reset()
     task = await sched.store.succeed(lease, 1)
     assert task.state is ms.TaskState.SUCCESS and counting.calls == 1, counting.counts
+
+
+async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_others(
+    scheduler: ms.Scheduler,
+):
+    """Consumers of one store share the sends of their finishes; a stopping consumer waits on
+    its own outcome, never on the outcomes others keep finishing meanwhile."""
+    leases = await _claimed(scheduler, 3)
+    held = HeldWrites(scheduler.collection)
+    sched = ms.Scheduler(held, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    returned: list[str] = []
+
+    async def finish(lease: ms.Lease) -> None:
+        await sched.store.succeed(lease, lease.key)
+        returned.append(lease.key)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(finish, leases[0])
+        await settle()
+        assert len(held.held) == 1  # t0's write is on its way
+        group.start_soon(finish, leases[1])  # these two wait for it, then go together
+        group.start_soon(finish, leases[2])
+        await settle()
+        held.held[0].set()
+        await settle()
+        assert returned == ["t0"], "the first finish waited on the others' write"
+        assert len(held.held) == 2  # t1 and t2 in one bulk write, still on its way
+        held.held[1].set()
+    assert sorted(returned) == ["t0", "t1", "t2"]
+    tasks = await scheduler.store.get_many(["t0", "t1", "t2"])
+    assert [t.state for t in tasks] == [ms.TaskState.SUCCESS] * 3
