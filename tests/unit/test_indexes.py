@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from mscheduler import constants as c
-from mscheduler.backends.memory.index_plan import index_serves
+from mscheduler.backends.memory.index_plan import bounded_keys, implies_partial, index_serves
 from mscheduler.queries import flows as fq
 from mscheduler.queries import lease as lq
 from mscheduler.queries import tasks as q
+from mscheduler.queries import timing as eq
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -40,6 +41,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "mark notified": (fq.mark_notified("k")[0], None),
     "add dependency": (fq.add_dependency_filter("k"), None),
     "count dependent": (fq.count_dependent(["a"])[0], None),
+    "expiry scan": (eq.expired(["a", "b"], NOW), None),
 }
 
 
@@ -70,3 +72,21 @@ def test_claim_next_uses_the_claim_order_index():
 )
 def test_index_serves_follows_equality_sort_range(keys, query, sort, served):
     assert index_serves(keys, query, sort) is served
+
+
+def test_the_expiry_scan_is_bounded_by_name_state_and_date():
+    """Bounded on name and state alone, every consumer's housekeeping would read every task
+    of its names not started (the backlog) to find the few past their expiry."""
+    query = eq.expired(["a", "b"], NOW)
+    usable = [
+        bounded_keys(keys, query)
+        for _, keys, options in c.INDEXES
+        if implies_partial(query, options.get("partialFilterExpression"))  # type: ignore[arg-type]
+    ]
+    assert ["name", "state", "options.expires_at"] in usable
+
+
+def test_a_partial_index_is_used_only_by_queries_that_imply_its_filter():
+    partial = {"options.expires_at": {"$type": "date"}}
+    assert implies_partial({"options.expires_at": {"$type": "date", "$lte": NOW}}, partial)
+    assert not implies_partial({"options.expires_at": {"$lte": NOW}}, partial)
