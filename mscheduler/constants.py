@@ -49,7 +49,8 @@ MAX_ERROR_BYTES: Final = 16 * 1024  # the three above, with field names and BSON
 MAX_NESTING_DEPTH: Final = 100
 
 # Optional TTL index (`ensure_indexes(finished_ttl=...)`): MongoDB deletes finished tasks
-# this long after they ended; running and pending tasks have finished_at null and stay.
+# this long after they ended and their dependents were told (``settled_at``); running and
+# pending tasks, and finished ones whose dependents wait to be told, have it null and stay.
 FINISHED_TTL_INDEX = "finished_ttl"
 
 # Indexes: (name, keys, extra options). Every query in mscheduler.queries is served by one of these;

@@ -38,7 +38,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "dependents waiting": (fq.dependents_waiting_on("k"), None),
     "unnotified": (fq.unnotified(), None),
     "unnotified dependents": (fq.unnotified_dependents_of("k"), None),
-    "mark notified": (fq.mark_notified("k")[0], None),
+    "mark notified": (fq.mark_notified("k", NOW)[0], None),
     "add dependency": (fq.add_dependency_filter("k"), None),
     "count dependent": (fq.count_dependent(["a"])[0], None),
     "expiry scan": (eq.expired(["a", "b"], NOW), None),
