@@ -235,7 +235,9 @@ def claim_one_of(claim: Document, task_id: Any) -> Document:
     return {**claim, "_id": task_id}
 
 
-CANDIDATE_PROJECTION: Document = {"_id": 1}
+# With the claim order's fields, so candidates read in groups of names merge in that order.
+CANDIDATE_PROJECTION: Document = {"_id": 1, "options.priority": 1, "created_at": 1}
+
 
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
 # order ties as it likes; with it, equal priority is strict FIFO everywhere.
@@ -351,20 +353,6 @@ def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Documen
         "finished_at": {"$lt": finished_before},
         "dependents_notified": {"$ne": False},
     }
-
-
-def settled_backfill() -> tuple[Document, Pipeline]:
-    """Finished tasks written before ``settled_at`` existed, with nothing left to tell: the
-    TTL's date is when they ended. ``$nor`` of ``$type`` rather than a null test, which the
-    engines answer differently for a missing field. Served by ``finished`` (state)."""
-    return (
-        {
-            "state": {"$in": TERMINAL},
-            "dependents_notified": {"$ne": False},
-            "$nor": [{"settled_at": {"$type": "date"}}],
-        },
-        [{"$set": {"settled_at": "$finished_at"}}],
-    )
 
 
 def failed_filter(name: str | None) -> Document:

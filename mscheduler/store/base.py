@@ -6,6 +6,7 @@ import this module, never `tasks`, so the store has no import cycle.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from pymongo import IndexModel
 from pymongo.errors import OperationFailure
 
 from .. import constants as c
-from ..clock import Clock
+from ..clock import UTC, Clock
 from ..errors import ConfigurationError, driver_errors
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
@@ -116,6 +117,34 @@ class StoreBase:
         await self._ready()
         cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
         return [Task.model_validate(document) async for document in cursor]
+
+    @driver_errors
+    async def fetch(
+        self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
+    ) -> list[Task]:
+        """The ``limit`` tasks of ``names`` that ``worker_id`` may claim first (payloads left
+        out); one read per group of names (`base.name_groups`), merged."""
+        await self._ready()
+        found: list[Task] = []
+        for group in name_groups(names):
+            cursor = self.collection.find(
+                q.fetch_filter(group, worker_id),
+                q.FETCH_PROJECTION,
+                sort=q.FETCH_SORT,
+                limit=limit,
+                batch_size=batch_size,
+            )
+            found += [Task.model_validate(document) async for document in cursor]
+        found.sort(key=lambda task: task.next_claim_at or dt.datetime.max.replace(tzinfo=UTC))
+        return found[:limit]  # soonest first across the groups
+
+
+def name_groups(names: Sequence[str]) -> list[list[str]]:
+    """``names`` in groups of at most `MAX_NAMES_PER_QUERY`, one query of tasks each: beyond
+    it the claim and fetch orders would be sorted in memory from every due task of those
+    names."""
+    size = c.MAX_NAMES_PER_QUERY
+    return [list(names[i : i + size]) for i in range(0, len(names), size)] or [[]]
 
 
 class BesideTasks:
