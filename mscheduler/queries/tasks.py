@@ -33,6 +33,7 @@ from .stages import (
     RUNNING,
     SUCCESS,
     TERMINAL,
+    WORKER_STATES,
     Document,
     Pipeline,
     attempts,
@@ -235,7 +236,6 @@ def claim_one_of(claim: Document, task_id: Any) -> Document:
     return {**claim, "_id": task_id}
 
 
-# With the claim order's fields, so candidates read in groups of names merge in that order.
 CANDIDATE_PROJECTION: Document = {"_id": 1, "options.priority": 1, "created_at": 1}
 
 
@@ -265,8 +265,8 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
                 "worker_states": {
                     "$cond": [
                         {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
-                        {"$concatArrays": ["$worker_states", [new_state]]},
-                        "$worker_states",
+                        {"$concatArrays": [WORKER_STATES, [new_state]]},
+                        WORKER_STATES,
                     ]
                 }
             }
@@ -367,7 +367,7 @@ def failed_filter(name: str | None) -> Document:
 
 def stats_pipeline() -> Pipeline:
     """Counts by name and state in one pass; the leading sort walks the claim index."""
-    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    running = {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(RUNNING)}}
     return [
         {"$sort": {"name": 1, "state": 1}},
         {

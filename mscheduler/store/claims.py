@@ -158,7 +158,8 @@ class _Batch:
 
     async def _candidates(self, now: Any) -> list[Any]:
         """The best ``limit`` ``_id`` values in claim order: one read per group of names
-        (`base.name_groups`), merged; one read in all for up to 100 names."""
+        (`base.name_groups`), merged by the claim order's fields (in `CANDIDATE_PROJECTION`);
+        one read in all for up to 100 names."""
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
             claim = q.claim_filter(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
