@@ -228,15 +228,15 @@ def expired_by(now: dt.datetime) -> Document:
     return {"options.expires_at": {"$type": "date", "$lte": now}}
 
 
-def claim_one_of(claim: Document, task_id: Any) -> Document:
+def claim_one_of(claim: Document, task_id: Any, key: str) -> Document:
     """A batched claim's write for one candidate: the whole claim filter again, on that
-    document alone (served by ``_id``). The candidates were read in claim order; between the
-    read and this write another worker may take one, which then simply matches nothing. Each
-    write is atomic on its document, so the invariant of `claim_filter` holds for each."""
-    return {**claim, "_id": task_id}
+    document alone (by ``_id``, and ``key``, the shard key of a sharded collection). Another
+    worker may take a candidate between the read and this write: it then matches nothing.
+    Each write is atomic on its document, so the invariant of `claim_filter` holds for each."""
+    return {**claim, "_id": task_id, "key": key}
 
 
-CANDIDATE_PROJECTION: Document = {"_id": 1, "options.priority": 1, "created_at": 1}
+CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "created_at": 1}
 
 
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to

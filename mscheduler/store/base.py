@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 from pymongo import IndexModel
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
 from .. import constants as c
 from ..clock import UTC, Clock
@@ -33,6 +33,9 @@ class StoreBase:
         self._indexes_ready = False
         self._indexes_lock = anyio.Lock()
         self.in_transaction = False
+        # Behind a mongos: a findAndModify must name the shard key (``key``), so claims by name
+        # go the batched way, whose writes name ``_id`` and ``key`` (`claims`).
+        self.sharded = False
         self._beside: dict[str, Any] = {}
 
     def beside(self, suffix: str) -> Any:
@@ -59,8 +62,18 @@ class StoreBase:
                 IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
             ]
             names = list(await self.collection.create_indexes(models))
+            self.sharded = await self._behind_mongos()
             self._indexes_ready = True
             return names
+
+    async def _behind_mongos(self) -> bool:
+        """A mongos answers ``hello`` with ``msg: "isdbgrid"``; any failure to ask: no."""
+        database = getattr(self.collection, "database", None)
+        try:
+            reply = await database.command({"hello": 1}) if database is not None else {}
+        except PyMongoError:
+            return False
+        return isinstance(reply, Mapping) and reply.get("msg") == "isdbgrid"
 
     @driver_errors
     async def ensure_ttl_index(self, model: IndexModel) -> None:

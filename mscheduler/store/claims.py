@@ -94,12 +94,16 @@ class _Batch:
         claim = q.claim_filter(
             self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
         )
-        candidates = await self._candidates(now)
+        keys = await self._candidates(now)  # _id -> key
+        candidates = list(keys)
         if not candidates:
             return [], False
         run_ids = [uuid.uuid4().hex for _ in candidates]
         requests = [
-            UpdateOne(q.claim_one_of(claim, task_id), q.claim_update(self.worker_id, run_id, now))
+            UpdateOne(
+                q.claim_one_of(claim, task_id, keys[task_id]),
+                q.claim_update(self.worker_id, run_id, now),
+            )
             for task_id, run_id in zip(candidates, run_ids, strict=True)
         ]
         matched: int | None = None
@@ -156,7 +160,7 @@ class _Batch:
             )
         return sorted(leases, key=lambda lease: candidates.index(lease.task.id)), True
 
-    async def _candidates(self, now: Any) -> list[Any]:
+    async def _candidates(self, now: Any) -> dict[Any, str]:
         """The best ``limit`` ``_id`` values in claim order: one read per group of names
         (`base.name_groups`), merged by the claim order's fields (in `CANDIDATE_PROJECTION`);
         one read in all for up to 100 names."""
@@ -167,5 +171,5 @@ class _Batch:
                 claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=self.limit
             )
             found += [document async for document in cursor]
-        found.sort(key=_claim_order)
-        return [document["_id"] for document in found[: self.limit]]
+        found.sort(key=_claim_order)  # dicts keep this order
+        return {document["_id"]: document["key"] for document in found[: self.limit]}

@@ -69,6 +69,7 @@ class TaskStore(StoreBase):
         view = TaskStore(collection, self.clock)
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
+        view.sharded = self.sharded
         view._finishes = FinishBatcher(view, view._fenced_document, alone=True)
         return view
 
@@ -117,9 +118,9 @@ class TaskStore(StoreBase):
         worker_id = checked(check_worker_id, worker_id)
         if key is None and not names:
             raise ConfigurationError("claim: give a key or at least one task name")
-        if key is None and names is not None and len(names) > c.MAX_NAMES_PER_QUERY:
-            # One findOneAndUpdate per group of names would take each group's best, not the
-            # best of all: read candidates by group, then claim the best (`store.claims`).
+        if key is None and names and (self.sharded or len(names) > c.MAX_NAMES_PER_QUERY):
+            # A mongos refuses a findAndModify without the shard key; one per group of names
+            # would take each group's best, not the best of all: candidates, then the best.
             leases = await self.claim_many(
                 worker_id, names=names, limit=1, exclude_keys=exclude_keys
             )
@@ -159,7 +160,7 @@ class TaskStore(StoreBase):
         """Claim up to ``limit`` of the best tasks of ``names`` in three round trips
         (`claims`); fewer than three tasks are claimed one at a time, which costs less."""
         worker_id = checked(check_worker_id, worker_id)
-        if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY:
+        if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY and not self.sharded:
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
             return [] if lease is None else [lease]
         await self._ready()
