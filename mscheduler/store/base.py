@@ -67,11 +67,12 @@ class StoreBase:
             return names
 
     async def _behind_mongos(self) -> bool:
-        """A mongos answers ``hello`` with ``msg: "isdbgrid"``; any failure to ask: no."""
+        """A mongos answers ``hello`` with ``msg: "isdbgrid"``; any failure to ask (a plain
+        mongomock collection does not implement commands): no."""
         database = getattr(self.collection, "database", None)
         try:
             reply = await database.command({"hello": 1}) if database is not None else {}
-        except PyMongoError:
+        except (PyMongoError, NotImplementedError):
             return False
         return isinstance(reply, Mapping) and reply.get("msg") == "isdbgrid"
 
