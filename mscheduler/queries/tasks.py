@@ -33,6 +33,7 @@ from .stages import (
     RUNNING,
     SUCCESS,
     TERMINAL,
+    WORKER_STATES,
     Document,
     Pipeline,
     attempts,
@@ -95,6 +96,7 @@ def new_task_document(
         "dependent_count": 0,
         "dependents_notified": None,
         "finished_at": now if cancelled else None,
+        "settled_at": now if cancelled else None,  # no dependent yet: nobody to tell
         "worker_states": [],
         "dropped_attempts": 0,
         "dropped_failures": 0,
@@ -231,15 +233,16 @@ def expired_by(now: dt.datetime) -> Document:
     return {"options.expires_at": {"$type": "date", "$lte": now}}
 
 
-def claim_one_of(claim: Document, task_id: Any) -> Document:
+def claim_one_of(claim: Document, task_id: Any, key: str) -> Document:
     """A batched claim's write for one candidate: the whole claim filter again, on that
-    document alone (served by ``_id``). The candidates were read in claim order; between the
-    read and this write another worker may take one, which then simply matches nothing. Each
-    write is atomic on its document, so the invariant of `claim_filter` holds for each."""
-    return {**claim, "_id": task_id}
+    document alone (by ``_id``, and ``key``, the shard key of a sharded collection). Another
+    worker may take a candidate between the read and this write: it then matches nothing.
+    Each write is atomic on its document, so the invariant of `claim_filter` holds for each."""
+    return {**claim, "_id": task_id, "key": key}
 
 
-CANDIDATE_PROJECTION: Document = {"_id": 1}
+CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "created_at": 1}
+
 
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
 # order ties as it likes; with it, equal priority is strict FIFO everywhere.
@@ -267,8 +270,8 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
                 "worker_states": {
                     "$cond": [
                         {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
-                        {"$concatArrays": ["$worker_states", [new_state]]},
-                        "$worker_states",
+                        {"$concatArrays": [WORKER_STATES, [new_state]]},
+                        WORKER_STATES,
                     ]
                 }
             }
@@ -369,7 +372,7 @@ def failed_filter(name: str | None) -> Document:
 
 def stats_pipeline() -> Pipeline:
     """Counts by name and state in one pass; the leading sort walks the claim index."""
-    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    running = {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(RUNNING)}}
     return [
         {"$sort": {"name": 1, "state": 1}},
         {
