@@ -37,6 +37,7 @@ from .models import (
 )
 from .periodic import Schedule
 from .specs import Flow, TaskSpec, chain, chord, group
+from .store.workers import WorkerInfo
 from .worker_options import WorkerOptions
 
 # A library logs, the application decides where to: no "No handlers could be found" noise,
@@ -74,6 +75,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "WorkerInfo",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",

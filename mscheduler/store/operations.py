@@ -97,7 +97,8 @@ async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> s
 
 
 async def stats(store: TaskStore) -> list[StatsRow]:
-    """Counts by name and state in one aggregation, with running workers and oldest age."""
+    """Counts by name and state in one aggregation, with running attempts and oldest age;
+    then the paused names and the live workers (two small reads beside the tasks)."""
     await store._ready()
     cursor = store.collection.aggregate(q.stats_pipeline())
     if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
@@ -119,6 +120,22 @@ async def stats(store: TaskStore) -> list[StatsRow]:
                 oldest_age_s=age,
             )
         )
-    paused = await store.pauses.paused(sorted({row.name for row in rows}))
-    rows = [row.model_copy(update={"paused": row.name in paused}) for row in rows]
+    # A paused name with no task is still listed (as 0 pending), so the pause is seen.
+    paused = await store.pauses.reasons()
+    for name in sorted(set(paused) - {row.name for row in rows}):
+        rows.append(StatsRow(name=name, state=TaskState.PENDING, count=0))
+    live: dict[str, int] = {}
+    for worker in await store.workers.all():
+        for name in worker.names if worker.alive else ():
+            live[name] = live.get(name, 0) + 1
+    rows = [
+        row.model_copy(
+            update={
+                "paused": row.name in paused,
+                "pause_reason": paused.get(row.name),
+                "live_workers": live.get(row.name, 0),
+            }
+        )
+        for row in rows
+    ]
     return sorted(rows, key=lambda row: (row.name, row.state.value))

@@ -40,6 +40,7 @@ from .limits import Limits
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class TaskStore(StoreBase):
         self.expiry = Expiry(self, self._after_write)
         self.pauses = Pauses(self)
         self.limits = Limits(self)
+        self.workers = Workers(self)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
