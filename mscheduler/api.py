@@ -17,6 +17,7 @@ from .backends.uri import (
 )
 from .clock import Clock, SystemClock
 from .consumer.consumer import Consumer
+from .consumer.group import numbered
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .delays import with_delay
@@ -117,9 +118,12 @@ class Scheduler:
         """The dead-letter queue: run every failed task (of ``name``) again."""
         return await operations.retry_failed(self.store, name=name)
 
-    async def purge(self, *, states: Sequence[str], older_than: dt.timedelta) -> int:
-        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago."""
-        return await operations.purge(self.store, states=states, older_than=older_than)
+    async def purge(
+        self, *, states: Sequence[str], older_than: dt.timedelta, dry_run: bool = False
+    ) -> int:
+        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago (with
+        ``dry_run``, count them instead)."""
+        return await operations.purge(self.store, states, older_than, dry_run=dry_run)
 
     async def publish(
         self,
@@ -238,14 +242,8 @@ class Scheduler:
         ids are ``options.worker_id`` followed by ``-1``, ``-2``, ... when ``count`` > 1."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
             raise ConfigurationError(f"count: expected an integer from 1 to 1000, got {count!r}")
-        base = options or WorkerOptions()
-        numbered = [
-            {**base.model_dump(), "worker_id": f"{base.worker_id}-{n}"} for n in range(1, count + 1)
-        ]
-        group = [
-            self.consumer(handlers, options=WorkerOptions.model_validate(each))
-            for each in (numbered if count > 1 else [base.model_dump()])
-        ]
+        each = numbered(options or WorkerOptions(), count)
+        group = [self.consumer(handlers, options=one) for one in each]
         async with group_running(group) as started:
             yield started
 

@@ -72,17 +72,21 @@ async def retry_failed(
     return [await retry(store, key) for key in keys]
 
 
-async def purge(store: TaskStore, *, states: Sequence[str], older_than: dt.timedelta) -> int:
-    """Delete finished tasks of ``states`` that ended more than ``older_than`` ago."""
+async def purge(
+    store: TaskStore, states: Sequence[str], older_than: dt.timedelta, *, dry_run: bool = False
+) -> int:
+    """Delete finished tasks of ``states`` that ended more than ``older_than`` ago; with
+    ``dry_run``, count them (the same filter, so the count is what a purge now deletes)."""
     chosen = [parse_state(state) for state in states]
     unfinished = [state.value for state in chosen if not state.is_terminal]
     if unfinished:
         raise ConfigurationError(f"purge: only finished tasks can be purged, not {unfinished}")
     await store._ready()
     cutoff = store.clock.now() - older_than
-    result = await store.collection.delete_many(
-        q.purge_filter([state.value for state in chosen], cutoff)
-    )
+    query = q.purge_filter([state.value for state in chosen], cutoff)
+    if dry_run:
+        return int(await store.collection.count_documents(query))
+    result = await store.collection.delete_many(query)
     return int(result.deleted_count)
 
 

@@ -124,7 +124,7 @@ def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.
         (["ls", "--state", "done"], "state: 'done' is not one of pending"),
         (["show", "nope"], "no task has the key 'nope'"),
         (["purge", "--older-than", "soon"], "is not a duration"),
-        (["retry"], "give a KEY or --failed"),
+        (["retry"], "retry: give the KEY of a task to run again, or --failed"),
         (["publish", "k", "--name", ""], "name must be a non-empty string"),
         (["worker", "no.such.module:handlers"], "cannot load 'no.such.module:handlers'"),
     ],
@@ -500,7 +500,18 @@ def test_pause_resume_and_stats_show_it(uri: str):
     out = cli(uri, "stats", "--json")[1]
     paused = {(row["name"], row["state"]): row["paused"] for row in json.loads(out)}
     assert paused == {("email", "pending"): True, ("sms", "fail"): False}
-    assert "email (paused)" in cli(uri, "stats")[1]
+    lines = cli(uri, "stats")[1].splitlines()  # not a terminal: tab-separated, whole values
+    assert lines[0].split("\t") == [
+        "name",
+        "state",
+        "count",
+        "running",
+        "live workers",
+        "oldest pending",
+        "note",
+    ]
+    email = lines[1].split("\t")
+    assert email[:3] == ["email", "pending", "2"] and email[-1].startswith("paused: quota")
     assert cli(uri, "resume", "email")[1] == "resumed: email\n"
     assert cli(uri, "resume", "email")[1] == "was not paused: email\n"
 
@@ -521,7 +532,14 @@ def test_limit_set_ls_rm(uri: str):
     assert code == 0 and out == "limited: email\n", err
     assert cli(uri, "limit", "set", "render", "--max-running", "2")[0] == 0
     out = cli(uri, "limit", "ls")[1]
-    assert "email: 0/100 per 60s, -" in out and "render: -, 0/2 running" in out
+    assert out.splitlines() == [
+        "name\tstarts\trunning",
+        "email\t0/100 per 1m\t-",
+        "render\t-\t0/2",
+    ]
+    listed = {row["name"]: row for row in json.loads(cli(uri, "limit", "ls", "--json")[1])}
+    assert listed["email"]["rate"] == 100 and listed["email"]["per_ms"] == 60_000
+    assert listed["render"]["max_running"] == 2 and listed["render"]["running"] == 0
     assert cli(uri, "limit", "rm", "render")[1] == "unlimited: render\n"
     code, _, err = cli(uri, "limit", "rm", "render")
     assert code == 2 and "'render' has no limit" in err
