@@ -119,6 +119,14 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
+    heartbeat: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_HEARTBEAT",
+            help="How often to refresh this worker in `mscheduler workers` (30s).",
+            show_default=False,
+        ),
+    ] = None,
     poll_interval: Annotated[
         str | None,
         typer.Option(
@@ -152,6 +160,14 @@ def worker(
                 maximum=dt.timedelta(days=1),
             )
             chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        if heartbeat:
+            beat = parse_duration(
+                heartbeat,
+                "heartbeat",
+                minimum=dt.timedelta(milliseconds=10),
+                maximum=dt.timedelta(days=1),
+            )
+            chosen["heartbeat_ms"] = round(beat.total_seconds() * 1000)
         options = WorkerOptions(**chosen)
         handlers = load_handlers(target)
         if names:

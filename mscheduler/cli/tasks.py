@@ -89,20 +89,24 @@ def register(app: typer.Typer) -> None:
         lifetime = parse_duration(expires_in, "expires-in") if expires_in else None
 
         async def work(sched: Scheduler) -> None:
+            from ..errors import DependencyError
             from ..models import TaskOptions
 
             if lifetime is not None:
                 chosen["expires_at"] = sched.clock.now() + lifetime
-            result = await sched.publish(
-                key,
-                body,
-                name=name,
-                options=TaskOptions(**chosen),
-                depends_on=depends_on,
-                allow_missing=allow_missing,
-                delay=wait,
-                debounce=window,
-            )
+            try:
+                result = await sched.publish(
+                    key,
+                    body,
+                    name=name,
+                    options=TaskOptions(**chosen),
+                    depends_on=depends_on,
+                    allow_missing=allow_missing,
+                    delay=wait,
+                    debounce=window,
+                )
+            except DependencyError as exc:  # the library's advice, in the command's words
+                fail(str(exc).replace("allow_missing=True", "--allow-missing"))
             if json_output:
                 emit({**result.model_dump(mode="json"), "task": task_json(result.task)})
             else:
@@ -128,11 +132,17 @@ def register(app: typer.Typer) -> None:
         specs = _specs(lines, name)
 
         async def work(sched: Scheduler) -> None:
+            import sys
+
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             created = 0
             columns = (TextColumn("publishing"), BarColumn(), MofNCompleteColumn())
-            with Progress(*columns, transient=True) as progress:
+            # On stderr, and only on a terminal: stdout keeps the one line a script reads.
+            shown = Console(stderr=True)
+            bar_off = not sys.stderr.isatty()
+            with Progress(*columns, console=shown, transient=True, disable=bar_off) as progress:
                 bar = progress.add_task("publish", total=len(specs))
                 for start in range(0, len(specs), _BULK_CHUNK):
                     chunk = specs[start : start + _BULK_CHUNK]

@@ -177,7 +177,10 @@ def log_finished(lease: Lease, outcome: str, seconds: float | None) -> None:
         lease.task.attempts,
         "succeeded" if outcome == "success" else "will run again later",
         took,
-        extra={"action": f"task_{outcome}", **_finished_fields(lease, outcome, seconds)},
+        extra={
+            "action": "task_succeeded" if outcome == "success" else "task_deferred",
+            **_finished_fields(lease, outcome, seconds),
+        },
     )
 
 

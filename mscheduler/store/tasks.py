@@ -291,9 +291,9 @@ class TaskStore(StoreBase):
             now,
             WorkerStateKind.SUCCESS,
         )
-        log.info(
+        log.debug(  # the consumer logs the finished task at INFO, with its worker and time
             "attempt succeeded",
-            extra={"action": "task_succeeded", "key": lease.key, "state": task.state.value},
+            extra={"action": "success_recorded", "key": lease.key, "state": task.state.value},
         )
         return task
 

@@ -254,7 +254,7 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint(wire_server: WireS
         cwd=ROOT,
     )
     try:
-        read_until(process, "running echo")
+        read_until(process, " running ")
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -337,7 +337,7 @@ def test_worker_without_metrics_runs_until_sigterm(wire_server: WireServer):
         cwd=ROOT,
     )
     try:
-        read_until(process, "running echo")
+        read_until(process, " running ")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert process.stderr is not None
