@@ -84,7 +84,7 @@ class Consumer:
         self._controls = Controls(
             store, self.names, self.options, self._fetch, self._quotas.refresh
         )
-        self._presence = Presence(store, self.names, self.options, lambda: self.running)
+        self._presence = Presence(store, self.names, self.options, self._heap, lambda: self.running)
 
     @property
     def polling(self) -> bool:
@@ -311,7 +311,7 @@ class Consumer:
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return
-            due = self._heap.due_keys(now, self._executor.free_slots)
+            due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
             limited: dict[str, list[str]] = {}
             for key in due:
                 name = self._quotas.name_of(key)

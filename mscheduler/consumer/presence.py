@@ -1,7 +1,8 @@
 """A consumer's entry in the live workers (`store.workers`): written at start, rewritten every
 ``heartbeat_ms`` with what it runs, deleted at stop. It costs one small upsert per heartbeat
 (two a minute by default) and one delete at stop, on the collection beside the tasks; a
-failed write is logged and retried at the next beat, never the consumer's end."""
+failed write is logged and retried at the next beat, never the consumer's end. The ``spread``
+claim policy (`spread`) reads the live workers here too."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from ..errors import BackendUnavailable, StoreError
 from ..store.tasks import TaskStore
 from ..store.workers import MAX_LISTED_KEYS, WorkerInfo
 from ..worker_options import WorkerOptions
+from .heap import ClaimHeap
+from .spread import ClaimSpread
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +34,11 @@ class Presence:
         store: TaskStore,
         names: Sequence[str],
         options: WorkerOptions,
+        heap: ClaimHeap,
         running_keys: Callable[[], list[str]],
     ) -> None:
+        # The claim policy that needs the live workers this entry is among (`spread`).
+        self.spread = ClaimSpread(options.claim_spread_ms, heap, options.heap_size)
         self._store = store
         self._names = list(names)
         self._options = options
@@ -57,9 +63,16 @@ class Presence:
             heartbeat_ms=self._options.heartbeat_ms,
         )
 
+    def admit(self, due: list[str], now: dt.datetime) -> list[str]:
+        """Of the due keys, those the claim policy lets this consumer claim now."""
+        return self.spread.admit(due, len(self._running_keys()), now)
+
     async def beat(self) -> None:
         try:
             await self._store.workers.beat(self.info())
+            if self.spread.enabled:  # one more small read, only for this policy
+                peers = await self._store.workers.all(self._names)
+                self.spread.live_workers = max(1, sum(peer.alive for peer in peers))
         except (BackendUnavailable, StoreError) as exc:
             log.warning(
                 "live workers entry not refreshed: %s",

@@ -3,6 +3,7 @@ removed at stop; one that died shows as stale. `stats` counts the live ones per 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -98,3 +99,96 @@ async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
     assert sms.count == 0 and sms.paused and sms.pause_reason == ""
     after = {(r.name, r.state.value): r for r in await scheduler.stats()}
     assert after["email", "pending"].live_workers == 0  # both stopped
+
+
+# ------------------------------------------------------------------ the spread claim policy
+
+
+def _run_burst(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, workers: int, **policy: int
+) -> tuple[dict[str, list[str]], anyio.Event, list[ms.Consumer]]:
+    gate = anyio.Event()
+    ran: dict[str, list[str]] = {}
+
+    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
+        async def long_task(task: ms.Task) -> None:
+            ran.setdefault(worker_id, []).append(task.key)
+            await gate.wait()
+
+        return long_task
+
+    consumers = [
+        scheduler.consumer(
+            {"render": handler_of(f"w{n}")}, options=options(f"w{n}", max_running=16, **policy)
+        )
+        for n in range(workers)
+    ]
+    return ran, gate, consumers
+
+
+async def test_spread_shares_a_burst_of_long_tasks_among_live_workers(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, engine: str
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3, claim_spread_ms=500)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a heartbeat: each now counts three live workers
+        await settle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        for _ in range(2):  # past two spread waits: anything left is claimed
+            clock.advance(0.5)
+            await discover()
+        # Each claims its share of what it sees due; the last ones go to whoever's wait
+        # ends first. No worker idles while another holds all six, as greedy ones would.
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+    assert sum(map(len, ran.values())) == 6
+
+
+async def test_spread_still_claims_what_no_peer_takes(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    """Two peers listed alive that never claim (hung, or about to be found stale): the one
+    working consumer takes its share, then, after two waits, everything left."""
+    now = clock.now()
+    for peer in ("hung-1", "hung-2"):
+        hung = ms.WorkerInfo(
+            worker_id=peer,
+            host="h",
+            pid=1,
+            names=["render"],
+            max_running=16,
+            started_at=now,
+            last_seen_at=now,
+            heartbeat_ms=3_600_000,
+        )
+        await scheduler.store.workers.beat(hung)
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=500)
+    async with consumers[0]:
+        clock.advance(1.0)  # a heartbeat: it counts three live workers
+        await settle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        assert len(ran["w0"]) <= 2  # its share of six among three
+        for _ in range(2):
+            clock.advance(0.5)
+            await discover()
+        assert len(ran["w0"]) == 6  # no peer took them: all claimed within two waits
+        gate.set()
+
+
+async def test_greedy_by_default_takes_what_its_slots_allow(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
+    async with consumers[0]:
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        assert len(ran["w0"]) == 6  # today's throughput: no wait
+        gate.set()
