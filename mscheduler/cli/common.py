@@ -68,6 +68,7 @@ def run(
     after the command's output, and not after an error, which stays the one line."""
     import anyio
     from pydantic import ValidationError
+    from pymongo.errors import PyMongoError
 
     from ..api import Scheduler
     from ..backends.uri import is_private_memory
@@ -89,6 +90,9 @@ def run(
         done = anyio.run(session)
     except (MSchedulerError, ValidationError, ValueError, TimeoutError) as exc:
         fail(one_line(exc))  # one line, the note left out: the error is what matters
+    except PyMongoError as exc:  # the server refused what the library did not foresee
+        log.debug("the server's error", exc_info=exc)
+        fail(f"MongoDB: {one_line(exc)} (the traceback with --log-level debug)")
     if private_memory:
         typer.echo(f"note: {PRIVATE_MEMORY}", err=True)
     return done

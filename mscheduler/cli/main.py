@@ -119,6 +119,15 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
+    claim_spread: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_CLAIM_SPREAD",
+            help="Long tasks: share bursts with the other live workers; a busy worker lets "
+            "a due task wait this long for an idle one first (above the poll interval).",
+            show_default=False,
+        ),
+    ] = None,
     heartbeat: Annotated[
         str | None,
         typer.Option(
@@ -160,6 +169,9 @@ def worker(
                 maximum=dt.timedelta(days=1),
             )
             chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        if claim_spread:
+            spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
+            chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
         if heartbeat:
             beat = parse_duration(
                 heartbeat,

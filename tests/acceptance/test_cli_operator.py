@@ -11,6 +11,8 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 
 import anyio
 import pytest
@@ -22,6 +24,7 @@ from tests.acceptance.test_cli import (
     ROOT,
     needs_bin,
     program,
+    publish,
     read_until,
     start_worker,
     wait_for_tasks,
@@ -416,3 +419,31 @@ def test_a_pause_reason_is_seen_even_without_tasks(uri: str):
     [row] = json.loads(ok(cli(uri, "stats", "--json")))
     assert row["name"] == "sms" and row["paused"] and row["pause_reason"] == "provider outage"
     assert ok(cli(uri, "stats")).splitlines()[1].endswith("paused: provider outage")
+
+
+# ------------------------------------------------------------------ 9. long tasks spread out
+
+
+def test_claim_spread_shares_a_burst_of_long_tasks(uri: str):
+    """Three workers, six tasks of a second each: with --claim-spread none runs more than its
+    share and a half (greedy, the first to poll would take all six)."""
+    spread = ("--claim-spread", "1s", "--heartbeat", "100ms", "--names", "nap")
+    workers = [
+        start_worker(uri, "worker", HANDLERS, "--worker-id", f"w-{n}", *spread, cwd=ROOT)
+        for n in range(3)
+    ]
+    try:
+        for process in workers:
+            read_until(process, " running ")
+        deadline = dt.datetime.now() + dt.timedelta(seconds=20)
+        while len(json.loads(ok(cli(uri, "workers", "--json")))) < 3:
+            assert dt.datetime.now() < deadline
+        time.sleep(0.5)  # a few heartbeats: each counts three live workers
+        publish(uri, *((f"long:{n}", "nap", 1) for n in range(6)))
+        done = wait_for_tasks(uri, [f"long:{n}" for n in range(6)])
+    finally:
+        for process in workers:
+            process.kill()
+    by_worker = Counter(task.result for task in done.values())
+    assert all(task.state is ms.TaskState.SUCCESS for task in done.values())
+    assert len(by_worker) >= 2 and max(by_worker.values()) <= 3, by_worker
