@@ -545,3 +545,29 @@ def test_limit_set_ls_rm(uri: str):
     assert code == 2 and "'render' has no limit" in err
     code, _, err = cli(uri, "limit", "set", "email", "--rate", "0", "--per", "1m")
     assert code == 2 and err.startswith("error: rate: expected an integer")
+
+
+def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch):
+    """A wrong password is not "cannot reach MongoDB": the server answered, and said no. (The
+    wire engine has no users, so the client is replaced by one whose server refuses.)"""
+    from pymongo.errors import OperationFailure
+
+    import mscheduler.backends.uri as uri_module
+
+    class RefusingClient:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.admin = self
+
+        async def command(self, *args: object) -> None:
+            reply = {"ok": 0, "errmsg": "Authentication failed.", "code": 18}
+            raise OperationFailure("Authentication failed.", 18, reply)
+
+        async def close(self) -> None: ...
+
+    monkeypatch.setattr(uri_module, "AsyncMongoClient", RefusingClient)
+    result = runner.invoke(app, ["--uri", "mongodb://ops:secret@db.example:27017/", "stats"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
+        "Authentication failed.\n"
+    )
