@@ -119,6 +119,14 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
+    grace: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_GRACE",
+            help="At a stop, how long running handlers may finish before they are released (30s).",
+            show_default=False,
+        ),
+    ] = None,
     claim_spread: Annotated[
         str | None,
         typer.Option(
@@ -169,6 +177,11 @@ def worker(
                 maximum=dt.timedelta(days=1),
             )
             chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        if grace:
+            wait = parse_duration(
+                grace, "grace", minimum=dt.timedelta(0), maximum=dt.timedelta(days=1)
+            )
+            chosen["shutdown_grace_ms"] = round(wait.total_seconds() * 1000)
         if claim_spread:
             spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
             chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)

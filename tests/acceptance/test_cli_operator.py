@@ -196,6 +196,8 @@ def test_show_reads_as_a_report_and_json_stays_whole(uri: str):
     frames = [line for line in error.splitlines() if line.startswith('  File "')]
     assert frames and all("handlers_for_tests.py" in frame for frame in frames)
     assert "frames inside mscheduler not shown" in error
+    [failed] = ok(cli(uri, "ls", "--state", "fail")).splitlines()[1:]
+    assert failed.startswith("cfg:1\t") and failed.endswith("\tValueError: no '=' in 'novalue'")
     whole = json.loads(ok(cli(uri, "show", "cfg:1", "--json")))
     assert "mscheduler" in whole["error"]["traceback"]  # --json keeps every frame
     assert whole["worker_states"][0]["worker_id"] == "w-show"
@@ -367,6 +369,11 @@ def test_the_command_starts_without_loading_the_library():
         (
             ["worker", HANDLERS, "--poll-interval", "0s"],
             "error: poll-interval: 0s is shorter than the minimum, 10ms",
+        ),
+        (["worker", HANDLERS, "--grace", "2d"], "error: grace: 2d is longer than the maximum, 1d"),
+        (
+            ["purge", "--older-than", "PT1X"],
+            "error: older-than: 'PT1X' is not a duration such as 90s, 15m, 1h30m",
         ),
         (
             ["schedule", "add", "s", "--name", "x", "--cron", "every day"],
