@@ -8,11 +8,11 @@ look, and a crash of that worker delays all six by the lease. Under ``spread``:
 - a consumer holds at most its share of what it runs and sees due, divided by the live
   workers serving its names (counted from the registry, `store.workers`, at each heartbeat);
 - a consumer already running a task lets a due task wait ``claim_spread_ms`` before
-  claiming it, so that an idle peer, which claims at once, gets it first. A task no peer took
-  after two waits is claimed whatever the share: peers that are busy or dead (but not yet
-  stale in the registry) never leave a task unclaimed.
+  claiming it, so that an idle peer, which claims at once, gets it first. Tasks no peer took
+  after two waits are claimed whatever the share, a share of them per wait: peers that are
+  busy or dead (but not yet stale in the registry) never leave a task unclaimed.
 
-It costs one more small read per heartbeat (the live workers) and, while busy, up to twice
+It costs one more small read per heartbeat (the live workers) and, while busy, a few
 ``claim_spread_ms`` of extra wait per task: set it above the time a peer takes to see a new
 task (the poll interval on a server without change streams; a moment with them).
 """
@@ -42,8 +42,8 @@ class ClaimSpread:
 
         Its share is ``ceil((running + due) / live workers)`` tasks held at once. Idle, it
         claims up to its share at once; busy, only keys that already waited once, within its
-        share; a key that waited twice is claimed whatever the share (no peer took it: they
-        are busy or gone), so no task waits more than twice ``claim_spread_ms`` for a slot."""
+        share. Keys that waited twice (no peer took them: they are busy or gone) are claimed
+        whatever the share, a live worker's share of them per wait, so nothing starves."""
         if self._spread is None or not due:
             return due
         live = max(1, self.live_workers)
@@ -51,7 +51,10 @@ class ClaimSpread:
         quota = share - running
         overdue = [key for key in due if self._waits.get(key, 0) >= 2]
         eligible = due if running == 0 else [key for key in due if self._waits.get(key, 0)]
-        admitted = overdue + [key for key in eligible if key not in overdue][: max(0, quota)]
+        admitted = [key for key in eligible if key not in overdue][: max(0, quota)]
+        # Overdue keys a share at a time, the rest again after a wait: every waiting worker
+        # finds them overdue at about the same moment, and they too take a share each.
+        admitted += overdue[: max(1, math.ceil(len(overdue) / live))]
         later = [key for key in due if key not in admitted]
         # An admitted key keeps its mark (the claim may win another task and leave it due,
         # and it has waited already); marks are dropped wholesale at the heap's bound.
