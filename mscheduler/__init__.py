@@ -1,44 +1,117 @@
-"""mscheduler: a reliable multi-worker task scheduler on a MongoDB collection."""
+"""mscheduler: a reliable multi-worker task scheduler on a MongoDB collection.
 
+The names below are loaded when first used (PEP 562), so ``mscheduler --version`` or a
+command that only publishes does not pay for the consumer's modules."""
+
+from __future__ import annotations
+
+import importlib
 import logging as _logging
+from typing import TYPE_CHECKING
 
 from .__about__ import __version__
-from .api import Scheduler
-from .clock import Clock, ManualClock, SystemClock
-from .consumer.consumer import Consumer
-from .consumer.handlers import Handlers
-from .consumer.stats import ConsumerStats
-from .context import current_lease
-from .errors import (
-    Abort,
-    BackendUnavailable,
-    ConfigurationError,
-    DependencyError,
-    LeaseLost,
-    MSchedulerError,
-    PayloadError,
-    PreconditionFailed,
-    RetryLater,
-    StoreError,
-    TaskNotFound,
-    TaskRunning,
-    TaskTimeout,
-)
-from .models import (
-    ErrorInfo,
-    Lease,
-    PublishResult,
-    StatsRow,
-    Task,
-    TaskOptions,
-    TaskState,
-    WorkerState,
-    WorkerStateKind,
-)
-from .periodic import Schedule
-from .specs import Flow, TaskSpec, chain, chord, group
-from .sync_scheduler import SyncScheduler
-from .worker_options import WorkerOptions
+
+if TYPE_CHECKING:
+    from .api import Scheduler
+    from .clock import Clock, ManualClock, SystemClock
+    from .consumer.consumer import Consumer
+    from .consumer.handlers import Handlers
+    from .consumer.stats import ConsumerStats
+    from .context import current_lease
+    from .errors import (
+        Abort,
+        BackendUnavailable,
+        ConfigurationError,
+        DependencyError,
+        LeaseLost,
+        MSchedulerError,
+        PayloadError,
+        PreconditionFailed,
+        RetryLater,
+        StoreError,
+        TaskNotFound,
+        TaskRunning,
+        TaskTimeout,
+    )
+    from .models import (
+        ErrorInfo,
+        Lease,
+        PublishResult,
+        StatsRow,
+        Task,
+        TaskOptions,
+        TaskState,
+        WorkerState,
+        WorkerStateKind,
+    )
+    from .periodic import Schedule
+    from .specs import Flow, TaskSpec, chain, chord, group
+    from .store.workers import WorkerInfo
+    from .sync_scheduler import SyncScheduler
+    from .worker_options import WorkerOptions
+
+# Where each public name lives: loaded on first access, then kept as a module attribute.
+_HOMES = {
+    "Scheduler": "api",
+    "Clock": "clock",
+    "ManualClock": "clock",
+    "SystemClock": "clock",
+    "Consumer": "consumer.consumer",
+    "Handlers": "consumer.handlers",
+    "ConsumerStats": "consumer.stats",
+    "current_lease": "context",
+    **dict.fromkeys(
+        (
+            "Abort",
+            "BackendUnavailable",
+            "ConfigurationError",
+            "DependencyError",
+            "LeaseLost",
+            "MSchedulerError",
+            "PayloadError",
+            "PreconditionFailed",
+            "RetryLater",
+            "StoreError",
+            "TaskNotFound",
+            "TaskRunning",
+            "TaskTimeout",
+        ),
+        "errors",
+    ),
+    **dict.fromkeys(
+        (
+            "ErrorInfo",
+            "Lease",
+            "PublishResult",
+            "StatsRow",
+            "Task",
+            "TaskOptions",
+            "TaskState",
+            "WorkerState",
+            "WorkerStateKind",
+        ),
+        "models",
+    ),
+    "Schedule": "periodic",
+    **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
+    "WorkerInfo": "store.workers",
+    "SyncScheduler": "sync_scheduler",
+    "WorkerOptions": "worker_options",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 # A library logs, the application decides where to: no "No handlers could be found" noise,
 # no output unless the application configures logging.
@@ -76,6 +149,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "WorkerInfo",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",

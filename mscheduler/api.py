@@ -17,6 +17,7 @@ from .backends.uri import (
 )
 from .clock import Clock, SystemClock
 from .consumer.consumer import Consumer
+from .consumer.group import numbered
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .delays import with_delay
@@ -29,6 +30,7 @@ from .store import batches, operations
 from .store.limits import Limit
 from .store.tasks import TaskStore
 from .store.waiting import wait_for, watch_tasks
+from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 
 
@@ -116,9 +118,12 @@ class Scheduler:
         """The dead-letter queue: run every failed task (of ``name``) again."""
         return await operations.retry_failed(self.store, name=name)
 
-    async def purge(self, *, states: Sequence[str], older_than: dt.timedelta) -> int:
-        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago."""
-        return await operations.purge(self.store, states=states, older_than=older_than)
+    async def purge(
+        self, *, states: Sequence[str], older_than: dt.timedelta, dry_run: bool = False
+    ) -> int:
+        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago (with
+        ``dry_run``, count them instead)."""
+        return await operations.purge(self.store, states, older_than, dry_run=dry_run)
 
     async def publish(
         self,
@@ -134,16 +139,14 @@ class Scheduler:
         delay: dt.timedelta | float | None = None,
         debounce: dt.timedelta | float | None = None,
     ) -> PublishResult:
-        """Publish a task, idempotently by ``key``.
-
-        An existing key returns the existing task (``created=False``) and changes nothing,
-        unless ``update_payload`` (a task not running gets the new payload) or
-        ``replace_finished`` (a finished task is published anew). A running task is never
-        replaced: `TaskRunning`. ``delay`` (a timedelta or seconds) sets ``not_before`` to
-        that long from now. ``debounce`` (the same): start that long from now, and a publish
-        of the key again before it started gives it the new payload and pushes its start back
-        (``payload_updated``), so a burst of publishes makes one run, with the last payload.
-        """
+        """Publish a task, idempotently by ``key``: an existing key returns the existing task
+        (``created=False``) and changes nothing, unless ``update_payload`` (a task not running
+        gets the new payload) or ``replace_finished`` (a finished task is published anew). A
+        running task is never replaced: `TaskRunning`. ``delay`` (a timedelta or seconds)
+        sets ``not_before`` to that long from now; a fixed time is ``options.not_before``.
+        ``debounce`` (the same): start that long from now, and a publish of the key again
+        before it started gives it the new payload and pushes its start back
+        (``payload_updated``), so a burst of publishes makes one run, with the last payload."""
         if debounce is not None:
             if delay is not None:
                 raise ConfigurationError("debounce: give either debounce or delay, not both")
@@ -239,18 +242,8 @@ class Scheduler:
         ids are ``options.worker_id`` followed by ``-1``, ``-2``, ... when ``count`` > 1."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
             raise ConfigurationError(f"count: expected an integer from 1 to 1000, got {count!r}")
-        base = options or WorkerOptions()
-        group = [
-            self.consumer(
-                handlers,
-                options=base
-                if count == 1
-                else WorkerOptions.model_validate(
-                    {**base.model_dump(), "worker_id": f"{base.worker_id}-{n}"}
-                ),
-            )
-            for n in range(1, count + 1)
-        ]
+        each = numbered(options or WorkerOptions(), count)
+        group = [self.consumer(handlers, options=one) for one in each]
         async with group_running(group) as started:
             yield started
 
@@ -386,9 +379,14 @@ class Scheduler:
         return await self.store.limits.of()
 
     async def stats(self) -> list[StatsRow]:
-        """Task counts by name and state (one aggregation), with the running workers and,
-        for pending tasks, how long the oldest has waited."""
+        """Task counts by name and state (one aggregation), with the running attempts, the
+        live workers serving the name, whether it is paused, and the oldest pending's age."""
         return await operations.stats(self.store)
+
+    async def workers(self, *, names: Sequence[str] | None = None) -> list[WorkerInfo]:
+        """The consumers registered (serving any of ``names``), live ones first; one that
+        died without stopping is listed with ``alive=False`` until a day later."""
+        return await self.store.workers.all(names)
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
         """Every change to a task (of ``names``) as it happens, from the change stream."""

@@ -147,6 +147,14 @@ def field_errors(exc: ValidationError, whole: str = "value") -> str:
     """Pydantic's errors on one line, each naming its field (``whole`` when it is about the
     model itself): ``per_ms: Input should be ...; timezone: ...``."""
     return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or whole}: {error['msg']}"
+        f"{'.'.join(str(part) for part in error['loc']) or whole}: {_said(error['msg'])}"
         for error in exc.errors()
     )
+
+
+def _said(message: str) -> str:
+    """Pydantic prefixes a validator's own message with its kind; the message is the point."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message

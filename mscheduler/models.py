@@ -60,8 +60,7 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc)]
-# What a user gives: a naive time is refused, not taken as UTC (issue 13 #5: in Tokyo
-# "now + 1 min" became a nine-hour delay). Documents read back are naive UTC: `UtcDatetime`.
+# What a user gives: a naive time is refused, not guessed to be UTC (it may be local time).
 AwareUtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 
@@ -368,9 +367,11 @@ class StatsRow(BaseModel):
     name: str
     state: TaskState
     count: int
-    running_workers: int = 0
+    running_workers: int = 0  # running attempts (a task of concurrent_worker_cnt=3 has 3)
     oldest_age_s: float | None = None  # pending only: how long the oldest has waited
     paused: bool = False  # the name is paused (`Scheduler.pause`): no consumer claims it
+    pause_reason: str | None = None  # and why, as given to it
+    live_workers: int = 0  # live consumers serving the name (`Scheduler.workers`)
 
 
 class PublishResult(BaseModel):

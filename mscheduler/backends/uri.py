@@ -15,7 +15,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.collection import Collection as SyncCollection
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from pymongo.errors import InvalidURI, PyMongoError
+from pymongo.errors import InvalidURI, OperationFailure, PyMongoError
 
 from .. import constants as c
 from ..errors import BackendUnavailable, ConfigurationError
@@ -36,6 +36,10 @@ class Connection:
 def redact(uri: str) -> str:
     """The URI without its password, for messages and logs."""
     return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", uri)
+
+
+# AuthenticationFailed, Unauthorized: the server answered, and said no to these credentials.
+_AUTH_FAILED = (18, 13)
 
 
 async def _nothing_to_close() -> None:
@@ -68,7 +72,10 @@ async def open_collection(
 def is_private_memory(uri: str) -> bool:
     """A ``memory://`` URI whose database nobody else in this process has opened: what is
     written there is gone when the process exits, and no other process sees it."""
-    parsed = urllib.parse.urlsplit(uri) if isinstance(uri, str) else None
+    try:
+        parsed = urllib.parse.urlsplit(uri) if isinstance(uri, str) else None
+    except ValueError:  # mongodb://[::1: not ours to judge; connecting says what is wrong
+        return False
     if parsed is None or parsed.scheme.lower() != "memory":
         return False
     if not parsed.netloc or __package__ + ".memory.server" not in sys.modules:
@@ -130,6 +137,14 @@ async def _open_mongodb(
         raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
     try:
         await client.admin.command("ping")
+    except OperationFailure as exc:  # it answered: a refusal, not a network failure
+        await client.close()
+        said = (exc.details or {}).get("errmsg") or str(exc)
+        if exc.code in _AUTH_FAILED:
+            raise ConfigurationError(
+                f"uri: MongoDB at {redact(uri)!r} refused the credentials: {said}"
+            ) from exc
+        raise ConfigurationError(f"uri: MongoDB at {redact(uri)!r} refused: {said}") from exc
     except PyMongoError as exc:
         await client.close()
         raise BackendUnavailable(f"cannot reach MongoDB at {redact(uri)!r}: {exc}") from exc

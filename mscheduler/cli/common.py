@@ -4,23 +4,18 @@ database, and the line that says when that database is private to the process.""
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import json
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, NoReturn, TypeVar
 
-import anyio
 import typer
-from pydantic import ValidationError
 
-from ..api import Scheduler
-from ..backends.uri import is_private_memory
-from ..errors import MSchedulerError, field_errors
+if TYPE_CHECKING:  # the library is imported when a command runs, not to print --help
+    from ..api import Scheduler
 
 log = logging.getLogger("mscheduler.cli")
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 T = TypeVar("T")
 
 PRIVATE_MEMORY = (
@@ -35,9 +30,14 @@ class Settings:
     uri: str
     database: str | None  # None: the URI's database, else "mscheduler"
     collection: str
+    private_memory: bool = False  # set by `run`, before it connects
 
 
 def one_line(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    from ..errors import field_errors
+
     if isinstance(exc, ValidationError):
         return field_errors(exc)
     text = " ".join(str(exc).split())
@@ -66,8 +66,17 @@ def run(
     says so in one line (``note``), or refuses (``refuse``: a worker, a watch, which only make
     sense on a database other processes write); the demo is ``fine`` with it. The note comes
     after the command's output, and not after an error, which stays the one line."""
+    import anyio
+    from pydantic import ValidationError
+    from pymongo.errors import PyMongoError
+
+    from ..api import Scheduler
+    from ..backends.uri import is_private_memory
+    from ..errors import MSchedulerError
+
     settings: Settings = ctx.obj
-    private_memory = private != "fine" and is_private_memory(settings.uri)
+    settings.private_memory = is_private_memory(settings.uri)
+    private_memory = private != "fine" and settings.private_memory
     if private_memory and private == "refuse":
         fail(f"{ctx.info_name}: {PRIVATE_MEMORY}")
 
@@ -81,58 +90,21 @@ def run(
         done = anyio.run(session)
     except (MSchedulerError, ValidationError, ValueError, TimeoutError) as exc:
         fail(one_line(exc))  # one line, the note left out: the error is what matters
+    except PyMongoError as exc:  # the server refused what the library did not foresee
+        log.debug("the server's error", exc_info=exc)
+        fail(f"MongoDB: {one_line(exc)} (the traceback with --log-level debug)")
     if private_memory:
         typer.echo(f"note: {PRIVATE_MEMORY}", err=True)
     return done
 
 
-def parse_duration(text: str, field: str) -> dt.timedelta:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|[smhdw])\s*", text)
-    if match is None:
-        fail(f"{field}: {text!r} is not a duration such as 500ms, 90s, 15m, 12h, 7d or 2w")
-    unit = {
-        "ms": "milliseconds",
-        "s": "seconds",
-        "m": "minutes",
-        "h": "hours",
-        "d": "days",
-        "w": "weeks",
-    }
-    try:
-        return dt.timedelta(**{unit[match[2]]: float(match[1])})
-    except OverflowError:
-        fail(f"{field}: {text!r} is too long a duration")
-
-
-def parse_time(text: str, field: str) -> dt.datetime:
-    """An ISO 8601 time with its timezone (``Z`` or ``+09:00``): a naive one is ambiguous."""
-    try:
-        moment = dt.datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", text.strip()))
-    except ValueError:
-        fail(f"{field}: {text!r} is not an ISO 8601 time")
-    if moment.tzinfo is None:
-        fail(
-            f"{field}: {text!r} has no timezone; add one (2030-01-01T09:00+09:00, or Z for "
-            "UTC), or use --delay"
-        )
-    return moment
-
-
-def parse_json(text: str, field: str) -> Any:
-    """Strict JSON: NaN, Infinity and numbers too large for a double (1e999) are refused."""
-
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    def number(literal: str) -> float:
-        value = float(literal)
-        if not math.isfinite(value):
-            raise ValueError(f"{literal} is out of range for a 64-bit float")
-        return value
-
-    try:
-        return json.loads(text, parse_constant=constant, parse_float=number)
-    except json.JSONDecodeError as exc:
-        fail(f"{field}: not valid JSON ({exc.msg} at column {exc.colno})")
-    except ValueError as exc:
-        fail(f"{field}: not valid JSON ({exc})")
+async def check_database(sched: Scheduler, settings: Settings) -> None:
+    """A read of an empty collection nobody uses is most likely a typo in --database or
+    --collection: say so (exit 2) rather than print an empty table."""
+    if settings.private_memory or await sched.store.in_use():
+        return
+    namespace = getattr(sched.collection, "full_name", None) or sched.collection.name
+    fail(
+        f"database: {namespace} holds no task, schedule, limit, pause or worker; check "
+        "--database and --collection (or MSCHEDULER_DATABASE, MSCHEDULER_COLLECTION)"
+    )

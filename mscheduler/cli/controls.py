@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import datetime as dt
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..api import Scheduler
-from .common import fail, parse_duration, run
+from .common import fail, run
+from .inputs import parse_duration, show_duration
+from .output import emit, rows
+
+if TYPE_CHECKING:
+    from ..api import Scheduler
 
 limits = typer.Typer(help="Limits per task name across all workers.", no_args_is_help=True)
 
@@ -21,7 +26,8 @@ def set_limit(
     max_running: Annotated[int | None, typer.Option(help="Running at once.")] = None,
 ) -> None:
     """Limit NAME: --rate 100 --per 1m, and/or --max-running 5."""
-    window = parse_duration(per, "per") if per else None
+    year = dt.timedelta(days=366)
+    window = parse_duration(per, "per", maximum=year) if per else None
 
     async def work(sched: Scheduler) -> None:
         limit = await sched.set_limit(name, rate=rate, per=window, max_running=max_running)
@@ -31,19 +37,36 @@ def set_limit(
 
 
 @limits.command("ls")
-def list_limits(ctx: typer.Context) -> None:
+def list_limits(
+    ctx: typer.Context,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """The limits, and what counts against them now."""
 
     async def work(sched: Scheduler) -> None:
         now = sched.clock.now()
+        listed, table = [], []
         for name, limit in sorted((await sched.limits()).items()):
             starts = sum(1 for e in limit.starts if e.until and e.until > now)
             slots = sum(1 for e in limit.slots if e.until and e.until > now)
-            rate = (
-                f"{starts}/{limit.rate} per {(limit.per_ms or 0) / 1000:g}s" if limit.rate else "-"
+            per = show_duration(dt.timedelta(milliseconds=limit.per_ms or 0))
+            listed.append(
+                {
+                    "name": name,
+                    "rate": limit.rate,
+                    "per_ms": limit.per_ms,
+                    "max_running": limit.max_running,
+                    "starts_in_window": starts,
+                    "running": slots,
+                }
             )
-            running = f"{slots}/{limit.max_running} running" if limit.max_running else "-"
-            typer.echo(f"{name}: {rate}, {running}")
+            rate = f"{starts}/{limit.rate} per {per}" if limit.rate else "-"
+            running = f"{slots}/{limit.max_running}" if limit.max_running else "-"
+            table.append([name, rate, running])
+        if json_output:
+            emit(listed)
+        else:
+            rows(("name", "starts", "running"), table)
 
     run(ctx, work)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..api import Scheduler
 from .common import fail, run
+
+if TYPE_CHECKING:  # the library is imported when the command runs, not to print --help
+    from ..api import Scheduler
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
 

@@ -22,16 +22,16 @@ from ..consumer.consumer import Consumer
 from ..models import StatsRow, Task, TaskOptions
 from ..specs import TaskSpec, chord
 from ..worker_options import WorkerOptions
+from .observe import STATS_COLUMNS, stats_values
 
 
 def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
+    """The table `mscheduler stats` prints on a terminal."""
     table = Table(title=title)
-    for column in ("name", "state", "count", "running workers", "oldest pending"):
-        table.add_column(column, justify="left" if column in ("name", "state") else "right")
-    for row in rows:
-        age = "" if row.oldest_age_s is None else f"{row.oldest_age_s:.1f} s"
-        name = f"{row.name} (paused)" if row.paused else row.name
-        table.add_row(name, row.state.value, str(row.count), str(row.running_workers), age)
+    for column in STATS_COLUMNS:
+        table.add_column(column, justify="left" if column in ("name", "state", "note") else "right")
+    for values in stats_values(rows):
+        table.add_row(*values)
     return table
 
 

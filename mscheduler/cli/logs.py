@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pythonjsonlogger.json import JsonFormatter
-
 LEVELS = ("debug", "info", "warning", "error", "critical")
 FORMATS = ("text", "json")
 
@@ -41,6 +39,8 @@ def configure(level: str, fmt: str) -> None:
     """Both were checked by the caller (`LEVELS`, `FORMATS`)."""
     handler = logging.StreamHandler()
     if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
         handler.setFormatter(
             JsonFormatter(
                 "{asctime}{levelname}{name}{message}",

@@ -6,25 +6,20 @@ option value) prints one line on stderr and exits with status 2; no traceback.
 
 from __future__ import annotations
 
-import json
+import datetime as dt
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from .. import constants as c
 from ..__about__ import __version__
-from ..api import Scheduler
-from ..errors import MSchedulerError
-from ..models import Task, TaskOptions
-from ..worker_options import WorkerOptions
-from . import controls, dashboard, logs, schedules
-from .common import Settings, fail, one_line, parse_duration, parse_json, parse_time, run
-from .demo import run_demo, stats_table
-from .worker import check_metrics_port, load_handlers, only, serve_worker
+from . import controls, dashboard, logs, observe, schedules, tasks
+from .common import Settings, fail, one_line, run
+from .inputs import parse_duration
+
+if TYPE_CHECKING:
+    from ..api import Scheduler
 
 app = typer.Typer(
     name="mscheduler",
@@ -36,8 +31,8 @@ app = typer.Typer(
 app.add_typer(schedules.app, name="schedule")
 controls.register(app)
 dashboard.register(app)
-console = Console()
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+tasks.register(app)
+observe.register(app)
 
 
 def entry() -> None:
@@ -102,246 +97,17 @@ def main(
     ctx.obj = Settings(uri, database, collection)
 
 
-def emit(value: BaseModel | list[Any] | dict[str, Any]) -> None:
-    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-    typer.echo(json.dumps(data, default=str, indent=2))
-
-
-def _tasks_table(tasks: list[Task]) -> Table:
-    table = Table()
-    for column in ("key", "name", "state", "priority", "attempts", "updated"):
-        table.add_column(column)
-    for task in tasks:
-        table.add_row(
-            task.key,
-            task.name,
-            task.state.value,
-            str(task.options.priority),
-            str(task.attempts),
-            task.updated_at.isoformat(timespec="seconds"),
-        )
-    return table
-
-
 # ------------------------------------------------------------------------ commands
 
 
 @app.command()
 def demo(ctx: typer.Context, emails: int = 24) -> None:
     """Run the main job: publish a realistic mix of tasks and let three consumers run them."""
-    run(ctx, lambda sched: run_demo(sched, console, emails=emails), private="fine")
+    from rich.console import Console
 
+    from .demo import run_demo
 
-@app.command()
-def publish(
-    ctx: typer.Context,
-    key: str,
-    name: Annotated[str, typer.Option(help="The kind of task (a handler's name).")],
-    payload: Annotated[str, typer.Option(help="The payload, as JSON.")] = "null",
-    priority: int = 0,
-    not_before: Annotated[
-        str | None, typer.Option(help="ISO 8601 time with its timezone, e.g. …T09:00Z.")
-    ] = None,
-    delay: Annotated[str | None, typer.Option(help="Start after, e.g. 30s, 15m, 2h.")] = None,
-    debounce: Annotated[
-        str | None, typer.Option(help="Start after; a publish again before restarts the wait.")
-    ] = None,
-    expires_in: Annotated[
-        str | None, typer.Option(help="Cancel it if not started within, e.g. 1h.")
-    ] = None,
-    depends_on: Annotated[list[str] | None, typer.Option(help="A key; repeat for more.")] = None,
-    json_output: JsonFlag = False,
-) -> None:
-    """Publish a task (idempotent by key)."""
-    body = parse_json(payload, "payload")
-    if not_before and delay:
-        fail("delay: give either --delay or --not-before, not both")
-    when = parse_time(not_before, "not-before") if not_before else None
-    wait = parse_duration(delay, "delay") if delay else None
-    window = parse_duration(debounce, "debounce") if debounce else None
-    lifetime = parse_duration(expires_in, "expires-in") if expires_in else None
-
-    async def work(sched: Scheduler) -> None:
-        expires = None if lifetime is None else sched.clock.now() + lifetime
-        options = TaskOptions(priority=priority, not_before=when, expires_at=expires)
-        result = await sched.publish(
-            key,
-            body,
-            name=name,
-            options=options,
-            depends_on=depends_on,
-            delay=wait,
-            debounce=window,
-        )
-        if json_output:
-            emit(result)
-        else:
-            said = "published" if result.created else "exists, unchanged"
-            if result.payload_updated:
-                said = "debounced"
-            typer.echo(f"{said}: {key} ({result.task.state.value})")
-
-    run(ctx, work)
-
-
-@app.command()
-def show(ctx: typer.Context, key: str, json_output: JsonFlag = False) -> None:
-    """Show one task: its state, options, worker states, result and error."""
-
-    async def work(sched: Scheduler) -> None:
-        task = await sched.get(key)
-        if task is None:
-            fail(f"no task has the key {key!r}")
-        if json_output:
-            emit(task)
-        else:
-            console.print_json(task.model_dump_json())
-
-    run(ctx, work)
-
-
-@app.command("ls")
-def list_tasks(
-    ctx: typer.Context,
-    name: str | None = None,
-    state: str | None = None,
-    limit: int = 50,
-    json_output: JsonFlag = False,
-) -> None:
-    """List the newest tasks, optionally of one name and state."""
-
-    async def work(sched: Scheduler) -> None:
-        tasks = await sched.list_tasks(name=name, state=state, limit=limit)
-        if json_output:
-            emit([task.model_dump(mode="json") for task in tasks])
-        else:
-            console.print(_tasks_table(tasks))
-
-    run(ctx, work)
-
-
-@app.command()
-def stats(ctx: typer.Context, json_output: JsonFlag = False) -> None:
-    """Count tasks by name and state."""
-
-    async def work(sched: Scheduler) -> None:
-        rows = await sched.stats()
-        if json_output:
-            emit([row.model_dump(mode="json") for row in rows])
-        else:
-            console.print(stats_table(rows))
-
-    run(ctx, work)
-
-
-@app.command()
-def cancel(ctx: typer.Context, key: str, reason: str = "cancelled from the command line") -> None:
-    """Cancel a task that has not finished; its running handlers are stopped."""
-
-    async def work(sched: Scheduler) -> None:
-        if await sched.get(key) is None:
-            fail(f"no task has the key {key!r}")
-        if not await sched.cancel(key, reason):
-            fail(f"task {key!r} has already finished")
-        typer.echo(f"cancelled: {key}")
-
-    run(ctx, work)
-
-
-@app.command()
-def retry(
-    ctx: typer.Context,
-    key: Annotated[str | None, typer.Argument()] = None,
-    failed: Annotated[bool, typer.Option("--failed", help="Every failed task.")] = False,
-    name: Annotated[str | None, typer.Option(help="With --failed: of this name only.")] = None,
-) -> None:
-    """Run a failed or cancelled task again, or (--failed) every failed task."""
-    if (key is None) == (not failed):
-        fail("give a KEY or --failed, not both")
-
-    async def work(sched: Scheduler) -> None:
-        results = [await sched.retry(key)] if key else await sched.retry_failed(name=name)
-        typer.echo(f"retried {len(results)} task(s)")
-
-    run(ctx, work)
-
-
-@app.command()
-def purge(
-    ctx: typer.Context,
-    state: Annotated[list[str] | None, typer.Option(help="Finished state; repeatable.")] = None,
-    older_than: Annotated[str, typer.Option(help="e.g. 90s, 15m, 12h, 7d, 2w")] = "7d",
-) -> None:
-    """Delete finished tasks that ended more than --older-than ago."""
-    age = parse_duration(older_than, "older-than")
-
-    async def work(sched: Scheduler) -> None:
-        deleted = await sched.purge(states=state or ["success"], older_than=age)
-        typer.echo(f"deleted {deleted} task(s)")
-
-    run(ctx, work)
-
-
-@app.command()
-def indexes(
-    ctx: typer.Context,
-    finished_ttl: Annotated[
-        str | None, typer.Option(help="Expire finished tasks, e.g. 30d.")
-    ] = None,
-    json_output: JsonFlag = False,
-) -> None:
-    """Create the indexes (idempotent) and list them."""
-    ttl = parse_duration(finished_ttl, "finished-ttl") if finished_ttl else None
-
-    async def work(sched: Scheduler) -> None:
-        await sched.ensure_indexes(finished_ttl=ttl)
-        info = await sched.store.index_information()
-        listing = {name: [list(k) for k in spec["key"]] for name, spec in info.items()}
-        if json_output:
-            emit(listing)
-        else:
-            for name, keys in listing.items():
-                typer.echo(f"{name}: {', '.join(f'{f} {d}' for f, d in keys)}")
-
-    run(ctx, work)
-
-
-@app.command()
-def watch(
-    ctx: typer.Context,
-    name: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
-    limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
-    json_output: JsonFlag = False,
-) -> None:
-    """Print task changes as they happen (from the change stream)."""
-
-    async def work(sched: Scheduler) -> None:
-        seen = 0
-        async for task in sched.watch(names=name):
-            if json_output:
-                typer.echo(
-                    json.dumps(
-                        {
-                            "key": task.key,
-                            "name": task.name,
-                            "state": task.state.value,
-                            "version": task.version,
-                            "progress": task.progress.model_dump(mode="json")
-                            if task.progress
-                            else None,
-                        }
-                    )
-                )
-            else:
-                at = task.updated_at.isoformat(timespec="milliseconds")
-                done = task.progress
-                shown = f" {done.fraction:.0%} {done.message}".rstrip() if done else ""
-                typer.echo(f"{at} {task.state.value:<9} {task.name} {task.key}{shown}")
-            seen += 1
-            if limit and seen >= limit:
-                return
-
-    run(ctx, work, private="refuse")
+    run(ctx, lambda sched: run_demo(sched, Console(), emails=emails), private="fine")
 
 
 @app.command()
@@ -353,6 +119,31 @@ def worker(
     names: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
+    ] = None,
+    grace: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_GRACE",
+            help="At a stop, how long running handlers may finish before they are released (30s).",
+            show_default=False,
+        ),
+    ] = None,
+    claim_spread: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_CLAIM_SPREAD",
+            help="Long tasks: share bursts with the other live workers; a busy worker lets "
+            "a due task wait this long for an idle one first (above the poll interval).",
+            show_default=False,
+        ),
+    ] = None,
+    heartbeat: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_HEARTBEAT",
+            help="How often to refresh this worker in `mscheduler workers` (30s).",
+            show_default=False,
+        ),
     ] = None,
     poll_interval: Annotated[
         str | None,
@@ -368,8 +159,42 @@ def worker(
     TARGET is module:attribute, imported from the current directory: a mapping of task name
     to handler (async or plain functions), an ms.Handlers registry, or an object with
     .handlers."""
+    from pydantic import ValidationError
+
+    from ..errors import MSchedulerError
+    from ..worker_options import WorkerOptions
+    from .worker import check_metrics_port, load_handlers, only, serve_worker
+
     try:
         check_metrics_port(metrics_port)
+        chosen: dict[str, Any] = {"max_running": max_running}
+        if worker_id:
+            chosen["worker_id"] = worker_id
+        if poll_interval:
+            interval = parse_duration(
+                poll_interval,
+                "poll-interval",
+                minimum=dt.timedelta(milliseconds=10),
+                maximum=dt.timedelta(days=1),
+            )
+            chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        if grace:
+            wait = parse_duration(
+                grace, "grace", minimum=dt.timedelta(0), maximum=dt.timedelta(days=1)
+            )
+            chosen["shutdown_grace_ms"] = round(wait.total_seconds() * 1000)
+        if claim_spread:
+            spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
+            chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
+        if heartbeat:
+            beat = parse_duration(
+                heartbeat,
+                "heartbeat",
+                minimum=dt.timedelta(milliseconds=10),
+                maximum=dt.timedelta(days=1),
+            )
+            chosen["heartbeat_ms"] = round(beat.total_seconds() * 1000)
+        options = WorkerOptions(**chosen)
         handlers = load_handlers(target)
         if names:
             handlers = only(handlers, names, target)
@@ -377,15 +202,8 @@ def worker(
             from ..metrics import require_prometheus
 
             require_prometheus()  # fail now, with a clear line, if the extra is missing
-        chosen: dict[str, Any] = {"max_running": max_running}
-        if worker_id:
-            chosen["worker_id"] = worker_id
-        if poll_interval:
-            interval = parse_duration(poll_interval, "poll-interval")
-            chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
-        options = WorkerOptions(**chosen)
     except (MSchedulerError, ValidationError) as exc:
-        fail(one_line(exc))
+        fail(one_line(exc).replace("max_running:", "max-running:"))
 
     async def work(sched: Scheduler) -> None:
         await serve_worker(sched, handlers, options, metrics_port)

@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ..api import Scheduler
-from ..periodic import Schedule
-from .common import fail, parse_duration, parse_json, run
+from .common import fail, run
+from .inputs import parse_duration, parse_json, read_text, show_duration
+from .output import rows
+
+if TYPE_CHECKING:
+    from ..api import Scheduler
+    from ..periodic import Schedule
 
 app = typer.Typer(help="Periodic tasks: add, list, remove schedules.", no_args_is_help=True)
-console = Console()
 
 
-def _table(schedules: list[Schedule]) -> Table:
-    table = Table()
-    for column in ("id", "name", "when", "timezone", "next", "options"):
-        table.add_column(column)
+def _values(schedules: list[Schedule]) -> list[list[str]]:
+    table = []
     for s in schedules:
-        when = s.cron if s.cron is not None else f"every {(s.every_ms or 0) / 1000:g}s"
+        every = dt.timedelta(milliseconds=s.every_ms or 0)
+        when = s.cron if s.cron is not None else f"every {show_duration(every)}"
         flags = [f"catch_up={s.catch_up}"]
         if s.skip_if_running:
             flags.append("skip_if_running")
         if s.jitter_ms:
-            flags.append(f"jitter={s.jitter_ms / 1000:g}s")
-        table.add_row(s.id, s.name, when, s.timezone, s.next_at.isoformat(), " ".join(flags))
+            flags.append(f"jitter={show_duration(dt.timedelta(milliseconds=s.jitter_ms))}")
+        next_at = s.next_at.isoformat(timespec="seconds")
+        table.append([s.id, s.name, when, s.timezone, next_at, " ".join(flags)])
     return table
 
 
@@ -40,7 +42,9 @@ def add(
     cron: Annotated[str | None, typer.Option(help="A cron expression, e.g. '0 3 * * *'.")] = None,
     every: Annotated[str | None, typer.Option(help="An interval, e.g. 30s, 15m, 2h.")] = None,
     timezone: Annotated[str, typer.Option(help="IANA timezone of the cron times.")] = "UTC",
-    payload: Annotated[str, typer.Option(help="The tasks' payload, as JSON.")] = "null",
+    payload: Annotated[
+        str, typer.Option(help="The tasks' payload as JSON; @FILE reads a file, - stdin.")
+    ] = "null",
     skip_if_running: Annotated[
         bool, typer.Option("--skip-if-running", help="No new run while the last one runs.")
     ] = False,
@@ -48,9 +52,9 @@ def add(
     jitter: Annotated[str | None, typer.Option(help="Delay each start by up to, e.g. 30s.")] = None,
 ) -> None:
     """Add a schedule, or change the one with this ID (its state is kept: README)."""
-    body = parse_json(payload, "payload")
+    body = parse_json(read_text(payload, "payload"), "payload")
     interval = parse_duration(every, "every") if every else None
-    spread = parse_duration(jitter, "jitter") if jitter else None
+    spread = parse_duration(jitter, "jitter", minimum=dt.timedelta(0)) if jitter else None
     if catch_up not in ("latest", "all", "none"):
         fail(f"catch-up: {catch_up!r} is not one of latest, all, none")
 
@@ -83,7 +87,8 @@ def list_schedules(
         if json_output:
             typer.echo(json.dumps([s.model_dump(mode="json", by_alias=True) for s in found]))
         else:
-            console.print(_table(found))
+            columns = ("id", "name", "when", "timezone", "next", "options")
+            rows(columns, _values(found))
 
     run(ctx, work)
 

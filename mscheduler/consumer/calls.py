@@ -153,7 +153,40 @@ class HandlerCalls:
         call.add_done_callback(returned)
 
 
-def log_failure(lease: Lease, error: BaseException, info: ErrorInfo, task: Task) -> None:
+def _finished_fields(lease: Lease, outcome: str, seconds: float | None) -> dict[str, Any]:
+    """What every line about a finished attempt carries, for a log shipper to group by."""
+    return {
+        "key": lease.key,
+        "task_name": lease.task.name,
+        "worker_id": lease.worker_id,
+        "attempt": lease.task.attempts,
+        "duration_s": None if seconds is None else round(seconds, 3),
+        "outcome": outcome,
+    }
+
+
+def log_finished(lease: Lease, outcome: str, seconds: float | None) -> None:
+    """One INFO line per attempt that ended without failing (``success``, ``retry_later``),
+    as Celery, arq and RQ log each job: a success otherwise leaves no trace. A failure is
+    `log_failure`'s WARNING, with the same fields."""
+    took = "" if seconds is None else f" in {seconds:.3f} s"
+    log.info(
+        "task %r (%s) attempt %d %s%s",
+        lease.key,
+        lease.task.name,
+        lease.task.attempts,
+        "succeeded" if outcome == "success" else "will run again later",
+        took,
+        extra={
+            "action": "task_succeeded" if outcome == "success" else "task_deferred",
+            **_finished_fields(lease, outcome, seconds),
+        },
+    )
+
+
+def log_failure(
+    lease: Lease, error: BaseException, info: ErrorInfo, task: Task, seconds: float | None = None
+) -> None:
     """A failed attempt is a WARNING naming the task, the attempt and the error (``info``, as
     stored: a ``str()`` that raises is handled there), with the traceback once the task has
     failed for good (before that, a retry may still fix it)."""
@@ -167,9 +200,8 @@ def log_failure(lease: Lease, error: BaseException, info: ErrorInfo, task: Task)
         info.type,
         info.message,
         extra={
+            **_finished_fields(lease, "fail", seconds),
             "action": "task_failed" if final else "attempt_failed",
-            "key": lease.key,
-            "task_name": lease.task.name,
             "attempt": task.attempts,
             "error": f"{info.type}: {info.message}",
             "state": task.state.value,

@@ -31,7 +31,7 @@ from ..errors import (
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
-from .calls import HandlerCalls, log_failure
+from .calls import HandlerCalls, log_failure, log_finished
 from .handlers import HandlerSpec
 from .stats import ConsumerStats
 
@@ -166,6 +166,7 @@ class Executor:
                 written = await self._after_stop(entry)
             elif run.completed:
                 self._stats.record("succeeded", name, run.seconds)  # committed by the handler
+                log_finished(entry.lease, "success", run.seconds)
                 written = True
             else:
                 entry.writing = anyio.CancelScope()
@@ -233,7 +234,7 @@ class Executor:
                 else:
                     info = ErrorInfo.from_exception(error)  # once: stored, then logged
                     task = await self._store.fail(lease, info, final=outcome.final)
-                    log_failure(lease, error, info, task)
+                    log_failure(lease, error, info, task, outcome.seconds)
                 break
             except LeaseLost as exc:
                 if attempt > 0 and self._landed_before(lease, outcome, exc):
@@ -269,8 +270,10 @@ class Executor:
         name, error = lease.task.name, outcome.error
         if error is None:
             self._stats.record("succeeded", name, outcome.seconds)
+            log_finished(lease, "success", outcome.seconds)
         elif isinstance(error, RetryLater):
             self._stats.record("deferred", name, outcome.seconds)
+            log_finished(lease, "retry_later", outcome.seconds)
         else:
             if isinstance(error, Abort):
                 self._stats.record("aborted", name, outcome.seconds)

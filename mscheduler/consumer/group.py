@@ -7,7 +7,18 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
+from ..worker_options import WorkerOptions
 from .consumer import Consumer
+
+
+def numbered(base: WorkerOptions, count: int) -> list[WorkerOptions]:
+    """``count`` copies of ``base``; more than one get worker ids ``<id>-1``, ``<id>-2``..."""
+    if count == 1:
+        return [base]
+    return [
+        WorkerOptions.model_validate({**base.model_dump(), "worker_id": f"{base.worker_id}-{n}"})
+        for n in range(1, count + 1)
+    ]
 
 
 @contextlib.asynccontextmanager

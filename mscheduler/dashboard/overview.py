@@ -13,6 +13,7 @@ from ..models import TaskState
 from ..periodic import Schedule
 from ..store import browse
 from ..store.limits import Limit
+from ..store.workers import WorkerInfo
 
 STATES = [state.value for state in TaskState]
 CHART_BUCKET = dt.timedelta(minutes=5)
@@ -38,7 +39,7 @@ class NameView:
     paused: browse.Paused | None = None
     limit: LimitView | None = None
     schedules: list[Schedule] = dataclasses.field(default_factory=list)
-    workers: list[Any] = dataclasses.field(default_factory=list)
+    workers: list[WorkerInfo] = dataclasses.field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -71,20 +72,14 @@ class Overview:
     names: list[NameView]
     totals: dict[str, int]
     chart: Chart
-    workers: list[Any]
+    workers: list[WorkerInfo]
     now: dt.datetime
 
 
-async def live_workers(scheduler: Scheduler) -> list[Any]:
-    """The workers that are alive now, from the workers registry.
-
-    The registry (``Scheduler.workers()``) lands with issue 29, in parallel with this page:
-    until it is merged the attribute is missing and the overview shows no workers.
-    """
-    workers = getattr(scheduler, "workers", None)
-    if workers is None:
-        return []
-    return [worker for worker in await workers() if not getattr(worker, "stale", False)]
+async def live_workers(scheduler: Scheduler) -> list[WorkerInfo]:
+    """The workers alive now, from the registry: one that died without stopping stays listed
+    there (``alive=False``) for a day, but it serves nothing."""
+    return [worker for worker in await scheduler.workers() if worker.alive]
 
 
 def _limit_view(limit: Limit, now: dt.datetime) -> LimitView:
@@ -150,7 +145,7 @@ async def overview(scheduler: Scheduler) -> Overview:
         view(schedule.name).schedules.append(schedule)
     workers = await live_workers(scheduler)
     for worker in workers:
-        for name in getattr(worker, "names", None) or []:
+        for name in worker.names:
             view(name).workers.append(worker)
     finished = await browse.finished_counts(
         scheduler.store, until=now, bucket=CHART_BUCKET, buckets=CHART_BUCKETS

@@ -121,6 +121,17 @@ class StoreBase:
     # ------------------------------------------------------------ reads
 
     @driver_errors
+    async def in_use(self) -> bool:
+        """Whether anything was ever written here: a task, or a document beside the tasks
+        (schedules, paused names, limits, live workers). One read when there are tasks."""
+        if await self.collection.find_one({}, {"_id": 1}) is not None:
+            return True
+        for suffix in c.BESIDE_SUFFIXES:
+            if await self.beside(suffix).find_one({}, {"_id": 1}) is not None:
+                return True
+        return False
+
+    @driver_errors
     async def get(self, key: str) -> Task | None:
         await self._ready()
         found = await self.collection.find_one(q.by_key(checked(check_key, key)))

@@ -73,17 +73,21 @@ async def retry_failed(
     return [await retry(store, key) for key in keys]
 
 
-async def purge(store: TaskStore, *, states: Sequence[str], older_than: dt.timedelta) -> int:
-    """Delete finished tasks of ``states`` that ended more than ``older_than`` ago."""
+async def purge(
+    store: TaskStore, states: Sequence[str], older_than: dt.timedelta, *, dry_run: bool = False
+) -> int:
+    """Delete finished tasks of ``states`` that ended more than ``older_than`` ago; with
+    ``dry_run``, count them (the same filter, so the count is what a purge now deletes)."""
     chosen = [parse_state(state) for state in states]
     unfinished = [state.value for state in chosen if not state.is_terminal]
     if unfinished:
         raise ConfigurationError(f"purge: only finished tasks can be purged, not {unfinished}")
     await store._ready()
     cutoff = store.clock.now() - older_than
-    result = await store.collection.delete_many(
-        q.purge_filter([state.value for state in chosen], cutoff)
-    )
+    query = q.purge_filter([state.value for state in chosen], cutoff)
+    if dry_run:
+        return int(await store.collection.count_documents(query))
+    result = await store.collection.delete_many(query)
     return int(result.deleted_count)
 
 
@@ -102,7 +106,8 @@ async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> s
 
 
 async def stats(store: TaskStore) -> list[StatsRow]:
-    """Counts by name and state in one aggregation, with running workers and oldest age."""
+    """Counts by name and state in one aggregation, with running attempts and oldest age;
+    then the paused names and the live workers (two small reads beside the tasks)."""
     await store._ready()
     cursor = store.collection.aggregate(q.stats_pipeline())
     if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
@@ -124,6 +129,22 @@ async def stats(store: TaskStore) -> list[StatsRow]:
                 oldest_age_s=age,
             )
         )
-    paused = await store.pauses.paused(sorted({row.name for row in rows}))
-    rows = [row.model_copy(update={"paused": row.name in paused}) for row in rows]
+    # A paused name with no task is still listed (as 0 pending), so the pause is seen.
+    paused = await store.pauses.reasons()
+    for name in sorted(set(paused) - {row.name for row in rows}):
+        rows.append(StatsRow(name=name, state=TaskState.PENDING, count=0))
+    live: dict[str, int] = {}
+    for worker in await store.workers.all():
+        for name in worker.names if worker.alive else ():
+            live[name] = live.get(name, 0) + 1
+    rows = [
+        row.model_copy(
+            update={
+                "paused": row.name in paused,
+                "pause_reason": paused.get(row.name),
+                "live_workers": live.get(row.name, 0),
+            }
+        )
+        for row in rows
+    ]
     return sorted(rows, key=lambda row: (row.name, row.state.value))

@@ -44,3 +44,9 @@ class Pauses(BesideTasks):
         """Paused names (of ``names``), with when each was paused."""
         query = {"_id": {"$in": list(names)}} if names is not None else {}
         return {d["_id"]: d["paused_at"] async for d in self.collection.find(query)}
+
+    @driver_errors
+    async def reasons(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        """Paused names (of ``names``), with the reason each was paused for."""
+        query = {"_id": {"$in": list(names)}} if names is not None else {}
+        return {d["_id"]: d.get("reason", "") async for d in self.collection.find(query)}

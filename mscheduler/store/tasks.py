@@ -41,6 +41,7 @@ from .limits import Limits
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class TaskStore(StoreBase):
         self.expiry = Expiry(self, self._after_write)
         self.pauses = Pauses(self)
         self.limits = Limits(self)
+        self.workers = Workers(self)
         # Finished tasks whose dependents this process failed to tell (see `_after_write`),
         # and the callbacks (consumers) to wake when one is added.
         self.owed: set[str] = set()
@@ -298,9 +300,9 @@ class TaskStore(StoreBase):
             now,
             WorkerStateKind.SUCCESS,
         )
-        log.info(
+        log.debug(  # the consumer logs the finished task at INFO, with its worker and time
             "attempt succeeded",
-            extra={"action": "task_succeeded", "key": lease.key, "state": task.state.value},
+            extra={"action": "success_recorded", "key": lease.key, "state": task.state.value},
         )
         return task
 

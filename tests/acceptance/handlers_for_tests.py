@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+
 import mscheduler as ms
 
 
@@ -9,4 +11,22 @@ async def echo(task: ms.Task) -> object:
     return task.payload
 
 
-handlers = {"echo": echo}
+def parse_config(text: str) -> dict[str, str]:
+    key, _, value = text.partition("=")
+    if not value:
+        raise ValueError(f"no '=' in {text!r}")
+    return {key: value}
+
+
+async def boom(task: ms.Task) -> object:
+    """Fails in a function of its own, so a traceback has the handler's frames to show."""
+    return parse_config(task.payload)
+
+
+async def nap(task: ms.Task) -> object:
+    """A long task: sleeps ``payload`` seconds, and says who ran it."""
+    await anyio.sleep(task.payload)
+    return ms.current_lease().worker_id
+
+
+handlers = {"echo": echo, "boom": boom, "nap": nap}

@@ -124,7 +124,7 @@ def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.
         (["ls", "--state", "done"], "state: 'done' is not one of pending"),
         (["show", "nope"], "no task has the key 'nope'"),
         (["purge", "--older-than", "soon"], "is not a duration"),
-        (["retry"], "give a KEY or --failed"),
+        (["retry"], "retry: give the KEY of a task to run again, or --failed"),
         (["publish", "k", "--name", ""], "name must be a non-empty string"),
         (["worker", "no.such.module:handlers"], "cannot load 'no.such.module:handlers'"),
     ],
@@ -254,7 +254,7 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint(wire_server: WireS
         cwd=ROOT,
     )
     try:
-        read_until(process, "running echo")
+        read_until(process, " running ")
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -337,7 +337,7 @@ def test_worker_without_metrics_runs_until_sigterm(wire_server: WireServer):
         cwd=ROOT,
     )
     try:
-        read_until(process, "running echo")
+        read_until(process, " running ")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert process.stderr is not None
@@ -500,7 +500,18 @@ def test_pause_resume_and_stats_show_it(uri: str):
     out = cli(uri, "stats", "--json")[1]
     paused = {(row["name"], row["state"]): row["paused"] for row in json.loads(out)}
     assert paused == {("email", "pending"): True, ("sms", "fail"): False}
-    assert "email (paused)" in cli(uri, "stats")[1]
+    lines = cli(uri, "stats")[1].splitlines()  # not a terminal: tab-separated, whole values
+    assert lines[0].split("\t") == [
+        "name",
+        "state",
+        "count",
+        "running",
+        "live workers",
+        "oldest pending",
+        "note",
+    ]
+    email = lines[1].split("\t")
+    assert email[:3] == ["email", "pending", "2"] and email[-1].startswith("paused: quota")
     assert cli(uri, "resume", "email")[1] == "resumed: email\n"
     assert cli(uri, "resume", "email")[1] == "was not paused: email\n"
 
@@ -521,9 +532,42 @@ def test_limit_set_ls_rm(uri: str):
     assert code == 0 and out == "limited: email\n", err
     assert cli(uri, "limit", "set", "render", "--max-running", "2")[0] == 0
     out = cli(uri, "limit", "ls")[1]
-    assert "email: 0/100 per 60s, -" in out and "render: -, 0/2 running" in out
+    assert out.splitlines() == [
+        "name\tstarts\trunning",
+        "email\t0/100 per 1m\t-",
+        "render\t-\t0/2",
+    ]
+    listed = {row["name"]: row for row in json.loads(cli(uri, "limit", "ls", "--json")[1])}
+    assert listed["email"]["rate"] == 100 and listed["email"]["per_ms"] == 60_000
+    assert listed["render"]["max_running"] == 2 and listed["render"]["running"] == 0
     assert cli(uri, "limit", "rm", "render")[1] == "unlimited: render\n"
     code, _, err = cli(uri, "limit", "rm", "render")
     assert code == 2 and "'render' has no limit" in err
     code, _, err = cli(uri, "limit", "set", "email", "--rate", "0", "--per", "1m")
     assert code == 2 and err.startswith("error: rate: expected an integer")
+
+
+def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch):
+    """A wrong password is not "cannot reach MongoDB": the server answered, and said no. (The
+    wire engine has no users, so the client is replaced by one whose server refuses.)"""
+    from pymongo.errors import OperationFailure
+
+    import mscheduler.backends.uri as uri_module
+
+    class RefusingClient:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.admin = self
+
+        async def command(self, *args: object) -> None:
+            reply = {"ok": 0, "errmsg": "Authentication failed.", "code": 18}
+            raise OperationFailure("Authentication failed.", 18, reply)
+
+        async def close(self) -> None: ...
+
+    monkeypatch.setattr(uri_module, "AsyncMongoClient", RefusingClient)
+    result = runner.invoke(app, ["--uri", "mongodb://ops:secret@db.example:27017/", "stats"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
+        "Authentication failed.\n"
+    )

@@ -233,13 +233,13 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "schedule cron",
         lambda s: s.schedule("s", name="job", cron="every day"),
         ms.ConfigurationError,
-        "schedule: cron: Value error, 'every day' is not a cron expression",
+        "schedule: cron: 'every day' is not a cron expression",
     ),
     (
         "schedule timezone",
         lambda s: s.schedule("s", name="job", cron="0 3 * * *", timezone="Paris"),
         ms.ConfigurationError,
-        "schedule: timezone: Value error, 'Paris' is not an IANA timezone",
+        "schedule: timezone: 'Paris' is not an IANA timezone",
     ),
     (
         "schedule payload",

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -23,7 +22,6 @@ import mscheduler as ms
 from mscheduler.cli.dashboard import is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
-from mscheduler.dashboard.overview import live_workers
 from mscheduler.store import browse
 
 pytestmark = pytest.mark.anyio
@@ -422,27 +420,26 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
 async def test_the_live_workers_of_the_registry_are_shown_by_name(
     filled: ms.Scheduler, clock: ms.ManualClock
 ):
-    """Until the workers registry lands there is none (and no column fails); with it, each
-    live worker shows under the names it serves, and a stale one nowhere."""
-    assert await live_workers(filled) == [] or hasattr(ms.Scheduler, "workers")
+    """Each live worker of the registry shows under the names it serves; one that died
+    without stopping (three heartbeats missed) nowhere."""
 
-    def worker(worker_id: str, names: list[str], stale: bool) -> SimpleNamespace:
-        return SimpleNamespace(
+    def entry(worker_id: str, names: list[str], running: int) -> ms.WorkerInfo:
+        now = clock.now()
+        return ms.WorkerInfo(
             worker_id=worker_id,
             host="web-1",
             pid=4242,
             names=names,
             max_running=16,
-            running=3,
-            started_at=clock.now(),
-            last_seen_at=clock.now(),
-            stale=stale,
+            running=running,
+            started_at=now,
+            last_seen_at=now,
+            heartbeat_ms=10_000,
         )
 
-    async def workers() -> list[SimpleNamespace]:
-        return [worker("mailer-1", ["email", "sms"], False), worker("gone-1", ["email"], True)]
-
-    filled.workers = workers  # type: ignore[attr-defined]
+    await filled.store.workers.beat(entry("gone-1", ["email"], 1))
+    clock.advance(30)  # gone-1 missed three heartbeats: it died
+    await filled.store.workers.beat(entry("mailer-1", ["email", "sms"], 3))
     async with client(create_app(filled)) as http:
         page = (await http.get("/")).text
     assert "mailer-1 3/16" in text_of(row_of(page, "email"))

@@ -195,7 +195,7 @@ async def test_schedules_are_listed_replaced_and_removed(
     [
         (
             {"cron": "61 * * * *"},
-            "cron: Value error, '61 \\* \\* \\* \\*' is not a cron expression",
+            "cron: '61 \\* \\* \\* \\*' is not a cron expression",
         ),
         ({"every": dt.timedelta(minutes=1), "timezone": "Mars/Base"}, "timezone: .*IANA"),
         ({}, "give either cron or every"),

@@ -24,3 +24,10 @@ def test_errors_share_one_base():
     errors = [getattr(ms, n) for n in ms.__all__ if n.endswith(("Error", "Lost", "Running"))]
     errors += [ms.TaskNotFound, ms.BackendUnavailable]
     assert all(issubclass(e, ms.MSchedulerError) for e in errors)
+
+
+def test_every_exported_name_is_loaded_on_first_use():
+    """The package loads its modules lazily (so the command starts fast): each name of
+    ``__all__`` has a home, and nothing else is listed."""
+    assert set(ms._HOMES) == set(ms.__all__) - {"__version__"}
+    assert all(getattr(ms, name) is not None for name in ms._HOMES)

@@ -1,0 +1,158 @@
+"""Commands that look at the whole queue: ``stats``, ``workers``, ``watch``, ``indexes``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .common import JsonFlag, check_database, run
+from .inputs import parse_duration
+from .output import ago, emit, rows, when
+
+if TYPE_CHECKING:
+    from ..api import Scheduler
+    from ..models import StatsRow
+
+_SECOND = dt.timedelta(seconds=1)
+
+
+def stats_values(found: list[StatsRow]) -> list[list[str]]:
+    """Rows of `stats`: a name no live worker serves is flagged where it has pending tasks;
+    a paused one says why."""
+    table = []
+    for row in found:
+        notes = []
+        if row.paused:
+            notes.append(f"paused: {row.pause_reason}" if row.pause_reason else "paused")
+        if row.state.value == "pending" and row.count and not row.live_workers:
+            notes.append("no live worker serves it")
+        age = "" if row.oldest_age_s is None else ago(row.oldest_age_s)
+        table.append(
+            [
+                row.name,
+                row.state.value,
+                str(row.count),
+                str(row.running_workers),
+                str(row.live_workers),
+                age,
+                "; ".join(notes),
+            ]
+        )
+    return table
+
+
+STATS_COLUMNS = ("name", "state", "count", "running", "live workers", "oldest pending", "note")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def stats(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+        """Count tasks by name and state, with the live workers serving each name."""
+
+        async def work(sched: Scheduler) -> None:
+            await check_database(sched, ctx.obj)
+            found = await sched.stats()
+            if json_output:
+                emit(found)
+            else:
+                rows(STATS_COLUMNS, stats_values(found))
+
+        run(ctx, work)
+
+    @app.command()
+    def workers(
+        ctx: typer.Context,
+        name: Annotated[
+            list[str] | None, typer.Option(help="Serving this name; repeatable.")
+        ] = None,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """The consumers that registered: what each serves and runs, and when last seen
+        (stale: it missed three heartbeats, most likely dead)."""
+
+        async def work(sched: Scheduler) -> None:
+            found = await sched.workers(names=name)
+            if json_output:
+                emit(found)
+                return
+            now = sched.clock.now()
+            table = [
+                [
+                    w.worker_id,
+                    "alive" if w.alive else "stale",
+                    w.host,
+                    str(w.pid),
+                    ",".join(w.names),
+                    f"{w.running}/{w.max_running}",
+                    when(w.started_at),
+                    when(w.last_seen_at, now),
+                    ",".join(w.running_keys) + (" …" if w.running > len(w.running_keys) else ""),
+                ]
+                for w in found
+            ]
+            columns = ("worker", "status", "host", "pid", "names", "running", "started")
+            rows([*columns, "last seen", "running keys"], table)
+
+        run(ctx, work)
+
+    @app.command()
+    def indexes(
+        ctx: typer.Context,
+        finished_ttl: Annotated[
+            str | None, typer.Option(help="Expire finished tasks, e.g. 30d.")
+        ] = None,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Create the indexes (idempotent) and list them."""
+        ttl = (
+            parse_duration(finished_ttl, "finished-ttl", minimum=_SECOND) if finished_ttl else None
+        )
+
+        async def work(sched: Scheduler) -> None:
+            await sched.ensure_indexes(finished_ttl=ttl)
+            info = await sched.store.index_information()
+            listing = {name: [list(k) for k in spec["key"]] for name, spec in info.items()}
+            if json_output:
+                emit(listing)
+            else:
+                table = [[n, ", ".join(f"{f} {d}" for f, d in keys)] for n, keys in listing.items()]
+                rows(("index", "keys"), table)
+
+        run(ctx, work)
+
+    @app.command()
+    def watch(
+        ctx: typer.Context,
+        name: Annotated[
+            list[str] | None, typer.Option(help="Only these names; repeatable.")
+        ] = None,
+        limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Print task changes as they happen (from the change stream)."""
+
+        async def work(sched: Scheduler) -> None:
+            seen = 0
+            async for task in sched.watch(names=name):
+                done = task.progress
+                if json_output:
+                    shown = {
+                        "key": task.key,
+                        "name": task.name,
+                        "state": task.state.value,
+                        "version": task.version,
+                        "progress": done.model_dump(mode="json") if done else None,
+                    }
+                    typer.echo(json.dumps(shown))
+                else:
+                    at = task.updated_at.isoformat(timespec="milliseconds")
+                    shown_progress = f" {done.fraction:.0%} {done.message}".rstrip() if done else ""
+                    typer.echo(f"{at} {task.state.value:<9} {task.name} {task.key}{shown_progress}")
+                seen += 1
+                if limit and seen >= limit:
+                    return
+
+        run(ctx, work, private="refuse")

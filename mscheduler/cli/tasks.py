@@ -1,0 +1,306 @@
+"""The commands on tasks: ``publish`` (one, or many from JSON lines), ``show``, ``ls``,
+``cancel``, ``retry``, ``purge``. The library is imported inside each command, so printing
+``--help`` or a usage error does not wait for pymongo and pydantic to load."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .common import JsonFlag, check_database, fail, run
+from .inputs import parse_duration, parse_json, parse_time, read_text
+from .output import emit, rows, task_json, when
+
+if TYPE_CHECKING:
+    from ..api import Scheduler
+
+_BULK_CHUNK = 500  # tasks per publish_many call: one read and one bulk write each
+
+
+async def warn_if_unserved(sched: Scheduler, names: list[str]) -> None:
+    """A task of a name no live worker serves waits until one starts: say so, once."""
+    served = {n for w in await sched.workers(names=names) if w.alive for n in w.names}
+    for name in sorted(set(names) - served):
+        typer.echo(
+            f"warning: no live worker serves {name!r}: its tasks wait until one starts "
+            "(`mscheduler workers` lists them)",
+            err=True,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def publish(
+        ctx: typer.Context,
+        key: str,
+        name: Annotated[str, typer.Option(help="The kind of task (a handler's name).")],
+        payload: Annotated[
+            str, typer.Option(help="The payload as JSON; @FILE reads a file, - reads stdin.")
+        ] = "null",
+        priority: Annotated[int, typer.Option(help="Higher is claimed first.")] = 0,
+        retries: Annotated[
+            int | None, typer.Option(help="Retries after a failure (default 3).")
+        ] = None,
+        timeout: Annotated[
+            str | None, typer.Option(help="Cancel an attempt after, e.g. 10m (a failure).")
+        ] = None,
+        concurrency: Annotated[
+            int | None, typer.Option(help="Workers that must each run it (default 1).")
+        ] = None,
+        not_before: Annotated[
+            str | None, typer.Option(help="ISO 8601 time with its timezone, e.g. …T09:00Z.")
+        ] = None,
+        delay: Annotated[
+            str | None, typer.Option(help="Start after, e.g. 30s, 1h30m, PT15M.")
+        ] = None,
+        debounce: Annotated[
+            str | None, typer.Option(help="Start after; a publish again before restarts the wait.")
+        ] = None,
+        expires_in: Annotated[
+            str | None, typer.Option(help="Cancel it if not started within, e.g. 1h.")
+        ] = None,
+        depends_on: Annotated[
+            list[str] | None, typer.Option(help="A key; repeat for more.")
+        ] = None,
+        allow_missing: Annotated[
+            bool,
+            typer.Option("--allow-missing", help="--depends-on may name keys not published yet."),
+        ] = False,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Publish a task (idempotent by key)."""
+        body = parse_json(read_text(payload, "payload"), "payload")
+        if not_before and delay:
+            fail("delay: give either --delay or --not-before, not both")
+        chosen: dict[str, Any] = {"priority": priority}
+        if not_before:
+            chosen["not_before"] = parse_time(not_before, "not-before")
+        if retries is not None:
+            chosen["max_unexpected_retries"] = retries
+        if concurrency is not None:
+            chosen["concurrent_worker_cnt"] = concurrency
+        if timeout:
+            limit = parse_duration(timeout, "timeout", maximum=dt.timedelta(days=7))
+            chosen["timeout_ms"] = round(limit.total_seconds() * 1000)
+        wait = parse_duration(delay, "delay", minimum=dt.timedelta(0)) if delay else None
+        window = parse_duration(debounce, "debounce", minimum=dt.timedelta(0)) if debounce else None
+        lifetime = parse_duration(expires_in, "expires-in") if expires_in else None
+
+        async def work(sched: Scheduler) -> None:
+            from ..errors import DependencyError
+            from ..models import TaskOptions
+
+            if lifetime is not None:
+                chosen["expires_at"] = sched.clock.now() + lifetime
+            try:
+                result = await sched.publish(
+                    key,
+                    body,
+                    name=name,
+                    options=TaskOptions(**chosen),
+                    depends_on=depends_on,
+                    allow_missing=allow_missing,
+                    delay=wait,
+                    debounce=window,
+                )
+            except DependencyError as exc:  # the library's advice, in the command's words
+                fail(str(exc).replace("allow_missing=True", "--allow-missing"))
+            if json_output:
+                emit({**result.model_dump(mode="json"), "task": task_json(result.task)})
+            else:
+                said = "published" if result.created else "exists, unchanged"
+                if result.payload_updated:
+                    said = "debounced"
+                typer.echo(f"{said}: {key} ({result.task.state.value})")
+            if not ctx.obj.private_memory:  # no worker can ever serve that one
+                await warn_if_unserved(sched, [name])
+
+        run(ctx, work)
+
+    @app.command("publish-many")
+    def publish_many(
+        ctx: typer.Context,
+        source: Annotated[str, typer.Argument(help="A JSON-lines file, or - for stdin.")],
+        name: Annotated[str | None, typer.Option(help="The name of lines that give none.")] = None,
+    ) -> None:
+        """Publish tasks from JSON lines: {"key": ..., "name": ..., "payload": ...,
+        "options": {...}, "depends_on": [...]} per line (idempotent by key)."""
+        text = read_text(source if source == "-" else f"@{source}", "source")
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        specs = _specs(lines, name)
+
+        async def work(sched: Scheduler) -> None:
+            import sys
+
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            created = 0
+            columns = (TextColumn("publishing"), BarColumn(), MofNCompleteColumn())
+            # On stderr, and only on a terminal: stdout keeps the one line a script reads.
+            shown = Console(stderr=True)
+            bar_off = not sys.stderr.isatty()
+            with Progress(*columns, console=shown, transient=True, disable=bar_off) as progress:
+                bar = progress.add_task("publish", total=len(specs))
+                for start in range(0, len(specs), _BULK_CHUNK):
+                    chunk = specs[start : start + _BULK_CHUNK]
+                    done = await sched.publish_many(chunk, allow_missing=True)
+                    created += sum(result.created for result in done)
+                    progress.advance(bar, len(chunk))
+            typer.echo(f"published {created} task(s), {len(specs) - created} existed")
+            if not ctx.obj.private_memory:
+                await warn_if_unserved(sched, sorted({spec.name for spec in specs}))
+
+        run(ctx, work)
+
+    @app.command()
+    def show(ctx: typer.Context, key: str, json_output: JsonFlag = False) -> None:
+        """Show one task: state, times, options, attempts, result and error."""
+
+        async def work(sched: Scheduler) -> None:
+            from .show import render
+
+            task = await sched.get(key)
+            if task is None:
+                fail(f"no task has the key {key!r}")
+            if json_output:
+                emit(task_json(task))
+            else:
+                typer.echo(render(task, sched.clock.now()))
+
+        run(ctx, work)
+
+    @app.command("ls")
+    def list_tasks(
+        ctx: typer.Context,
+        name: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """List the newest tasks, optionally of one name and state."""
+        if state is not None:  # said before connecting: the flag is wrong, not the database
+            from ..models import TaskState
+
+            known = [each.value for each in TaskState]
+            if state not in known:
+                fail(f"state: {state!r} is not one of {', '.join(known)}")
+
+        async def work(sched: Scheduler) -> None:
+            await check_database(sched, ctx.obj)
+            tasks = await sched.list_tasks(name=name, state=state, limit=limit)
+            if json_output:
+                emit([task_json(task) for task in tasks])
+                return
+            table = []
+            for task in tasks:
+                done = task.progress
+                error = f"{task.error.type}: {task.error.message}" if task.error else ""
+                table.append(
+                    [
+                        task.key,
+                        task.name,
+                        task.state.value,
+                        str(task.options.priority),
+                        str(task.attempts),
+                        f"{done.fraction:.0%} {done.message}".rstrip() if done else "",
+                        when(task.updated_at),
+                        error,
+                    ]
+                )
+            columns = ("key", "name", "state", "priority", "attempts", "progress", "updated")
+            rows([*columns, "error"], table)
+
+        run(ctx, work)
+
+    @app.command()
+    def cancel(
+        ctx: typer.Context, key: str, reason: str = "cancelled from the command line"
+    ) -> None:
+        """Cancel a task that has not finished; its running handlers are stopped."""
+
+        async def work(sched: Scheduler) -> None:
+            if await sched.get(key) is None:
+                fail(f"no task has the key {key!r}")
+            if not await sched.cancel(key, reason):
+                fail(f"task {key!r} has already finished")
+            typer.echo(f"cancelled: {key}")
+
+        run(ctx, work)
+
+    @app.command()
+    def retry(
+        ctx: typer.Context,
+        key: Annotated[str | None, typer.Argument()] = None,
+        failed: Annotated[bool, typer.Option("--failed", help="Every failed task.")] = False,
+        name: Annotated[str | None, typer.Option(help="With --failed: of this name only.")] = None,
+    ) -> None:
+        """Run a failed or cancelled task again, or (--failed) every failed task."""
+        if key is None and not failed:
+            fail("retry: give the KEY of a task to run again, or --failed for every failed one")
+        if key is not None and failed:
+            fail("retry: give a KEY or --failed, not both")
+        if name is not None and not failed:
+            fail("name: --name goes with --failed (a KEY names its task already)")
+
+        async def work(sched: Scheduler) -> None:
+            results = [await sched.retry(key)] if key else await sched.retry_failed(name=name)
+            typer.echo(f"retried {len(results)} task(s)")
+
+        run(ctx, work)
+
+    @app.command()
+    def purge(
+        ctx: typer.Context,
+        state: Annotated[list[str] | None, typer.Option(help="Finished state; repeatable.")] = None,
+        older_than: Annotated[str, typer.Option(help="e.g. 90s, 15m, 12h, 7d, 2w")] = "7d",
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")
+        ] = False,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    ) -> None:
+        """Delete finished tasks that ended more than --older-than ago (asks first, unless
+        --yes; without a terminal to ask on, --yes is required)."""
+        age = parse_duration(older_than, "older-than", minimum=dt.timedelta(0))
+        states = state or ["success"]
+
+        async def work(sched: Scheduler) -> None:
+            import sys
+
+            count = await sched.purge(states=states, older_than=age, dry_run=True)
+            said = f"{count} {'/'.join(states)} task(s) that ended more than {older_than} ago"
+            if dry_run or count == 0:
+                typer.echo(f"would delete {said}" if dry_run else "deleted 0 task(s)")
+                return
+            if not yes:
+                if not sys.stdin.isatty():
+                    fail(f"purge: would delete {said}; add --yes to delete them (or --dry-run)")
+                if not typer.confirm(f"delete {said}?", err=True):
+                    fail("purge: nothing deleted")
+            deleted = await sched.purge(states=states, older_than=age)
+            typer.echo(f"deleted {deleted} task(s)")
+
+        run(ctx, work)
+
+
+def _specs(lines: list[tuple[int, str]], name: str | None) -> list[Any]:
+    """Every line checked before anything is written: a bad one names its line."""
+    from pydantic import ValidationError
+
+    from ..errors import field_errors
+    from ..specs import TaskSpec
+
+    specs = []
+    for number, line in lines:
+        data = parse_json(line, f"line {number}")
+        if not isinstance(data, dict):
+            fail(f"line {number}: expected a JSON object with key and name")
+        if name is not None:
+            data.setdefault("name", name)
+        try:
+            specs.append(TaskSpec.model_validate(data))
+        except ValidationError as exc:
+            fail(f"line {number}: {field_errors(exc)}")
+    return specs

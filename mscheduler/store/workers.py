@@ -1,0 +1,95 @@
+"""The live workers: a document per consumer in ``<collection>.workers``, beside the tasks.
+
+A consumer writes its document when it starts, rewrites it once per heartbeat (one small
+upsert: when it was last seen and what it runs now) and deletes it when it stops. A worker
+that died without stopping (kill -9, a lost host) leaves its document behind: it is shown as
+stale once ``last_seen_at`` is older than `STALE_AFTER_BEATS` heartbeats, and a TTL index
+removes it a day later. Nothing else reads these documents to decide anything about a task:
+they are what operators (``mscheduler workers``, ``stats``, a dashboard) look at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pymongo import IndexModel
+
+from ..errors import driver_errors
+from ..models import UtcDatetime
+from .base import BesideTasks, StoreBase
+
+SUFFIX = ".workers"
+# A worker is stale once it missed this many heartbeats: one late write is not a death.
+STALE_AFTER_BEATS = 3
+# How many of its running keys a worker lists (the count is always exact): keys are up to
+# 512 characters, and a worker may run 100,000 tasks; the document must stay small.
+MAX_LISTED_KEYS = 20
+# A stale worker's document is deleted by MongoDB's TTL monitor this long after it was last
+# seen, so crashed workers do not accumulate.
+FORGET_AFTER = dt.timedelta(days=1)
+_TTL_INDEX = "last_seen_ttl"
+
+
+class WorkerInfo(BaseModel):
+    """One consumer as it last described itself; ``alive`` is judged against a clock when
+    read (`is_alive`): a worker that stopped gracefully has no document at all."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    worker_id: str = Field(alias="_id")
+    host: str
+    pid: int
+    names: list[str]
+    max_running: int
+    running: int = 0
+    running_keys: list[str] = Field(default_factory=list)  # the first `MAX_LISTED_KEYS`
+    started_at: UtcDatetime
+    last_seen_at: UtcDatetime
+    heartbeat_ms: int
+    alive: bool = True  # set by the reader, from `is_alive` and its clock
+
+    def stale_at(self) -> dt.datetime:
+        return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
+
+    def is_alive(self, now: dt.datetime) -> bool:
+        return now < self.stale_at()
+
+
+class Workers(BesideTasks):
+    SUFFIX = SUFFIX
+
+    def __init__(self, tasks: StoreBase) -> None:
+        super().__init__(tasks)
+        self._ttl_ready = False
+
+    @driver_errors
+    async def beat(self, info: WorkerInfo) -> None:
+        """Write the worker's document whole (an upsert): the first beat registers it, and a
+        document deleted meanwhile (by hand, or the TTL after a long stall) comes back."""
+        if not self._ttl_ready:
+            seconds = int(FORGET_AFTER.total_seconds())
+            ttl = IndexModel([("last_seen_at", 1)], name=_TTL_INDEX, expireAfterSeconds=seconds)
+            await self.collection.create_indexes([ttl])
+            self._ttl_ready = True
+        document = info.model_dump(by_alias=True, exclude={"alive"})
+        worker_id = document.pop("_id")
+        await self.collection.update_one({"_id": worker_id}, {"$set": document}, upsert=True)
+
+    @driver_errors
+    async def remove(self, worker_id: str) -> bool:
+        result = await self.collection.delete_one({"_id": worker_id})
+        return bool(result.deleted_count)
+
+    @driver_errors
+    async def all(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
+        """Every registered worker (serving any of ``names``), alive ones first, by id."""
+        query: dict[str, Any] = {"names": {"$in": list(names)}} if names is not None else {}
+        now = self._tasks.clock.now()
+        found = []
+        async for document in self.collection.find(query):
+            info = WorkerInfo.model_validate(document)
+            found.append(info.model_copy(update={"alive": info.is_alive(now)}))
+        return sorted(found, key=lambda w: (not w.alive, w.worker_id))

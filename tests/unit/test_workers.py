@@ -1,0 +1,194 @@
+"""The live workers: each consumer lists itself beside the tasks, refreshed with its heartbeat,
+removed at stop; one that died shows as stale. `stats` counts the live ones per name."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import socket
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.engines import POLL_MS, settle
+
+pytestmark = pytest.mark.anyio
+
+
+def options(worker_id: str, **more: int) -> ms.WorkerOptions:
+    return ms.WorkerOptions(
+        worker_id=worker_id, poll_interval_ms=POLL_MS, heartbeat_ms=1_000, **more
+    )
+
+
+async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    gate = anyio.Event()
+
+    async def slow(task: ms.Task) -> None:
+        await gate.wait()
+
+    consumer = scheduler.consumer(
+        {"render": slow, "email": slow}, options=options("w1", max_running=4)
+    )
+    started = clock.now()
+    async with consumer:
+        [info] = await scheduler.workers()
+        assert info.worker_id == "w1" and info.alive
+        assert info.names == ["email", "render"] and info.max_running == 4
+        assert info.host == socket.gethostname() and info.pid == os.getpid()
+        assert info.running == 0 and info.started_at == started
+        await scheduler.publish("r1", None, name="render")
+        await scheduler.publish("r2", None, name="render")
+        clock.advance(POLL_MS / 1000)
+        await settle()
+        assert sorted(consumer.running) == ["r1", "r2"]
+        clock.advance(1.0)  # a heartbeat: the entry says what runs now
+        await settle()
+        [info] = await scheduler.workers()
+        assert info.running == 2 and sorted(info.running_keys) == ["r1", "r2"]
+        assert info.last_seen_at == clock.now() and info.alive
+        assert [w.worker_id for w in await scheduler.workers(names=["email"])] == ["w1"]
+        assert await scheduler.workers(names=["sms"]) == []
+        gate.set()
+    assert await scheduler.workers() == []
+
+
+async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock: ms.ManualClock):
+    """A kill -9 leaves the entry: alive until three heartbeats were missed."""
+    now = clock.now()
+    dead = ms.WorkerInfo(
+        worker_id="gone",
+        host="h",
+        pid=1,
+        names=["job"],
+        max_running=1,
+        started_at=now,
+        last_seen_at=now,
+        heartbeat_ms=10_000,
+    )
+    await scheduler.store.workers.beat(dead)
+    clock.advance(29.9)
+    assert [w.alive for w in await scheduler.workers()] == [True]
+    clock.advance(0.1)
+    [info] = await scheduler.workers()
+    assert not info.alive and info.stale_at() == now + dt.timedelta(seconds=30)
+
+
+async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    async def noop(task: ms.Task) -> None: ...
+
+    await scheduler.publish("e1", None, name="email")
+    await scheduler.publish("o1", None, name="orphan")
+    await scheduler.pause("email", reason="provider outage")
+    await scheduler.pause("sms")
+    async with (
+        scheduler.consumer({"email": noop}, options=options("w1")),
+        scheduler.consumer({"email": noop}, options=options("w2")),
+    ):
+        rows = {(r.name, r.state.value): r for r in await scheduler.stats()}
+    assert rows["email", "pending"].live_workers == 2
+    assert rows["email", "pending"].pause_reason == "provider outage"
+    assert rows["orphan", "pending"].live_workers == 0
+    sms = rows["sms", "pending"]  # paused, no task: still listed, so the pause is seen
+    assert sms.count == 0 and sms.paused and sms.pause_reason == ""
+    after = {(r.name, r.state.value): r for r in await scheduler.stats()}
+    assert after["email", "pending"].live_workers == 0  # both stopped
+
+
+# ------------------------------------------------------------------ the spread claim policy
+
+
+def _run_burst(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, workers: int, **policy: int
+) -> tuple[dict[str, list[str]], anyio.Event, list[ms.Consumer]]:
+    gate = anyio.Event()
+    ran: dict[str, list[str]] = {}
+
+    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
+        async def long_task(task: ms.Task) -> None:
+            ran.setdefault(worker_id, []).append(task.key)
+            await gate.wait()
+
+        return long_task
+
+    consumers = [
+        scheduler.consumer(
+            {"render": handler_of(f"w{n}")}, options=options(f"w{n}", max_running=16, **policy)
+        )
+        for n in range(workers)
+    ]
+    return ran, gate, consumers
+
+
+async def test_spread_shares_a_burst_of_long_tasks_among_live_workers(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, engine: str
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3, claim_spread_ms=500)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a heartbeat: each now counts three live workers
+        await settle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        for _ in range(6):  # past the spread waits: anything left is claimed
+            clock.advance(0.5)
+            await discover()
+        # Each claims its share of what it sees due; the last ones go to whoever's wait
+        # ends first. No worker idles while another holds all six, as greedy ones would.
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+    assert sum(map(len, ran.values())) == 6
+
+
+async def test_spread_still_claims_what_no_peer_takes(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    """Two peers listed alive that never claim (hung, or about to be found stale): the one
+    working consumer takes its share, then, after two waits, everything left."""
+    now = clock.now()
+    for peer in ("hung-1", "hung-2"):
+        hung = ms.WorkerInfo(
+            worker_id=peer,
+            host="h",
+            pid=1,
+            names=["render"],
+            max_running=16,
+            started_at=now,
+            last_seen_at=now,
+            heartbeat_ms=3_600_000,
+        )
+        await scheduler.store.workers.beat(hung)
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=500)
+    async with consumers[0]:
+        clock.advance(1.0)  # a heartbeat: it counts three live workers
+        await settle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        assert len(ran["w0"]) <= 2  # its share of six among three
+        for _ in range(6):
+            clock.advance(0.5)
+            await discover()
+        assert len(ran["w0"]) == 6  # no peer took them: claimed a share per wait
+        gate.set()
+
+
+async def test_greedy_by_default_takes_what_its_slots_allow(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
+    async with consumers[0]:
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        assert len(ran["w0"]) == 6  # today's throughput: no wait
+        gate.set()
