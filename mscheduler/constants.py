@@ -74,6 +74,9 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     ),
     # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
     ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
+    # The consumers' housekeeping: tasks of some names not started by their expiry. Without
+    # options.expires_at in a key, the server examined every waiting task of those names.
+    ("expiry", (("name", 1), ("state", 1), ("options.expires_at", 1)), {}),
     # A claim whose reply was lost is looked up by the run_id the worker generated for it.
     ("run_id", (("worker_states.run_id", 1),), {}),
     # Flows: the dependents of a task, and finished tasks whose dependents were not told.

@@ -219,13 +219,15 @@ class Consumer:
         # Look again once the heap drains only if this fetch may have left some out *and* gave
         # the claimer something to do: a full fetch of tasks none of which we can claim now
         # (our own running ones, say) would otherwise be repeated back to back for ever.
-        self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
+        page = min(self.options.heap_size, self.options.fetch_batch_size)
+        self._heap.overflowed = len(tasks) >= page and len(self._heap) > 0
         self._wake.set()
 
     async def _claimable_soonest(self) -> list[Task]:
-        """The tasks we may claim, soonest first, as many as the heap holds: its fill."""
-        size, batch = self.options.heap_size, self.options.fetch_batch_size
-        return await self._store.fetch(self.names, self.worker_id, size, batch)
+        """The tasks we may claim, soonest first: one page, the next read when the heap drains
+        (reading the whole heap's worth read 10,000 tasks of a large backlog each time)."""
+        limit = min(self.options.heap_size, self.options.fetch_batch_size)
+        return await self._store.fetch(self.names, self.worker_id, limit, limit)
 
     def _wake_recovery(self) -> None:
         self._recovery_checks[""] = self._clock.now()  # "": owed by this process, now

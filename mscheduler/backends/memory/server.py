@@ -29,6 +29,7 @@ from . import patches  # applied on import: what mongomock lacks
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
+from .indexed import adopt
 from .limits import refuse_insert, refuse_update
 from .ordered_index import IndexSet
 from .replies import AggregateCursor, MemoryDatabase
@@ -84,6 +85,12 @@ class MemoryCollection:
         self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
 
     @property
+    def docs_examined(self) -> int:
+        """Documents this collection's queries have tested against their filters so far (of
+        every wrapper of it), as ``explain``'s ``totalDocsExamined`` counts them."""
+        return self._ordered.examined
+
+    @property
     def database(self) -> MemoryDatabase:
         return MemoryDatabase(self._sibling)
 
@@ -128,8 +135,12 @@ class MemoryCollection:
         filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
         store = self._inner._store
         found: list[Any] = []
+        ordered = self._ordered
         for one in candidates:
-            if one in store and filter_applies(filter, store[one]):
+            if one not in store:
+                continue
+            ordered.examined += 1
+            if filter_applies(filter, store[one]):
                 found.append(one)
                 if len(found) >= limit:
                     break
@@ -354,8 +365,8 @@ class MemoryServer:
         ordered = self._ordered.get(namespace)
         if ordered is None:
             ordered = self._ordered[namespace] = IndexSet()
-            # mongomock's own reads (updates, deletes, counts) take their candidates from it.
-            setattr(inner._store, patches.INDEX_SET_ATTRIBUTE, ordered)
+        # mongomock's own reads (updates, deletes, counts) take their candidates from it.
+        adopt(inner, ordered)
         beside = functools.partial(self.collection, database)
         return MemoryCollection(inner, feed, indexes, ordered, sibling=beside, **flags)
 
