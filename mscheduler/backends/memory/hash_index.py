@@ -73,6 +73,11 @@ class HashIndex:
         self.remove(document["_id"])
         self.add(document)
 
+    def holds(self, value: Any) -> bool | None:
+        if type(value) not in _HASHED:
+            return None
+        return value in self._ids
+
     def scan(
         self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
     ) -> tuple[int, Iterator[Any]] | None:

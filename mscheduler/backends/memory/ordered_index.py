@@ -85,8 +85,8 @@ def _ordered(value: Any) -> tuple[int, Any]:
         return (1, value)
     if isinstance(value, str):
         return (2, value)
-    if isinstance(value, ObjectId):
-        return (7, value)
+    if isinstance(value, ObjectId):  # ordered by its bytes, compared in C
+        return (7, value.binary)
     if isinstance(value, dt.datetime):  # naive UTC, as BSON stores it
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -94,11 +94,11 @@ def _ordered(value: Any) -> tuple[int, Any]:
     raise _Unorderable
 
 
-def _field(document: Mapping[str, Any], path: str) -> Any:
-    """The value at a dotted path; an array on the way (or at the end) makes the document
-    multikey for this index, which is not kept in order here."""
+def _field(document: Mapping[str, Any], path: Sequence[str]) -> Any:
+    """The value at a path (a dotted one, split); an array on the way (or at the end) makes
+    the document multikey for this index, which is not kept in order here."""
     value: Any = document
-    for part in path.split("."):
+    for part in path:
         if isinstance(value, (list, tuple)):
             raise _Unorderable
         if not isinstance(value, Mapping) or part not in value:
@@ -107,21 +107,30 @@ def _field(document: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+_PLAIN_KEYS = {str: 2, int: 1, float: 1, dt.datetime: 9}  # exact types: their rank
+
+
 class OrderedIndex:
     """One declared index: a sorted list of (key tuple, _id) over the indexable documents."""
 
     def __init__(self, keys: Sequence[tuple[str, int]]) -> None:
         self.keys = list(keys)
         self.fields = [field for field, _ in self.keys]
-        self._entries: list[tuple[tuple[Any, ...], tuple[int, Any]]] = []
+        self._paths = [(field.split("."), direction) for field, direction in self.keys]
+        self._entries: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
         self._key_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its key, when indexed
         self.unindexed: set[Any] = set()  # ids of documents this index cannot order
 
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
-        for field, direction in self.keys:
-            value = _field(document, field)
-            if isinstance(value, (list, dict)):
+        for path, direction in self._paths:
+            # A top-level field needs no walk.
+            value = document.get(path[0], MISSING) if len(path) == 1 else _field(document, path)
+            rank = _PLAIN_KEYS.get(type(value))
+            if rank is not None and direction > 0 and (rank != 9 or value.tzinfo is None):
+                parts.append((rank, value))  # the common case, without `_ordered`'s tests
+                continue
+            if isinstance(value, (list, tuple, dict)):
                 raise _Unorderable
             parts.append(_directed(_ordered(value), direction))
         return tuple(parts)
@@ -197,13 +206,13 @@ class OrderedIndex:
         # Ranked by the keys it seeks on: an index whose bounds apply beats one as deep without.
         rank = depth + len({position for position, *_ in bounded})
         if len(ranges) == 1 or not sort:  # one range, or no order asked: one after another
-            return rank, (entry[1][1] for entry in itertools.chain(*ranges))
+            return rank, (entry[1][-1] for entry in itertools.chain(*ranges))
         merged = heapq.merge(*ranges, key=lambda entry: (entry[0][depth:], entry[1]))
-        return rank, (entry[1][1] for entry in merged)
+        return rank, (entry[1][-1] for entry in merged)
 
     def _range(
         self, prefix: tuple[Any, ...], adjacent: Sequence[tuple[int, int, Any, Any]] = ()
-    ) -> Iterator[tuple[tuple[Any, ...], tuple[int, Any]]]:
+    ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
         entries = self._entries
         size = len(prefix)
         rank = adjacent[0][1] if adjacent else None
@@ -274,9 +283,9 @@ def _rank_or_none(value: Any) -> int | None:
 
 
 def _within(
-    entries: Iterator[tuple[tuple[Any, ...], tuple[int, Any]]],
+    entries: Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]],
     bounds: list[tuple[int, int, Any, Any]],
-) -> Iterator[tuple[tuple[Any, ...], tuple[int, Any]]]:
+) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     for entry in entries:
         key = entry[0]
         if all(
@@ -286,12 +295,13 @@ def _within(
             yield entry
 
 
-def _id_key(document_id: Any) -> tuple[int, Any]:
-    """An ``_id`` in an entry: ties of equal keys are ordered by it, as an index's are."""
+def _id_key(document_id: Any) -> tuple[Any, ...]:
+    """An ``_id`` in an entry, the id itself last: ties of equal keys are ordered by it, as an
+    index's are (a batch published at once shares every other key)."""
     try:
-        return _ordered(document_id)
+        return (*_ordered(document_id), document_id)
     except _Unorderable:
-        return (99, repr(document_id))
+        return (99, repr(document_id), document_id)
 
 
 class IndexSet:
@@ -310,6 +320,14 @@ class IndexSet:
         for document in documents:
             index.add(document)
         self._indexes[name] = index
+
+    def holds(self, field: str, value: Any) -> bool | None:
+        """Whether a document holds ``value`` in ``field`` (None: no hash index of that field
+        can tell, or the value is not one it keeps)."""
+        for index in self._indexes.values():
+            if isinstance(index, HashIndex) and index.field == field:
+                return index.holds(value)
+        return None
 
     def drop(self, name: str) -> None:
         self._indexes.pop(name, None)
