@@ -40,7 +40,7 @@ class HashIndex:
         leaves = _leaves(document, self._path)
         return tuple(dict.fromkeys(v for v in leaves if type(v) in _HASHED))
 
-    def add(self, document: Mapping[str, Any]) -> None:
+    def add(self, document: Mapping[str, Any], _id_key: object = None) -> None:
         document_id = document["_id"]
         values = self._values(document)
         if not values:
@@ -56,7 +56,7 @@ class HashIndex:
             elif held != document_id:
                 ids[value] = _IdSet((held, document_id))
 
-    def remove(self, document_id: Any) -> None:
+    def remove(self, document_id: Any, _id_key: object = None) -> None:
         ids = self._ids
         for value in self._values_of.pop(document_id, ()):
             held = ids.get(value, MISSING)
@@ -67,7 +67,7 @@ class HashIndex:
             elif held is not MISSING and held == document_id:
                 del ids[value]
 
-    def replace(self, document: Mapping[str, Any]) -> None:
+    def replace(self, document: Mapping[str, Any], _id_key: object = None) -> None:
         if self._values_of.get(document["_id"], ()) == self._values(document):
             return
         self.remove(document["_id"])

@@ -120,32 +120,47 @@ class OrderedIndex:
         self._entries: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
         self._key_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its key, when indexed
         self.unindexed: set[Any] = set()  # ids of documents this index cannot order
+        # The parts of the latest key made, and that key: the next document's equal parts
+        # (its name, state, priority; a batch's shared times) and equal key are these very
+        # objects, not copies (a key part is 56 bytes, and a task is in several indexes).
+        self._latest_parts: list[Any] = [None] * len(self.keys)
+        self._latest_key: tuple[Any, ...] = ()
 
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
-        for path, direction in self._paths:
+        latest = self._latest_parts
+        for position, (path, direction) in enumerate(self._paths):
             # A top-level field needs no walk.
             value = document.get(path[0], MISSING) if len(path) == 1 else _field(document, path)
             rank = _PLAIN_KEYS.get(type(value))
             if rank is not None and direction > 0 and (rank != 9 or value.tzinfo is None):
-                parts.append((rank, value))  # the common case, without `_ordered`'s tests
-                continue
-            if isinstance(value, (list, tuple, dict)):
+                part = (rank, value)  # the common case, without `_ordered`'s tests
+            elif isinstance(value, (list, tuple, dict)):
                 raise _Unorderable
-            parts.append(_directed(_ordered(value), direction))
-        return tuple(parts)
+            else:
+                part = _directed(_ordered(value), direction)
+            if part == latest[position]:
+                part = latest[position]
+            else:
+                latest[position] = part
+            parts.append(part)
+        key = tuple(parts)
+        if key == self._latest_key:
+            return self._latest_key
+        self._latest_key = key
+        return key
 
-    def remove(self, document_id: Any) -> None:
+    def remove(self, document_id: Any, id_key: tuple[Any, ...] | None = None) -> None:
         self.unindexed.discard(document_id)
         key = self._key_of.pop(document_id, None)
         if key is None:
             return
-        entry = (key, _id_key(document_id))
+        entry = (key, id_key or _id_key(document_id))
         position = bisect.bisect_left(self._entries, entry)
         if position < len(self._entries) and self._entries[position] == entry:
             del self._entries[position]
 
-    def replace(self, document: Mapping[str, Any]) -> None:
+    def replace(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
         """``document`` written again: moved only if its key changed (most writes change no
         field of most indexes)."""
         try:
@@ -153,10 +168,11 @@ class OrderedIndex:
                 return
         except _Unorderable:
             pass
-        self.remove(document["_id"])
-        self.add(document)
+        self.remove(document["_id"], id_key)
+        self.add(document, id_key)
 
-    def add(self, document: Mapping[str, Any]) -> None:
+    def add(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
+        """``id_key``: the document's `_id_key`, made once for all the indexes of a write."""
         document_id = document["_id"]
         try:
             key = self._key(document)
@@ -164,7 +180,7 @@ class OrderedIndex:
             self.unindexed.add(document_id)
             return
         self._key_of[document_id] = key
-        bisect.insort(self._entries, (key, _id_key(document_id)))
+        bisect.insort(self._entries, (key, id_key or _id_key(document_id)))
 
     def scan(
         self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
@@ -333,14 +349,16 @@ class IndexSet:
         self._indexes.pop(name, None)
 
     def changed(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
+        written = after if after is not None else before
+        id_key = None if written is None else _id_key(written["_id"])  # shared by the entries
         for index in self._indexes.values():
             if before is not None and after is not None:
-                index.replace(after)
+                index.replace(after, id_key)
                 continue
             if before is not None:
-                index.remove(before["_id"])
+                index.remove(before["_id"], id_key)
             if after is not None:
-                index.add(after)
+                index.add(after, id_key)
 
     def exact(self, query: Mapping[str, Any]) -> Iterator[Any] | None:
         """The ids of exactly the documents matching ``query``, when it is equalities (or

@@ -191,12 +191,22 @@ def datetimes_as_stored(value: Any) -> Any:
     if kind is list or kind is tuple:
         return [datetimes_as_stored(item) for item in value]
     if kind is dt.datetime:
+        global _latest_date
+        if _latest_date[0] is value:  # a write's `now`, in several fields: one stored object
+            return _latest_date[1]
         millis = value.microsecond // 1000 * 1000
         if value.tzinfo is not None:
             offset = value.utcoffset() or dt.timedelta(0)
-            return (value - offset).replace(tzinfo=None, microsecond=millis)
-        return value.replace(microsecond=millis)
+            stored = (value - offset).replace(tzinfo=None, microsecond=millis)
+        else:
+            stored = value.replace(microsecond=millis)
+        _latest_date = (value, stored)
+        return stored
     return _original_datetime_patch(value)  # OrderedDict, subclasses, Timestamp, ...
+
+
+# The latest date converted (datetimes are immutable: sharing the result is safe).
+_latest_date: tuple[Any, Any] = (None, None)
 
 
 def _documents_as_stored(value: Any) -> Any:
