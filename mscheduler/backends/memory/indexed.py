@@ -18,13 +18,14 @@ any other mongomock user in the process keeps mongomock as it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from bson import ObjectId
 from mongomock.collection import Collection
 from mongomock.filtering import filter_applies
 
+from . import patches
 from .ordered_index import IndexSet
 
 _HASHABLE_IDS = (ObjectId, str, int)  # compare as they hash; floats and documents do not
@@ -87,6 +88,29 @@ def _uncounted(check: Any, index_set: IndexSet) -> Any:
             index_set.examined = examined
 
     return ensure_uniques
+
+
+def walk(
+    index_set: IndexSet, store: Any, filter: Mapping[str, Any], sort: Any, limit: int
+) -> list[Any] | None:
+    """The ids of the first ``limit`` matches in ``sort`` order, walking a declared index and
+    stopping there, as an index scan does (None: no index gives that order). Each candidate
+    tested is examined."""
+    order = [(field, int(direction)) for field, direction in sort or ()]
+    candidates = index_set.candidates(filter, order)
+    if candidates is None:
+        return None
+    filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
+    found: list[Any] = []
+    for one in candidates:
+        if one not in store:
+            continue
+        index_set.examined += 1
+        if filter_applies(filter, store[one]):
+            found.append(one)
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _counted(index_set: IndexSet, documents: Iterable[Any]) -> Iterator[Any]:

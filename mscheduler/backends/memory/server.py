@@ -19,18 +19,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from bson import ObjectId
-from mongomock.filtering import filter_applies
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import IndexModel
-from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
+from pymongo.errors import OperationFailure, WriteError
 from pymongo.results import UpdateResult
 
-from . import patches  # applied on import: what mongomock lacks
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
-from .indexed import adopt
+from .indexed import adopt, walk
+from .inserts import insert_new, inserted_by, stored_copy
 from .limits import refuse_insert, refuse_update
 from .ordered_index import IndexSet
 from .replies import AggregateCursor, MemoryDatabase
@@ -129,25 +127,7 @@ class MemoryCollection:
         return self._inner.find(filter or {}, projection, sort=sort, limit=limit, skip=skip)
 
     def _walk(self, filter: Mapping[str, Any], sort: Any, limit: int) -> list[Any] | None:
-        """The first ``limit`` matches in ``sort`` order, walking a declared index and stopping
-        there, as an index scan does (None: no index gives that order)."""
-        order = [(field, int(direction)) for field, direction in sort or ()]
-        candidates = self._ordered.candidates(filter, order)
-        if candidates is None:
-            return None
-        filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
-        store = self._inner._store
-        found: list[Any] = []
-        ordered = self._ordered
-        for one in candidates:
-            if one not in store:
-                continue
-            ordered.examined += 1
-            if filter_applies(filter, store[one]):
-                found.append(one)
-                if len(found) >= limit:
-                    break
-        return found
+        return walk(self._ordered, self._store, filter, sort, limit)
 
     async def find_one(
         self, filter: Mapping[str, Any] | None = None, projection: Any = None, **kwargs: Any
@@ -204,36 +184,12 @@ class MemoryCollection:
         return result
 
     async def _insert_new(self, document: dict[str, Any]) -> Any:
-        """Insert what an upsert built (its top-level names checked): straight into
-        mongomock's store when the unique indexes can be checked in ours, else by mongomock.
-        mongomock's insert encoded the document to BSON again (`refuse_insert` did), copied
-        it twice and read the documents of its key to check the unique index."""
-        refuse_insert(document)  # encodable (no NUL in a name), within size and depth
-        document.setdefault("_id", ObjectId())
-        unique = [list(spec["key"]) for spec in self._store.indexes.values() if spec.get("unique")]
-        fields = [keys[0][0] for keys in unique if len(keys) == 1]
-        held = [self._ordered.holds(field, document.get(field)) for field in fields]
-        if len(fields) != len(unique) or None in held or document["_id"] in self._store:
-            result = await self._inner.insert_one(document)
-            self._emit(None, self._stored(result.inserted_id))
-            return result.inserted_id
-        for field, taken in zip(fields, held, strict=True):
-            if taken:
-                raise DuplicateKeyError(
-                    f"E11000 duplicate key error: {field} {document.get(field)!r}",
-                    11000,
-                    {"keyPattern": {field: 1}, "keyValue": {field: document.get(field)}},
-                )
-        stored = patches.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
-        self._store[document["_id"]] = stored
-        self._emit(None, stored)  # read, and copied by the change feed: never changed
-        return document["_id"]
+        return await insert_new(self, document)
 
     def _stored(self, document_id: Any) -> dict[str, Any]:
         """The document as stored, read back after a write for the change feed and the
         indexes: what ``find_one`` by ``_id`` returns, without a cursor."""
-        stored = self._store[document_id]
-        return {key: patches.document_copy(value) for key, value in stored.items()}
+        return stored_copy(self._store, document_id)
 
     async def find_one_and_update(
         self,
@@ -319,7 +275,7 @@ class MemoryCollection:
             changed = before is not None and before != after
             return UpdateResult({"n": int(before is not None), "nModified": int(changed)}, True)
         befores = await self._matching(filter, many)
-        document = _inserted_by(filter, update) if upsert and not befores else None
+        document = inserted_by(filter, update) if upsert and not befores else None
         if document is not None:
             inserted_id = await self._insert_new(document)
             return UpdateResult({"n": 1, "nModified": 0, "upserted": inserted_id}, True)
@@ -384,22 +340,6 @@ class MemoryCollection:
 
     async def bulk_write(self, requests: Iterable[Any], ordered: bool = True, **_: Any) -> Any:
         return await bulk_write(self, requests, ordered=ordered)
-
-
-def _inserted_by(filter: Mapping[str, Any], update: Any) -> dict[str, Any] | None:
-    """The document an upsert of ``$setOnInsert`` alone inserts when nothing matches: the
-    filter's equalities and those fields (as the server builds it), or None for any other
-    upsert. mongomock applied the fields one by one, each through its update machinery: most of
-    the time of a `publish_many`."""
-    if type(update) is not dict or list(update) != ["$setOnInsert"]:
-        return None
-    fields = update["$setOnInsert"]
-    if any(
-        key.startswith("$") or "." in key or isinstance(value, Mapping)
-        for key, value in filter.items()
-    ) or any(key.startswith("$") or "." in key or key in filter for key in fields):
-        return None
-    return {**filter, **fields}
 
 
 # ---------------------------------------------------------------- named in-process databases
