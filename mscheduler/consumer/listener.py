@@ -15,7 +15,6 @@ takes over from polling once one opens. ``discovery="stream"`` makes a refusal a
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -38,28 +37,6 @@ from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
-
-# The latest events' tasks, shared by the listeners of the process: each consumer has a stream
-# of its own, so each event reached every consumer and each validated its document (most of a
-# consumer's CPU per event). A task is a function of its document: it is reused for an equal
-# document only (a server's lookup may read another version for another stream).
-_validated: collections.OrderedDict[Any, tuple[Any, Task]] = collections.OrderedDict()
-_VALIDATED_KEPT = 1_024
-
-
-def _task_of(event: Any, document: Any) -> Task:
-    token = event.get("_id")
-    key = token.get("_data") if isinstance(token, dict) else None
-    if key is not None:
-        cached = _validated.get(key)
-        if cached is not None and cached[0] == document:
-            return cached[1]
-    task = Task.model_validate(document)
-    if key is not None:
-        _validated[key] = (document, task)
-        if len(_validated) > _VALIDATED_KEPT:
-            _validated.popitem(last=False)
-    return task
 
 
 class ChangeListener:
@@ -184,7 +161,7 @@ class ChangeListener:
             if document is None:
                 continue  # deleted before the lookup: nothing to claim
             try:
-                task = _task_of(event, document)
+                task = Task.model_validate(document)
             except ValidationError as exc:
                 log.warning(
                     "ignoring a document that is not a task: %s",
