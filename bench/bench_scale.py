@@ -5,6 +5,8 @@
 
 Pending backlogs: 3 consumers x 16 slots (batched claims) drain the first ``--drain`` tasks
 of a backlog of 500, 20,000 or 100,000 pending tasks, published beforehand (not timed).
+The resident memory the backlog added (the process's RSS, Linux), per pending task, on
+``memory://``: the tasks' documents, indexes and change feed.
 Finished tasks: one consumer runs 300 short tasks over a collection that already holds N
 finished tasks (written directly, as a long-lived deployment keeps them until ``purge``).
 
@@ -64,6 +66,9 @@ async def backlog_run(
     """``pending`` tasks published first; ``consumers`` x ``max_running`` timed until they
     have finished ``drain`` of them (the best first: priority, then age)."""
     sched, counting, connection = await counted_scheduler(uri)
+    await sched.publish("warm-up", None, name="warm-up")
+    gc.collect()
+    resident = _resident_bytes()
     for start in range(0, pending, 10_000):
         keys = range(start, min(start + 10_000, pending))
         await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in keys)
@@ -72,6 +77,7 @@ async def backlog_run(
         return None
 
     gc.collect()
+    resident_per_task = (_resident_bytes() - resident) / pending
     counting.reset()
     cpu_started, started = time.process_time(), time.perf_counter()
     async with contextlib.AsyncExitStack() as stack:
@@ -90,9 +96,22 @@ async def backlog_run(
         "calls": counting.calls / done,
         "cpu_ms": cpu / done * 1000,
         "db_cpu_ms": counting.cpu_seconds / done * 1000,
+        "kib_per_pending": resident_per_task / 1024,
     }
     await dispose(counting, connection)
     return result
+
+
+def _resident_bytes() -> int:
+    """The process's resident memory (Linux; elsewhere 0, and the column reads 0)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 Row = Callable[[], Awaitable[dict[str, float]]]
@@ -111,23 +130,31 @@ def _print(title: str, unit: str, results: dict[int, dict[str, float]], markdown
     first = next(iter(results))
     base = results[first]["tasks_per_s"]
     if markdown:
+        memory = " resident KiB per pending task |" if "kib_per_pending" in results[first] else ""
         print(
             f"| {title} | tasks/s | ratio to {first:,} | CPU ms/task | of it in DB calls | "
-            "round trips/task |"
+            f"round trips/task |{memory}"
         )
-        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if memory else ""))
     for size, result in results.items():
         ratio = result["tasks_per_s"] / base
         if markdown:
+            memory = f" {result['kib_per_pending']:.2f} |" if "kib_per_pending" in result else ""
             print(
                 f"| {size:,} | {result['tasks_per_s']:.0f} | {ratio:.2f}x | "
                 f"{result['cpu_ms']:.2f} | {result['db_cpu_ms']:.2f} | {result['calls']:.2f} |"
+                + memory
             )
         else:
             print(
                 f"{size:>7,} {unit}: {result['tasks_per_s']:6.0f} tasks/s ({ratio:.2f}x the "
                 f"first), {result['cpu_ms']:.2f} ms CPU/task ({result['db_cpu_ms']:.2f} in "
-                f"database calls), {result['calls']:.2f} round trips/task",
+                f"database calls), {result['calls']:.2f} round trips/task"
+                + (
+                    f", {result['kib_per_pending']:.2f} KiB resident per pending task"
+                    if "kib_per_pending" in result
+                    else ""
+                ),
                 flush=True,
             )
     if markdown:
