@@ -2,13 +2,15 @@
 procrastinate's InMemoryConnector, arq and RQ on fakeredis. Prints numbers.
 
     pip install -e '.[bench]'
-    python bench/bench_peers.py                 # 500 and 5,000 tasks, 1 and 3 workers
+    python bench/bench_peers.py                 # 500, 5,000 and 20,000 tasks, 1 and 3 workers
     python bench/bench_peers.py --markdown      # the table in bench/README.md
 
 Each queue gets the same job (a coroutine, or for RQ a function, that returns at once): all
 tasks are enqueued first, then N workers each running one job at a time are timed until the
 queue is empty. Every queue runs in process on an in-memory store, so the numbers compare
-the queues' own work per job, not a network. A peer that is not installed is left out.
+the queues' own work per job, not a network. A peer that is not installed is left out. First,
+``--publish`` tasks are published in bulk: mscheduler's ``publish_many`` beside RQ's
+``enqueue_many`` and arq's ``enqueue_job`` (arq has no bulk enqueue), paired likewise.
 
 ``--rounds`` runs every queue that many times, in turn, and reports each one's median rate.
 On a shared machine one run varies by a third from one minute to the next, so a ratio is
@@ -36,7 +38,9 @@ from typing import Any, NamedTuple
 
 import anyio
 from bench_throughput import mscheduler_run
-from common import median_run, rq_job
+from common import counted_scheduler, dispose, median_run, rq_job
+
+import mscheduler as ms
 
 
 class Rate(NamedTuple):
@@ -178,6 +182,76 @@ def rq_run(workers: int, tasks: int, deadline: float) -> Rate | None:
     return Rate(finished / elapsed, finished == tasks)
 
 
+async def mscheduler_publish(tasks: int) -> float:
+    """Tasks/s of one `publish_many` of ``tasks`` specs, built in the timed part (as the
+    peers' jobs are), on a fresh ``memory://`` collection with its indexes."""
+    sched, counting, connection = await counted_scheduler("memory://")
+    started = time.perf_counter()
+    await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(tasks))
+    elapsed = time.perf_counter() - started
+    await dispose(counting, connection)
+    return tasks / elapsed
+
+
+def rq_publish(tasks: int) -> float | None:
+    try:
+        from fakeredis import FakeServer, FakeStrictRedis
+        from rq import Queue
+    except ImportError:
+        return None
+    queue = Queue("bench", connection=FakeStrictRedis(server=FakeServer()))
+    started = time.perf_counter()
+    queue.enqueue_many([Queue.prepare_data(rq_job, args=(n,)) for n in range(tasks)])
+    return tasks / (time.perf_counter() - started)
+
+
+def arq_publish(tasks: int) -> float | None:
+    """arq has no bulk enqueue: one ``enqueue_job`` per job, as its users publish."""
+    try:
+        from arq.connections import ArqRedis
+        from fakeredis import FakeServer
+        from fakeredis.aioredis import FakeConnection
+        from redis.asyncio import ConnectionPool
+    except ImportError:
+        return None
+
+    async def main() -> float:
+        pool = ConnectionPool(connection_class=FakeConnection, server=FakeServer())  # type: ignore[arg-type]
+        producer = ArqRedis(connection_pool=pool)
+        started = time.perf_counter()
+        for n in range(tasks):
+            await producer.enqueue_job("job", n)
+        return tasks / (time.perf_counter() - started)
+
+    return asyncio.run(main())
+
+
+PUBLISHERS: dict[str, Callable[[int], float | None]] = {
+    "RQ enqueue_many + fakeredis": rq_publish,
+    "arq enqueue_job + fakeredis": arq_publish,
+}
+
+
+async def measure_publish(tasks: int, rounds: int) -> tuple[float, dict[str, Compared]]:
+    """mscheduler's median rate, and each peer's median rate and median paired ratio."""
+    ours: list[float] = []
+    peers: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(rounds):
+        ours.append(await mscheduler_publish(tasks))
+        for name, run in PUBLISHERS.items():
+            rate = await anyio.to_thread.run_sync(run, tasks)
+            if rate is not None:
+                peers.setdefault(name, []).append((rate, ours[-1] / rate))
+    compared = {
+        name: Compared(
+            Rate(statistics.median(rate for rate, _ in runs), True),
+            statistics.median(ratio for _, ratio in runs),
+        )
+        for name, runs in peers.items()
+    }
+    return statistics.median(ours), compared
+
+
 PEERS: dict[str, Callable[[int, int, float], Rate | None]] = {
     "procrastinate InMemory": procrastinate_run,
     "arq + fakeredis": arq_run,
@@ -221,12 +295,26 @@ def cell(compared: Compared | None) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="500,5000")
+    parser.add_argument("--tasks", default="500,5000,20000")
     parser.add_argument("--workers", default="1,3")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each queue (median)")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds per peer run")
+    parser.add_argument("--publish", type=int, default=20_000, help="tasks published (0: none)")
     parser.add_argument("--markdown", action="store_true", help="print a table for the README")
     args = parser.parse_args()
+    if args.publish:
+        rate, compared = await measure_publish(args.publish, args.rounds)
+        names = list(compared)
+        if args.markdown:
+            print("| publish | mscheduler publish_many | " + " | ".join(names) + " |")
+            print("| ---: | ---: |" + " ---: |" * len(names))
+            cells = " | ".join(cell(compared[name]) for name in names)
+            print(f"| {args.publish:,} tasks | {rate:.0f} | {cells} |\n")
+        else:
+            line = f"publish {args.publish:,} tasks: mscheduler publish_many {rate:.0f}/s"
+            for name in names:
+                line += f"; {name} {cell(compared[name])}"
+            print(line, flush=True)
     rows = []
     for tasks in (int(n) for n in args.tasks.split(",")):
         for workers in (int(n) for n in args.workers.split(",")):

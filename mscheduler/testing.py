@@ -67,9 +67,31 @@ class CountingCollection:
         return getattr(self.wrapped, name)
 
     def find(self, *args: Any, **kwargs: Any) -> Any:
-        """Synchronous, as on the driver: it returns a cursor."""
+        """Synchronous, as on the driver: it returns a cursor, whose iteration (where the query
+        runs) is counted in `cpu_seconds` too."""
         self.counts["find"] += 1
-        return self.wrapped.find(*args, **kwargs)
+        return _CountedCursor(self, self.wrapped.find(*args, **kwargs))
+
+
+class _CountedCursor:
+    """A cursor whose batches' CPU counts as time in the database."""
+
+    def __init__(self, counting: CountingCollection, cursor: Any) -> None:
+        self._counting = counting
+        self._cursor = cursor
+
+    def __aiter__(self) -> _CountedCursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        started = time.process_time()
+        try:
+            return await self._cursor.__anext__()
+        finally:
+            self._counting.cpu_seconds += time.process_time() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
 
 
 for _name in _ASYNC_METHODS:

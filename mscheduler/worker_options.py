@@ -41,6 +41,9 @@ class WorkerOptions(BaseModel):
     # Bounded so that a typo cannot ask for memory or a cursor limit no server gives.
     heap_size: int = Field(default=10_000, ge=1, le=10_000_000)
     fetch_batch_size: int = Field(default=500, ge=1, le=100_000)
+    """Tasks read by one fetch of the consumer (at start, after a lost stream, when its heap
+    drains after it was full, each poll): what it may claim soonest. The heap holds up to
+    ``heap_size``, fed by change events too."""
     poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
     schedule_refresh_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)

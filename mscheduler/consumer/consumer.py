@@ -76,7 +76,7 @@ class Consumer:
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
         )
-        self._listener.on_backstop = self._fetch_page
+        self._listener.on_backstop = self._fetch
         self._own_task_group: TaskGroup | None = None
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
         # Keys of finished tasks whose dependents may be stranded, and when to check.
@@ -210,19 +210,14 @@ class Consumer:
         if self._heap.offer(task.key, when, task.version, task.id):
             self._wake.set()
 
-    async def _fetch_page(self) -> None:
-        await self._fetch(self.options.fetch_batch_size)
-
-    async def _fetch(self, size: int | None = None) -> None:
-        """Fill the heap with the tasks claimable soonest (``size`` of them, or as many as it
-        holds); retried until the database answers."""
-        size = size or self.options.heap_size
+    async def _fetch(self) -> None:
+        """Fill the heap with the tasks claimable soonest, one page of them (the next page is
+        read once the heap drains, so a consumer's memory does not grow with the backlog);
+        retried until the database answers."""
         attempt = 0
         while True:
             try:
-                tasks = await self._store.fetch(
-                    self.names, self.worker_id, size, self.options.fetch_batch_size
-                )
+                tasks = await self._claimable_soonest()
                 await self._store.recover_dependents()
                 break
             except BackendUnavailable as exc:
@@ -234,13 +229,15 @@ class Consumer:
         # Look again once the heap drains only if this fetch may have left some out *and* gave
         # the claimer something to do: a full fetch of tasks none of which we can claim now
         # (our own running ones, say) would otherwise be repeated back to back for ever.
-        self._heap.overflowed = len(tasks) >= size and len(self._heap) > 0
+        page = min(self.options.heap_size, self.options.fetch_batch_size)
+        self._heap.overflowed = len(tasks) >= page and len(self._heap) > 0
         self._wake.set()
 
     async def _claimable_soonest(self) -> list[Task]:
-        """The tasks we may claim, soonest first, as many as the heap holds: its fill."""
-        size, batch = self.options.heap_size, self.options.fetch_batch_size
-        return await self._store.fetch(self.names, self.worker_id, size, batch)
+        """The tasks we may claim, soonest first: one page (reading the whole heap's worth read
+        thousands of tasks of a large backlog each time)."""
+        limit = min(self.options.heap_size, self.options.fetch_batch_size)
+        return await self._store.fetch(self.names, self.worker_id, limit, limit)
 
     def _wake_recovery(self) -> None:
         self._recovery_checks[""] = self._clock.now()  # "": owed by this process, now

@@ -16,6 +16,7 @@ from mscheduler.backends.memory.index_plan import bounded_keys, implies_partial,
 from mscheduler.queries import browse as bq
 from mscheduler.queries import flows as fq
 from mscheduler.queries import lease as lq
+from mscheduler.queries import schedules as sq
 from mscheduler.queries import tasks as q
 from mscheduler.queries import timing as eq
 
@@ -124,3 +125,51 @@ def test_a_partial_index_is_used_only_by_queries_that_imply_its_filter():
     partial = {"options.expires_at": {"$type": "date"}}
     assert implies_partial({"options.expires_at": {"$type": "date", "$lte": NOW}}, partial)
     assert not implies_partial({"options.expires_at": {"$lte": NOW}}, partial)
+
+
+def _builder_filters() -> dict[str, dict[str, Any]]:
+    """Every filter a query builder makes (alone, or as the filter of a filter-update pair),
+    found by the walk of `test_query_builders`: a new builder is checked here by itself."""
+    from tests.unit.test_query_builders import BUILT, as_probe
+
+    filters = {}
+    for builder, built in BUILT.items():
+        kind, sent = as_probe(builder, built)
+        if kind == "find":
+            filters[builder] = sent
+        elif kind == "update" and isinstance(built, tuple):
+            filters[builder] = sent[0]
+    return filters
+
+
+BUILDER_FILTERS = _builder_filters()
+SORTS = {
+    "tasks.claim_filter": q.CLAIM_SORT,
+    "tasks.fetch_filter": q.FETCH_SORT,
+    "schedules.of_names": sq.NEXT_SORT,
+}
+# A clause of other filters, never sent alone (claim_filter, timing.expired).
+FRAGMENTS = {"tasks.expired_by"}
+ID_INDEX = ("_id_", (("_id", 1),))
+# The indexes of each collection a builder module's filters go to.
+INDEXES_OF: dict[str, list[tuple[str, Any]]] = {
+    "limits": [ID_INDEX],
+    "schedules": [ID_INDEX, *((name, tuple(keys)) for name, keys in sq.INDEXES)],
+}
+TASK_INDEXES = [ID_INDEX, *((name, keys) for name, keys, _ in c.INDEXES)]
+
+
+@pytest.mark.parametrize("builder", sorted(set(BUILDER_FILTERS) - FRAGMENTS))
+def test_every_builder_filter_is_served_by_a_declared_index(builder: str):
+    query = BUILDER_FILTERS[builder]
+    sort = SORTS.get(builder)
+    indexes = INDEXES_OF.get(builder.split(".")[0], TASK_INDEXES)
+    serving = [name for name, keys in indexes if index_serves(keys, query, sort)]
+    assert serving, f"no declared index serves {builder}: {query} sort {sort}"
+
+
+def test_the_expiry_read_seeks_on_the_expiry_time():
+    """Not only on name and state: every waiting task of those names would be examined."""
+    query = eq.expired(["a"], NOW)
+    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["expiry"]
+    assert keys[-1][0] == "options.expires_at" and index_serves(keys, query)

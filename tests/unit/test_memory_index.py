@@ -14,6 +14,7 @@ from bson import ObjectId
 import mscheduler as ms
 from mscheduler.backends.memory.server import MemoryCollection, memory_server
 from mscheduler.queries import tasks as q
+from mscheduler.queries import timing
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,11 @@ def _document(rng: random.Random, n: int) -> dict[str, Any]:
         "key": f"k{n}",
         "name": rng.choice(NAMES),
         "state": rng.choice(STATES),
-        "options": {"priority": rng.choice([-5, 0, 0, 0, 3, 10]), "specific_worker_ids": []},
+        "options": {
+            "priority": rng.choice([-5, 0, 0, 0, 3, 10]),
+            "specific_worker_ids": [],
+            "expires_at": rng.choice([None, T0 + dt.timedelta(seconds=rng.randrange(60))]),
+        },
         "created_at": T0 + dt.timedelta(seconds=rng.randrange(20)),  # ties on purpose
         "next_claim_at": rng.choice([None, T0 + dt.timedelta(seconds=rng.randrange(60))]),
         "deps_pending": [],
@@ -88,6 +93,22 @@ async def test_the_index_answers_as_a_scan_does():
                 0,
             ),
             ({"name": {"$in": names}, "state": "pending", "next_claim_at": {"$lte": 5}}, None, 0),
+            # A range right after the prefix bounds the walk itself, within the bound's type.
+            (
+                {"name": {"$in": names}, "state": "pending", "next_claim_at": {"$lte": now}},
+                None,
+                0,
+            ),
+            (timing.expired(names, now), None, 0),
+            (
+                {
+                    "name": names[0],
+                    "state": {"$in": ["pending", "blocked"]},
+                    "options.expires_at": {"$type": "date", "$gt": now},
+                },
+                None,
+                0,
+            ),
         ]
         for query, sort, limit in queries:
             expected = await _found(scanned, query, sort, limit)

@@ -9,10 +9,12 @@ an update whose result would be over it (code 17419); nothing is written either 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 import bson
+from bson import ObjectId
 from pymongo.errors import DocumentTooLarge, WriteError
 
 from ... import constants as c
@@ -52,19 +54,19 @@ def _refuse_depth(document: Mapping[str, Any]) -> None:
 def _depth(value: Any) -> int:
     """Levels of non-empty objects and arrays, the document itself the first (an empty one
     does not count, as on the server). Iterative: a deep document must not overflow the
-    Python stack here either."""
+    Python stack here either. Only containers are pushed: a task is mostly scalars."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, Mapping):
-            children = list(item.values())
-        elif isinstance(item, (list, tuple)):
-            children = list(item)
-        else:
-            continue
+        children = item.values() if isinstance(item, Mapping) else item
         if not children:
             continue
         deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in children)
+        for child in children:
+            if type(child) not in _SCALARS and isinstance(child, (Mapping, list, tuple)):
+                stack.append((child, level + 1))
     return deepest
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes, dt.datetime, ObjectId})

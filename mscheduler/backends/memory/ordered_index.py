@@ -11,10 +11,16 @@ Only what the store's queries need, and nothing that could change an answer:
   of its keys and the sort, if any, is exactly the keys that follow (as declared); every
   candidate is still tested against the whole filter with mongomock's own matcher, so the
   index only decides the order and what need not be looked at;
-- indexes on array fields (multikey: ``worker_states.run_id``, ``depends_on``) are not kept;
-  a document whose indexed field holds an array, a document or a value whose order against
-  the others is not BSON's here (see `_ordered`) is not indexed: a query that could match it
-  goes to mongomock.
+- a single-field index is kept as a hash of its values (`HashIndex`), arrays element by
+  element, as MongoDB's multikey indexes are (``worker_states.run_id``, ``depends_on``): it
+  answers equality and ``$in`` of scalars, never an order;
+- in a compound index, a document whose indexed field holds an array, a document or a value
+  whose order against the others is not BSON's here (see `_ordered`) is not indexed: a query
+  that could match it goes to mongomock.
+
+`IndexSet.examined` counts the documents each query tested against its filter, as
+``explain``'s ``totalDocsExamined`` does: the candidates an index scan fetched, or the whole
+collection when none applied (`server`, `patches`).
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ from typing import Any
 
 from bson import ObjectId
 
-MAX_PREFIX_COMBINATIONS = 10_000  # $in values multiplied out over the prefix fields
+from .hash_index import MISSING, HashIndex, equality_values
 
-_MISSING = object()
+MAX_PREFIX_COMBINATIONS = 10_000  # $in values multiplied out over the prefix fields
 
 
 class _Descending:
@@ -71,7 +77,7 @@ def _directed(ordered: tuple[int, Any], direction: int) -> Any:
 def _ordered(value: Any) -> tuple[int, Any]:
     """A value's place in BSON's order across the types the store writes: null (or missing),
     numbers, strings, ObjectIds, booleans, dates. Anything else is not indexed."""
-    if value is None or value is _MISSING:
+    if value is None or value is MISSING:
         return (0, 0)
     if isinstance(value, bool):
         return (8, value)
@@ -79,8 +85,8 @@ def _ordered(value: Any) -> tuple[int, Any]:
         return (1, value)
     if isinstance(value, str):
         return (2, value)
-    if isinstance(value, ObjectId):
-        return (7, value)
+    if isinstance(value, ObjectId):  # ordered by its bytes, compared in C
+        return (7, value.binary)
     if isinstance(value, dt.datetime):  # naive UTC, as BSON stores it
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -88,17 +94,20 @@ def _ordered(value: Any) -> tuple[int, Any]:
     raise _Unorderable
 
 
-def _field(document: Mapping[str, Any], path: str) -> Any:
-    """The value at a dotted path; an array on the way (or at the end) makes the document
-    multikey for this index, which is not kept in order here."""
+def _field(document: Mapping[str, Any], path: Sequence[str]) -> Any:
+    """The value at a path (a dotted one, split); an array on the way (or at the end) makes
+    the document multikey for this index, which is not kept in order here."""
     value: Any = document
-    for part in path.split("."):
+    for part in path:
         if isinstance(value, (list, tuple)):
             raise _Unorderable
         if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
+
+
+_PLAIN_KEYS = {str: 2, int: 1, float: 1, dt.datetime: 9}  # exact types: their rank
 
 
 class OrderedIndex:
@@ -107,30 +116,51 @@ class OrderedIndex:
     def __init__(self, keys: Sequence[tuple[str, int]]) -> None:
         self.keys = list(keys)
         self.fields = [field for field, _ in self.keys]
-        self._entries: list[tuple[tuple[Any, ...], tuple[int, Any]]] = []
+        self._paths = [(field.split("."), direction) for field, direction in self.keys]
+        self._entries: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
         self._key_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its key, when indexed
         self.unindexed: set[Any] = set()  # ids of documents this index cannot order
+        # The parts of the latest key made, and that key: the next document's equal parts
+        # (its name, state, priority; a batch's shared times) and equal key are these very
+        # objects, not copies (a key part is 56 bytes, and a task is in several indexes).
+        self._latest_parts: list[Any] = [None] * len(self.keys)
+        self._latest_key: tuple[Any, ...] = ()
 
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
-        for field, direction in self.keys:
-            value = _field(document, field)
-            if isinstance(value, (list, dict)):
+        latest = self._latest_parts
+        for position, (path, direction) in enumerate(self._paths):
+            # A top-level field needs no walk.
+            value = document.get(path[0], MISSING) if len(path) == 1 else _field(document, path)
+            rank = _PLAIN_KEYS.get(type(value))
+            if rank is not None and direction > 0 and (rank != 9 or value.tzinfo is None):
+                part = (rank, value)  # the common case, without `_ordered`'s tests
+            elif isinstance(value, (list, tuple, dict)):
                 raise _Unorderable
-            parts.append(_directed(_ordered(value), direction))
-        return tuple(parts)
+            else:
+                part = _directed(_ordered(value), direction)
+            if part == latest[position]:
+                part = latest[position]
+            else:
+                latest[position] = part
+            parts.append(part)
+        key = tuple(parts)
+        if key == self._latest_key:
+            return self._latest_key
+        self._latest_key = key
+        return key
 
-    def remove(self, document_id: Any) -> None:
+    def remove(self, document_id: Any, id_key: tuple[Any, ...] | None = None) -> None:
         self.unindexed.discard(document_id)
         key = self._key_of.pop(document_id, None)
         if key is None:
             return
-        entry = (key, _id_key(document_id))
+        entry = (key, id_key or _id_key(document_id))
         position = bisect.bisect_left(self._entries, entry)
         if position < len(self._entries) and self._entries[position] == entry:
             del self._entries[position]
 
-    def replace(self, document: Mapping[str, Any]) -> None:
+    def replace(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
         """``document`` written again: moved only if its key changed (most writes change no
         field of most indexes)."""
         try:
@@ -138,10 +168,11 @@ class OrderedIndex:
                 return
         except _Unorderable:
             pass
-        self.remove(document["_id"])
-        self.add(document)
+        self.remove(document["_id"], id_key)
+        self.add(document, id_key)
 
-    def add(self, document: Mapping[str, Any]) -> None:
+    def add(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
+        """``id_key``: the document's `_id_key`, made once for all the indexes of a write."""
         document_id = document["_id"]
         try:
             key = self._key(document)
@@ -149,7 +180,7 @@ class OrderedIndex:
             self.unindexed.add(document_id)
             return
         self._key_of[document_id] = key
-        bisect.insort(self._entries, (key, _id_key(document_id)))
+        bisect.insort(self._entries, (key, id_key or _id_key(document_id)))
 
     def scan(
         self, query: Mapping[str, Any], sort: Sequence[tuple[str, int]] | None
@@ -158,7 +189,7 @@ class OrderedIndex:
         index cannot give that (the caller tries another, or mongomock)."""
         prefix_values: list[list[Any]] = []
         for field in self.fields:
-            values = _equality_values(query.get(field, _MISSING))
+            values = equality_values(query.get(field, MISSING))
             if values is None:
                 break
             prefix_values.append(values)
@@ -177,24 +208,41 @@ class OrderedIndex:
         if combinations > MAX_PREFIX_COMBINATIONS:
             return None
         directions = [direction for _, direction in self.keys]
+        depth = len(prefix_values)
+        bounded = _key_bounds(query, self.keys, depth)
+        # Bounds on the key right after the prefix narrow the walk itself (the server's index
+        # bounds): it starts at the bound's type and stops past an upper bound.
+        adjacent = [bound for bound in bounded if bound[0] == depth]
         ranges = []
         for combination in itertools.product(*ordered_values):
             prefix = tuple(_directed(v, directions[n]) for n, v in enumerate(combination))
-            ranges.append(self._range(prefix))
-        depth = len(prefix_values)
-        bounded = _key_bounds(query, self.keys, depth)
+            ranges.append(self._range(prefix, adjacent))
         if bounded:
             ranges = [_within(entries, bounded) for entries in ranges]
+        # Ranked by the keys it seeks on: an index whose bounds apply beats one as deep without.
+        rank = depth + len({position for position, *_ in bounded})
         if len(ranges) == 1 or not sort:  # one range, or no order asked: one after another
-            return depth, (entry[1][1] for entry in itertools.chain(*ranges))
+            return rank, (entry[1][-1] for entry in itertools.chain(*ranges))
         merged = heapq.merge(*ranges, key=lambda entry: (entry[0][depth:], entry[1]))
-        return depth, (entry[1][1] for entry in merged)
+        return rank, (entry[1][-1] for entry in merged)
 
-    def _range(self, prefix: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], tuple[int, Any]]]:
+    def _range(
+        self, prefix: tuple[Any, ...], adjacent: Sequence[tuple[int, int, Any, Any]] = ()
+    ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
         entries = self._entries
-        position = bisect.bisect_left(entries, (prefix,))
         size = len(prefix)
+        rank = adjacent[0][1] if adjacent else None
+        if any(bound[1] != rank for bound in adjacent):
+            return  # bounds of two types: nothing is within both
+        # A comparison matches only values of its bound's type: the walk starts at that type.
+        start = prefix if rank is None else (*prefix, (rank,))
+        uppers = [(compare, value) for _, _, compare, value in adjacent if compare in _UPPER]
+        position = bisect.bisect_left(entries, (start,))
         while position < len(entries) and entries[position][0][:size] == prefix:
+            if rank is not None:
+                part = entries[position][0][size]
+                if part[0] != rank or not all(compare(part[1], v) for compare, v in uppers):
+                    return  # ascending: every later key is past the bound too
             yield entries[position]
             position += 1
 
@@ -205,6 +253,10 @@ _COMPARISONS: dict[str, Any] = {
     "$gt": operator.gt,
     "$gte": operator.ge,
 }
+
+
+_UPPER = (operator.lt, operator.le)
+_TYPE_RANKS = {"date": 9, "string": 2, "objectId": 7, "bool": 8}
 
 
 def _key_bounds(
@@ -221,9 +273,14 @@ def _key_bounds(
         condition = query.get(field)
         if direction < 0 or not isinstance(condition, Mapping) or not condition:
             continue
-        if not set(condition) <= _COMPARISONS.keys():
+        comparisons = {name: bound for name, bound in condition.items() if name != "$type"}
+        if not comparisons or not set(comparisons) <= _COMPARISONS.keys():
             continue
-        for name, bound in condition.items():
+        if "$type" in condition:  # {"$type": "date", "$lte": now}: the bound's type already
+            rank = _TYPE_RANKS.get(condition["$type"])  # restricts it; anything else: no bound
+            if rank is None or any(_rank_or_none(bound) != rank for bound in comparisons.values()):
+                continue
+        for name, bound in comparisons.items():
             if bound is None or isinstance(bound, (list, tuple, dict)):
                 continue
             try:
@@ -234,10 +291,17 @@ def _key_bounds(
     return bounds
 
 
+def _rank_or_none(value: Any) -> int | None:
+    try:
+        return _ordered(value)[0]
+    except _Unorderable:
+        return None
+
+
 def _within(
-    entries: Iterator[tuple[tuple[Any, ...], tuple[int, Any]]],
+    entries: Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]],
     bounds: list[tuple[int, int, Any, Any]],
-) -> Iterator[tuple[tuple[Any, ...], tuple[int, Any]]]:
+) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     for entry in entries:
         key = entry[0]
         if all(
@@ -247,59 +311,54 @@ def _within(
             yield entry
 
 
-def _id_key(document_id: Any) -> tuple[int, Any]:
-    """An ``_id`` in an entry: ties of equal keys are ordered by it, as an index's are."""
+def _id_key(document_id: Any) -> tuple[Any, ...]:
+    """An ``_id`` in an entry, the id itself last: ties of equal keys are ordered by it, as an
+    index's are (a batch published at once shares every other key)."""
     try:
-        return _ordered(document_id)
+        return (*_ordered(document_id), document_id)
     except _Unorderable:
-        return (99, repr(document_id))
-
-
-def _equality_values(condition: Any) -> list[Any] | None:
-    """The values an equality on a field allows: ``x``, ``{"$eq": x}`` or ``{"$in": [...]}`` of
-    scalars; None for anything else (a range, an operator mix, an array or a document)."""
-    if condition is _MISSING:
-        return None
-    if isinstance(condition, Mapping):
-        if set(condition) == {"$in"} and isinstance(condition["$in"], (list, tuple)):
-            values = list(condition["$in"])
-        elif set(condition) == {"$eq"}:
-            values = [condition["$eq"]]
-        else:
-            return None
-    else:
-        values = [condition]
-    if any(isinstance(v, (list, tuple, dict)) or v is None for v in values):
-        return None  # null also matches a missing field; arrays match elements: mongomock's
-    return list(dict.fromkeys(values))  # a value named twice is one range, walked once
+        return (99, repr(document_id), document_id)
 
 
 class IndexSet:
-    """The ordered indexes of one collection, shared by every wrapper of it."""
+    """The indexes of one collection, shared by every wrapper of it, and the documents its
+    queries examined."""
 
     def __init__(self) -> None:
-        self._indexes: dict[str, OrderedIndex] = {}
+        self._indexes: dict[str, OrderedIndex | HashIndex] = {}
+        self.examined = 0
 
     def declare(self, name: str, keys: Sequence[tuple[str, int]], documents: Any) -> None:
         if name in self._indexes or name == "_id_":
             return
-        index = OrderedIndex(keys)
+        index: OrderedIndex | HashIndex
+        index = HashIndex(keys[0][0]) if len(keys) == 1 else OrderedIndex(keys)
         for document in documents:
             index.add(document)
         self._indexes[name] = index
+
+    def holds(self, field: str, value: Any) -> bool | None:
+        """Whether a document holds ``value`` in ``field`` (None: no hash index of that field
+        can tell, or the value is not one it keeps)."""
+        for index in self._indexes.values():
+            if isinstance(index, HashIndex) and index.field == field:
+                return index.holds(value)
+        return None
 
     def drop(self, name: str) -> None:
         self._indexes.pop(name, None)
 
     def changed(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
+        written = after if after is not None else before
+        id_key = None if written is None else _id_key(written["_id"])  # shared by the entries
         for index in self._indexes.values():
             if before is not None and after is not None:
-                index.replace(after)
+                index.replace(after, id_key)
                 continue
             if before is not None:
-                index.remove(before["_id"])
+                index.remove(before["_id"], id_key)
             if after is not None:
-                index.add(after)
+                index.add(after, id_key)
 
     def exact(self, query: Mapping[str, Any]) -> Iterator[Any] | None:
         """The ids of exactly the documents matching ``query``, when it is equalities (or
@@ -307,7 +366,7 @@ class IndexSet:
         only those, so the filter need not be tested on each (mongomock's ``$in`` walks its
         list for every document: a read of 5,000 keys compared 25 million pairs)."""
         if not all(
-            (values := _equality_values(condition)) is not None
+            (values := equality_values(condition)) is not None
             and all(type(value) is str for value in values)
             for condition in query.values()
         ):
@@ -329,7 +388,7 @@ class IndexSet:
         """The scan of the index with the longest equality prefix: (its depth, the ids)."""
         best: tuple[int, Iterator[Any]] | None = None
         for index in self._indexes.values():
-            if index.unindexed:
+            if isinstance(index, OrderedIndex) and index.unindexed:
                 continue
             planned = index.scan(query, sort)
             if planned is not None and (best is None or planned[0] > best[0]):

@@ -10,12 +10,10 @@ it is slower than it needs to be. Applied once, on import of the memory backend.
   evaluates its operands once, and an array literal's plain strings and numbers are taken
   as they are;
 - documents are copied by `document_copy` (dicts, lists and mongomock's stored OrderedDicts
-  rebuilt, immutable values shared), where mongomock used `copy.deepcopy`;
-- a query by ``_id`` alone (or ``_id`` ``$in`` a list) reads those documents, as the server's
-  ``_id`` index does, instead of testing every document of the collection (the memory
-  backend looks each written document up by ``_id`` before and after the write, for its
-  change feed); any other query tests only the candidates of a declared index when one
-  applies (`ordered_index`).
+  rebuilt, immutable values shared), where mongomock used `copy.deepcopy`.
+
+Reads by index are not here: they belong to the memory server's own collections alone
+(`indexed`).
 """
 
 from __future__ import annotations
@@ -25,18 +23,13 @@ import copy
 import datetime as dt
 import functools
 import numbers
-from collections.abc import Iterator
 from typing import Any
 
 from bson import Int64, ObjectId
 from mongomock import aggregate as mongomock_aggregate
 from mongomock import collection as mongomock_collection
 from mongomock import helpers as mongomock_helpers
-from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure
-
-# The attribute of a mongomock collection store that holds its ordered indexes.
-INDEX_SET_ATTRIBUTE = "_mscheduler_ordered_indexes"
 
 _original_arithmetic = mongomock_aggregate._Parser._handle_arithmetic_operator
 
@@ -198,12 +191,22 @@ def datetimes_as_stored(value: Any) -> Any:
     if kind is list or kind is tuple:
         return [datetimes_as_stored(item) for item in value]
     if kind is dt.datetime:
+        global _latest_date
+        if _latest_date[0] is value:  # a write's `now`, in several fields: one stored object
+            return _latest_date[1]
         millis = value.microsecond // 1000 * 1000
         if value.tzinfo is not None:
             offset = value.utcoffset() or dt.timedelta(0)
-            return (value - offset).replace(tzinfo=None, microsecond=millis)
-        return value.replace(microsecond=millis)
+            stored = (value - offset).replace(tzinfo=None, microsecond=millis)
+        else:
+            stored = value.replace(microsecond=millis)
+        _latest_date = (value, stored)
+        return stored
     return _original_datetime_patch(value)  # OrderedDict, subclasses, Timestamp, ...
+
+
+# The latest date converted (datetimes are immutable: sharing the result is safe).
+_latest_date: tuple[Any, Any] = (None, None)
 
 
 def _documents_as_stored(value: Any) -> Any:
@@ -227,55 +230,6 @@ mongomock_aggregate._Parser._handle_projection_operator = _literal_as_stored  # 
 mongomock_aggregate._Parser.parse = _parse_by_dispatch  # type: ignore[method-assign]
 mongomock_aggregate._Parser._handle_boolean_operator = _and_stops_at_false  # type: ignore[method-assign]
 mongomock_aggregate._PIPELINE_HANDLERS["$unset"] = _unset_stage
-
-
-_original_iter_documents = mongomock_collection.Collection._iter_documents
-
-
-_HASHABLE_IDS = (ObjectId, str, int)  # compare as they hash; floats and documents do not
-
-
-@functools.wraps(_original_iter_documents)
-def _iter_documents_indexed(self: Any, filter: Any) -> Iterator[Any]:
-    """The documents that may match ``filter``: by ``_id`` when it names them, else the
-    candidates of an ordered index (`ordered_index.IndexSet`) when one applies, else all."""
-    if type(filter) is not dict:
-        return _original_iter_documents(self, filter)
-    store = self._store
-    wanted = filter.get("_id")
-    if type(wanted) in _HASHABLE_IDS:
-        if wanted not in store:
-            return iter([])
-        if len(filter) == 1:
-            return iter([store[wanted]])
-        # `_id` and more (a batched claim's write): that one document, tested.
-        return iter([store[wanted]] if filter_applies(filter, store[wanted]) else [])
-    if (
-        len(filter) == 1
-        and "_id" in filter
-        and (
-            type(wanted) is dict
-            and list(wanted) == ["$in"]
-            and all(type(one) in _HASHABLE_IDS for one in wanted["$in"])
-        )
-    ):
-        return iter([store[one] for one in dict.fromkeys(wanted["$in"]) if one in store])
-    index_set = getattr(store, INDEX_SET_ATTRIBUTE, None)
-    if index_set is not None:
-        exact = index_set.exact(filter) if filter and "_id" not in filter else None
-        if exact is not None:
-            return iter([store[one] for one in list(exact) if one in store])
-        candidates = index_set.candidates(filter, None)
-        if candidates is not None:
-            return (
-                store[one]
-                for one in list(candidates)
-                if one in store and filter_applies(filter, store[one])
-            )
-    return _original_iter_documents(self, filter)
-
-
-mongomock_collection.Collection._iter_documents = _iter_documents_indexed  # type: ignore[method-assign]
 
 
 # Values that no write changes in place: a copy of a document may share them with the original.

@@ -19,21 +19,22 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mongomock.filtering import filter_applies
 from mongomock_motor import AsyncMongoMockClient
 from pymongo import IndexModel
 from pymongo.errors import OperationFailure, WriteError
 from pymongo.results import UpdateResult
 
-from . import patches  # applied on import: what mongomock lacks
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .index_plan import index_serves
+from .indexed import adopt, walk
+from .inserts import insert_new, inserted_by, stored_copy
 from .limits import refuse_insert, refuse_update
 from .ordered_index import IndexSet
 from .replies import AggregateCursor, MemoryDatabase
 
 NO_QUERY_EXECUTION_PLANS = 291
+_NONE = object()
 
 
 # ---------------------------------------------------------------- the collection
@@ -61,6 +62,7 @@ class MemoryCollection:
         self.name: str = inner.name
         self.full_name: str = inner.full_name
         self._indexes = indexes  # shared by every wrapper of this collection
+        self._store = inner._store  # mongomock's documents by _id
         self._ordered = ordered  # likewise
 
     # -- indexes
@@ -82,6 +84,12 @@ class MemoryCollection:
         await self._inner.drop_index(name)
         self._ordered.drop(name)
         self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
+
+    @property
+    def docs_examined(self) -> int:
+        """Documents this collection's queries have tested against their filters so far (of
+        every wrapper of it), as ``explain``'s ``totalDocsExamined`` counts them."""
+        return self._ordered.examined
 
     @property
     def database(self) -> MemoryDatabase:
@@ -119,21 +127,7 @@ class MemoryCollection:
         return self._inner.find(filter or {}, projection, sort=sort, limit=limit, skip=skip)
 
     def _walk(self, filter: Mapping[str, Any], sort: Any, limit: int) -> list[Any] | None:
-        """The first ``limit`` matches in ``sort`` order, walking a declared index and stopping
-        there, as an index scan does (None: no index gives that order)."""
-        order = [(field, int(direction)) for field, direction in sort or ()]
-        candidates = self._ordered.candidates(filter, order)
-        if candidates is None:
-            return None
-        filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
-        store = self._inner._store
-        found: list[Any] = []
-        for one in candidates:
-            if one in store and filter_applies(filter, store[one]):
-                found.append(one)
-                if len(found) >= limit:
-                    break
-        return found
+        return walk(self._ordered, self._store, filter, sort, limit)
 
     async def find_one(
         self, filter: Mapping[str, Any] | None = None, projection: Any = None, **kwargs: Any
@@ -203,8 +197,16 @@ class MemoryCollection:
     async def insert_one(self, document: dict[str, Any], **_: Any) -> Any:
         refuse_insert(document)
         result = await self._inner.insert_one(document)
-        self._emit(None, await self._inner.find_one({"_id": result.inserted_id}))
+        self._emit(None, self._stored(result.inserted_id))
         return result
+
+    async def _insert_new(self, document: dict[str, Any]) -> Any:
+        return await insert_new(self, document)
+
+    def _stored(self, document_id: Any) -> dict[str, Any]:
+        """The document as stored, read back after a write for the change feed and the
+        indexes: what ``find_one`` by ``_id`` returns, without a cursor."""
+        return stored_copy(self._store, document_id)
 
     async def find_one_and_update(
         self,
@@ -290,6 +292,10 @@ class MemoryCollection:
             changed = before is not None and before != after
             return UpdateResult({"n": int(before is not None), "nModified": int(changed)}, True)
         befores = await self._matching(filter, many)
+        document = inserted_by(filter, update) if upsert and not befores else None
+        if document is not None:
+            inserted_id = await self._insert_new(document)
+            return UpdateResult({"n": 1, "nModified": 0, "upserted": inserted_id}, True)
         if not befores:
             result = await self._inner.update_one(filter, update, upsert=upsert)
             if result.upserted_id is not None:
@@ -343,6 +349,9 @@ class MemoryCollection:
         return result
 
     async def _matching(self, filter: Mapping[str, Any], many: bool) -> list[dict[str, Any]]:
+        exact = self._ordered.exact(filter) if filter and "_id" not in filter else None
+        if exact is not None and next(exact, _NONE) is _NONE:
+            return []  # the index has none: an upsert's usual case (a new key)
         cursor = self._inner.find(filter, limit=0 if many else 1)
         return [doc async for doc in cursor]
 
@@ -371,8 +380,8 @@ class MemoryServer:
         ordered = self._ordered.get(namespace)
         if ordered is None:
             ordered = self._ordered[namespace] = IndexSet()
-            # mongomock's own reads (updates, deletes, counts) take their candidates from it.
-            setattr(inner._store, patches.INDEX_SET_ATTRIBUTE, ordered)
+        # mongomock's own reads (updates, deletes, counts) take their candidates from it.
+        adopt(inner, ordered)
         beside = functools.partial(self.collection, database)
         return MemoryCollection(inner, feed, indexes, ordered, sibling=beside, **flags)
 

@@ -1,0 +1,79 @@
+"""A claim examines what it takes, whatever the backlog, as a server's index scan does.
+
+The memory backend counts the documents each query tests against its filter, as ``explain``'s
+``totalDocsExamined`` does (`MemoryCollection.docs_examined`). A claim walks the claim index in
+claim order and stops at its first matches: it examines the tasks it claims, plus those in
+front of them that it skips for a reason the index cannot see (pinned to another worker, or
+already held by this one). Memory only: the count is the memory backend's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+
+import mscheduler as ms
+from mscheduler.backends.memory.server import MemoryCollection, memory_server
+
+pytestmark = pytest.mark.anyio
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+PINNED = 7  # in front of the backlog (higher priority), pinned to another worker
+HELD = 5  # in front too: two slots each, one of them held by the claiming worker
+SKIPPED = PINNED + HELD
+
+
+async def _backlog(pending: int) -> tuple[ms.Scheduler, MemoryCollection]:
+    collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)
+    sched = ms.Scheduler(collection, clock=ms.ManualClock(T0))
+    pinned = ms.TaskOptions(priority=5, specific_worker_ids=["elsewhere"])
+    await sched.publish_many(
+        ms.TaskSpec(key=f"pinned:{n}", name="job", options=pinned) for n in range(PINNED)
+    )
+    two = ms.TaskOptions(priority=5, concurrent_worker_cnt=2)
+    await sched.publish_many(
+        ms.TaskSpec(key=f"held:{n}", name="job", options=two) for n in range(HELD)
+    )
+    for n in range(HELD):
+        assert await sched.store.claim("w1", key=f"held:{n}") is not None
+    await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(pending))
+    return sched, collection
+
+
+@pytest.mark.parametrize("pending", [50, 3_000])
+async def test_a_single_claim_examines_the_task_it_takes_and_those_it_skips(pending: int):
+    sched, collection = await _backlog(pending)
+    for n in range(3):
+        before = collection.docs_examined
+        lease = await sched.store.claim("w1", names=["job"])
+        assert lease is not None and lease.key == f"job:{n}"
+        assert collection.docs_examined - before <= 1 + SKIPPED
+
+
+@pytest.mark.parametrize("pending", [50, 3_000])
+async def test_a_batched_claim_examines_its_batch_and_those_it_skips(pending: int):
+    """Its three steps each examine at most the batch: the candidate read (plus the tasks it
+    skips), one document per conditional write, and the read of what was won by run_id."""
+    sched, collection = await _backlog(pending)
+    batch = 16
+    for round_ in range(3):
+        before = collection.docs_examined
+        leases = await sched.store.claim_many("w1", names=["job"], limit=batch)
+        assert [lease.key for lease in leases] == [
+            f"job:{n}" for n in range(round_ * batch, (round_ + 1) * batch)
+        ]
+        assert collection.docs_examined - before <= 3 * batch + SKIPPED
+
+
+async def test_the_candidate_read_stops_at_the_batch():
+    """The read of a batched claim, alone: the batch plus what it skips."""
+    from mscheduler.queries import tasks as q
+
+    _, collection = await _backlog(3_000)
+    before = collection.docs_examined
+    claim = q.claim_filter("w1", T0, names=["job"])
+    cursor = collection.find(claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=16)
+    assert len([document async for document in cursor]) == 16
+    assert collection.docs_examined - before <= 16 + SKIPPED
