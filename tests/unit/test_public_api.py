@@ -15,13 +15,13 @@ import mscheduler as ms
 INTERNAL_BUT_REACHABLE = {"HandlerSpec"}
 
 
-def test_all_names_exist_and_are_listed_once():
+def test_all_names_exist_and_are_listed_once() -> None:
     assert len(set(ms.__all__)) == len(ms.__all__)
     missing = [name for name in ms.__all__ if not hasattr(ms, name)]
     assert missing == []
 
 
-def test_every_public_class_is_exported():
+def test_every_public_class_is_exported() -> None:
     public = {
         name
         for name, value in vars(ms).items()
@@ -30,7 +30,7 @@ def test_every_public_class_is_exported():
     assert public <= set(ms.__all__)
 
 
-def test_every_exception_is_a_library_error_or_a_handler_signal_never_both():
+def test_every_exception_is_a_library_error_or_a_handler_signal_never_both() -> None:
     exceptions = {
         name: value
         for name in ms.__all__
@@ -44,7 +44,9 @@ def test_every_exception_is_a_library_error_or_a_handler_signal_never_both():
 
 
 @pytest.mark.parametrize("signal", [ms.Abort("no"), ms.RetryLater(5.0)])
-def test_a_handlers_except_mscheduler_error_does_not_swallow_its_signal(signal):
+def test_a_handlers_except_mscheduler_error_does_not_swallow_its_signal(
+    signal: ms.HandlerSignal,
+) -> None:
     """A handler guards its calls to the library with ``except ms.MSchedulerError``; the
     `Abort` or `RetryLater` it raises inside that block must still reach the consumer."""
 
@@ -66,7 +68,7 @@ def _classes_in(hint: Any, found: set[type]) -> None:
         found.add(origin)
 
 
-def test_every_type_a_public_name_hands_out_or_takes_is_exported():
+def test_every_type_a_public_name_hands_out_or_takes_is_exported() -> None:
     """What a public method returns or takes, or a public model holds, a user touches: it is
     exported, so it can be imported, annotated and found in the reference."""
     reached: set[type] = set()
@@ -90,7 +92,7 @@ def test_every_type_a_public_name_hands_out_or_takes_is_exported():
     assert unexported == INTERNAL_BUT_REACHABLE
 
 
-def test_every_exported_name_is_loaded_on_first_use():
+def test_every_exported_name_is_loaded_on_first_use() -> None:
     """The package loads its modules lazily (so the command starts fast): each name of
     ``__all__`` has a home, and nothing else is listed."""
     assert set(ms._HOMES) == set(ms.__all__) - {"__version__"}
