@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         BackendUnavailable,
         ConfigurationError,
         DependencyError,
+        HandlerSignal,
         LeaseLost,
         MSchedulerError,
         PayloadError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .models import (
         ErrorInfo,
         Lease,
+        Progress,
         PublishResult,
         StatsRow,
         Task,
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     )
     from .periodic import Schedule
     from .specs import Flow, TaskSpec, chain, chord, group
+    from .store.limits import Limit
     from .store.workers import WorkerInfo
     from .sync_scheduler import SyncScheduler
     from .worker_options import WorkerOptions
@@ -66,6 +69,7 @@ _HOMES = {
             "BackendUnavailable",
             "ConfigurationError",
             "DependencyError",
+            "HandlerSignal",
             "LeaseLost",
             "MSchedulerError",
             "PayloadError",
@@ -82,6 +86,7 @@ _HOMES = {
         (
             "ErrorInfo",
             "Lease",
+            "Progress",
             "PublishResult",
             "StatsRow",
             "Task",
@@ -94,6 +99,7 @@ _HOMES = {
     ),
     "Schedule": "periodic",
     **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
+    "Limit": "store.limits",
     "WorkerInfo": "store.workers",
     "SyncScheduler": "sync_scheduler",
     "WorkerOptions": "worker_options",
@@ -127,13 +133,16 @@ __all__ = [
     "DependencyError",
     "ErrorInfo",
     "Flow",
+    "HandlerSignal",
     "Handlers",
     "Lease",
     "LeaseLost",
+    "Limit",
     "MSchedulerError",
     "ManualClock",
     "PayloadError",
     "PreconditionFailed",
+    "Progress",
     "PublishResult",
     "RetryLater",
     "Schedule",

@@ -32,7 +32,7 @@ MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, neve
 # - ``worker_states`` keeps the running and succeeded states (at most concurrent_worker_cnt
 #   together), the states that ended in the latest write, and the last KEPT_FINISHED_STATES
 #   others (failed, timed out, released); older ones are dropped and counted in
-#   ``dropped_attempts`` / ``dropped_failures`` (issue 15 #4: 677 RetryLater once passed 16 MiB);
+#   ``dropped_attempts`` / ``dropped_failures`` (kept for ever, they outgrow 16 MiB in time);
 # - results share RESULTS_BYTES per task: each success may store MAX_RESULT_BYTES, or less when
 #   concurrent_worker_cnt successes (plus the task's ``result`` copy) would not fit;
 # - an error is at most MAX_ERROR_BYTES encoded.

@@ -1,4 +1,10 @@
-"""Every exception mscheduler raises; a driver error that caused one is its ``__cause__``."""
+"""Every exception mscheduler defines, in two families that never mix:
+
+- `MSchedulerError`: an operation of the library failed (a driver error that caused one is
+  its ``__cause__``); catch it around calls to the library.
+- `HandlerSignal`: raised by a handler to tell its consumer what to do with the task
+  (`Abort`, `RetryLater`). Not an `MSchedulerError`, so a handler's own
+  ``except MSchedulerError`` around its calls to the library never swallows one."""
 
 from __future__ import annotations
 
@@ -92,7 +98,24 @@ class StoreError(MSchedulerError):
     """MongoDB refused or failed an operation; the driver's error is in ``__cause__``."""
 
 
-class Abort(MSchedulerError):
+class TaskTimeout(MSchedulerError):
+    """Recorded as the error of an attempt that outlived ``TaskOptions.timeout_ms``: its
+    handler was cancelled, and the attempt counts as an unexpected failure. The consumer
+    raises it, not the handler (which was cancelled), so it is an `MSchedulerError`, not a
+    `HandlerSignal`; list it in ``retry_on`` for timed-out attempts to be retried."""
+
+
+class HandlerSignal(Exception):
+    """Raised by a handler to decide its task's outcome, caught by the consumer running it.
+
+    A signal, not an error of the library: it is not an `MSchedulerError`. A handler that
+    catches ``Exception`` around code that raises one must re-raise it."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class Abort(HandlerSignal):
     """Raised by a handler to end its task as failed at once: no retries, dependents cancelled."""
 
     def __init__(self, reason: str = "aborted by the handler") -> None:
@@ -100,12 +123,7 @@ class Abort(MSchedulerError):
         self.reason = reason
 
 
-class TaskTimeout(MSchedulerError):
-    """Recorded as the error of an attempt that outlived ``TaskOptions.timeout_ms``: its
-    handler was cancelled, and the attempt counts as an unexpected failure."""
-
-
-class RetryLater(MSchedulerError):
+class RetryLater(HandlerSignal):
     """Raised by a handler to put its task back, claimable again after ``delay`` seconds.
 
     Not a failure: it does not count against ``max_unexpected_retries``, only against

@@ -177,7 +177,7 @@ class TaskOptions(BaseModel):
 
     @model_validator(mode="after")
     def _tries_allow_success(self) -> TaskOptions:
-        # Issue 15 #6: concurrent_worker_cnt=2, max_tries=1 could only ever end as "fail".
+        # Each success is an attempt: fewer tries than successes needed can only end in "fail".
         if self.max_tries is not None and self.max_tries < self.concurrent_worker_cnt:
             raise ValueError(
                 f"max_tries ({self.max_tries}) must be at least concurrent_worker_cnt "

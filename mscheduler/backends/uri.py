@@ -105,7 +105,7 @@ def _open_memory(uri: str, database: str, collection: str) -> Connection:
         return options.get(option, [default])[-1].lower() in ("1", "true", "yes")
 
     _check_name("database", database)
-    # Imported here: a worker on a real server never loads mongomock (issue 13 #9).
+    # Imported here: a worker on a real server never loads mongomock (nor pays its import).
     from .memory.server import memory_server
 
     server = memory_server(parsed.netloc)

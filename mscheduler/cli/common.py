@@ -61,11 +61,11 @@ def run(
     *,
     private: Literal["note", "refuse", "fine"] = "note",
 ) -> T:
-    """Run ``work`` on the database. On a private ``memory://`` one (issue 13 #1: a published
-    task vanished with the process, a worker waited for ever on an empty database) a command
-    says so in one line (``note``), or refuses (``refuse``: a worker, a watch, which only make
-    sense on a database other processes write); the demo is ``fine`` with it. The note comes
-    after the command's output, and not after an error, which stays the one line."""
+    """Run ``work`` on the database. On a private ``memory://`` one (what is published there
+    vanishes with the process, and a worker there waits for ever on an empty database) a
+    command says so in one line (``note``), or refuses (``refuse``: a worker, a watch, which
+    only make sense on a database other processes write); the demo is ``fine`` with it. The
+    note comes after the command's output, and not after an error, which stays the one line."""
     import anyio
     from pydantic import ValidationError
     from pymongo.errors import PyMongoError

@@ -130,7 +130,7 @@ async def run_demo(sched: Scheduler, console: Console, *, emails: int = 24) -> l
             async with anyio.create_task_group() as group:
 
                 async def show_progress() -> None:
-                    # The consumers' own counters: reading 5,000 tasks ten times a second
+                    # The consumers' own counters: reading every task ten times a second
                     # once made the demo slower than its tasks.
                     while True:
                         done = sum(consumer.stats.succeeded for consumer in consumers)

@@ -1,5 +1,5 @@
 """Calling a handler: in an asyncio task of its own, so that one that ignores cancellation
-can be left behind instead of holding the consumer (issue 10 #7); a sync handler in a worker
+can be left behind instead of holding the consumer's stop for ever; a sync handler in a worker
 thread; and the hard time limit (``TaskOptions.timeout_ms``)."""
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class HandlerCalls:
     async def call(self, task: Task, may_start: Callable[[], bool]) -> Any:
         """One call of the handler, in an asyncio task of its own (it inherits the lease in
         its context). Why not just ``await handler(task)``: a handler that ignores
-        cancellation would then hold the consumer's task group, and `stop()`, for ever
-        (issue 10 #7). Here it gets ``cancel_timeout_ms`` to unwind once cancelled; past that
+        cancellation would then hold the consumer's task group, and `stop()`, for ever.
+        Here it gets ``cancel_timeout_ms`` to unwind once cancelled; past that
         it is abandoned (left to run, its outcome never written, its key not claimed again by
         this worker until it returns) and the stop goes on. ``may_start`` is asked first, in
         that task: False (the lease ran out while the task waited to run) and the handler

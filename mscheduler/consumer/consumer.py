@@ -47,7 +47,11 @@ _DEPENDENTS_GRACE_S = 10.0
 
 
 class Consumer:
-    """Claims and runs tasks of the handled names until `stop` or cancellation."""
+    """Claims and runs tasks of the handled names until `stop` or cancellation.
+
+    Exported as a type only (to annotate, to read `stats` or call `stop`): get one from
+    `Scheduler.consumer` or `Scheduler.consumers`. The constructor takes the internal store
+    and may change in any release."""
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ class ClaimHeap:
       racing a change event, an event delivered twice or out of order) changes nothing.
       Versions are compared only within one incarnation of a key (its ``_id``): a key purged
       or deleted and published again starts at version 1 with a new ``_id``, and that new task
-      is always taken in (issue 10 #1: comparing across incarnations hid it for ever).
+      is always taken in (compared with the old incarnation's versions, it could be hidden).
     - Never more than ``bound`` entries: past it the latest are dropped and ``overflowed`` is
       set, so the fetcher knows to look again once the heap drains.
     """
@@ -128,7 +128,7 @@ class ClaimHeap:
     def _compact(self) -> None:
         """Drop superseded pairs. Each re-offer of a key (a ping event of a running task)
         leaves its old pair behind, and only the top is cleaned as it surfaces: without this a
-        busy consumer's heap grew by one pair per observed ping (issue 10 #9). Rebuilding once
+        busy consumer's heap would grow by one pair per observed ping, unbounded. Rebuilding once
         the heap is twice the live size keeps it O(bound), at O(1) amortised per offer."""
         self._heap = [(when, key) for key, when in self._entries.items()]
         heapq.heapify(self._heap)

@@ -65,8 +65,8 @@ WAS_DEPENDENTS_NOTIFIED = "_was_dependents_notified"
 
 
 def wakes_consumers(now: dt.datetime) -> Document:
-    """Whether this write can give a consumer something to do (issue 12 #3: a consumer was
-    woken by every ping of every task of its names):
+    """Whether this write can give a consumer something to do (woken by every write, a
+    consumer would wake for every ping of every task of its names):
 
     - ``next_claim_at`` appeared (pending again: a retry, a dependency done), moved earlier
       (a slot freed), or an attempt ended in this write and the task is still to run (a

@@ -198,8 +198,8 @@ _ENDED = (FAIL, TIMEOUT, RELEASED)
 
 
 def trim_history(run_id: str | None) -> Pipeline:
-    """Bound ``worker_states`` (issue 15 #4: each ``RetryLater`` or release added a state for
-    ever, until the document passed 16 MiB and every write of the task was refused).
+    """Bound ``worker_states``: unbounded, each ``RetryLater`` or release would add a state
+    for ever, until the document passed 16 MiB and every write of the task was refused.
 
     Kept: the running and succeeded states (the claim needs them: a worker never runs a task it
     succeeded, and slots are counted from them), the writer's own state (``run_id``: it reads
@@ -266,7 +266,8 @@ def trim_history(run_id: str | None) -> Pipeline:
 
 
 def failure_error(running: Document) -> Document:
-    """Why a failed task failed, never null (issue 15 #6): the last attempt's own error when
+    """Why a failed task failed, never null (a failure with no reason cannot be acted on):
+    the last attempt's own error when
     the attempts ran out on it or a handler failed; ``TriesExhausted`` when ``max_tries`` ran
     out on an attempt that did not fail (a ``RetryLater``, or a success short of
     ``concurrent_worker_cnt``)."""

@@ -3,11 +3,10 @@
 Pure functions that build documents; `store.py` executes them. Written for MongoDB >= 6.0.
 Time is always a client-side ``now`` (an injectable clock); ``$$NOW`` is never used.
 
-The operator vocabulary, kept small so the memory backend runs the very same documents:
-- query: ``$in $nin $lte $gt $ne $elemMatch $nor $or $size $expr``
-- expressions: ``$let $filter $map $cond $switch $size $add $eq $lt $lte $gt $gte $and $in
-  $min $max $ifNull $arrayElemAt $concatArrays $literal``
-- updates: aggregation-pipeline ``$set`` stages; classic ``$set $setOnInsert $inc``.
+The operator vocabulary is `constants.OPERATORS` (the one list, with the traps kept out and
+why), kept small so every engine runs the very same documents the same way;
+tests/unit/test_query_builders.py checks that every builder keeps to it. Updates are
+aggregation-pipeline ``$set`` stages, or classic ones where a pipeline is not needed.
 
 Every value that comes from a caller (worker ids, run ids, results, errors) enters a pipeline
 update through ``$literal``, so a string such as ``"$x"`` is stored, never read as a path.
@@ -288,7 +287,7 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
     lease that may expire or a free slot), earliest first: the consumer's heap is filled from
     these. Tasks pinned to other workers, and those it already succeeded, are left out on the
     server: a backlog of them used to fill every fetch, leave the heap empty, and make the
-    consumer fetch again at once, for ever (issue 10 #5)."""
+    consumer fetch again at once, for ever."""
     return {
         "name": {"$in": list(names)},
         "state": {"$in": CLAIMABLE},
@@ -352,7 +351,7 @@ LIST_SORT: list[tuple[str, int]] = [("_id", -1)]  # newest first
 def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Document:
     """Finished before the cutoff, and with every dependent told of the outcome: a task whose
     dependents were not told yet (its writer crashed or lost the network in between) is kept
-    until recovery has told them, or they would wait for it for ever (issue 10 #2)."""
+    until recovery has told them, or they would wait for it for ever."""
     return {
         "state": {"$in": list(states)},
         "finished_at": {"$lt": finished_before},

@@ -131,8 +131,8 @@ async def _publish_flat(
     store: TaskStore, specs: Sequence[Prepared], existing: Mapping[str, Task]
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
-    idempotent upserts (issue 12: one round trip per task made ``publish_many`` of 5,000
-    tasks take seconds). A key a concurrent publish inserted in between is matched, not
+    idempotent upserts (one round trip per task would make a large ``publish_many`` wait
+    on the network once per task). A key a concurrent publish inserted in between is matched, not
     inserted again (the upsert and the unique ``key`` index), and read back as existing."""
     now = store.clock.now()
     trace_context = tracing.carrier()  # the batch's span: one for every task of it

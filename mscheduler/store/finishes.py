@@ -1,6 +1,6 @@
-"""Group commit of finishes (issue 12): outcomes written while another write of them is in
-flight go out together, as one unordered bulk write and one read, instead of one round trip
-each.
+"""Group commit of finishes: outcomes written while another write of them is in flight go
+out together, as one unordered bulk write and one read, instead of one round trip each (at
+saturation, round trips are what limits the rate).
 
 No timer: a finish that finds nothing in flight is sent at once, alone, as the single fenced
 ``find_one_and_update`` it always was (so a lone task's latency is unchanged); finishes that

@@ -114,7 +114,8 @@ class Flows:
         """Tasks deleted (by a commit) while others wait for them: the waiting ones are told
         the dependency is gone, as if it had failed: cancelled with a reason naming it, or run
         with ``on_dependency_failure="run"``. Never left blocked on a key that no longer
-        exists (issue 10 #2). Dependents deleted in the same commit are simply gone."""
+        exists: nothing would ever tell them. Dependents deleted in the same commit are
+        simply gone."""
         for key in keys:
             now = self._store.clock.now()
             await self._store.collection.update_many(
@@ -184,7 +185,8 @@ class Flows:
         """An edge before→after closes a cycle when ``before`` already (transitively, with
         the other new edges) depends on ``after``. Every entry point that gives an existing
         key dependencies asks this first: `add_dependencies`, `replace` and a commit that
-        replaces a key (issue 15 #5: replace once made two tasks wait for each other)."""
+        replaces a key (a replace that skipped it could make two tasks wait for each other
+        for ever)."""
         added: dict[str, set[str]] = {}
         known: dict[str, list[str]] = {}
         for before, after in edges:

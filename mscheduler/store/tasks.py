@@ -83,7 +83,7 @@ class TaskStore(StoreBase):
         If telling them fails on the network, the write itself has landed: raising would make
         the caller retry a write that is done (a finish would then see `LeaseLost`). The task
         stays ``dependents_notified: false`` and is owed instead: `recover_dependents` retries it (a
-        consumer does, with backoff, without waiting for a restart: issue 10 #3)."""
+        consumer does, with backoff, without waiting for a restart, so none stays owed)."""
         if task.dependents_notified is False:
             try:
                 await self.flows.notify(task)

@@ -215,7 +215,7 @@ def _documents_as_stored(value: Any) -> Any:
     it is not walked, its dates are converted as the pipeline is evaluated
     (`_basic_expression_with_arrays`, `_literal_as_stored`). A claim's or a finish's
     pipeline has about a thousand nodes, and walking each one before evaluating it was a
-    quarter of the memory backend's time per task (issue 12)."""
+    large share of the memory backend's time per task (see bench/README.md)."""
     if type(value) is list:
         return value
     return datetimes_as_stored(value)
