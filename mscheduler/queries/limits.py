@@ -61,6 +61,14 @@ def acquire(
     return {"_id": name, "$expr": allowed}, [update]
 
 
+def start(name: str, token: str, now: dt.datetime) -> tuple[Document, Pipeline]:
+    """Count one more start for ``name`` (a local retry of a handler whose slot is held), if
+    its rate allows one now; a name without a rate takes it always."""
+    entry = {"id": literal(token), "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}}
+    update = {"$set": {"starts": {"$concatArrays": [_live("starts", now), [entry]]}}}
+    return {"_id": name, "$expr": _within("rate", "starts", now)}, [update]
+
+
 def give_back(name: str, token: str) -> tuple[Document, Document]:
     """A token whose claim found nothing: neither a start nor a slot was used."""
     return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
