@@ -9,7 +9,8 @@
 - claimer: while a slot is free and something is due, claims the best task of its names
   (server-side: priority, then age); a limited name's under a token (`quotas.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
-- controls (`controls.py`): schedules, expiry, paused names, limits; idle, 4 reads a minute.
+- controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names and
+  limits, re-read on each change (a stream, or every poll interval).
 """
 
 from __future__ import annotations
