@@ -45,8 +45,8 @@ class WorkerOptions(BaseModel):
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
     schedule_refresh_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     """How often a consumer looks for new schedules of its names (it wakes for the next
-    occurrence of those it knows on its own), and re-reads its names' limits and expired
-    tasks: the four reads a minute an idle consumer makes."""
+    occurrence of those it knows on its own), and ends its names' expired tasks: the three
+    reads a minute an idle consumer makes (limits and paused names are watched instead)."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every

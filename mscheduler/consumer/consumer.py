@@ -9,7 +9,8 @@
 - claimer: while a slot is free and something is due, claims the best task of its names
   (server-side: priority, then age); a limited name's under a token (`quotas.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
-- controls (`controls.py`): schedules, expiry, paused names, limits; idle, 4 reads a minute.
+- controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names and
+  limits, re-read on each change (a stream, or every poll interval).
 """
 
 from __future__ import annotations
@@ -68,8 +69,15 @@ class Consumer:
         self._heap = ClaimHeap(self.options.heap_size)
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
+        self._quotas = Quotas(store)
         self._executor = Executor(
-            store, self._specs, self.options, self._clock, self.stats, self._slot_freed
+            store,
+            self._specs,
+            self.options,
+            self._clock,
+            self.stats,
+            self._slot_freed,
+            self._quotas.restart,
         )
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
@@ -79,10 +87,7 @@ class Consumer:
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
-        self._quotas = Quotas(store)
-        self._controls = Controls(
-            store, self.names, self.options, self._fetch, self._quotas.refresh
-        )
+        self._controls = Controls(store, self.names, self.options, self._fetch, self._limits)
 
     @property
     def polling(self) -> bool:
@@ -151,7 +156,7 @@ class Consumer:
             self._executor.bind(task_group)
             self._quotas.bind(task_group)
             await task_group.start(self._listener.run)  # the stream is open before the fetch
-            await self._quotas.refresh(self.names)
+            await task_group.start(self._controls.limit_loop)  # limits known before the fetch
             await self._fetch()
             task_group.start_soon(self._quotas.extend_loop)
             task_group.start_soon(self._executor.ping_loop)
@@ -164,6 +169,7 @@ class Consumer:
             await self._stop_requested.wait()
             claiming.cancel()
             await self._executor.shutdown()
+            await self._quotas.drain()  # the slots of the runs that just ended are released
             task_group.cancel_scope.cancel()
         log.info(
             "consumer stopped",
@@ -272,6 +278,17 @@ class Consumer:
 
     # ------------------------------------------------------------ claiming
 
+    async def _limits(self) -> None:
+        """Read our names' limits (`Controls.limit_loop`: at start and on each change): the
+        due keys of a name whose limit changed are tried at once, whatever window they were
+        waiting for (a removed or raised limit lets them start now)."""
+        changed = await self._quotas.refresh(self.names)
+        if changed:
+            now = self._clock.now()
+            for key in self._quotas.keys_of(changed):
+                self._heap.nudge(key, now)
+            self._wake.set()
+
     def _slot_freed(self, key: str, written: bool) -> None:
         self._quotas.ended(key)
         if not written:
@@ -327,8 +344,10 @@ class Consumer:
             for name, keys in limited.items():  # each under a token (`Quotas`)
                 room = min(len(keys), self._executor.free_slots - len(leases))
                 running = [*self._executor.running_keys, *(lease.key for lease in leases)]
-                got, blocked = await self._quotas.claim_up_to(self.worker_id, name, room, running)
-                leases += got
+                # Each lease won joins ``leases`` at once: a failure later in the call loses none.
+                blocked = await self._quotas.claim_up_to(
+                    self.worker_id, name, room, running, leases
+                )
                 if blocked is not None:  # its due keys wait until the window frees
                     self.stats.record("limited", name)
                     self._heap.postpone_all(keys, blocked)
@@ -380,18 +399,18 @@ class Consumer:
         self._executor.start(lease)
 
     async def _recover_uncertain_claims(self) -> None:
-        """Claims whose reply and look-up were both lost: each may be a lease of ours. Resolved
-        before any new claim, so a recovered one runs while its lease lives."""
-        while self._uncertain_runs:
-            run_id = self._uncertain_runs[0]
-            lease = await self._store.find_claim(self.worker_id, run_id)
-            self._uncertain_runs.pop(0)
+        """Claims whose leases may have landed unseen (`ClaimUncertain`): looked up in one read
+        before any new claim, so each recovered lease runs while it lives, under its token if
+        its name is limited."""
+        run_ids = list(self._uncertain_runs)
+        leases = await self._store.find_claims(self.worker_id, run_ids)
+        del self._uncertain_runs[: len(run_ids)]
+        self._quotas.recovered(run_ids, leases)
+        for lease in leases:
             # A lease too close to its expiry is refused by the executor as its handler is
             # about to start (`Executor._may_start`), like any claim that waited too long.
-            if lease is not None and lease.key not in self._executor.running_keys:
-                log.info(
-                    "a claim whose reply was lost is recovered",
-                    extra={"action": "claim_recovered", "key": lease.key, "run_id": run_id},
-                )
-                self._start(lease)
-                return
+            log.info(
+                "a claim whose reply was lost is recovered",
+                extra={"action": "claim_recovered", "key": lease.key, "run_id": lease.run_id},
+            )
+            self._start(lease)

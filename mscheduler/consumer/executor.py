@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -89,6 +89,7 @@ class Executor:
         clock: Clock,
         stats: ConsumerStats,
         on_slot_freed: Callable[[str, bool], None],
+        before_retry: Callable[[Task], Awaitable[None]],
     ) -> None:
         self._store = store
         self._handlers = handlers
@@ -96,6 +97,7 @@ class Executor:
         self._clock = clock
         self._stats = stats
         self._on_slot_freed = on_slot_freed
+        self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
@@ -104,7 +106,8 @@ class Executor:
 
     @property
     def free_slots(self) -> int:
-        return self._options.max_running - len(self._running)
+        """An abandoned handler still runs: it keeps its slot until it returns."""
+        return self._options.max_running - len(self.running_keys)
 
     @property
     def running_keys(self) -> list[str]:
@@ -167,12 +170,19 @@ class Executor:
                 self._idle.set()
             # A run that ended without writing (lease lost or expired, outcome not recorded)
             # produced no change event: the key must be looked at again, or it would wait
-            # for some other write to it (it was excluded from claims while it ran).
-            self._on_slot_freed(key, written)
+            # for some other write to it (it was excluded from claims while it ran). An
+            # abandoned handler frees its slots (ours, its name's) only once it returns.
+            abandoned = self._calls.abandoned.get(key)
+            if abandoned is None:
+                self._on_slot_freed(key, written)
+            else:
+                abandoned.add_done_callback(lambda _: self._on_slot_freed(key, written))
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
+            if attempt:
+                await self._before_retry(task)
             try:
                 return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
             except (Abort, RetryLater) as exc:
