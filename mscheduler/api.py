@@ -327,7 +327,8 @@ class Scheduler:
         ``skip_if_running``: no occurrence while the previous one has not ended.
         ``catch_up`` after downtime: ``latest`` runs the last missed occurrence, ``all`` each
         one, ``none`` none. ``jitter``: each start is delayed by up to that much. The same
-        id again replaces the schedule."""
+        id again changes nothing if the schedule is the same, and keeps its state (last
+        occurrence, anchor, next occurrence) as far as a change allows (`reregistered`)."""
         schedule = new_schedule(
             schedule_id,
             name=name,

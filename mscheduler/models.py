@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal
 
 from bson import ObjectId
@@ -332,21 +332,32 @@ class Task(BaseModel):
         """Claims made in all, those whose states were dropped from the history included."""
         return len(self.worker_states) + self.dropped_attempts
 
-    def next_claim_for(self, worker_id: str, now: dt.datetime) -> dt.datetime | None:
-        """When ``worker_id`` might claim this task (None: not as things stand).
+    def next_claim_for(
+        self, worker_id: str, now: dt.datetime, held: Collection[str] = ()
+    ) -> dt.datetime | None:
+        """When ``worker_id`` might claim this task (None: not as things stand). ``held``: the
+        run_ids the caller runs now.
 
         The client-side half of the claim filter, used only to decide what to try: the claim
-        itself re-checks everything atomically on the server."""
+        itself re-checks everything atomically on the server. A live state of ``worker_id``
+        that the caller does not hold is a previous life's (a restart under the same id): like
+        any lease, it ends at its expiry, which no write announces, so it gives a time to try
+        again, never None (the task would wait for some unrelated write for ever)."""
         if self.state not in CLAIMABLE_STATES or self.deps_pending:
             return None
         if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:
             return None
+        when = self.next_claim_at
         for ws in self.worker_states:
-            if ws.worker_id == worker_id and (
-                ws.state is WorkerStateKind.SUCCESS or ws.is_live(now)
-            ):
+            if ws.worker_id != worker_id:
+                continue
+            if ws.state is WorkerStateKind.SUCCESS or (ws.is_live(now) and ws.run_id in held):
                 return None
-        return self.next_claim_at
+            if ws.is_live(now) and ws.ping_expire_at is not None:
+                # The claim refuses a worker its second live state of a task, whichever life
+                # holds the first: claimable by us once that one expires.
+                when = ws.ping_expire_at if when is None else max(when, ws.ping_expire_at)
+        return when
 
 
 class StatsRow(BaseModel):

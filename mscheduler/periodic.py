@@ -55,9 +55,10 @@ class Schedule(BaseModel):
     jitter_ms: int = Field(default=0, ge=0, le=86_400_000)
     anchor: UtcDatetime  # every_ms counts from here; cron ignores it
     next_at: UtcDatetime  # the next occurrence not yet handled
-    last_key: str | None = None  # the task of the last occurrence published
+    last_key: str | None = None  # the task of the latest occurrence published
     created_at: UtcDatetime
     updated_at: UtcDatetime
+    version: int = 0  # + 1 at every write: a registration writes only the version it read
 
     @field_validator("id")
     @classmethod
@@ -188,10 +189,66 @@ def new_schedule(
     return draft.model_copy(update={"next_at": draft.after(now)})
 
 
+# What a registration defines; the other fields are the schedule's state, which it keeps.
+_DEFINITION = (
+    "name",
+    "cron",
+    "every_ms",
+    "timezone",
+    "payload",
+    "options",
+    "skip_if_running",
+    "catch_up",
+    "jitter_ms",
+)
+
+
+def _times(schedule: Schedule) -> tuple[Any, ...]:
+    """What decides the occurrences' times (cron ignores the anchor, every the timezone)."""
+    if schedule.cron is not None:
+        return ("cron", schedule.cron, schedule.timezone)
+    return ("every", schedule.every_ms)
+
+
+def reregistered(stored: Schedule, wanted: Schedule, now: dt.datetime) -> Schedule:
+    """``wanted`` (`new_schedule`, anchored at ``now``) registered over ``stored``, the same id:
+    ``stored`` itself when nothing of the definition changed. A change keeps the schedule's
+    state: its ``anchor`` (an ``every`` keeps its phase), ``last_key`` (``skip_if_running``
+    still sees the occurrence that runs) and ``next_at`` (occurrences missed meanwhile are
+    caught up). Only a change of the occurrences' times (``cron``, ``timezone`` of a cron,
+    ``every``) moves ``next_at``: to the new times' first one not before the first unhandled
+    occurrence, or after ``now`` if that one is still to come."""
+    before, after = schedule_document(stored), schedule_document(wanted)
+    if all(before[field] == after[field] for field in _DEFINITION):
+        return stored
+    kept = {
+        "anchor": stored.anchor,
+        "last_key": stored.last_key,
+        "created_at": stored.created_at,
+        "next_at": stored.next_at,
+        "updated_at": now,
+        "version": stored.version,
+    }
+    merged = wanted.model_copy(update=kept)
+    if _times(merged) != _times(stored):
+        # ``after`` is strictly after: one millisecond back keeps an occurrence at next_at.
+        since = min(stored.next_at - dt.timedelta(milliseconds=1), now)
+        merged = merged.model_copy(update={"next_at": merged.after(since)})
+    return merged
+
+
 def schedule_document(schedule: Schedule) -> dict[str, Any]:
     document = schedule.model_dump(by_alias=True)
     document["options"] = schedule.options.to_document()
     return document
 
 
-__all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "CatchUp", "Schedule", "due", "new_schedule"]
+__all__ = [
+    "MAX_CATCH_UP",
+    "MISFIRE_GRACE",
+    "CatchUp",
+    "Schedule",
+    "due",
+    "new_schedule",
+    "reregistered",
+]

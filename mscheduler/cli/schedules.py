@@ -47,7 +47,7 @@ def add(
     catch_up: Annotated[str, typer.Option(help="After downtime: latest, all or none.")] = "latest",
     jitter: Annotated[str | None, typer.Option(help="Delay each start by up to, e.g. 30s.")] = None,
 ) -> None:
-    """Add a schedule (or replace the one with this ID)."""
+    """Add a schedule, or change the one with this ID (its state is kept: README)."""
     body = parse_json(payload, "payload")
     interval = parse_duration(every, "every") if every else None
     spread = parse_duration(jitter, "jitter") if jitter else None

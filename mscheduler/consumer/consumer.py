@@ -204,7 +204,10 @@ class Consumer:
         self._offer(task)
 
     def _offer(self, task: Task) -> None:
-        when = self._quotas.offered(task, task.next_claim_for(self.worker_id, self._clock.now()))
+        held = self._executor.held_runs
+        when = self._quotas.offered(
+            task, task.next_claim_for(self.worker_id, self._clock.now(), held)
+        )
         if self._heap.offer(task.key, when, task.version, task.id):
             self._wake.set()
 
@@ -387,8 +390,9 @@ class Consumer:
             return
         now = self._clock.now()
         self._quotas.forget(keys)  # `_offer` notes again those that go back in the heap
+        held = self._executor.held_runs
         for task in tasks:
-            when = task.next_claim_for(self.worker_id, now)
+            when = task.next_claim_for(self.worker_id, now, held)
             if when is not None and when > now:
                 self._offer(task)
 

@@ -114,6 +114,12 @@ class Executor:
         """Keys this worker must not claim: running, or abandoned and still running."""
         return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
 
+    @property
+    def held_runs(self) -> set[str]:
+        """The run_ids of the leases this worker runs now: a live state of its worker_id with
+        another run_id belongs to a previous life (a restart under the same id)."""
+        return {entry.lease.run_id for entry in self._running.values()}
+
     def _may_start(self, entry: _Running) -> bool:
         """Checked as the handler is about to start: a claim whose handler waited (the loop
         blocked) until the lease ran out must not start, as another worker may hold it now."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from .stages import Document
+from .stages import Document, Pipeline
 
 
 def by_id(schedule_id: str) -> Document:
@@ -25,18 +25,45 @@ NEXT_SORT: list[tuple[str, int]] = [("next_at", 1)]
 INDEXES = [("name_next_at", [("name", 1), ("next_at", 1)])]
 
 
+def at_version(schedule_id: str, version: int) -> Document:
+    """A registration writes the schedule it read, or nothing: an occurrence advanced or a
+    registration made meanwhile (each bumps ``version``) is never undone by it."""
+    return {"_id": schedule_id, "version": version}
+
+
 def advance(
     schedule_id: str,
     handled: dt.datetime,
     next_at: dt.datetime,
     last_key: str | None,
     now: dt.datetime,
-) -> tuple[Document, Document]:
-    """Move past the occurrences up to ``handled``, unless another worker did already (the
-    filter names the ``next_at`` this worker read): the occurrences' tasks were published
-    first, so a worker that dies in between leaves them to the next one, which publishes
-    the same keys again, idempotently."""
-    update: Document = {"next_at": next_at, "updated_at": now}
-    if last_key is not None:
-        update["last_key"] = last_key
-    return {"_id": schedule_id, "next_at": handled}, {"$set": update}
+) -> tuple[Document, Pipeline]:
+    """Move past the occurrences up to ``handled``, unless another worker did already
+    (``next_at`` is no longer the ``handled`` this worker read): the occurrences' tasks were
+    published first, so a worker that dies in between leaves them to the next one, which
+    publishes the same keys again, idempotently.
+
+    ``last_key`` is recorded even by a worker that lost the advance: two workers at once may
+    disagree on an occurrence (one saw the previous one still running and skipped it, the
+    other saw it ended and published it), and ``skip_if_running`` must see the one published.
+    So ``last_key`` only moves to a later occurrence, whoever writes it (keys of one schedule
+    order as their times: the same id, then a fixed-width UTC time)."""
+    advanced = {"$eq": ["$next_at", handled]}
+    later = (
+        False
+        if last_key is None
+        else {"$lt": [{"$ifNull": ["$last_key", ""]}, {"$literal": last_key}]}
+    )
+    changed = {"$or": [advanced, later]}
+    return by_id(schedule_id), [
+        {
+            "$set": {
+                "next_at": {"$cond": [advanced, next_at, "$next_at"]},
+                "last_key": {"$cond": [later, {"$literal": last_key}, "$last_key"]},
+                "updated_at": {"$cond": [changed, now, "$updated_at"]},
+                "version": {
+                    "$cond": [changed, {"$add": [{"$ifNull": ["$version", 0]}, 1]}, "$version"]
+                },
+            }
+        }
+    ]

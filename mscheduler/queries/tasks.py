@@ -164,11 +164,13 @@ def claim_filter(
 
     Invariant kept with `claim_update`, atomically per document: after a claim, live running
     plus succeeded states never exceed ``concurrent_worker_cnt``; a worker never holds two live
-    states of one task nor runs a task it already succeeded; only ``specific_worker_ids`` (when
-    set) claim; nothing is claimed before ``not_before``/``retry_at`` (both folded into
-    ``next_claim_at``) or while dependencies are pending. ``next_claim_at`` serves the index;
-    the ``$expr`` re-derives the slot count from the states themselves, so safety never rests
-    on a derived field.
+    states of one task (whichever life of it holds the first: a worker restarted under its id
+    waits for its previous life's lease to expire, as for any lease, and its consumer tries
+    then, `Task.next_claim_for`) nor runs a task it already succeeded; only
+    ``specific_worker_ids`` (when set) claim; nothing is claimed before
+    ``not_before``/``retry_at`` (both folded into ``next_claim_at``) or while dependencies
+    are pending. ``next_claim_at`` serves the index; the ``$expr`` re-derives the slot count
+    from the states themselves, so safety never rests on a derived field.
     """
     live = count_states(is_live(now))
     succeeded = count_states(state_is(SUCCESS))

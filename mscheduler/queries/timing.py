@@ -28,8 +28,15 @@ def expire_filter(key: str, now: dt.datetime) -> Document:
 
 
 def debounce_filter(key: str, name: str) -> Document:
-    """A task of this name that has not started: the only kind a debounce may change."""
-    return {"key": key, "name": name, "state": {"$in": NOT_STARTED}}
+    """A task of this name that has not started: the only kind a debounce may change. Not
+    started is no attempt at all, not only waiting: a failed attempt waiting for its retry
+    is pending too, and keeps the payload its retry runs with (and its retry time)."""
+    return {
+        "key": key,
+        "name": name,
+        "state": {"$in": NOT_STARTED},
+        "worker_states": {"$size": 0},
+    }
 
 
 def debounce_update(payload: Any, not_before: dt.datetime, now: dt.datetime) -> Pipeline:

@@ -4,7 +4,9 @@ each.
 
 No timer: a finish that finds nothing in flight is sent at once, alone, as the single fenced
 ``find_one_and_update`` it always was (so a lone task's latency is unchanged); finishes that
-arrive meanwhile wait for it and are then sent together. Under load the batches grow by
+arrive meanwhile wait for it and are then sent together, by the first of their writers. No
+writer waits on more than the batch in flight and its own: a finish returns within two
+round trips, however busy the other consumers of the store are. Under load the batches grow by
 themselves; idle, nothing waits.
 
 Each write in a batch is the same fenced update (``key + worker_id + run_id`` of a live
@@ -41,12 +43,15 @@ class _Finish:
     now: Any
     wrote: WorkerStateKind
     done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    # Set when done, or when this finish's writer is to send the queue (`FinishBatcher`).
+    wake: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     document: Document | None = None
     error: BaseException | None = None
 
     def settle(self, document: Document | None = None, error: BaseException | None = None) -> None:
         self.document, self.error = document, error
         self.done.set()
+        self.wake.set()
 
 
 class FinishBatcher:
@@ -76,24 +81,39 @@ class FinishBatcher:
             return await self._write_one(lease, update, now)
         finish = _Finish(lease, update, now, wrote)
         self._queue.append(finish)
-        if not self._busy:
-            self._busy = True
-            try:
-                # Let the handlers that ended in this turn of the event loop join this batch
-                # (the memory backend's calls never yield, so nothing would join otherwise).
-                await anyio.lowlevel.checkpoint()
-                while self._queue:
+        try:
+            while not finish.done.is_set():
+                if self._busy:  # in the next batch: sent by the sender, or by us after it
+                    finish.wake = anyio.Event()
+                    await finish.wake.wait()
+                    continue
+                self._busy = True
+                try:
+                    # Let the handlers that ended in this turn of the event loop join this
+                    # batch (the memory backend's calls never yield, so none would otherwise).
+                    await anyio.lowlevel.checkpoint()
                     batch, self._queue = self._queue, []
                     await self._send(batch)
-            finally:
-                self._busy = False
-                for left in self._queue:  # the sender was cancelled: the others retry
-                    left.settle(error=_interrupted())
+                finally:
+                    self._busy = False
+                    self._hand_over()
+        finally:
+            if not finish.done.is_set() and finish in self._queue:
+                self._queue.remove(finish)  # its writer was cancelled before it was sent
+                self._hand_over()
         await finish.done.wait()
         if finish.error is not None:
             raise finish.error
         assert finish.document is not None
         return finish.document
+
+    def _hand_over(self) -> None:
+        """A sender sends one batch, its own finish in it, and returns to its caller: the
+        writer of the first finish still queued sends the next. A sender that kept sending
+        until the queue emptied would return only once the other consumers of its store
+        paused finishing: a stopping consumer's handler would wait on others' outcomes."""
+        if self._queue and not self._busy:
+            self._queue[0].wake.set()
 
     async def _send(self, batch: list[_Finish]) -> None:
         try:

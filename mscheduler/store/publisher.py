@@ -129,8 +129,8 @@ class Publisher:
             depends_on=depends_on,
             allow_missing=allow_missing,
         )
-        if result.created or result.task.state.value not in tq.NOT_STARTED:
-            return result  # new, or running or finished: nothing to debounce
+        if result.created or result.task.attempts or result.task.state.value not in tq.NOT_STARTED:
+            return result  # new, or started (running, finished, a retry to come): as publish
         assert options.not_before is not None
         found = await self._store.collection.find_one_and_update(
             tq.debounce_filter(key, name),

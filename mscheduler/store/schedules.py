@@ -10,12 +10,12 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from pymongo import IndexModel, ReturnDocument
+from pymongo import IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from ..errors import driver_errors
+from ..errors import StoreError, driver_errors
 from ..models import PublishResult, TaskOptions, TaskState
-from ..periodic import Schedule, due, schedule_document
+from ..periodic import Schedule, due, reregistered, schedule_document
 from ..queries import schedules as sq
 from .base import BesideTasks, StoreBase
 from .publisher import Publisher
@@ -23,6 +23,9 @@ from .publisher import Publisher
 log = logging.getLogger(__name__)
 
 SUFFIX = ".schedules"
+# Registrations of one id that may lose to other writes in a row before giving up: each loss
+# is another worker's advance or registration, a few a minute at most.
+_PUT_ATTEMPTS = 16
 
 
 class ScheduleStore(BesideTasks):
@@ -39,15 +42,35 @@ class ScheduleStore(BesideTasks):
         await self.collection.create_indexes(models)
 
     @driver_errors
-    async def put(self, schedule: Schedule) -> Schedule:
-        """Create or replace a schedule by id (a replaced one starts afresh from now)."""
+    async def put(self, wanted: Schedule) -> Schedule:
+        """Create a schedule, or register it again by id: an unchanged one is left as it is
+        (no write), a changed one keeps its state as far as the change allows
+        (`periodic.reregistered`). Returns the schedule as stored."""
         await self._ready()
-        document = schedule_document(schedule)
-        try:
-            await self.collection.insert_one(document)
-        except DuplicateKeyError:  # the id exists: this schedule replaces it
-            await self.collection.find_one_and_replace(sq.by_id(schedule.id), document)
-        return schedule
+        now = self._tasks.clock.now()
+        for _ in range(_PUT_ATTEMPTS):
+            found = await self.collection.find_one(sq.by_id(wanted.id))
+            if found is None:
+                try:
+                    await self.collection.insert_one(schedule_document(wanted))
+                    return wanted
+                except DuplicateKeyError:  # registered meanwhile: merge with that one
+                    continue
+            stored = Schedule.model_validate(found)
+            merged = reregistered(stored, wanted, now)
+            if merged is stored:
+                return stored
+            merged = merged.model_copy(update={"version": stored.version + 1})
+            replaced = await self.collection.find_one_and_replace(
+                sq.at_version(stored.id, stored.version), schedule_document(merged)
+            )
+            if replaced is not None:
+                return merged
+            # Advanced or registered meanwhile: merge with what is there now.
+        raise StoreError(
+            f"schedule {wanted.id!r}: changed by others {_PUT_ATTEMPTS} times while it was "
+            "registered; nothing was written"
+        )
 
     @driver_errors
     async def remove(self, schedule_id: str) -> bool:
@@ -100,9 +123,8 @@ class ScheduleStore(BesideTasks):
                 )
             )
             last_key = key
-        await self.collection.find_one_and_update(
-            *sq.advance(schedule.id, schedule.next_at, next_at, last_key, now),
-            return_document=ReturnDocument.AFTER,
+        await self.collection.update_one(
+            *sq.advance(schedule.id, schedule.next_at, next_at, last_key, now)
         )
         return published
 

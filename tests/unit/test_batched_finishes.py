@@ -3,6 +3,7 @@ one read; a lone finish is the single fenced write it always was; lease loss is 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import anyio
@@ -10,6 +11,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
+from tests.engines import settle
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +67,59 @@ async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     counting.reset()
     task = await sched.store.succeed(lease, 1)
     assert task.state is ms.TaskState.SUCCESS and counting.calls == 1, counting.counts
+
+
+class _HeldWrites:
+    """A collection whose writes wait until the test lets each through: a slow network."""
+
+    def __init__(self, collection: Any) -> None:
+        self.wrapped = collection
+        self.held: list[anyio.Event] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def _through(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        gate = anyio.Event()
+        self.held.append(gate)
+        await gate.wait()
+        result = getattr(self.wrapped, name)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._through("find_one_and_update", *args, **kwargs)
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._through("bulk_write", *args, **kwargs)
+
+
+async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_others(
+    scheduler: ms.Scheduler,
+):
+    """Consumers of one store share the sends of their finishes; a stopping consumer waits on
+    its own outcome, never on the outcomes others keep finishing meanwhile."""
+    leases = await _claimed(scheduler, 3)
+    held = _HeldWrites(scheduler.collection)
+    sched = ms.Scheduler(held, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    returned: list[str] = []
+
+    async def finish(lease: ms.Lease) -> None:
+        await sched.store.succeed(lease, lease.key)
+        returned.append(lease.key)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(finish, leases[0])
+        await settle()
+        assert len(held.held) == 1  # t0's write is on its way
+        group.start_soon(finish, leases[1])  # these two wait for it, then go together
+        group.start_soon(finish, leases[2])
+        await settle()
+        held.held[0].set()
+        await settle()
+        assert returned == ["t0"], "the first finish waited on the others' write"
+        assert len(held.held) == 2  # t1 and t2 in one bulk write, still on its way
+        held.held[1].set()
+    assert sorted(returned) == ["t0", "t1", "t2"]
+    tasks = await scheduler.store.get_many(["t0", "t1", "t2"])
+    assert [t.state for t in tasks] == [ms.TaskState.SUCCESS] * 3

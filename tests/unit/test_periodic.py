@@ -219,3 +219,146 @@ async def test_a_bad_schedule_names_the_field_and_writes_nothing(
     with pytest.raises(ms.ConfigurationError, match="must not contain '@'"):
         await scheduler.schedule("a@b", name="job", every=dt.timedelta(minutes=1))
     assert await scheduler.schedules() == []
+
+
+# ------------------------------------------------------------------------ registering again
+
+
+async def test_registering_an_unchanged_schedule_at_start_up_catches_up_every_missed_one(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """As `examples/periodic.py` does: every start registers the schedules again."""
+    ran: list[str] = []
+
+    async def tick(task: ms.Task) -> None:
+        ran.append(task.key.split("@")[1])
+
+    async def start_up() -> None:
+        await scheduler.schedule(
+            "tick", name="tick", every=dt.timedelta(seconds=10), catch_up="all"
+        )
+
+    await start_up()
+    async with scheduler.consumer({"tick": tick}, options=worker()):
+        clock.advance(10)
+        await discover()
+        await discover()
+    assert ran == ["20300101T000010Z"]
+    clock.advance(60)  # down for a minute: six occurrences missed
+    before = await scheduler.schedules()
+    await start_up()
+    assert await scheduler.schedules() == before, "an unchanged schedule was written"
+    async with scheduler.consumer({"tick": tick}, options=worker()):
+        await discover()
+        await discover()
+    missed = ["000020", "000030", "000040", "000050", "000100", "000110"]
+    assert ran == [f"20300101T{time}Z" for time in ["000010", *missed]]
+
+
+async def test_registering_again_keeps_skip_if_running_from_overlapping(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    gate = anyio.Event()
+    options = ms.TaskOptions(ping_interval_ms=20_000, worker_timeout_ms=600_000)
+
+    async def slow(task: ms.Task) -> None:
+        await gate.wait()
+
+    async def register(payload: Any) -> None:
+        await scheduler.schedule(
+            "sync",
+            name="sync",
+            every=dt.timedelta(minutes=1),
+            skip_if_running=True,
+            options=options,
+            payload=payload,
+        )
+
+    await register(None)
+    async with scheduler.consumers({"sync": slow}, count=2, options=worker()):
+        clock.advance(60)  # 00:01 starts and runs on
+        await discover()
+        await register(None)  # another worker starting up, unchanged
+        await register({"v": 2})  # and one with a new payload
+        clock.advance(60)  # 00:02: skipped, 00:01 still runs
+        await discover()
+        assert [t.key for t in await tasks_of(scheduler, "sync")] == ["sync@20300101T000100Z"]
+        gate.set()
+        await discover()
+        clock.advance(60)
+        await discover()
+        await discover()
+    tasks = await tasks_of(scheduler, "sync")
+    assert [t.key for t in tasks] == ["sync@20300101T000100Z", "sync@20300101T000300Z"]
+    assert [t.payload for t in tasks] == [None, {"v": 2}]
+
+
+async def test_registering_again_keeps_an_every_schedules_anchor(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    ran: list[str] = []
+
+    async def beat(task: ms.Task) -> None:
+        ran.append(task.key.split("@")[1])
+
+    await scheduler.schedule("beat", name="beat", every=dt.timedelta(seconds=10))
+    clock.advance(2)
+    await scheduler.schedule("beat", name="beat", every=dt.timedelta(seconds=10))
+    clock.advance(1)
+    # A new period keeps the phase: every 20 s from the same anchor, from the next one on.
+    await scheduler.schedule("beat", name="beat", every=dt.timedelta(seconds=20))
+    async with scheduler.consumer({"beat": beat}, options=worker()):
+        for _ in range(5):
+            clock.advance(10)
+            await discover()
+            await discover()
+    assert ran == ["20300101T000020Z", "20300101T000040Z"]
+    (listed,) = await scheduler.schedules()
+    assert listed.anchor == dt.datetime(2030, 1, 1, tzinfo=UTC)
+    assert listed.every_ms == 20_000 and listed.last_key == "beat@20300101T000040Z"
+
+
+async def test_a_new_cron_applies_from_the_first_occurrence_not_yet_handled(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    await scheduler.schedule("report", name="report", cron="0 * * * *", catch_up="all")
+    clock.advance(3 * 3600 + 60)  # down since 00:00: 01:00, 02:00 and 03:00 were missed
+    await scheduler.schedule("report", name="report", cron="30 * * * *", catch_up="all")
+    (listed,) = await scheduler.schedules()
+    assert listed.next_at == dt.datetime(2030, 1, 1, 1, 30, tzinfo=UTC)
+    await scheduler.store.schedules.publish_due(["report"])
+    keys = [t.key for t in await tasks_of(scheduler, "report")]
+    assert keys == ["report@20300101T013000Z", "report@20300101T023000Z"]
+    # Still to come, a new time counts from now: nothing is published in the past.
+    await scheduler.schedule("report", name="report", cron="0 12 * * *")
+    (listed,) = await scheduler.schedules()
+    assert listed.next_at == dt.datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+async def test_a_worker_that_loses_the_advance_still_records_the_occurrence_it_published(
+    open_scheduler: Any, clock: ms.ManualClock
+):
+    """Two workers at 00:02: A sees 00:01 still running and skips 00:02; then 00:01 ends and
+    B, which read the schedule before A advanced it, publishes 00:02 and loses the advance.
+    00:03 must see 00:02 running. (B's stale read is made by hand: the interleaving needs the
+    schedule as it was before A's write.)"""
+    first, second = await open_scheduler(), await open_scheduler()
+    long = ms.TaskOptions(ping_interval_ms=20_000, worker_timeout_ms=600_000)
+    await first.schedule(
+        "sync", name="sync", every=dt.timedelta(minutes=1), skip_if_running=True, options=long
+    )
+    clock.advance(60)
+    await first.store.schedules.publish_due(["sync"])
+    lease = await first.store.claim("w", names=["sync"])
+    assert lease is not None and lease.key == "sync@20300101T000100Z"
+    clock.advance(60)
+    (stale,) = await second.schedules()
+    await first.store.schedules.publish_due(["sync"])  # A: 00:01 runs, 00:02 skipped
+    await first.store.succeed(lease, None)
+    await second.store.schedules._publish_occurrences(stale, clock.now())  # B: publishes 00:02
+    (listed,) = await first.schedules()
+    assert listed.last_key == "sync@20300101T000200Z"
+    clock.advance(60)
+    await first.store.schedules.publish_due(["sync"])  # 00:03: 00:02 has not run yet
+    keys = [t.key for t in await tasks_of(first, "sync")]
+    assert keys == ["sync@20300101T000100Z", "sync@20300101T000200Z"]
