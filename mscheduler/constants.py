@@ -49,7 +49,8 @@ MAX_ERROR_BYTES: Final = 16 * 1024  # the three above, with field names and BSON
 MAX_NESTING_DEPTH: Final = 100
 
 # Optional TTL index (`ensure_indexes(finished_ttl=...)`): MongoDB deletes finished tasks
-# this long after they ended; running and pending tasks have finished_at null and stay.
+# this long after they ended and their dependents were told (``settled_at``); running and
+# pending tasks, and finished ones whose dependents wait to be told, have it null and stay.
 FINISHED_TTL_INDEX = "finished_ttl"
 
 # Indexes: (name, keys, extra options). Every query in mscheduler.queries is served by one of these;
@@ -79,6 +80,15 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     # Flows: the dependents of a task, and finished tasks whose dependents were not told.
     ("dependents", (("depends_on", 1),), {}),
     ("dependents_notified", (("dependents_notified", 1),), {}),
+    # Expiry: the tasks of some names, not started, whose expires_at has passed. Bounded on
+    # all three (Equality-Range), and only tasks that have an expiry are in it, so the
+    # consumers' housekeeping reads the tasks due to expire, not the whole backlog. The
+    # query names the type (``$type: date``), which implies the partial filter.
+    (
+        "expiry",
+        (("name", 1), ("state", 1), ("options.expires_at", 1)),
+        {"partialFilterExpression": {"options.expires_at": {"$type": "date"}}},
+    ),
     # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
     ("finished", (("state", 1), ("finished_at", 1)), {}),
 )

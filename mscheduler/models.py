@@ -295,6 +295,7 @@ class Task(BaseModel):
     dependent_count: int = 0
     dependents_notified: bool | None = None
     finished_at: UtcDatetime | None = None  # when the task ended
+    settled_at: UtcDatetime | None = None  # ended and its dependents told: the TTL's date
     worker_states: list[WorkerState] = Field(default_factory=list)
     # Finished states dropped from worker_states to bound the document (constants), counted.
     dropped_attempts: int = 0

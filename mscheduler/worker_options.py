@@ -53,6 +53,12 @@ class WorkerOptions(BaseModel):
     ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
     opens one."""
     stream_retry_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
+    backstop_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
+    """While the change stream is open, one page of the tasks claimable soonest (a read of up
+    to ``fetch_batch_size`` tasks on the claim index) is fetched this often: a stream can
+    stall without an error (a primary that lost its majority beside an arbiter; a quiet shard
+    delays a sharded cluster's events), and this bounds how long a consumer then stays idle
+    beside claimable work."""
     reconnect_backoff_ms: int = Field(default=500, ge=1, le=3_600_000)
     reconnect_backoff_max_ms: int = Field(default=30_000, ge=1, le=3_600_000)
 

@@ -4,7 +4,8 @@
   changed → executor (cancelled remotely, worker excluded, new ping interval).
 - fetcher: the tasks that become claimable first → heap; at start (after the stream is open),
   after an unresumable stream loss, when the heap drained after overflowing, and on every
-  poll interval when the server has no change streams.
+  poll interval when the server has no change streams; with a stream, one page of them
+  every ``backstop_interval_ms`` (`ChangeListener.poll_loop`).
 - heap (`heap.py`): next-claim time per key; the claimer sleeps until the earliest.
 - claimer: while a slot is free and something is due, claims the best task of its names
   (server-side: priority, then age); a limited name's under a token (`quotas.py`).
@@ -82,6 +83,7 @@ class Consumer:
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
         )
+        self._listener.on_backstop = self._fetch_page
         self._own_task_group: TaskGroup | None = None
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
         # Keys of finished tasks whose dependents may be stranded, and when to check.
@@ -180,8 +182,7 @@ class Consumer:
         with scope:
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(self._claim_loop)
-                if self._listener.polling:
-                    task_group.start_soon(self._poll_loop)
+                task_group.start_soon(self._listener.poll_loop)
 
     # ------------------------------------------------------------ feeding the heap
 
@@ -211,12 +212,19 @@ class Consumer:
         if self._heap.offer(task.key, when, task.version, task.id):
             self._wake.set()
 
-    async def _fetch(self) -> None:
-        """Fill the heap with the tasks claimable soonest; retried until the database answers."""
+    async def _fetch_page(self) -> None:
+        await self._fetch(self.options.fetch_batch_size)
+
+    async def _fetch(self, size: int | None = None) -> None:
+        """Fill the heap with the tasks claimable soonest (``size`` of them, or as many as it
+        holds); retried until the database answers."""
+        size = size or self.options.heap_size
         attempt = 0
         while True:
             try:
-                tasks = await self._claimable_soonest()
+                tasks = await self._store.fetch(
+                    self.names, self.worker_id, size, self.options.fetch_batch_size
+                )
                 await self._store.recover_dependents()
                 break
             except BackendUnavailable as exc:
@@ -228,7 +236,7 @@ class Consumer:
         # Look again once the heap drains only if this fetch may have left some out *and* gave
         # the claimer something to do: a full fetch of tasks none of which we can claim now
         # (our own running ones, say) would otherwise be repeated back to back for ever.
-        self._heap.overflowed = len(tasks) >= self.options.heap_size and len(self._heap) > 0
+        self._heap.overflowed = len(tasks) >= size and len(self._heap) > 0
         self._wake.set()
 
     async def _claimable_soonest(self) -> list[Task]:
@@ -270,14 +278,6 @@ class Consumer:
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
             self._store.owed_listeners.remove(self._wake_recovery)
-
-    async def _poll_loop(self) -> None:
-        """Until the listener's stream opens (``discovery="auto"`` retries it)."""
-        while True:
-            await sleep(self._clock, self.options.poll_interval_ms / 1000)
-            if not self._listener.polling:
-                return
-            await self._fetch()
 
     # ------------------------------------------------------------ claiming
 

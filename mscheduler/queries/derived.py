@@ -44,6 +44,20 @@ def wake_consumers() -> Document:
     return {"$set": {"wakes": bumped_wakes()}}
 
 
+def settled_at(now: dt.datetime) -> Document:
+    """When the task ended *and* its dependents were told (or it has none): what the TTL index
+    deletes by, so it never deletes a task whose dependents would then wait for ever. Null
+    until then; read after ``dependents_notified`` is recomputed (a later stage)."""
+    notified = {"$ne": [{"$ifNull": ["$dependents_notified", None]}, False]}
+    return {
+        "$cond": [
+            {"$and": [{"$in": ["$state", TERMINAL]}, notified]},
+            {"$ifNull": ["$settled_at", now]},
+            None,
+        ]
+    }
+
+
 # What the last stages of `recompute` need from before the write, kept in fields of their own
 # while it runs and removed by its last stage.
 WAS_NEXT_CLAIM_AT = "_was_next_claim_at"
@@ -210,7 +224,8 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
             "$set": {
                 "wakes": {
                     "$cond": [wakes_consumers(now), bumped_wakes(), {"$ifNull": ["$wakes", 0]}]
-                }
+                },
+                "settled_at": settled_at(now),
             }
         },
         {"$unset": [WAS_NEXT_CLAIM_AT, WAS_DEPENDENTS_NOTIFIED]},

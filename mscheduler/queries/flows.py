@@ -70,11 +70,13 @@ def unnotified_dependents_of(key: str) -> Document:
     return {"dependents_notified": False, "depends_on": key}
 
 
-def mark_notified(key: str) -> tuple[Document, Document]:
+def mark_notified(key: str, now: dt.datetime) -> tuple[Document, Document]:
+    """Told: from now on the TTL index may delete it (``settled_at``, see
+    `derived.settled_at`)."""
     return (
         {"key": key, "dependents_notified": False, "state": {"$in": TERMINAL}},
         # A wake: consumers that saw the task end unnotified drop their recovery check.
-        {"$set": {"dependents_notified": True}, "$inc": {"wakes": 1}},
+        {"$set": {"dependents_notified": True, "settled_at": now}, "$inc": {"wakes": 1}},
     )
 
 

@@ -93,6 +93,7 @@ def new_task_document(
         "dependent_count": 0,
         "dependents_notified": None,
         "finished_at": now if cancelled else None,
+        "settled_at": now if cancelled else None,  # no dependent yet: nobody to tell
         "worker_states": [],
         "dropped_attempts": 0,
         "dropped_failures": 0,
@@ -352,6 +353,20 @@ def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Documen
         "finished_at": {"$lt": finished_before},
         "dependents_notified": {"$ne": False},
     }
+
+
+def settled_backfill() -> tuple[Document, Pipeline]:
+    """Finished tasks written before ``settled_at`` existed, with nothing left to tell: the
+    TTL's date is when they ended. ``$nor`` of ``$type`` rather than a null test, which the
+    engines answer differently for a missing field. Served by ``finished`` (state)."""
+    return (
+        {
+            "state": {"$in": TERMINAL},
+            "dependents_notified": {"$ne": False},
+            "$nor": [{"settled_at": {"$type": "date"}}],
+        },
+        [{"$set": {"settled_at": "$finished_at"}}],
+    )
 
 
 def failed_filter(name: str | None) -> Document:

@@ -16,8 +16,8 @@ NOT_STARTED = [TaskState.PENDING.value, TaskState.BLOCKED.value]
 
 
 def expired(names: Sequence[str], now: dt.datetime) -> Document:
-    """Tasks of ``names`` past their expiry and still waiting (served by ``claim_time``'s
-    name and state)."""
+    """Tasks of ``names`` past their expiry and still waiting (served by ``expiry``: bounded
+    on all three fields; ``$type: date`` implies its partial filter)."""
     return {"name": {"$in": list(names)}, "state": {"$in": NOT_STARTED}, **expired_by(now)}
 
 

@@ -69,6 +69,9 @@ class StoreBase:
         spec = model.document
         name, seconds = spec["name"], spec["expireAfterSeconds"]
         existing = (await self.collection.index_information()).get(name)
+        if existing is not None and list(existing.get("key", [])) != list(spec["key"].items()):
+            await self.collection.drop_index(name)  # keyed on another field before: rebuild
+            existing = None
         if existing is None:
             await self.collection.create_indexes([model])
             return

@@ -79,7 +79,9 @@ class Flows:
         while queue:
             task = queue.pop(0)
             queue.extend(await self._tell(task))
-            await self._store.collection.update_one(*fq.mark_notified(task.key))
+            await self._store.collection.update_one(
+                *fq.mark_notified(task.key, self._store.clock.now())
+            )
 
     async def _tell(self, dependency: Task, only: str | None = None) -> list[Task]:
         """Apply ``dependency``'s outcome to its waiting dependents; return those it ended."""

@@ -87,12 +87,16 @@ async def purge(store: TaskStore, *, states: Sequence[str], older_than: dt.timed
 
 
 async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> str:
-    """A TTL index: MongoDB deletes finished tasks ``finished_ttl`` after they ended."""
+    """A TTL index: MongoDB deletes finished tasks ``finished_ttl`` after they ended and their
+    dependents were told (``settled_at``; on ``finished_at`` it could delete a task before, and
+    its dependents would stay blocked). Tasks that ended before ``settled_at`` existed get it
+    from ``finished_at`` once, where nothing is left to tell."""
     seconds = int(finished_ttl.total_seconds())
     if seconds < 1:
         raise ConfigurationError(f"finished_ttl: must be at least one second, got {finished_ttl}")
-    model = IndexModel([("finished_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
+    model = IndexModel([("settled_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
     await store.ensure_ttl_index(model)
+    await store.collection.update_many(*q.settled_backfill())
     return c.FINISHED_TTL_INDEX
 
 

@@ -1,7 +1,16 @@
 """Change streams: the only place one is opened or closed (a `watch` on the collection).
 
 The consumer's listener and `waiting` use these. `task_changes` builds the stream's pipeline
-(pure, like `mscheduler.queries`, but an aggregation of change events, not a query of tasks).
+(pure, like `mscheduler.queries`, but an aggregation of change events, not a query of tasks);
+`ResumePoint` keeps where a stream resumes, the rules of which come from the server:
+
+- a stream's resume token moves on with every batch, empty ones included (the server's
+  ``postBatchResumeToken``, which pymongo keeps as ``resume_token``): a quiet stream saved
+  at its last event would rescan, or lose to the oplog window, what it skipped since;
+- after an ``invalidate`` (its collection dropped or renamed) ``resumeAfter`` is refused,
+  ``startAfter`` the invalidate's token opens the stream again;
+- an event the server cannot send (over 16 MiB: ``BSONObjectTooLarge``) fails every read
+  from the token before it: after a few failed reads at one token, start afresh.
 """
 
 from __future__ import annotations
@@ -18,9 +27,46 @@ from ..worker_options import Discovery
 
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
+# The server will not give a change stream here, whatever we retry: not a replica set
+# (40573), no ``changeStream`` privilege (13), not supported (115: Cosmos DB, DocumentDB),
+# an engine that does not know the stage (40324, or an error without a code, as mongoeco's).
+# Any other code (an election's 6, 7, 89, 91, 133, 134, 189, 262, 9001, 10107, 11600...)
+# is transient: retried with backoff, never taken for "no streams here".
+NO_STREAMS_HERE = frozenset({40573, 13, 115, 40324})
+# How long a read waits for events before it returns an empty batch (and a new resume
+# token): the server's default for a change stream's getMore, said aloud.
+MAX_AWAIT_MS = 1_000
+# Reads that fail in a row at one resume token before the stream is opened afresh.
+FAILURES_BEFORE_FRESH = 3
+# What a consumer or a waiter needs of an event: not what was changed (``updateDescription``
+# repeats the written values: with the document after the write, a large result is sent
+# twice), nor what the handler alone reads. Kept out after the ``$match``, which may test them.
+CONSUMER_NEEDLESS = (
+    "updateDescription",
+    "fullDocument.payload",
+    "fullDocument.result",
+    "fullDocument.worker_states.result",
+)
+WAITER_NEEDLESS = ("updateDescription",)
 
 
-def task_changes(*, wakes_only: bool = False, **fields: Sequence[str]) -> list[dict[str, Any]]:
+def refuses_streams(exc: OperationFailure) -> bool:
+    """Whether the server said "no change streams here" (as opposed to "not now")."""
+    return exc.code is None or exc.code in NO_STREAMS_HERE
+
+
+def without(fields: Sequence[str]) -> dict[str, Any]:
+    """An exclusion ``$project`` stage; it never removes ``_id``, the resume token."""
+    return {"$project": dict.fromkeys(fields, 0)}
+
+
+def task_changes(
+    *,
+    wakes_only: bool = False,
+    state_changes_of: Sequence[Any] | None = None,
+    needless: Sequence[str] = (),
+    **fields: Sequence[str],
+) -> list[dict[str, Any]]:
     """Server-side filter: writes to tasks whose ``field`` is one of the values given (e.g.
     ``name=[...]``, ``key=[...]``). Deletes are left out: a deleted task's claim or ping
     simply matches nothing.
@@ -30,7 +76,12 @@ def task_changes(*, wakes_only: bool = False, **fields: Sequence[str]) -> list[d
     That part tests the event alone, not ``fullDocument``: MongoDB (5.1+) moves such a
     predicate into its oplog scan, so a ping is dropped there, before any ``updateLookup``.
     A pipeline update's ``updatedFields`` names ``wakes`` on every engine, as it is a
-    top-level number (a changed subdocument may be reported by paths inside it instead)."""
+    top-level number (a changed subdocument may be reported by paths inside it instead).
+
+    ``state_changes_of`` (a waiter's stream): only inserts, replaces, and updates of those
+    ``_id`` values that changed ``state``, again on the event alone: without it every update
+    of the collection (pings included) costs each waiter one lookup of the document.
+    ``needless``: event fields projected away after the ``$match`` (`CONSUMER_NEEDLESS`)."""
     match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
     if wakes_only:
         match = {
@@ -42,9 +93,66 @@ def task_changes(*, wakes_only: bool = False, **fields: Sequence[str]) -> list[d
                 },
             ]
         }
+    elif state_changes_of is not None:
+        match = {
+            "$or": [
+                {"operationType": {"$in": ["insert", "replace"]}},
+                {
+                    "operationType": "update",
+                    "documentKey._id": {"$in": list(state_changes_of)},
+                    "updateDescription.updatedFields.state": {"$exists": True},
+                },
+            ]
+        }
     for field, values in fields.items():
         match[f"fullDocument.{field}"] = {"$in": list(values)}
-    return [{"$match": match}]
+    pipeline: list[dict[str, Any]] = [{"$match": match}]
+    if needless:
+        pipeline.append(without(needless))
+    return pipeline
+
+
+class ResumePoint:
+    """Where a stream resumes, kept after every batch; self-contained, so any reader of a
+    stream (a consumer's listener, a process-wide one) keeps it the same way."""
+
+    def __init__(self) -> None:
+        self.token: Any = None
+        self.invalidated = False  # the token is an invalidate's: startAfter, not resumeAfter
+        self._failed_at: Any = None
+        self._failures = 0
+
+    def opened(self, stream: Any) -> None:
+        """A fresh stream: its own starting point."""
+        self.token, self.invalidated = stream.resume_token, False
+
+    def read(self, stream: Any, event: dict[str, Any] | None) -> None:
+        """After every read, empty or not: the stream's token (an empty batch's included)."""
+        if event is not None and event.get("operationType") == "invalidate":
+            self.token, self.invalidated = event["_id"], True
+            return
+        token = stream.resume_token
+        if token is None and event is not None:
+            token = event.get("_id")
+        if token is not None:
+            self.token, self.invalidated = token, False
+
+    def open_options(self) -> dict[str, Any]:
+        if self.token is None:
+            return {}
+        return {"start_after" if self.invalidated else "resume_after": self.token}
+
+    def read_failed(self) -> bool:
+        """A read failed at the current token: True when that keeps happening there (an
+        event the server cannot send, say) and only a fresh stream gets past it."""
+        if self._failed_at == self.token and self.token is not None:
+            self._failures += 1
+        else:
+            self._failed_at, self._failures = self.token, 1
+        if self._failures >= FAILURES_BEFORE_FRESH:
+            self._failed_at, self._failures = None, 0
+            return True
+        return False
 
 
 class Watched(Protocol):
@@ -55,31 +163,41 @@ class Watched(Protocol):
 
 
 async def open_change_stream(
-    store: Watched, pipeline: list[dict[str, Any]], resume_after: Any = None
+    store: Watched,
+    pipeline: list[dict[str, Any]],
+    resume_after: Any = None,
+    *,
+    start_after: Any = None,
+    max_await_time_ms: int | None = None,
 ) -> Any:
     """``watch`` with the document after each write; pymongo's async API returns a coroutine,
     Motor the stream itself."""
     kwargs: dict[str, Any] = {"full_document": "updateLookup"}
     if resume_after is not None:
         kwargs["resume_after"] = resume_after
+    if start_after is not None:
+        kwargs["start_after"] = start_after
+    if max_await_time_ms is not None:
+        kwargs["max_await_time_ms"] = max_await_time_ms
     stream = store.collection.watch(pipeline, **kwargs)
     return await stream if inspect.isawaitable(stream) else stream
 
 
 async def open_unless_refused(
-    store: Watched, pipeline: list[dict[str, Any]], discovery: Discovery
+    store: Watched, pipeline: list[dict[str, Any]], discovery: Discovery, **options: Any
 ) -> tuple[Any, OperationFailure | None]:
     """``(stream, None)``, or ``(None, refusal)`` when the caller must poll instead.
 
-    The server's refusal is an `OperationFailure`, whatever its code: the codes differ by
-    server and reason (40573 on a standalone mongod, 13 without the privilege, 115 or none
-    elsewhere), and any of them means "no stream here". Network errors are not refusals and
-    propagate. With ``discovery="stream"`` a refusal is a `ConfigurationError`."""
+    Only a refusal (`refuses_streams`) means "no stream here"; any other error, a transient
+    one from a server in an election included, propagates for the caller to retry with
+    backoff. With ``discovery="stream"`` a refusal is a `ConfigurationError`."""
     if discovery == "poll":
         return None, None
     try:
-        return await open_change_stream(store, pipeline), None
+        return await open_change_stream(store, pipeline, **options), None
     except OperationFailure as exc:
+        if not refuses_streams(exc):
+            raise
         if discovery == "stream":
             raise ConfigurationError(
                 f"discovery: 'stream' was asked for, but the server refused to open a change "

@@ -5,6 +5,11 @@ between is seen either by the read or by the stream. After a stream error the st
 simply read again. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`): a
 server that refuses a change stream is polled every ``poll_interval_ms`` (``auto``), or the
 refusal is an error (``stream``); ``poll`` never opens one.
+
+A waiter's stream asks only for what the server can test before it looks a document up:
+changes of ``state`` of the ``_id`` values of its tasks (read just before it opens), and
+inserts or replaces (a task published meanwhile). Without that every update of the
+collection, each ping included, would cost every open waiter one read of a document.
 """
 
 from __future__ import annotations
@@ -20,8 +25,18 @@ from pymongo.errors import OperationFailure, PyMongoError
 from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import Task
+from ..queries import tasks as q
 from ..worker_options import Discovery
-from .streams import close_quietly, open_change_stream, open_unless_refused, task_changes
+from .streams import (
+    MAX_AWAIT_MS,
+    RESUME_IMPOSSIBLE,
+    WAITER_NEEDLESS,
+    ResumePoint,
+    close_quietly,
+    open_change_stream,
+    open_unless_refused,
+    task_changes,
+)
 from .tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -56,29 +71,44 @@ class _Waiter:
             if not self.remaining:
                 self.done.set()
 
-    async def _read_all(self) -> None:
+    async def _read_all(self) -> set[Any]:
+        """Take the finished tasks; the ``_id`` values of those still to wait for."""
         found = {task.key: task for task in await self._store.get_many(self.remaining)}
         missing = [key for key in self.remaining if key not in found]
         if missing and not self._missing_ok:
             raise TaskNotFound(f"no task has the key(s) {missing}")
         for task in found.values():
             self._take(task)
+        return {task.id for task in found.values() if task.key in self.remaining}
+
+    async def _ids(self) -> set[Any]:
+        cursor = self._store.collection.find(q.by_keys(self.remaining), {"_id": 1})
+        return {document["_id"] async for document in cursor}
 
     async def follow(self) -> None:
         try:
             while not self.done.is_set():
-                stream = await self._open_stream()
+                ids = await self._ids() if self._discovery != "poll" else set()
+                stream = await self._open_stream(ids)
                 try:
-                    await self._read_all()
+                    waiting = await self._read_all()
                     if stream is None:
                         while not self.done.is_set():
                             await sleep(self._store.clock, self._poll_s)
                             await self._read_all()
+                    elif not waiting <= ids:
+                        # Deleted and published again between the two reads: its updates
+                        # would not pass the stream's filter. Open it again with its _id.
+                        continue
                     else:
                         while not self.done.is_set():
                             event = await stream.next()
-                            if event.get("fullDocument") is not None:
-                                self._take(Task.model_validate(event["fullDocument"]))
+                            if event.get("fullDocument") is None:
+                                continue
+                            task = Task.model_validate(event["fullDocument"])
+                            self._take(task)
+                            if task.id not in ids and task.key in self.remaining:
+                                break  # published meanwhile: open again with its _id
                 except (PyMongoError, StopAsyncIteration) as exc:
                     log.warning("wait: change stream lost (%s); reading again", exc)
                 finally:
@@ -88,10 +118,11 @@ class _Waiter:
             self.error = exc
             self.done.set()
 
-    async def _open_stream(self) -> Any:
-        stream, refusal = await open_unless_refused(
-            self._store, task_changes(key=self.remaining), self._discovery
+    async def _open_stream(self, ids: set[Any]) -> Any:
+        pipeline = task_changes(
+            state_changes_of=sorted(ids, key=str), needless=WAITER_NEEDLESS, key=self.remaining
         )
+        stream, refusal = await open_unless_refused(self._store, pipeline, self._discovery)
         if refusal is not None and not self._warned:
             self._warned = True
             log.warning(
@@ -135,18 +166,36 @@ async def wait_for(
 
 
 async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIterator[Task]:
-    """Every change to a task (of ``names``), as the task after the change."""
-    pipeline = task_changes(name=names) if names else task_changes()
-    try:
-        stream = await open_change_stream(store, pipeline)
-    except OperationFailure as exc:
-        raise StoreError(
-            f"watching needs change streams, and the server refused one: {exc}"
-        ) from exc
-    try:
-        while True:
-            event = await stream.next()
-            if event.get("fullDocument") is not None:
-                yield Task.model_validate(event["fullDocument"])
-    finally:
-        await close_quietly(stream)
+    """Every change to a task (of ``names``), as the task after the change. A drop or rename
+    of the collection ends the server's stream (``invalidate``); the watch goes on after it
+    (``startAfter``), with the tasks written to the collection of that name from then on."""
+    pipeline = (
+        task_changes(needless=WAITER_NEEDLESS, name=names)
+        if names
+        else task_changes(needless=WAITER_NEEDLESS)
+    )
+    position = ResumePoint()
+    while True:
+        try:
+            stream = await open_change_stream(
+                store, pipeline, max_await_time_ms=MAX_AWAIT_MS, **position.open_options()
+            )
+        except OperationFailure as exc:
+            if position.token is None or exc.code not in RESUME_IMPOSSIBLE:
+                raise StoreError(
+                    f"watching needs change streams, and the server refused one: {exc}"
+                ) from exc
+            log.warning("watch: cannot resume (%s); changes meanwhile are not shown", exc)
+            position = ResumePoint()
+            continue
+        if position.token is None:
+            position.opened(stream)
+        try:
+            while stream.alive:
+                event = await stream.try_next()
+                position.read(stream, event)
+                if event is not None and event.get("fullDocument") is not None:
+                    yield Task.model_validate(event["fullDocument"])
+        finally:
+            await close_quietly(stream)
+        log.info("watch: the stream ended (its collection dropped or renamed); going on after it")

@@ -12,11 +12,12 @@ import pytest
 from bson import ObjectId
 
 from mscheduler import constants as c
-from mscheduler.backends.memory.index_plan import index_serves
+from mscheduler.backends.memory.index_plan import bounded_keys, implies_partial, index_serves
 from mscheduler.queries import browse as bq
 from mscheduler.queries import flows as fq
 from mscheduler.queries import lease as lq
 from mscheduler.queries import tasks as q
+from mscheduler.queries import timing as eq
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -39,7 +40,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "dependents waiting": (fq.dependents_waiting_on("k"), None),
     "unnotified": (fq.unnotified(), None),
     "unnotified dependents": (fq.unnotified_dependents_of("k"), None),
-    "mark notified": (fq.mark_notified("k")[0], None),
+    "mark notified": (fq.mark_notified("k", NOW)[0], None),
     "add dependency": (fq.add_dependency_filter("k"), None),
     "count dependent": (fq.count_dependent(["a"])[0], None),
     # The dashboard: pages of the task list, its names, a task's links, the chart's counts.
@@ -53,6 +54,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "task names": (bq.name_after_filter("a"), bq.NAME_ORDER),
     "dependents": (bq.dependents_filter("k"), None),
     "finished in a bucket": (bq.finished_filter("success", NOW, NOW), None),
+    "expiry scan": (eq.expired(["a", "b"], NOW), None),
 }
 
 
@@ -104,3 +106,21 @@ def test_claim_next_uses_the_claim_order_index():
 )
 def test_index_serves_follows_equality_sort_range(keys, query, sort, served):
     assert index_serves(keys, query, sort) is served
+
+
+def test_the_expiry_scan_is_bounded_by_name_state_and_date():
+    """Bounded on name and state alone, every consumer's housekeeping would read every task
+    of its names not started (the backlog) to find the few past their expiry."""
+    query = eq.expired(["a", "b"], NOW)
+    usable = [
+        bounded_keys(keys, query)
+        for _, keys, options in c.INDEXES
+        if implies_partial(query, options.get("partialFilterExpression"))  # type: ignore[arg-type]
+    ]
+    assert ["name", "state", "options.expires_at"] in usable
+
+
+def test_a_partial_index_is_used_only_by_queries_that_imply_its_filter():
+    partial = {"options.expires_at": {"$type": "date"}}
+    assert implies_partial({"options.expires_at": {"$type": "date", "$lte": NOW}}, partial)
+    assert not implies_partial({"options.expires_at": {"$lte": NOW}}, partial)

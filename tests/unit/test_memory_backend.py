@@ -262,3 +262,85 @@ async def test_same_memory_name_shares_one_database():
         assert await other.get("k") is None
     finally:
         forget_memory_server("shared-test")
+
+
+async def test_after_a_drop_resume_after_is_refused_and_start_after_goes_on(
+    collection: MemoryCollection,
+):
+    stream = await collection.watch()
+    await collection.insert_one({"n": 1})
+    await collection.drop()
+    events = [await stream.next() for _ in range(3)]
+    assert [e["operationType"] for e in events] == ["insert", "drop", "invalidate"]
+    with pytest.raises(StopAsyncIteration):
+        await stream.next()  # the server closed the cursor after the invalidate
+    invalidate = events[-1]["_id"]
+    with pytest.raises(OperationFailure) as info:
+        await collection.watch(resume_after=invalidate)
+    assert info.value.code == 260
+    resumed = await collection.watch(start_after=invalidate)
+    await collection.insert_one({"n": 2})
+    assert (await resumed.next())["fullDocument"]["n"] == 2
+
+
+async def test_an_event_over_the_size_limit_fails_every_read_from_before_it(
+    collection: MemoryCollection,
+):
+    """As the server's BSONObjectTooLarge (10334): the token stays before the event; a
+    projection after the $match that leaves it small enough lets it through."""
+    await collection.insert_one({"_id": 1, "blob": ""})
+    stream = await collection.watch(full_document="updateLookup")
+    big = "x" * (9 * 1024 * 1024)
+    await collection.update_one({"_id": 1}, {"$set": {"blob": big}})  # document + what changed
+    with pytest.raises(OperationFailure) as info:
+        await stream.try_next()
+    assert info.value.code == 10334
+    again = await collection.watch(resume_after=stream.resume_token, full_document="updateLookup")
+    with pytest.raises(OperationFailure):
+        await again.try_next()
+    projected = await collection.watch(
+        [{"$project": {"updateDescription": 0}}],
+        resume_after=stream.resume_token,
+        full_document="updateLookup",
+    )
+    event = await projected.next()
+    assert "updateDescription" not in event and len(event["fullDocument"]["blob"]) == len(big)
+
+
+async def test_a_waiting_read_returns_empty_with_the_token_past_unmatched_writes(
+    collection: MemoryCollection,
+):
+    """A getMore with awaitData: other writes end the wait; the batch is empty and its
+    post-batch resume token is past them."""
+    stream = await collection.watch(
+        [{"$match": {"fullDocument.name": "mine"}}], max_await_time_ms=1_000
+    )
+    start = stream.resume_token
+
+    async def write_later() -> None:
+        await collection.insert_one({"name": "other"})
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(write_later)
+        assert await stream.try_next() is None
+    assert stream.resume_token != start
+    assert stream.resume_token == collection.changes.last_token
+
+
+async def test_lookups_count_updates_the_oplog_part_of_a_match_lets_through(
+    collection: MemoryCollection,
+):
+    await collection.insert_one({"_id": 1, "name": "a", "n": 0})
+    on_document = await collection.watch(
+        [{"$match": {"fullDocument.name": "b"}}], full_document="updateLookup"
+    )
+    on_event = await collection.watch(
+        [{"$match": {"documentKey._id": 2, "fullDocument.name": "b"}}],
+        full_document="updateLookup",
+    )
+    before = collection.changes.lookups
+    await collection.update_one({"_id": 1}, {"$set": {"n": 1}})
+    assert await on_document.try_next() is None
+    assert collection.changes.lookups == before + 1, "no part of its $match is on the event"
+    assert await on_event.try_next() is None
+    assert collection.changes.lookups == before + 1, "dropped before the lookup"

@@ -78,3 +78,50 @@ async def test_a_changed_finished_ttl_updates_the_index(scheduler: ms.Scheduler)
     await scheduler.ensure_indexes(finished_ttl=dt.timedelta(days=7))
     info = await scheduler.collection.index_information()
     assert info["finished_ttl"]["expireAfterSeconds"] == 7 * 86_400
+
+
+async def test_the_ttl_waits_until_the_dependents_are_told(scheduler: ms.Scheduler):
+    """The TTL index deletes by ``settled_at``, set once the task ended *and* its dependents
+    were told: on ``finished_at`` it could delete a task whose writer died before telling
+    them, and they would stay blocked for ever."""
+    await scheduler.ensure_indexes(finished_ttl=dt.timedelta(days=30))
+    info = await scheduler.collection.index_information()
+    [(ttl_field, _)] = list(info["finished_ttl"]["key"])
+    await scheduler.publish("a", None, name="job")
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    await scheduler.publish("alone", None, name="job")
+
+    async def ttl_date(key: str) -> object:
+        document = await scheduler.collection.find_one({"key": key})
+        assert document is not None
+        return document.get(ttl_field)
+
+    lease = await scheduler.store.claim("w", key="alone")
+    assert lease is not None
+    await scheduler.store.succeed(lease, "done")
+    assert await ttl_date("alone") is not None, "nothing to tell: deletable"
+
+    async def crash(task: ms.Task) -> ms.Task:
+        raise ConnectionError("the worker died right after its success was written")
+
+    lease = await scheduler.store.claim("w", key="a")
+    assert lease is not None
+    scheduler.store._after_write = crash  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await scheduler.store.succeed(lease, "done")
+    del scheduler.store._after_write
+    assert await ttl_date("a") is None, "its dependent is still to be told: not deletable"
+    assert await scheduler.store.recover_dependents() == 1
+    assert await ttl_date("a") is not None
+
+
+async def test_the_ttl_index_keyed_on_finished_at_before_is_rebuilt(scheduler: ms.Scheduler):
+    from pymongo import IndexModel
+
+    await scheduler.publish("old", None, name="job")
+    await scheduler.collection.create_indexes(
+        [IndexModel([("finished_at", 1)], name="finished_ttl", expireAfterSeconds=3_600)]
+    )
+    await scheduler.ensure_indexes(finished_ttl=dt.timedelta(hours=1))
+    info = await scheduler.collection.index_information()
+    assert [field for field, _ in info["finished_ttl"]["key"]] == ["settled_at"]

@@ -2,9 +2,19 @@
 
 Every write of `MemoryCollection` publishes one event (insert, update, replace, delete) with a
 resume token; a `MemoryChangeStream` reads them with the server's semantics that the listener
-relies on: ``$match`` pipelines, ``fullDocument: "updateLookup"``, ``resume_after`` and
-``start_after``, a bounded history (an old token raises ``ChangeStreamHistoryLost``, code 286),
-and errors that tests inject to exercise the listener's recovery.
+relies on: ``$match`` and exclusion ``$project`` pipelines, ``fullDocument: "updateLookup"``,
+``resume_after`` and ``start_after``, a bounded history (an old token raises
+``ChangeStreamHistoryLost``, code 286), and errors that tests inject to exercise the listener's
+recovery. And what only a real server would otherwise show:
+
+- an event over 16 MiB as the pipeline leaves it fails the read with ``BSONObjectTooLarge``
+  (10334), and the stream stays before it, so resuming from the same token meets it again;
+- a drop or rename (`ChangeFeed.invalidate`) sends that event and then ``invalidate``, which
+  closes every stream; ``resumeAfter`` that token is refused (260), ``startAfter`` it is not;
+- a read that waits (``max_await_time_ms``, a getMore with awaitData) returns None once other
+  writes passed by unmatched, its resume token advanced past them (``postBatchResumeToken``);
+- ``lookups`` counts the ``updateLookup`` reads the server would make: the part of a ``$match``
+  it can test on the oplog entry (`oplog_filter`) drops an update before its lookup.
 """
 
 from __future__ import annotations
@@ -19,9 +29,19 @@ from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ...clock import UTC
+from .change_events import (
+    MAX_EVENT_BYTES,
+    event_bytes,
+    oplog_filter,
+    parse_pipeline,
+    run_pipeline,
+    update_description,
+)
 from .patches import document_copy
 
 CHANGE_STREAM_HISTORY_LOST = 286
+INVALID_RESUME_TOKEN = 260
+BSON_OBJECT_TOO_LARGE = 10334
 DEFAULT_HISTORY = 10_000
 
 
@@ -39,17 +59,6 @@ def _sequence(token: Mapping[str, Any]) -> int:
         raise OperationFailure(f"invalid resume token {token!r}", code=260) from exc
 
 
-def _update_description(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """What changed, by top-level field. MongoDB may name paths inside a changed subdocument
-    or array instead (``worker_states.0.ping_expire_at``); a top-level scalar such as
-    ``wakes`` is named the same way by both. The values are the event's own copies."""
-    return {
-        "updatedFields": {k: v for k, v in after.items() if k not in before or before[k] != v},
-        "removedFields": [k for k in before if k not in after],
-        "truncatedArrays": [],
-    }
-
-
 class ChangeFeed:
     """Events of one collection, kept in a bounded history so streams can resume."""
 
@@ -61,6 +70,11 @@ class ChangeFeed:
         self._changed = anyio.Event()
         self._pending_errors: list[PyMongoError] = []
         self._generation = 0  # bumped by end_streams(): older streams stop
+        self._invalidated_at: set[int] = set()  # sequences of invalidate events
+        self.max_event_bytes = MAX_EVENT_BYTES  # a test may lower it
+        self.lookups = 0  # updateLookup reads the server would have made
+        self._open_errors: list[PyMongoError] = []
+        self.stalled = False  # streams stay open and deliver nothing (`stall`)
 
     @property
     def last_token(self) -> dict[str, str]:
@@ -73,22 +87,39 @@ class ChangeFeed:
         full_document: Mapping[str, Any] | None,
         before: Mapping[str, Any] | None = None,
     ) -> None:
+        after = document_copy(full_document) if full_document else None
+        event: dict[str, Any] = {"operationType": operation, "documentKey": {"_id": document_id}}
+        event["fullDocument"] = after
+        if operation == "update" and before is not None and after is not None:
+            event["updateDescription"] = update_description(before, after)
+        self._append(event)
+
+    def invalidate(self, operation: str = "drop", to: Mapping[str, str] | None = None) -> None:
+        """The collection was dropped or renamed (``operation``; ``to``: the new namespace):
+        that event, then ``invalidate``, which ends every open stream after it is read."""
+        event: dict[str, Any] = {"operationType": operation}
+        if to is not None:
+            event["to"] = dict(to)
+        self._append(event)
+        self._append({"operationType": "invalidate"})
+        self._invalidated_at.add(self._sequence)
+
+    def _append(self, fields: dict[str, Any]) -> None:
         self._sequence += 1
         if len(self._events) == self._events.maxlen:
-            self._forgotten_before = self._events[0]["_seq"] + 1
-        after = document_copy(full_document) if full_document else None
+            forgotten = self._events[0]["_seq"]
+            self._forgotten_before = forgotten + 1
+            self._invalidated_at.discard(forgotten)
         event = {
             "_seq": self._sequence,
-            "_verdicts": {},  # a stream's $match on this event, by `MemoryChangeStream._kind`
+            "_verdicts": {},  # a stream's pipeline output for this event, by its `_kind`
             "_id": _token(self._sequence),
-            "operationType": operation,
-            "ns": dict(self._namespace),
-            "documentKey": {"_id": document_id},
-            "wallTime": dt.datetime.now(UTC),
-            "fullDocument": after,
+            "operationType": fields.pop("operationType"),
         }
-        if operation == "update" and before is not None and after is not None:
-            event["updateDescription"] = _update_description(before, after)
+        if event["operationType"] != "invalidate":
+            event["ns"] = dict(self._namespace)
+        event["wallTime"] = dt.datetime.now(UTC)
+        event.update(fields)
         self._events.append(event)
         self._wake()
 
@@ -97,14 +128,25 @@ class ChangeFeed:
         self._pending_errors.append(error)
         self._wake()
 
+    def fail_opens(self, *errors: PyMongoError) -> None:
+        """The next opens of a stream raise these, one each (an election, a revoked role)."""
+        self._open_errors.extend(errors)
+
+    def stall(self, stalled: bool = True) -> None:
+        """Open streams deliver nothing, and raise nothing, until ``stall(False)``: as a
+        primary that lost its majority, or a sharded cluster waiting on a quiet shard."""
+        self.stalled = stalled
+        self._wake()
+
     def end_streams(self) -> None:
-        """Every open stream ends (as after an invalidate event: the collection was dropped)."""
+        """Every open stream ends without an event (a cursor the server closed)."""
         self._generation += 1
         self._wake()
 
     def forget_history(self) -> None:
         """Drop every stored event, as an oplog that rolled over: old tokens can't resume."""
         self._events.clear()
+        self._invalidated_at.clear()
         self._forgotten_before = self._sequence + 1
 
     def _wake(self) -> None:
@@ -134,18 +176,26 @@ class ChangeFeed:
         pipeline: Sequence[Mapping[str, Any]] | None,
         full_document: str | None,
         resume_after: Mapping[str, Any] | None,
+        *,
+        start_after: Mapping[str, Any] | None = None,
+        max_await_time_ms: int | None = None,
     ) -> MemoryChangeStream:
-        matches: list[Mapping[str, Any]] = []
-        for stage in pipeline or ():
-            if set(stage) != {"$match"}:
+        if self._open_errors:
+            raise self._open_errors.pop(0)
+        stages = parse_pipeline(pipeline)
+        if resume_after is not None and start_after is not None:
+            raise OperationFailure("only one of resumeAfter and startAfter", code=40674)
+        start = self._sequence
+        if resume_after is not None or start_after is not None:
+            start = _sequence(resume_after or start_after or {})
+            if resume_after is not None and start in self._invalidated_at:
                 raise OperationFailure(
-                    f"the memory backend's change streams support only $match stages, got "
-                    f"{sorted(stage)}"
+                    "Attempting to resume a change stream using 'resumeAfter' is not allowed "
+                    "from an invalidate notification.",
+                    code=INVALID_RESUME_TOKEN,
                 )
-            matches.append(stage["$match"])
-        start = self._sequence if resume_after is None else _sequence(resume_after)
         self._events_after(start)  # raise now, as the server does, for a lost resume point
-        return MemoryChangeStream(self, matches, full_document, start)
+        return MemoryChangeStream(self, stages, full_document, start, max_await_time_ms)
 
 
 class MemoryChangeStream:
@@ -154,22 +204,27 @@ class MemoryChangeStream:
     def __init__(
         self,
         feed: ChangeFeed,
-        matches: list[Mapping[str, Any]],
+        stages: list[tuple[str, Any]],
         full_document: str | None,
         start: int,
+        max_await_time_ms: int | None = None,
     ) -> None:
         self._feed = feed
-        self._matches = matches
+        self._stages = stages
         self._with_full_document = full_document in ("updateLookup", "required", "whenAvailable")
+        self._lookup = full_document == "updateLookup"
+        pushed = [oplog_filter(m) for kind, m in stages if kind == "match"]
+        self._oplog_filters = [f for f in pushed if f is not None]
+        self._awaits = max_await_time_ms is not None
         self._position = start  # resume point: the last event returned (or passed over)
         self._scanned = start  # the last event read from the feed into the buffer
         self._errors_seen = len(feed._pending_errors)
         self._generation = feed._generation
         self._buffer: collections.deque[dict[str, Any]] = collections.deque()
         self._closed = False
-        # Streams that show events alike and match them alike (the consumers of one set of
-        # names) test each event once between them.
-        self._kind = (self._with_full_document, repr(matches))
+        # Streams that show events alike and shape them alike (the consumers of one set of
+        # names) run each event through the pipeline once between them.
+        self._kind = (self._with_full_document, repr(stages))
 
     @property
     def resume_token(self) -> dict[str, str]:
@@ -177,7 +232,7 @@ class MemoryChangeStream:
 
     @property
     def alive(self) -> bool:
-        return not self._closed
+        return not self._closed and self._generation == self._feed._generation
 
     async def close(self) -> None:
         self._closed = True
@@ -196,7 +251,11 @@ class MemoryChangeStream:
         return event
 
     async def next(self) -> dict[str, Any]:
+        """The next event, waiting for it; `StopAsyncIteration` once the stream ended."""
         while True:
+            if not self.alive:
+                self._closed = True
+                raise StopAsyncIteration
             event = await self.try_next()
             if event is not None:
                 return event
@@ -205,27 +264,57 @@ class MemoryChangeStream:
                 await changed.wait()
 
     async def try_next(self) -> dict[str, Any] | None:
-        if self._closed or self._generation != self._feed._generation:
+        """One getMore: the next event, or None (always, once the stream ended: see `alive`).
+        With ``max_await_time_ms`` it waits, as the server's awaitData does, until the feed
+        changes (no timer: a quiet feed waits on)."""
+        scanned = self._scanned
+        event = await self._try_next()
+        if event is None and self._awaits and scanned == self._scanned and self._nothing_new():
+            await self._feed._changed.wait()
+            event = await self._try_next()
+        return event
+
+    async def _try_next(self) -> dict[str, Any] | None:
+        if not self.alive:
             self._closed = True
-            raise StopAsyncIteration
+            return None
         await anyio.lowlevel.checkpoint()
         self._raise_injected_error()
+        if self._feed.stalled:
+            return None
         if not self._buffer:
             for event in self._feed._events_after(self._scanned):
+                shaped = self._shaped(event)
+                if shaped is not None and event_bytes(shaped) > self._feed.max_event_bytes:
+                    if self._buffer:
+                        break  # the events before it first, as in a batch of their own
+                    self._closed = True  # the stream stays before it: a resume meets it again
+                    raise OperationFailure(
+                        f"BSONObj size is invalid: the change event {event['_id']} exceeds "
+                        f"{self._feed.max_event_bytes} bytes",
+                        code=BSON_OBJECT_TOO_LARGE,
+                    )
                 self._scanned = event["_seq"]
-                if self._matched(event):  # $match first; copy only what the stream delivers
-                    self._buffer.append(document_copy(self._view(event)))
+                if shaped is not None:  # copy only what the stream delivers
+                    self._buffer.append(document_copy(shaped))
+                if event["operationType"] == "invalidate":
+                    break
         if not self._buffer:
             # Like the server's post-batch resume token: skip past events the $match dropped.
             self._position = self._scanned
             return None
         event = self._buffer.popleft()
         self._position = self._scanned if not self._buffer else _sequence(event["_id"])
+        if event["operationType"] == "invalidate":
+            self._closed = True  # the server closes the cursor after it
         return event
 
     def _nothing_new(self) -> bool:
+        if self._feed.stalled and self.alive:
+            return len(self._feed._pending_errors) <= self._errors_seen
         return (
             not self._buffer
+            and not self._closed
             and self._generation == self._feed._generation
             and self._feed._sequence <= self._scanned
             and len(self._feed._pending_errors) <= self._errors_seen
@@ -239,13 +328,22 @@ class MemoryChangeStream:
             self._closed = True  # a failed cursor is dead, as with the driver
             raise error
 
-    def _matched(self, event: dict[str, Any]) -> bool:
+    def _shaped(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The event through this stream's pipeline (shared with streams of its kind: not to
+        be changed), or None when a ``$match`` dropped it. An invalidate passes whatever the
+        pipeline says, as the server's does; an update the oplog part of a ``$match`` keeps
+        costs a lookup of the document."""
+        if (
+            self._lookup
+            and event["operationType"] == "update"
+            and all(filter_applies(f, _oplog_view(event)) for f in self._oplog_filters)
+        ):
+            self._feed.lookups += 1
         verdicts = event["_verdicts"]
-        verdict = verdicts.get(self._kind)
-        if verdict is None:
-            seen = self._view(event)
-            verdict = verdicts[self._kind] = all(filter_applies(m, seen) for m in self._matches)
-        return bool(verdict)
+        if self._kind not in verdicts:
+            verdicts[self._kind] = run_pipeline(self._stages, self._view(event))
+        shaped: dict[str, Any] | None = verdicts[self._kind]
+        return shaped
 
     def _view(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event as this stream shows it (a shallow view of the stored one: not to be
@@ -256,3 +354,7 @@ class MemoryChangeStream:
         if shaped.get("fullDocument") is None:
             shaped.pop("fullDocument", None)
         return shaped
+
+
+def _oplog_view(event: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k not in _PRIVATE and k != "fullDocument"}

@@ -65,3 +65,33 @@ def index_serves(
             return False
         position += 1
     return True
+
+
+def bounded_keys(index_keys: Sequence[tuple[str, int]], query: Mapping[str, Any]) -> list[str]:
+    """The leading keys of an index that ``query`` bounds: equalities, then at most one
+    range. Past them the server reads every index key in the bounds (keys examined)."""
+    equality, ranges = _field_kinds(query)
+    bounded: list[str] = []
+    for field, _ in index_keys:
+        if field in equality:
+            bounded.append(field)
+        elif field in ranges:
+            bounded.append(field)
+            break
+        else:
+            break
+    return bounded
+
+
+def implies_partial(query: Mapping[str, Any], partial: Mapping[str, Any] | None) -> bool:
+    """Whether the planner may use an index with this ``partialFilterExpression``: here, when
+    every condition of the filter is written in the query as is (the server proves more, but
+    a query written so is always accepted)."""
+    for field, condition in (partial or {}).items():
+        written = query.get(field)
+        if isinstance(condition, Mapping) and isinstance(written, Mapping):
+            if any(written.get(op) != value for op, value in condition.items()):
+                return False
+        elif written != condition:
+            return False
+    return True

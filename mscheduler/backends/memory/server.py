@@ -164,13 +164,30 @@ class MemoryCollection:
         resume_after: Mapping[str, Any] | None = None,
         *,
         start_after: Mapping[str, Any] | None = None,
+        max_await_time_ms: int | None = None,
         **_: Any,
     ) -> MemoryChangeStream:
         if not self.change_streams:  # as a standalone mongod answers
             raise OperationFailure(
                 "The $changeStream stage is only supported on replica sets", code=40573
             )
-        return self.changes.open(pipeline, full_document, start_after or resume_after)
+        return self.changes.open(
+            pipeline,
+            full_document,
+            resume_after,
+            start_after=start_after,
+            max_await_time_ms=max_await_time_ms,
+        )
+
+    async def drop(self, **_: Any) -> None:
+        """Documents and indexes go; open streams read ``drop`` then ``invalidate``."""
+        async for document in self._inner.find({}):
+            self._ordered.changed(document, None)
+        await self._inner.drop()
+        for name, _keys in self._indexes[1:]:
+            self._ordered.drop(name)
+        del self._indexes[1:]
+        self.changes.invalidate("drop")
 
     # -- writes: each one publishes the change it made
 
