@@ -362,8 +362,17 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    grace: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSCHEDULER_GRACE",
+            help="How long a first SIGINT/SIGTERM lets running tasks finish (30s).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once).
+    """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
+    --grace, then releases the rest; a second cancels them and releases them at once.
 
     TARGET is module:attribute, imported from the current directory: a mapping of task name
     to handler (async or plain functions), an ms.Handlers registry, or an object with
@@ -383,6 +392,10 @@ def worker(
         if poll_interval:
             interval = parse_duration(poll_interval, "poll-interval")
             chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+        if grace:
+            chosen["shutdown_grace_ms"] = round(
+                parse_duration(grace, "grace").total_seconds() * 1000
+            )
         options = WorkerOptions(**chosen)
     except (MSchedulerError, ValidationError) as exc:
         fail(one_line(exc))

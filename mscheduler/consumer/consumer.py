@@ -128,6 +128,14 @@ class Consumer:
         """Stop claiming, let running handlers finish within the grace period, release the rest."""
         self._stop_requested.set()
 
+    def stop_now(self) -> None:
+        """Stop claiming and cancel every running handler at once, releasing its lease (within
+        about two seconds, or the lease is left to expire): another worker claims the task at
+        once, and no failure is counted. A sync handler that ignores its cancellation still
+        gets ``cancel_timeout_ms`` before it is abandoned."""
+        self._stop_requested.set()
+        self._executor.hurry()
+
     async def __aenter__(self) -> Consumer:
         """Returns once the change stream is open and the first fetch is done."""
         self._own_task_group = anyio.create_task_group()

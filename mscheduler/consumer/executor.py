@@ -38,6 +38,9 @@ from .stats import ConsumerStats
 log = logging.getLogger(__name__)
 
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
+# Real seconds a release may take after a stop-now (`Executor.hurry`): the user asked for an
+# exit, so a database that does not answer by then leaves the lease to expire.
+HURRIED_RELEASE_TIMEOUT_S = 2.0
 
 
 def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
@@ -102,6 +105,7 @@ class Executor:
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
+        self._hurried = anyio.Event()
         self._task_group: TaskGroup | None = None
 
     @property
@@ -303,7 +307,8 @@ class Executor:
         if not entry.release_on_stop:
             self._stats.record("cancelled", lease.task.name)
             return False
-        with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
+        timeout = HURRIED_RELEASE_TIMEOUT_S if self._hurried.is_set() else _RELEASE_TIMEOUT_S
+        with anyio.move_on_after(timeout, shield=True):
             try:
                 await self._store.release(lease, entry.stop_reason or "released")
                 self._stats.record("released", lease.task.name)
@@ -383,11 +388,23 @@ class Executor:
         """Let handlers finish within the grace period, then stop the rest and release them,
         so another worker can claim at once instead of waiting for the leases to expire."""
         deadline = self._clock.now() + dt.timedelta(milliseconds=self._options.shutdown_grace_ms)
-        while self._running and self._clock.now() < deadline:
+        while self._running and self._clock.now() < deadline and not self._hurried.is_set():
             self._idle = idle = anyio.Event()
             await self._clock.wait_until(deadline, idle)
-        for entry in list(self._running.values()):
-            entry.stop("the worker is shutting down", release=True)
+        self._stop_all()
         while self._running:
             self._idle = idle = anyio.Event()
             await idle.wait()
+
+    def hurry(self) -> None:
+        """Stop now: end the grace period, cancel every handler and release its lease at once
+        (a release not done within `HURRIED_RELEASE_TIMEOUT_S` leaves the lease to expire).
+        A released task is claimable by another worker at once and counts no failure."""
+        self._hurried.set()
+        self._idle.set()  # wakes the grace period's wait: it ends now
+        if self._task_group is not None:
+            self._stop_all()
+
+    def _stop_all(self) -> None:
+        for entry in list(self._running.values()):
+            entry.stop("the worker is shutting down", release=True)

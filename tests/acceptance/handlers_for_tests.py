@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+
 import mscheduler as ms
 
 
@@ -9,4 +11,9 @@ async def echo(task: ms.Task) -> object:
     return task.payload
 
 
-handlers = {"echo": echo}
+async def slow(task: ms.Task) -> object:
+    await anyio.sleep(3600)  # until the worker stops it
+    return None
+
+
+handlers = {"echo": echo, "slow": slow}
