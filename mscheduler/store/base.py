@@ -6,6 +6,7 @@ import this module, never `tasks`, so the store has no import cycle.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -115,6 +116,14 @@ class StoreBase:
     async def get_many(self, keys: Sequence[str]) -> list[Task]:
         await self._ready()
         cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
+        return [Task.model_validate(document) async for document in cursor]
+
+    @driver_errors
+    async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
+        """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
+        watch shows where the server has no change streams."""
+        await self._ready()
+        cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
         return [Task.model_validate(document) async for document in cursor]
 
 

@@ -394,6 +394,30 @@ def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireSer
 
 
 @needs_bin
+def test_watch_polls_a_server_without_change_streams(wire_server: WireServer):
+    """The wire engine has no change streams: ``watch`` says once that it polls, and prints a
+    task published after it started."""
+    uri = wire_db(wire_server)
+    process = subprocess.Popen(
+        [str(BIN), "--uri", uri, "watch", "--json", "--limit", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        said = read_until(process, "polling every")
+        publish(uri, ("late:1", "late", {"n": 1}))
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [(p["key"], p["state"]) for p in printed] == [("late:1", "pending")]
+    assert sum("polling every" in line for line in [*said, *err.splitlines()]) == 1
+
+
+@needs_bin
 def test_a_busy_metrics_port_is_one_line(wire_server: WireServer):
     import socket
 
