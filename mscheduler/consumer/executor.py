@@ -37,6 +37,8 @@ from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
+# A handler's progress is written at most this often per task (it brings the ping forward).
+PROGRESS_EVERY = dt.timedelta(seconds=1)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
 # Real seconds a release may take after a stop-now (`Executor.hurry`): the user asked for an
 # exit, so a database that does not answer by then leaves the lease to expire.
@@ -64,6 +66,7 @@ class _Running:
     worker_timeout_ms: int
     stop_reason: str | None = None
     release_on_stop: bool = False
+    progress_written_at: dt.datetime | None = None
 
     @property
     def stop_at(self) -> dt.datetime:
@@ -149,6 +152,7 @@ class Executor:
             ping_interval_ms=options.ping_interval_ms,
             worker_timeout_ms=options.worker_timeout_ms,
         )
+        lease.on_progress(lambda: self.progress_reported(lease.key))
         self._ping_wake.set()
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
 
@@ -339,6 +343,21 @@ class Executor:
 
     # ------------------------------------------------------------ pinging
 
+    def progress_reported(self, key: str) -> None:
+        """A handler reported progress: its ping comes at once, or a second after the last
+        one that wrote progress (coalesced: one write a second per task at most); the other
+        leases due within half their interval go in the same bulk write."""
+        entry = self._running.get(key)
+        if entry is None or entry.stop_reason is not None:
+            return
+        now = self._clock.now()
+        due = now
+        if entry.progress_written_at is not None:
+            due = max(now, entry.progress_written_at + PROGRESS_EVERY)
+        if due < entry.next_ping_at:
+            entry.next_ping_at = due
+            self._ping_wake.set()
+
     async def ping_loop(self) -> None:
         """One bulk write pings every lease that is due (or due within half its interval)."""
         attempt = 0
@@ -381,6 +400,8 @@ class Executor:
                 else:
                     entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)
                     entry.next_ping_at = now + dt.timedelta(milliseconds=entry.ping_interval_ms)
+                    if entry.lease.reported_progress is not None:
+                        entry.progress_written_at = now
 
     # ------------------------------------------------------------ shutdown
 
