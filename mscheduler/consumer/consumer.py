@@ -10,8 +10,9 @@
 - claimer: while a slot is free and something is due, claims the best task of its names
   (server-side: priority, then age); a limited name's under a token (`quotas.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
-- controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names and
-  limits, re-read on each change (a stream, or every poll interval).
+- controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names,
+  limits and schedules, re-read on each change the process's `ControlHub` sees (one stream,
+  or one read of a version per poll interval, for all the consumers of a `Scheduler`).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class Consumer:
             self._executor.bind(task_group)
             self._quotas.bind(task_group)
             await task_group.start(self._listener.run)  # the stream is open before the fetch
+            await task_group.start(self._controls.serve_hub)  # controls watched before read
             await task_group.start(self._controls.limit_loop)  # limits known before the fetch
             await self._fetch()
             task_group.start_soon(self._quotas.extend_loop)
@@ -293,7 +295,7 @@ class Consumer:
         """Read our names' limits (`Controls.limit_loop`: at start and on each change): the
         due keys of a name whose limit changed are tried at once, whatever window they were
         waiting for (a removed or raised limit lets them start now)."""
-        changed = await self._quotas.refresh(self.names)
+        changed = await self._quotas.refresh(self.names, self._executor.running_leases)
         if changed:
             now = self._clock.now()
             for key in self._quotas.keys_of(changed):

@@ -122,6 +122,11 @@ class Executor:
         return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
 
     @property
+    def running_leases(self) -> list[Lease]:
+        """The leases whose handlers run and have not been told to stop."""
+        return [e.lease for e in self._running.values() if e.stop_reason is None]
+
+    @property
     def held_runs(self) -> set[str]:
         """The run_ids of the leases this worker runs now: a live state of its worker_id with
         another run_id belongs to a previous life (a restart under the same id)."""

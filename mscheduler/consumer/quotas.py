@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -70,10 +71,13 @@ class Quotas:
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
 
-    async def refresh(self, names: Sequence[str]) -> list[str]:
+    async def refresh(self, names: Sequence[str], running: Sequence[Lease] = ()) -> list[str]:
         """Read the limits of ``names``; returns the names whose limits changed (set, changed
-        or removed): their due keys are worth trying at once."""
+        or removed): their due keys are worth trying at once. The ``running`` leases of a name
+        that has a ``max_running`` now and that hold no slot (started before it was limited)
+        take one, so claims count them: no start beyond the limit from then on."""
         limits = await self._store.limits.of(names)
+        await self._adopt(limits, running)
         changed = sorted(
             name
             for name in {*limits, *self.limited}
@@ -83,6 +87,19 @@ class Quotas:
         for name in changed:
             self.blocked.pop(name, None)
         return changed
+
+    async def _adopt(self, limits: dict[str, Limit], running: Sequence[Lease]) -> None:
+        now = self._clock.now()
+        unslotted: dict[str, list[Lease]] = {}
+        for lease in running:
+            limit = limits.get(lease.task.name)
+            if limit is not None and limit.max_running is not None and lease.key not in self._held:
+                unslotted.setdefault(lease.task.name, []).append(lease)
+        for name, leases in unslotted.items():
+            tokens = [uuid.uuid4().hex for _ in leases]
+            await self._store.limits.adopt(name, tokens, now + FIRST_SLOT_LIFE)
+            for lease, token in zip(leases, tokens, strict=True):
+                self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
 
     def keys_of(self, names: Sequence[str]) -> list[str]:
         """The keys noted (by `offered`) for these names."""

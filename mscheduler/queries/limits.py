@@ -80,6 +80,14 @@ def give_back(name: str, token: str) -> tuple[Document, Document]:
     return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
 
 
+def adopt(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
+    """Runs that started before their name was limited take slots, whatever the limit: they
+    run already, and claims count them from now on."""
+    slots = [{"id": literal(token), "until": until} for token in tokens]
+    added = {"$concatArrays": [{"$ifNull": ["$slots", []]}, slots]}
+    return {"_id": name}, [{"$set": {"slots": added}}]
+
+
 def release(name: str, token: str) -> tuple[Document, Document]:
     """The task ended: its slot frees; its start still counts in the window."""
     return {"_id": name}, {"$pull": {"slots": {"id": token}}}

@@ -91,12 +91,15 @@ class Limits(BesideTasks):
         per_ms = _checked_limits(rate, per, max_running)
         update = lq.set_limit(name, rate, per_ms, max_running)
         await self.collection.update_one(*update, upsert=True)
+        await self._tasks.control_changed()
         found = await self.collection.find_one({"_id": name})
         return Limit.model_validate(found)
 
     @driver_errors
     async def remove(self, name: str) -> bool:
         result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        if result.deleted_count:
+            await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors
@@ -138,6 +141,10 @@ class Limits(BesideTasks):
     @driver_errors
     async def give_back(self, name: str, token: str) -> None:
         await self.collection.update_one(*lq.give_back(name, token))
+
+    @driver_errors
+    async def adopt(self, name: str, tokens: Sequence[str], until: dt.datetime) -> None:
+        await self.collection.update_one(*lq.adopt(name, tokens, until))
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:

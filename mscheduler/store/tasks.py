@@ -33,6 +33,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .controls import ControlHub, ControlVersion
 from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
@@ -55,6 +56,8 @@ class TaskStore(StoreBase):
         self.expiry = Expiry(self, self._after_write)
         self.pauses = Pauses(self)
         self.limits = Limits(self)
+        self.control_version = ControlVersion(self)
+        self.control_hub = ControlHub(self, self.control_version, clock)
         # Finished tasks (keys, or ids where no key was read) whose dependents this process
         # failed to tell (see `_after_write`), and the callbacks (consumers) to wake when one is
         # added.
@@ -62,6 +65,9 @@ class TaskStore(StoreBase):
         self.owed_listeners: list[Callable[[], None]] = []
         self._finishes = FinishBatcher(self, self._fenced_document)
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
+
+    async def control_changed(self) -> None:
+        await self.control_version.bump()
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a

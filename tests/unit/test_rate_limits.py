@@ -4,6 +4,7 @@ a consumer at the limit sleeps until the window frees. Both engines, the manual 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import threading
 from typing import Any
@@ -397,3 +398,54 @@ async def test_local_retries_count_against_the_rate(
     assert len(starts) == 3  # the first start and two local retries
     window = dt.timedelta(seconds=1)
     assert all(later - start >= window for start, later in zip(starts, starts[2:], strict=False))
+
+
+async def test_a_limit_set_changed_and_removed_while_consumers_run_holds_at_once(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Three consumers: each change holds within one change event (one poll interval without
+    change streams), runs that started before the limit included: no start beyond it."""
+    runs = _Concurrency()
+    options = [
+        ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)
+        for n in range(3)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for each in options:
+            await stack.enter_async_context(
+                scheduler.consumer({"render": runs.handler}, options=each)
+            )
+        for n in range(3):
+            await scheduler.publish(f"early{n}", n, name="render")
+        await discover()
+        assert runs.running == 3  # no limit yet
+        await scheduler.set_limit("render", max_running=2)
+        await discover()  # one change event, or one poll interval
+        for n in range(6):
+            await scheduler.publish(f"r{n}", n, name="render")
+        await discover()
+        assert runs.running == 3, "a start beyond the limit set while three ran"
+        for n in range(3):
+            runs.gates[f"early{n}"].set()
+            await discover()
+            clock.advance(1)  # a slot freed elsewhere is asked for again each second
+            await discover()
+            assert runs.running <= 2
+        assert runs.running == 2
+        await scheduler.set_limit("render", max_running=3)
+        await discover()
+        assert runs.running == 3, "a raised limit was not seen at once"
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        runs.gates[runs.started[-1]].set()  # one ends: still two running, over the new limit
+        await discover()
+        clock.advance(1)
+        await discover()
+        assert runs.running == 2, "a start beyond a lowered limit"
+        assert await scheduler.remove_limit("render")
+        await discover()
+        assert runs.running == 5, "a removed limit did not free its tasks at once"
+        for gate in list(runs.gates.values()):
+            gate.set()
+        await discover()
+    assert runs.running == 0
