@@ -14,28 +14,12 @@ from pymongo.errors import PyMongoError
 
 from ..clock import sleep
 from ..errors import BackendUnavailable
+from ..store.limits import LIMIT_CHANGES
 from ..store.streams import Watched, close_quietly, open_unless_refused
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
-
-
-# The change events of limit documents that change a limit (set, changed, removed), not the
-# tokens taken and released in them (those are most of their writes).
-_LIMIT_CHANGES = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace", "delete"]}},
-                *(
-                    {f"updateDescription.updatedFields.{field}": {"$exists": True}}
-                    for field in ("rate", "per_ms", "max_running")
-                ),
-            ]
-        }
-    }
-]
 
 
 class Controls:
@@ -91,7 +75,7 @@ class Controls:
         """Keep the limits of our names current: re-read on each change of one, so a removed
         or raised limit lets the tasks it held back start within one event (or poll)."""
         await self._watch(
-            self._store.limits, _LIMIT_CHANGES, self._read_limits, "limit_retry", task_status
+            self._store.limits, LIMIT_CHANGES, self._read_limits, "limit_retry", task_status
         )
 
     async def _read_pauses(self) -> None:
