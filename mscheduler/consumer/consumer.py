@@ -86,6 +86,7 @@ class Consumer:
         )
         self._listener.on_backstop = self._fetch_page
         self._own_task_group: TaskGroup | None = None
+        self._fetched = False  # the first fetch is done (`_limits` fetches again after it)
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
@@ -170,16 +171,19 @@ class Consumer:
             await task_group.start(self._controls.serve_hub)  # controls watched before read
             await task_group.start(self._controls.limit_loop)  # limits known before the fetch
             await self._fetch()
+            self._fetched = True
             task_group.start_soon(self._quotas.extend_loop)
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
             await task_group.start(self._controls.pause_loop)
-            claiming = anyio.CancelScope()
-            task_group.start_soon(self._claim_and_poll, claiming)
+            claiming, claimed = anyio.CancelScope(), anyio.Event()
+            task_group.start_soon(self._claim_and_poll, claiming, claimed)
             task_status.started()
             await self._stop_requested.wait()
             claiming.cancel()
+            await claimed.wait()  # a claim in flight has ended, its leases started
+            await self._start_uncertain_claims()  # they too run or are released below
             await self._executor.shutdown()
             await self._quotas.drain()  # the slots of the runs that just ended are released
             task_group.cancel_scope.cancel()
@@ -188,11 +192,14 @@ class Consumer:
             extra={"action": "consumer_stop", "worker_id": self.worker_id},
         )
 
-    async def _claim_and_poll(self, scope: anyio.CancelScope) -> None:
-        with scope:
-            async with anyio.create_task_group() as task_group:
-                task_group.start_soon(self._claim_loop)
-                task_group.start_soon(self._listener.poll_loop)
+    async def _claim_and_poll(self, scope: anyio.CancelScope, claimed: anyio.Event) -> None:
+        try:
+            with scope:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self._claim_loop)
+                    task_group.start_soon(self._listener.poll_loop)
+        finally:
+            claimed.set()
 
     # ------------------------------------------------------------ feeding the heap
 
@@ -294,18 +301,26 @@ class Consumer:
     async def _limits(self) -> None:
         """Read our names' limits (`Controls.limit_loop`: at start and on each change): the
         due keys of a name whose limit changed are tried at once, whatever window they were
-        waiting for (a removed or raised limit lets them start now)."""
+        waiting for (a removed or raised limit lets them start now); after the first fetch,
+        a fetch notes the keys of a newly limited name (its tasks are claimed under tokens)."""
         changed = await self._quotas.refresh(self.names, self._executor.running_leases)
-        if changed:
-            now = self._clock.now()
-            for key in self._quotas.keys_of(changed):
-                self._heap.nudge(key, now)
-            self._wake.set()
+        if not changed:
+            return
+        now = self._clock.now()
+        for key in self._quotas.keys_of(changed):
+            self._heap.nudge(key, now)
+        self._wake.set()
+        if self._fetched:
+            await self._fetch()
 
     def _slot_freed(self, key: str, written: bool) -> None:
-        self._quotas.ended(key)
+        now = self._clock.now()
+        name = self._quotas.ended(key)
+        if name is not None:  # a slot of its limit frees: its waiting keys may start at once
+            for waiting in self._quotas.keys_of([name]):
+                self._heap.nudge(waiting, now)
         if not written:
-            self._heap.nudge(key, self._clock.now())
+            self._heap.nudge(key, now)
         self._wake.set()
 
     async def _claim_loop(self) -> None:
@@ -325,18 +340,24 @@ class Consumer:
                 deadline = earliest if self._executor.free_slots > 0 else None
                 await self._clock.wait_until(deadline, wake)
                 continue
-            await self._claim_due(now)
+            # A claim in flight completes even if claiming stops meanwhile: the leases it won
+            # are started (then run or released by the shutdown), never dropped with a reply.
+            with anyio.CancelScope(shield=True):
+                failed = await self._claim_due(now)
+            if failed:  # the database is unreachable: look again after a delay
+                await sleep(self._clock, self.options.reconnect_delay(0))
 
-    async def _claim_due(self, now: Any) -> None:
+    async def _claim_due(self, now: Any) -> bool:
+        """Claim what is due; True when the database failed (the caller backs off)."""
         leases: list[Lease] = []  # started whatever happens next: each is a live lease
         try:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
-                return
+                return False
             names = [name for name in self.names if name not in self.paused]
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
-                return
+                return False
             due = self._heap.due_keys(now, self._executor.free_slots)
             limited: dict[str, list[str]] = {}
             for key in due:
@@ -371,15 +392,14 @@ class Consumer:
             log.warning(str(exc), extra={"action": action})
             for lease in leases:  # won before the failure: they run
                 self._start(lease)
-            await sleep(self._clock, self.options.reconnect_delay(0))
-            return
+            return True
         if not leases:
-            await self._reschedule(self._heap.pop_due(now))
-            return
+            return await self._reschedule(self._heap.pop_due(now))
         for lease in leases:
             self._start(lease)
+        return False
 
-    async def _reschedule(self, keys: list[str]) -> None:
+    async def _reschedule(self, keys: list[str]) -> bool:
         """Nothing due was claimable by us: each key was taken, finished or pushed back by
         writes that wake nobody (`queries.derived.wakes_consumers`). The fetch's read (what we
         may claim, soonest first) says when each may be claimable next: a later time goes back
@@ -388,7 +408,7 @@ class Consumer:
         while other consumers ran holds thousands of keys they finished (issue 12: that read
         was a tenth of the time of 3 consumers on 5,000 tasks)."""
         if not keys:
-            return
+            return False
         self.stats.record("rescheduled")
         try:
             tasks = await self._claimable_soonest()
@@ -396,8 +416,7 @@ class Consumer:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim
                 self._heap.nudge(key, self._clock.now())
-            await sleep(self._clock, self.options.reconnect_delay(0))
-            return
+            return True
         now = self._clock.now()
         self._quotas.forget(keys)  # `_offer` notes again those that go back in the heap
         held = self._executor.held_runs
@@ -405,12 +424,24 @@ class Consumer:
             when = task.next_claim_for(self.worker_id, now, held)
             if when is not None and when > now:
                 self._offer(task)
+        return False
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
         self._quotas.forget([lease.key])
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
+
+    async def _start_uncertain_claims(self) -> None:
+        """At shutdown: leases that uncertain claims may hold are found and started, so the
+        shutdown runs or releases them; if the database cannot tell, they expire."""
+        if not self._uncertain_runs:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._recover_uncertain_claims()
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "claim_uncertain"})
 
     async def _recover_uncertain_claims(self) -> None:
         """Claims whose leases may have landed unseen (`ClaimUncertain`): looked up in one read

@@ -221,7 +221,7 @@ class Quotas:
         """Before a local retry of a handler: a start counts against the rate like the first
         (its slot is held already); waits while the window is full."""
         attempt = 0
-        while task.name in self.limited:
+        while task.name in self.limited and self.limited[task.name].rate is not None:
             try:
                 free = await self._store.limits.start(task.name)
             except BackendUnavailable as exc:
@@ -234,13 +234,15 @@ class Quotas:
             log.debug("rate of %r reached until %s", task.name, free, extra={"action": "limited"})
             await self._clock.wait_until(free, anyio.Event())
 
-    def ended(self, key: str) -> None:
+    def ended(self, key: str) -> str | None:
         """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its
-        start still counts in the window)."""
+        start still counts in the window). Returns the name whose slot freed, if any."""
         slot = self._held.pop(key, None)
-        if slot is not None:
-            self.blocked.pop(slot.name, None)  # a slot of ours frees: worth asking at once
-            self._spawn(self._release, slot.name, slot.token)
+        if slot is None:
+            return None
+        self.blocked.pop(slot.name, None)  # a slot of ours frees: worth asking at once
+        self._spawn(self._release, slot.name, slot.token)
+        return slot.name
 
     def _spawn(self, release: _Release, name: str, token: str) -> None:
         if self._task_group is None:

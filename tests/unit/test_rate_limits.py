@@ -449,3 +449,25 @@ async def test_a_limit_set_changed_and_removed_while_consumers_run_holds_at_once
             gate.set()
         await discover()
     assert runs.running == 0
+
+
+async def test_a_limit_set_while_tasks_wait_holds_for_them(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Tasks already known to a consumer when their name gets a limit: claimed under it,
+    none left behind."""
+    later = ms.TaskOptions(not_before=clock.now() + dt.timedelta(seconds=10))
+    for n in range(3):
+        await scheduler.publish(f"r{n}", n, name="render", options=later)
+    runs = _Concurrency()
+    async with scheduler.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        clock.advance(10)
+        await discover()
+        assert runs.started == ["r0"]
+        for n in range(3):
+            runs.gates[f"r{n}"].set()
+            await discover()
+        assert sorted(runs.started) == ["r0", "r1", "r2"] and runs.most == 1
