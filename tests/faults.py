@@ -1,10 +1,13 @@
-"""A collection that fails on purpose: network errors before or after the operation."""
+"""Collections that misbehave on purpose: network errors before or after the operation, and
+writes held up until the test lets them through (a slow network)."""
 
 from __future__ import annotations
 
+import inspect
 import random
 from typing import Any
 
+import anyio
 from pymongo.errors import AutoReconnect, NetworkTimeout, NotPrimaryError
 
 ERRORS = (
@@ -67,3 +70,31 @@ class FaultyCollection:
             return result
 
         return call
+
+
+class HeldWrites:
+    """Every fenced write (``find_one_and_update``, ``bulk_write``) made while ``holding``
+    waits until the test sets its gate in ``held``, in the order they came: a slow network,
+    made step by step."""
+
+    def __init__(self, collection: Any) -> None:
+        self.wrapped = collection
+        self.held: list[anyio.Event] = []
+        self.holding = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def _through(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.holding:
+            gate = anyio.Event()
+            self.held.append(gate)
+            await gate.wait()
+        result = getattr(self.wrapped, name)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._through("find_one_and_update", *args, **kwargs)
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._through("bulk_write", *args, **kwargs)

@@ -67,6 +67,8 @@ class _Running:
     stop_reason: str | None = None
     release_on_stop: bool = False
     progress_written_at: dt.datetime | None = None
+    # While its outcome is written: a shutdown cuts a write that outlasts the grace (`shutdown`).
+    writing: anyio.CancelScope | None = None
 
     @property
     def stop_at(self) -> dt.datetime:
@@ -181,7 +183,16 @@ class Executor:
                 self._stats.record("succeeded", name, run.seconds)  # committed by the handler
                 written = True
             else:
-                written = await self._finish(entry, outcome)
+                entry.writing = anyio.CancelScope()
+                with entry.writing:
+                    written = await self._finish(entry, outcome)
+                if entry.writing.cancelled_caught:
+                    log.error(
+                        "outcome of task %r not recorded: the worker stopped before the write "
+                        "landed; its lease is left to expire",
+                        entry.lease.key,
+                        extra={"action": "outcome_lost", "key": entry.lease.key},
+                    )
         finally:
             if self._running.get(key) is entry:
                 del self._running[key]
@@ -412,14 +423,26 @@ class Executor:
 
     async def shutdown(self) -> None:
         """Let handlers finish within the grace period, then stop the rest and release them,
-        so another worker can claim at once instead of waiting for the leases to expire."""
+        so another worker can claim at once instead of waiting for the leases to expire.
+
+        Bounded: past the grace, handlers get ``cancel_timeout_ms`` to unwind (then they are
+        abandoned, `HandlerCalls`), and so do the writes of outcomes still on their way (a
+        slow or unreachable server, or a batch of other consumers' finishes ahead of them):
+        then they are cut, and their leases left to expire. Releases have their own bound."""
         deadline = self._clock.now() + dt.timedelta(milliseconds=self._options.shutdown_grace_ms)
         while self._running and self._clock.now() < deadline and not self._hurried.is_set():
             self._idle = idle = anyio.Event()
             await self._clock.wait_until(deadline, idle)
         self._stop_all()
+        give_up = self._clock.now() + dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
         while self._running:
             self._idle = idle = anyio.Event()
+            if self._clock.now() < give_up:
+                await self._clock.wait_until(give_up, idle)
+                continue
+            for entry in self._running.values():
+                if entry.writing is not None:
+                    entry.writing.cancel()
             await idle.wait()
 
     def hurry(self) -> None:

@@ -3,7 +3,6 @@ one read; a lone finish is the single fenced write it always was; lease loss is 
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import anyio
@@ -12,6 +11,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
 from tests.engines import settle
+from tests.faults import HeldWrites
 
 pytestmark = pytest.mark.anyio
 
@@ -69,37 +69,13 @@ async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     assert task.state is ms.TaskState.SUCCESS and counting.calls == 1, counting.counts
 
 
-class _HeldWrites:
-    """A collection whose writes wait until the test lets each through: a slow network."""
-
-    def __init__(self, collection: Any) -> None:
-        self.wrapped = collection
-        self.held: list[anyio.Event] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.wrapped, name)
-
-    async def _through(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        gate = anyio.Event()
-        self.held.append(gate)
-        await gate.wait()
-        result = getattr(self.wrapped, name)(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
-
-    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._through("find_one_and_update", *args, **kwargs)
-
-    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._through("bulk_write", *args, **kwargs)
-
-
 async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_others(
     scheduler: ms.Scheduler,
 ):
     """Consumers of one store share the sends of their finishes; a stopping consumer waits on
     its own outcome, never on the outcomes others keep finishing meanwhile."""
     leases = await _claimed(scheduler, 3)
-    held = _HeldWrites(scheduler.collection)
+    held = HeldWrites(scheduler.collection)
     sched = ms.Scheduler(held, clock=scheduler.store.clock)
     await sched.ensure_indexes()
     returned: list[str] = []

@@ -15,6 +15,7 @@ import mscheduler as ms
 from mscheduler.consumer.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, settle
+from tests.faults import HeldWrites
 from tests.unit.test_consumer import FAST, Recorder, consumers
 
 pytestmark = pytest.mark.anyio
@@ -311,6 +312,53 @@ async def test_7_stop_returns_and_releases_when_a_handler_ignores_cancellation(
     assert [ws.state for ws in task.worker_states] == [K.RELEASED]
     assert consumer.stats.abandoned == 1
     assert "handler of task 'stubborn' ignored cancellation" in caplog.text
+
+
+async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """A finish stuck on its way (a slow server, other consumers' batch ahead of it) gets
+    ``cancel_timeout_ms`` past the grace, like a handler unwinding; then the stop goes on."""
+    await scheduler.publish(
+        "k", None, name="job", options=ms.TaskOptions(worker_timeout_ms=600_000)
+    )
+    held = HeldWrites(scheduler.collection)
+    held.holding = False
+    slow = ms.Scheduler(held, clock=clock)
+    ended, returned = anyio.Event(), anyio.Event()
+
+    async def handler(task: ms.Task) -> str:
+        held.holding = True  # from now on, writes hang: this outcome's among them
+        ended.set()
+        return "done"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = slow.consumer({"job": handler}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        await ended.wait()
+        await settle()
+        assert consumer.running == ["k"] and len(held.held) == 1  # its outcome, on its way
+        consumer.stop()
+        await settle()
+        clock.advance(1)  # the grace
+        await settle()
+        assert not returned.is_set()
+        clock.advance(2)  # and the cancel timeout
+        await settle()
+        stopped = returned.is_set()
+        task_group.cancel_scope.cancel()
+    assert stopped, "stop() waited on an outcome write past its grace and cancel timeout"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.RUNNING  # its lease is left to expire
 
 
 async def test_10_a_handler_raising_cancelled_error_fails_only_its_task(
