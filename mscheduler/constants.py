@@ -53,6 +53,12 @@ MAX_NESTING_DEPTH: Final = 100
 # pending tasks, and finished ones whose dependents wait to be told, have it null and stay.
 FINISHED_TTL_INDEX = "finished_ttl"
 
+# Names in one query of tasks by name (claims, fetches, the expiry scan): the planner turns
+# ``name $in`` x ``state $in`` (two states) into one index scan each, merged in sort order, up
+# to 200 scans (internalQueryMaxScansToExplode); past that it reads every matching task and
+# sorts them in memory, on every claim. More names are queried in groups of this many.
+MAX_NAMES_PER_QUERY: Final = 100
+
 # Indexes: (name, keys, extra options). Every query in mscheduler.queries is served by one of these;
 # tests run the memory backend with a "notablescan" check that refuses any query none serves.
 INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (

@@ -139,13 +139,16 @@ def growth_reserve(options: TaskOptions) -> int:
     return states * _worker_state_bytes() + errors * c.MAX_ERROR_BYTES + results + 1024
 
 
-def check_document_size(document: Mapping[str, Any], options: TaskOptions) -> None:
-    # The payload is the only value in a new task that comes from the caller.
-    size = len(_encode(document, "payload", document["payload"]))
+def check_document_size(
+    document: Mapping[str, Any], options: TaskOptions, field: str = "payload"
+) -> None:
+    """``field``: what the caller changed (the payload of a new task, a debounced payload, late
+    dependency edges), named in the error. ``options``: the task's own, whose reserve it keeps."""
+    size = len(_encode(document, field, document.get(field)))
     budget = c.MAX_DOCUMENT_BYTES - growth_reserve(options)
     if size > budget:
         raise PayloadError(
-            f"payload: the task document would be {size} bytes; with room kept for results "
+            f"{field}: the task document would be {size} bytes; with room kept for results "
             f"and errors the limit is {budget} bytes (MongoDB's maximum is "
             f"{c.MAX_DOCUMENT_BYTES})"
         )

@@ -80,6 +80,20 @@ def mark_notified(key: str, now: dt.datetime) -> tuple[Document, Document]:
     )
 
 
+def settled_backfill() -> tuple[Document, Pipeline]:
+    """Finished tasks written before ``settled_at`` existed, with nothing left to tell: the
+    TTL's date is when they ended. ``$nor`` of ``$type`` rather than a null test, which the
+    engines answer differently for a missing field. Served by ``finished`` (state)."""
+    return (
+        {
+            "state": {"$in": TERMINAL},
+            "dependents_notified": {"$ne": False},
+            "$nor": [{"settled_at": {"$type": "date"}}],
+        },
+        [{"$set": {"settled_at": "$finished_at"}}],
+    )
+
+
 def add_dependency_filter(key: str) -> Document:
     """Only a task that has not started may gain a dependency."""
     return {

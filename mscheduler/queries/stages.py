@@ -52,10 +52,15 @@ def literal(value: Any) -> Document:
 
 # ---------------------------------------------------------------- expression helpers
 
+# The worker states, read so that a task written by hand without them (or with null) counts
+# none, rather than making ``$size`` fail every claim of its name; the next write of such a
+# task stores the array. Every expression over them reads this, never the field itself.
+WORKER_STATES: Document = {"$ifNull": ["$worker_states", []]}
+
 
 def count_states(cond: Document) -> Document:
     """How many worker states satisfy ``cond`` (an expression over ``$$ws``)."""
-    return {"$size": {"$filter": {"input": "$worker_states", "as": "ws", "cond": cond}}}
+    return {"$size": {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": cond}}}
 
 
 def state_is(*kinds: str) -> Document:
@@ -69,7 +74,7 @@ def failures() -> Document:
 
 def attempts() -> Document:
     """Claims made so far (what ``max_tries`` counts), those dropped from the history too."""
-    return {"$add": [{"$size": "$worker_states"}, {"$ifNull": ["$dropped_attempts", 0]}]}
+    return {"$add": [{"$size": WORKER_STATES}, {"$ifNull": ["$dropped_attempts", 0]}]}
 
 
 def is_live(now: dt.datetime) -> Document:
@@ -86,7 +91,7 @@ def map_states(when: Document, then: Document) -> Document:
         "$set": {
             "worker_states": {
                 "$map": {
-                    "input": "$worker_states",
+                    "input": WORKER_STATES,
                     "as": "ws",
                     "in": {"$cond": [when, then, "$$ws"]},
                 }
@@ -103,7 +108,7 @@ def latest(kinds: Sequence[str], field: str) -> Document:
     """``field`` of the last worker state of one of ``kinds``, or null."""
     last = {
         "$arrayElemAt": [
-            {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(*kinds)}},
+            {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(*kinds)}},
             -1,
         ]
     }
@@ -126,7 +131,7 @@ def earliest_lease_expiry() -> Document:
     ``concurrent_worker_cnt`` of them."""
     # The running states are filtered once, bound to $$running: an input written inline is
     # evaluated again for every state the outer filter tests.
-    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    running = {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(RUNNING)}}
     expires_before_a = {
         "$filter": {
             "input": "$$running",
@@ -202,7 +207,7 @@ def trim_history(run_id: str | None) -> Pipeline:
     Older others are dropped and counted in ``dropped_attempts`` and ``dropped_failures``, which
     `failures` and `attempts` add back, so retries and ``max_tries`` count them all. A task
     with few states is left as it is; order is never changed."""
-    ended = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(*_ENDED)}}
+    ended = {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(*_ENDED)}}
     last_ended = {
         "$map": {
             "input": {"$slice": [ended, -c.KEPT_FINISHED_STATES]},
@@ -223,7 +228,7 @@ def trim_history(run_id: str | None) -> Pipeline:
         return {
             "$let": {
                 "vars": {"last": last_ended},
-                "in": {"$filter": {"input": "$worker_states", "as": "ws", "cond": cond}},
+                "in": {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": cond}},
             }
         }
 
@@ -231,7 +236,7 @@ def trim_history(run_id: str | None) -> Pipeline:
     # states (nearly all of them) is then left after one cheap test, not three filters.
     too_many = {
         "$and": [
-            {"$gt": [{"$size": "$worker_states"}, c.KEPT_FINISHED_STATES]},
+            {"$gt": [{"$size": WORKER_STATES}, c.KEPT_FINISHED_STATES]},
             {"$gt": [count_states(state_is(*_ENDED)), c.KEPT_FINISHED_STATES]},
         ]
     }
@@ -256,7 +261,7 @@ def trim_history(run_id: str | None) -> Pipeline:
                 },
             }
         },
-        {"$set": {"worker_states": {"$cond": [too_many, states(kept=True), "$worker_states"]}}},
+        {"$set": {"worker_states": {"$cond": [too_many, states(kept=True), WORKER_STATES]}}},
     ]
 
 
@@ -265,7 +270,7 @@ def failure_error(running: Document) -> Document:
     the attempts ran out on it or a handler failed; ``TriesExhausted`` when ``max_tries`` ran
     out on an attempt that did not fail (a ``RetryLater``, or a success short of
     ``concurrent_worker_cnt``)."""
-    kinds = {"$map": {"input": "$worker_states", "as": "ws", "in": "$$ws.state"}}
+    kinds = {"$map": {"input": WORKER_STATES, "as": "ws", "in": "$$ws.state"}}
     last_failed = {"$in": [{"$ifNull": [{"$arrayElemAt": [kinds, -1]}, ""]}, [FAIL, TIMEOUT]]}
     return {
         "$cond": [

@@ -33,6 +33,7 @@ from .stages import (
     RUNNING,
     SUCCESS,
     TERMINAL,
+    WORKER_STATES,
     Document,
     Pipeline,
     attempts,
@@ -241,15 +242,16 @@ def expired_by(now: dt.datetime) -> Document:
     return {"options.expires_at": {"$type": "date", "$lte": now}}
 
 
-def claim_one_of(claim: Document, task_id: Any) -> Document:
+def claim_one_of(claim: Document, task_id: Any, key: str) -> Document:
     """A batched claim's write for one candidate: the whole claim filter again, on that
-    document alone (served by ``_id``). The candidates were read in claim order; between the
-    read and this write another worker may take one, which then simply matches nothing. Each
-    write is atomic on its document, so the invariant of `claim_filter` holds for each."""
-    return {**claim, "_id": task_id}
+    document alone (by ``_id``, and ``key``, the shard key of a sharded collection). Another
+    worker may take a candidate between the read and this write: it then matches nothing.
+    Each write is atomic on its document, so the invariant of `claim_filter` holds for each."""
+    return {**claim, "_id": task_id, "key": key}
 
 
-CANDIDATE_PROJECTION: Document = {"_id": 1}
+CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "created_at": 1}
+
 
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
 # order ties as it likes; with it, equal priority is strict FIFO everywhere.
@@ -277,8 +279,8 @@ def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
                 "worker_states": {
                     "$cond": [
                         {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
-                        {"$concatArrays": ["$worker_states", [new_state]]},
-                        "$worker_states",
+                        {"$concatArrays": [WORKER_STATES, [new_state]]},
+                        WORKER_STATES,
                     ]
                 }
             }
@@ -367,20 +369,6 @@ def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Documen
     }
 
 
-def settled_backfill() -> tuple[Document, Pipeline]:
-    """Finished tasks written before ``settled_at`` existed, with nothing left to tell: the
-    TTL's date is when they ended. ``$nor`` of ``$type`` rather than a null test, which the
-    engines answer differently for a missing field. Served by ``finished`` (state)."""
-    return (
-        {
-            "state": {"$in": TERMINAL},
-            "dependents_notified": {"$ne": False},
-            "$nor": [{"settled_at": {"$type": "date"}}],
-        },
-        [{"$set": {"settled_at": "$finished_at"}}],
-    )
-
-
 def failed_filter(name: str | None) -> Document:
     query: Document = {"state": TaskState.FAIL.value}
     if name is not None:
@@ -393,7 +381,7 @@ def failed_filter(name: str | None) -> Document:
 
 def stats_pipeline() -> Pipeline:
     """Counts by name and state in one pass; the leading sort walks the claim index."""
-    running = {"$filter": {"input": "$worker_states", "as": "ws", "cond": state_is(RUNNING)}}
+    running = {"$filter": {"input": WORKER_STATES, "as": "ws", "cond": state_is(RUNNING)}}
     return [
         {"$sort": {"name": 1, "state": 1}},
         {

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 from pymongo import IndexModel
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
 from .. import constants as c
-from ..clock import Clock
+from ..clock import UTC, Clock
 from ..errors import ConfigurationError, driver_errors
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
@@ -33,6 +33,9 @@ class StoreBase:
         self._indexes_ready = False
         self._indexes_lock = anyio.Lock()
         self.in_transaction = False
+        # Behind a mongos: a findAndModify must name the shard key (``key``), so claims by name
+        # go the batched way, whose writes name ``_id`` and ``key`` (`claims`).
+        self.sharded = False
         self._beside: dict[str, Any] = {}
 
     def beside(self, suffix: str) -> Any:
@@ -59,8 +62,19 @@ class StoreBase:
                 IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
             ]
             names = list(await self.collection.create_indexes(models))
+            self.sharded = await self._behind_mongos()
             self._indexes_ready = True
             return names
+
+    async def _behind_mongos(self) -> bool:
+        """A mongos answers ``hello`` with ``msg: "isdbgrid"``; any failure to ask (a plain
+        mongomock collection does not implement commands): no."""
+        database = getattr(self.collection, "database", None)
+        try:
+            reply = await database.command({"hello": 1}) if database is not None else {}
+        except (PyMongoError, NotImplementedError):
+            return False
+        return isinstance(reply, Mapping) and reply.get("msg") == "isdbgrid"
 
     @driver_errors
     async def ensure_ttl_index(self, model: IndexModel) -> None:
@@ -129,6 +143,34 @@ class StoreBase:
         await self._ready()
         cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
         return [Task.model_validate(document) async for document in cursor]
+
+    @driver_errors
+    async def fetch(
+        self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
+    ) -> list[Task]:
+        """The ``limit`` tasks of ``names`` that ``worker_id`` may claim first (payloads left
+        out); one read per group of names (`base.name_groups`), merged."""
+        await self._ready()
+        found: list[Task] = []
+        for group in name_groups(names):
+            cursor = self.collection.find(
+                q.fetch_filter(group, worker_id),
+                q.FETCH_PROJECTION,
+                sort=q.FETCH_SORT,
+                limit=limit,
+                batch_size=batch_size,
+            )
+            found += [Task.model_validate(document) async for document in cursor]
+        found.sort(key=lambda task: task.next_claim_at or dt.datetime.max.replace(tzinfo=UTC))
+        return found[:limit]  # soonest first across the groups
+
+
+def name_groups(names: Sequence[str]) -> list[list[str]]:
+    """``names`` in groups of at most `MAX_NAMES_PER_QUERY`, one query of tasks each: beyond
+    it the claim and fetch orders would be sorted in memory from every due task of those
+    names."""
+    size = c.MAX_NAMES_PER_QUERY
+    return [list(names[i : i + size]) for i in range(0, len(names), size)] or [[]]
 
 
 class BesideTasks:

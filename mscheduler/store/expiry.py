@@ -16,7 +16,7 @@ from ..errors import driver_errors
 from ..models import Task
 from ..queries import tasks as q
 from ..queries import timing as eq
-from .base import StoreBase
+from .base import StoreBase, name_groups
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,10 @@ class Expiry:
     async def expire_due(self, names: Sequence[str]) -> list[str]:
         """Cancel the expired tasks of ``names``; their keys. One read when there are none."""
         store, now = self._store, self._store.clock.now()
-        cursor = store.collection.find(eq.expired(names, now), {"key": 1})
-        keys = [document["key"] async for document in cursor]
+        keys = []
+        for group in name_groups(names):
+            cursor = store.collection.find(eq.expired(group, now), {"key": 1})
+            keys += [document["key"] async for document in cursor]
         ended = []
         for key in keys:
             found = await store.collection.find_one_and_update(

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 from pymongo import ReturnDocument
 
+from ..encoding import check_document_size
 from ..errors import DependencyError, TaskRunning
 from ..models import Task, TaskState, check_key
 from ..queries import flows as fq
+from ..queries import tasks as q
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -151,6 +153,14 @@ class Flows:
             if state.is_terminal:
                 raise DependencyError(f"add_dependencies: {after!r} has already {state.value}")
         await self.refuse_cycles(edges, "add_dependencies")
+        for after in dict.fromkeys(after for _, after in edges):
+            # The task grows by its new edges: within its own budget, as at publish.
+            base = await self._store.collection.find_one(q.by_key(after), q.GROWING_FIELDS_EXCLUDED)
+            if base is not None:
+                added = [before for before, edge_after in edges if edge_after == after]
+                base["depends_on"] = [*base.get("depends_on", []), *added]
+                base["deps_pending"] = [*base.get("deps_pending", []), *added]
+                check_document_size(base, tasks[after].options, field="depends_on")
 
         updated: list[Task] = []
         for before, after in edges:

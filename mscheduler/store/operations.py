@@ -13,6 +13,7 @@ from .. import constants as c
 from ..clock import to_bson_time
 from ..errors import ConfigurationError, TaskNotFound
 from ..models import PublishResult, StatsRow, Task, TaskState
+from ..queries import flows as fq
 from ..queries import tasks as q
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> s
         raise ConfigurationError(f"finished_ttl: must be at least one second, got {finished_ttl}")
     model = IndexModel([("settled_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
     await store.ensure_ttl_index(model)
-    await store.collection.update_many(*q.settled_backfill())
+    await store.collection.update_many(*fq.settled_backfill())
     return c.FINISHED_TTL_INDEX
 
 

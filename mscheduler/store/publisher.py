@@ -132,11 +132,14 @@ class Publisher:
         if result.created or result.task.attempts or result.task.state.value not in tq.NOT_STARTED:
             return result  # new, or started (running, finished, a retry to come): as publish
         assert options.not_before is not None
+        storable = to_storable(payload, "payload")
+        # The task keeps its own options: the new payload must fit its budget, not the caller's.
+        base = await self._store.collection.find_one(q.by_key(key), q.GROWING_FIELDS_EXCLUDED)
+        if base is not None:
+            check_document_size({**base, "payload": storable}, result.task.options)
         found = await self._store.collection.find_one_and_update(
             tq.debounce_filter(key, name),
-            tq.debounce_update(
-                to_storable(payload, "payload"), options.not_before, self._store.clock.now()
-            ),
+            tq.debounce_update(storable, options.not_before, self._store.clock.now()),
             return_document=ReturnDocument.AFTER,
         )
         if found is None:  # it started meanwhile: as publish says

@@ -16,6 +16,7 @@ import anyio
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
+from .. import constants as c
 from ..clock import Clock, to_bson_time
 from ..encoding import check_document_size, check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
@@ -75,6 +76,7 @@ class TaskStore(StoreBase):
         view = TaskStore(collection, self.clock)
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
+        view.sharded = self.sharded
         view._finishes = FinishBatcher(view, view._fenced_document, alone=True)
         return view
 
@@ -127,6 +129,13 @@ class TaskStore(StoreBase):
         worker_id = checked(check_worker_id, worker_id)
         if key is None and not names:
             raise ConfigurationError("claim: give a key or at least one task name")
+        if key is None and names and (self.sharded or len(names) > c.MAX_NAMES_PER_QUERY):
+            # A mongos refuses a findAndModify without the shard key; one per group of names
+            # would take each group's best, not the best of all: candidates, then the best.
+            leases = await self.claim_many(
+                worker_id, names=names, limit=1, exclude_keys=exclude_keys
+            )
+            return leases[0] if leases else None
         await self._ready()
         run_id = uuid.uuid4().hex
         now = self.clock.now()
@@ -162,7 +171,7 @@ class TaskStore(StoreBase):
         """Claim up to ``limit`` of the best tasks of ``names`` in three round trips
         (`claims`); fewer than three tasks are claimed one at a time, which costs less."""
         worker_id = checked(check_worker_id, worker_id)
-        if limit < 3:
+        if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY and not self.sharded:
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
             return [] if lease is None else [lease]
         await self._ready()
@@ -357,22 +366,6 @@ class TaskStore(StoreBase):
         now = self.clock.now()
         update = lq.release_update(lease.worker_id, lease.run_id, reason, now)
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
-
-    @driver_errors
-    async def fetch(
-        self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
-    ) -> list[Task]:
-        """The ``limit`` tasks of ``names`` that ``worker_id`` may claim first (payloads left
-        out)."""
-        await self._ready()
-        cursor = self.collection.find(
-            q.fetch_filter(names, worker_id),
-            q.FETCH_PROJECTION,
-            sort=q.FETCH_SORT,
-            limit=limit,
-            batch_size=batch_size,
-        )
-        return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:

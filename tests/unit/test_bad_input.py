@@ -103,3 +103,35 @@ def test_naive_not_before_is_refused_and_an_aware_one_becomes_utc():
     tokyo = dt.timezone(dt.timedelta(hours=9))
     opts = ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 21, 0, 0, 123456, tzinfo=tokyo))
     assert opts.not_before == dt.datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=dt.timezone.utc)
+
+
+async def test_a_debounced_payload_must_fit_the_tasks_own_budget(scheduler: ms.Scheduler):
+    """The task keeps its options (and the room they reserve for results and states); a
+    debounce that brings smaller ones must not let the payload eat into that room."""
+    roomy = ms.TaskOptions(concurrent_worker_cnt=4, max_unexpected_retries=50)
+    await scheduler.publish("k", "small", name="job", options=roomy, debounce=5)
+    big = "x" * (13 * 1024 * 1024)  # within the default options' budget, not within the task's
+    with pytest.raises(ms.PayloadError, match="payload"):
+        await scheduler.publish("k", big, name="job", debounce=5)
+    task = await scheduler.get("k")
+    assert task is not None and task.payload == "small", "nothing written"
+
+
+async def test_late_dependency_edges_must_fit_the_tasks_budget(scheduler: ms.Scheduler):
+    """A task whose payload fills its budget cannot grow by new edges past it."""
+    import bson
+
+    from mscheduler.encoding import growth_reserve
+
+    budget = 16 * 1024 * 1024 - growth_reserve(ms.TaskOptions())
+    await scheduler.publish("fill", "x", name="job")  # as "full" will be, but for its payload
+    probe = await scheduler.collection.find_one(
+        {"key": "fill"}, {"worker_states": 0, "result": 0, "error": 0}
+    )
+    overhead = len(bson.encode(probe)) - 1
+    await scheduler.publish("full", "x" * (budget - overhead - 100), name="job")  # 100 spare
+    await scheduler.publish("before-" + "b" * 200, None, name="job")
+    with pytest.raises(ms.PayloadError, match="depends_on"):
+        await scheduler.add_dependencies([("before-" + "b" * 200, "full")])
+    task = await scheduler.get("full")
+    assert task is not None and task.depends_on == [], "nothing written"

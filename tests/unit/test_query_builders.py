@@ -315,7 +315,12 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
         if "$$ws" in repr(built):
             expression = stages.count_states(built) if "$$ws." in repr(built) else built
         return "update", ({}, [{"$set": {"probe": expression}}])
-    if isinstance(built, dict) and "_id" in built and "key" in built:  # a whole new document
+    if (  # a whole new document (a filter by _id and key has operators at its top level)
+        isinstance(built, dict)
+        and "_id" in built
+        and "key" in built
+        and not any(field.startswith("$") for field in built)
+    ):
         return "insert", built
     if isinstance(built, dict):
         return "find", built

@@ -404,3 +404,19 @@ async def test_stats_count_by_name_and_state(scheduler: ms.Scheduler, clock: ms.
     assert rows["email", S.PENDING].oldest_age_s == 40
     assert rows["sms", S.RUNNING].running_workers == 2
     assert rows["sms", S.CANCELLED].count == 1
+
+
+async def test_a_task_written_without_worker_states_does_not_break_claims(
+    scheduler: ms.Scheduler,
+):
+    """A task inserted by hand without ``worker_states``: ``$size`` of a missing array would
+    fail every claim of its name; it counts no states, and its claim stores the array."""
+    await scheduler.publish("normal", None, name="job")
+    document = await scheduler.collection.find_one({"key": "normal"})
+    assert document is not None
+    del document["_id"], document["worker_states"]
+    await scheduler.collection.insert_one({**document, "key": "by-hand"})
+    claimed = {lease.key for lease in await scheduler.store.claim_many("w", names=["job"], limit=5)}
+    assert claimed == {"normal", "by-hand"}
+    task = await scheduler.get("by-hand")
+    assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w"]
