@@ -80,6 +80,7 @@ class Consumer:
             self.stats,
             self._slot_freed,
             self._quotas.restart,
+            self._quotas.at_start,
         )
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch

@@ -98,6 +98,7 @@ class Executor:
         stats: ConsumerStats,
         on_slot_freed: Callable[[str, bool], None],
         before_retry: Callable[[Task], Awaitable[None]],
+        at_start: Callable[[Task], Awaitable[None]],
     ) -> None:
         self._store = store
         self._handlers = handlers
@@ -106,6 +107,7 @@ class Executor:
         self._stats = stats
         self._on_slot_freed = on_slot_freed
         self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
+        self._at_start = at_start  # a start counted long before the handler's is counted again
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
@@ -213,6 +215,8 @@ class Executor:
         for attempt in range(self._options.handler_retries + 1):
             if attempt:
                 await self._before_retry(task)
+            else:
+                await self._at_start(task)
             try:
                 return _Outcome(result=await self._calls.call(task, lambda: self._may_start(entry)))
             except (Abort, RetryLater) as exc:

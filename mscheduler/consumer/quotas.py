@@ -36,6 +36,11 @@ _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before 
 _Release = Callable[[str, str], Awaitable[None]]  # `Quotas._give_back`, `Quotas._release`
 
 
+# How long after its token a handler may start and still count at the token's time; a later
+# start takes a start of its own, at the handler's start (`Quotas.at_start`).
+START_SLACK = dt.timedelta(milliseconds=50)
+
+
 @dataclasses.dataclass
 class _Slot:
     name: str
@@ -43,6 +48,7 @@ class _Slot:
     lease: Lease
     until: dt.datetime  # when the slot lapses unless extended
     extend_at: dt.datetime
+    taken_at: dt.datetime  # when its start was counted in the rate's window
 
     def next_extension(self, now: dt.datetime) -> dt.datetime:
         """A ping interval on, and before half the slot's life is left."""
@@ -167,7 +173,7 @@ class Quotas:
     def _hold(
         self, lease: Lease, name: str, token: str, now: dt.datetime, until: dt.datetime
     ) -> None:
-        slot = _Slot(name, token, lease, until, now)
+        slot = _Slot(name, token, lease, until, now, now)
         slot.extend_at = slot.next_extension(now)
         self._held[lease.key] = slot
         self._wake.set()  # its first extension may be the earliest
@@ -233,6 +239,21 @@ class Quotas:
                 return
             log.debug("rate of %r reached until %s", task.name, free, extra={"action": "limited"})
             await self._clock.wait_until(free, anyio.Event())
+
+    async def at_start(self, task: Task) -> None:
+        """As a limited task's handler is about to start: the window is measured at handler
+        starts, and a start counted more than `START_SLACK` before (a claim whose reply came
+        late, a busy loop) could crowd a window of them. Such a start takes a start of its
+        own now, waiting while the window is full, so no window of ``per - START_SLACK``
+        holds more than ``rate`` handler starts (the first start still counts too: the
+        limit may be under-used, never exceeded)."""
+        slot = self._held.get(task.key)
+        limit = self.limited.get(task.name)
+        if slot is None or limit is None or limit.rate is None:
+            return
+        if self._clock.now() - slot.taken_at <= START_SLACK:
+            return
+        await self.restart(task)
 
     def ended(self, key: str) -> str | None:
         """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its

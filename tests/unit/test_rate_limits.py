@@ -471,3 +471,52 @@ async def test_a_limit_set_while_tasks_wait_holds_for_them(
             runs.gates[f"r{n}"].set()
             await discover()
         assert sorted(runs.started) == ["r0", "r1", "r2"] and runs.most == 1
+
+
+async def test_no_window_holds_more_than_rate_handler_starts_across_three_consumers(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Measured where users measure it, at handler start: claims whose replies come late (a
+    busy machine) start their handlers later than their tokens were taken."""
+    await scheduler.set_limit("thumb", rate=4, per=dt.timedelta(seconds=1))
+    starts: list[dt.datetime] = []
+
+    async def thumb(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    for n in range(24):
+        await scheduler.publish(f"t{n}", n, name="thumb")
+    slow = ms.Scheduler(scheduler.collection, clock=clock)
+    claim, calls = slow.store.claim, 0
+
+    async def late_reply(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        lease = await claim(*args, **kwargs)
+        if calls % 3 == 0:
+            clock.advance(0.7)  # this reply took 0.7 s to come back
+        return lease
+
+    slow.store.claim = late_reply  # type: ignore[method-assign]
+    consumers = [
+        (scheduler if n else slow).consumer(
+            {"thumb": thumb},
+            options=ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4),
+        )
+        for n in range(3)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        for _ in range(80):
+            await discover()
+            clock.advance(0.1)
+            if len(starts) == 24:
+                break
+    assert len(starts) == 24
+    starts.sort()
+    window = dt.timedelta(seconds=1)
+    busiest = max(
+        sum(1 for s in starts[i:] if s < start + window) for i, start in enumerate(starts)
+    )
+    assert busiest <= 4, busiest
