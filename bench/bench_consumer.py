@@ -111,9 +111,9 @@ async def idle_load(uri: str, consumers: int, seconds: float) -> None:
         calls = counting.calls + hub.reads - hub_reads
     per_minute = calls * 60 / seconds
     print(
-        f"idle load: {consumers} idle consumers in one process: change streams opened "
+        f"idle load: {consumers} idle consumers in one process: change streams asked for "
         f"{task_streams + hub.streams_opened} ({task_streams} on the tasks, "
-        f"{hub.streams_opened} on the controls; polling: {hub.polling}), "
+        f"{hub.streams_opened} on the controls; refused, polling: {hub.polling}), "
         f"{per_minute:.1f} reads per idle minute beyond the streams"
     )
     await dispose(counting, connection)
