@@ -101,7 +101,8 @@ class FinishBatcher:
             if not finish.done.is_set() and finish in self._queue:
                 self._queue.remove(finish)  # its writer was cancelled before it was sent
                 self._hand_over()
-        await finish.done.wait()
+        # Done: no wait more (another yield here would make the freed slot's claim a turn
+        # late, and split the next batches).
         if finish.error is not None:
             raise finish.error
         assert finish.document is not None
