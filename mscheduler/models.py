@@ -262,7 +262,7 @@ class WorkerState(BaseModel):
 
 
 class Progress(BaseModel):
-    """How far a running handler says it is (`Lease.progress`): written with its next ping."""
+    """How far a running handler says it is (`Lease.progress`): written within a second."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
