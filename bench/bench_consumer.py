@@ -91,22 +91,30 @@ async def calls_per_task(uri: str, tasks: int) -> None:
 
 
 async def idle_load(uri: str, consumers: int, seconds: float) -> None:
-    """Calls per second made by idle consumers, beyond opening their change streams."""
+    """What idle consumers of one process cost: change streams opened (on the tasks, and the
+    process's one on the control version) and reads per idle minute."""
     sched, counting, connection = await counted_scheduler(uri)
+    hub = sched.store.control_hub
 
     async def handler(task: ms.Task) -> None:
         return None
 
     async with contextlib.AsyncExitStack() as stack:
+        counting.reset()
         for n in range(consumers):
             options = ms.WorkerOptions(worker_id=f"idle-{n}")
             await stack.enter_async_context(sched.consumer({"bench": handler}, options=options))
+        task_streams = counting.counts["watch"]
         counting.reset()
+        hub_reads = hub.reads
         await anyio.sleep(seconds)
-        calls = counting.calls
+        calls = counting.calls + hub.reads - hub_reads
+    per_minute = calls * 60 / seconds
     print(
-        f"idle load: {consumers} idle consumers over {seconds:.0f} s: "
-        f"{calls / seconds:.2f} calls/s beyond the change streams"
+        f"idle load: {consumers} idle consumers in one process: change streams asked for "
+        f"{task_streams + hub.streams_opened} ({task_streams} on the tasks, "
+        f"{hub.streams_opened} on the controls; refused, polling: {hub.polling}), "
+        f"{per_minute:.1f} reads per idle minute beyond the streams"
     )
     await dispose(counting, connection)
 

@@ -35,7 +35,7 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                 config = await sched.get("config")
                 assert config is not None
                 result = {"value": task.payload["n"] * config.payload["multiplier"]}
-                await anyio.sleep(0.002)  # the work, done with this config
+                await anyio.sleep(0.02)  # the work, done with this config
                 try:
                     await sched.commit(
                         complete=[(ms.current_lease(), result)],

@@ -25,7 +25,7 @@ async def main(uri: str) -> dict[str, Any]:
         async def export(task: ms.Task) -> str:
             lease = ms.current_lease()
             for done in range(1, 5):
-                await lease.progress(done / 4, f"exported {done}/4 parts")  # with the next ping
+                await lease.progress(done / 4, f"exported {done}/4 parts")  # within a second
                 await anyio.sleep(0.05)
                 current = await sched.get(task.key)
                 if current is not None and current.progress is not None:

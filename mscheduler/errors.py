@@ -45,10 +45,10 @@ class BackendUnavailable(MSchedulerError):
 
 
 class ClaimUncertain(BackendUnavailable):
-    """A claim was sent, its reply lost, and the read that would tell whether it was applied
-    failed too. The worker may hold a lease under each of ``run_ids`` (one per task a batched
-    claim tried): it looks them up again with `TaskStore.find_claim` before claiming anything
-    else."""
+    """A claim was sent and may have been applied (its reply lost, or a batch's reply said so),
+    and the read that would return its leases failed. The worker may hold a lease under each
+    of ``run_ids`` (one per task a batched claim tried): it looks them up again with
+    `TaskStore.find_claims` before claiming anything else."""
 
     def __init__(self, message: str, *, worker_id: str, run_ids: Sequence[str]) -> None:
         super().__init__(message)

@@ -261,7 +261,7 @@ class WorkerState(BaseModel):
 
 
 class Progress(BaseModel):
-    """How far a running handler says it is (`Lease.progress`): written with its next ping."""
+    """How far a running handler says it is (`Lease.progress`): written within a second."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -393,15 +393,24 @@ class Lease(BaseModel):
     run_id: str
     task: Task
     _progress: Progress | None = PrivateAttr(default=None)
+    # The executor's: brings the lease's ping forward (`Executor.progress_reported`).
+    _on_progress: Callable[[], None] | None = PrivateAttr(default=None)
 
     async def progress(self, fraction: float, message: str = "") -> None:
-        """Report how far the handler is, from 0 to 1, with a short message: it is written
-        with the next ping (no round trip of its own), shown by ``show`` and ``watch``, and
-        cleared when the attempt ends. A bad value raises at once, naming the field."""
+        """Report how far the handler is, from 0 to 1, with a short message: written within a
+        second by the lease's ping, brought forward (at most one write a second per task, and
+        one for all the tasks of a worker with progress to write), shown by ``get``, ``show``
+        and ``watch``, and cleared when the attempt ends. A bad value raises at once, naming
+        the field."""
         try:
             self._progress = Progress(fraction=fraction, message=message)
         except ValidationError as exc:
             raise ConfigurationError(f"progress: {field_errors(exc)}") from None
+        if self._on_progress is not None:
+            self._on_progress()
+
+    def on_progress(self, callback: Callable[[], None]) -> None:
+        self._on_progress = callback
 
     @property
     def reported_progress(self) -> Progress | None:

@@ -48,8 +48,8 @@ class WorkerOptions(BaseModel):
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
     schedule_refresh_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     """How often a consumer looks for new schedules of its names (it wakes for the next
-    occurrence of those it knows on its own), and re-reads its names' limits and expired
-    tasks: the four reads a minute an idle consumer makes."""
+    occurrence of those it knows on its own), and ends its names' expired tasks: the three
+    reads a minute an idle consumer makes (limits and paused names are watched instead)."""
     heartbeat_ms: int = Field(default=30_000, ge=10, le=_DAY_MS)
     """How often a consumer rewrites its entry in the live workers (`Scheduler.workers`):
     one small write each time; it is shown stale after three missed heartbeats."""

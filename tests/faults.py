@@ -18,20 +18,43 @@ ERRORS = (
 FAULTY = ("find_one_and_update", "find_one", "bulk_write", "update_many", "update_one")
 
 
+class _BrokenCursor:
+    """A cursor whose first read fails on the network."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __aiter__(self) -> _BrokenCursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise self.error
+
+
 class FaultyCollection:
     """Raises a random network error on ``rate`` of the calls to ``FAULTY`` methods: half of
-    them before the call reaches the database, half after it was applied (the reply lost)."""
+    them before the call reaches the database, half after it was applied (the reply lost).
+    With ``cursor_faults``, on ``rate`` of the cursors of ``find`` too (at their first read)."""
 
-    def __init__(self, collection: Any, rate: float, seed: int = 0) -> None:
+    def __init__(
+        self, collection: Any, rate: float, seed: int = 0, *, cursor_faults: bool = False
+    ) -> None:
         self.wrapped = collection
         self.rate = rate
         self.random = random.Random(seed)
-        self.injected = {"before": 0, "after": 0}
+        self.cursor_faults = cursor_faults
+        self.injected = {"before": 0, "after": 0, "cursor": 0}
         for name in FAULTY:
             setattr(self, name, self._faulty(name))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cursor_faults and self.random.random() < self.rate:
+            self.injected["cursor"] += 1
+            return _BrokenCursor(self.random.choice(ERRORS)())
+        return self.wrapped.find(*args, **kwargs)
 
     def _faulty(self, name: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:

@@ -124,7 +124,8 @@ def worker(
         str | None,
         typer.Option(
             envvar="MSCHEDULER_GRACE",
-            help="At a stop, how long running handlers may finish before they are released (30s).",
+            help="How long a first SIGINT/SIGTERM lets running tasks finish before they are "
+            "released (30s); a second releases them at once.",
             show_default=False,
         ),
     ] = None,
@@ -154,7 +155,8 @@ def worker(
         ),
     ] = None,
 ) -> None:
-    """Run a consumer until SIGINT/SIGTERM (graceful stop; a second signal stops at once).
+    """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
+    --grace, then releases the rest; a second cancels them and releases them at once.
 
     TARGET is module:attribute, imported from the current directory: a mapping of task name
     to handler (async or plain functions), an ms.Handlers registry, or an object with

@@ -132,7 +132,8 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
         json_output: JsonFlag = False,
     ) -> None:
-        """Print task changes as they happen (from the change stream)."""
+        """Print task changes as they happen (from the change stream; on a server without
+        change streams, polled every second)."""
 
         async def work(sched: Scheduler) -> None:
             seen = 0

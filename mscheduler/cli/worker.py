@@ -15,6 +15,7 @@ import typer
 from anyio.abc import TaskStatus
 
 from ..api import Scheduler
+from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
 from ..consumer.handlers import Handler, Handlers
 from ..errors import ConfigurationError
 from ..worker_options import WorkerOptions
@@ -86,7 +87,9 @@ async def serve_worker(
     options: WorkerOptions,
     metrics_port: int | None,
 ) -> None:
-    """Run one consumer. The first SIGINT/SIGTERM stops it gracefully, a second at once."""
+    """Run one consumer. The first SIGINT/SIGTERM stops it gracefully (running handlers get
+    the grace period); a second cancels them and releases their leases at once, so another
+    worker claims them and no failure is counted; a third exits without waiting."""
     metrics = None
     if metrics_port is not None:
         from ..metrics import PrometheusMetrics
@@ -100,6 +103,7 @@ async def serve_worker(
             ) from exc
         typer.echo(f"metrics on :{metrics_port}/metrics", err=True)
     consumer = sched.consumer(handlers, options=options)
+    stopping_now = False
     # Signals are handled before anything says "running", so a supervisor that signals a
     # worker it has just started gets a graceful stop, not a KeyboardInterrupt.
     with (
@@ -122,10 +126,40 @@ async def serve_worker(
                 tg.start_soon(refresh_task_counts, sched, metrics)
             typer.echo(f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True)
             async for signum in signals:
-                if consumer.stop_requested:
-                    typer.echo("stopping now", err=True)
+                said = signal.Signals(signum).name
+                if consumer.stop_requested and stopping_now:
+                    typer.echo(f"{said}: exiting without waiting for the releases", err=True)
                     hard_stop.cancel()
+                elif consumer.stop_requested:
+                    stopping_now = True
+                    running = consumer.running
+                    typer.echo(
+                        f"{said}: stopping now: cancelling {len(running)} running task(s) and "
+                        f"releasing their leases (again: exit at once)",
+                        err=True,
+                    )
+                    consumer.stop_now()
+                    # The releases are bounded; past them (a database that does not answer),
+                    # the process exits and the leases expire.
+                    tg.start_soon(_exit_after, hard_stop, HURRIED_RELEASE_TIMEOUT_S + 1.0)
                 else:
-                    said = signal.Signals(signum).name
-                    typer.echo(f"{said}: stopping gracefully (again: now)", err=True)
+                    running = consumer.running
+                    grace = options.shutdown_grace_ms / 1000
+                    waits = (
+                        f"waiting up to {grace:g} s for {len(running)} running task(s) "
+                        f"({_listed(running)}), then releasing those still running"
+                        if running
+                        else "no task is running"
+                    )
+                    typer.echo(f"{said}: stopping gracefully: {waits} (again: now)", err=True)
                     consumer.stop()
+
+
+def _listed(keys: list[str], shown: int = 5) -> str:
+    more = len(keys) - shown
+    return ", ".join(keys[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+async def _exit_after(scope: anyio.CancelScope, seconds: float) -> None:
+    await anyio.sleep(seconds)
+    scope.cancel()

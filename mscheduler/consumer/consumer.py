@@ -10,7 +10,9 @@
 - claimer: while a slot is free and something is due, claims the best task of its names
   (server-side: priority, then age); a limited name's under a token (`quotas.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
-- controls (`controls.py`): schedules, expiry, paused names, limits; idle, 4 reads a minute.
+- controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names,
+  limits and schedules, re-read on each change the process's `ControlHub` sees (one stream,
+  or one read of a version per poll interval, for all the consumers of a `Scheduler`).
 """
 
 from __future__ import annotations
@@ -74,22 +76,28 @@ class Consumer:
         self._heap = ClaimHeap(self.options.heap_size)
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
+        self._quotas = Quotas(store)
         self._executor = Executor(
-            store, self._specs, self.options, self._clock, self.stats, self._slot_freed
+            store,
+            self._specs,
+            self.options,
+            self._clock,
+            self.stats,
+            self._slot_freed,
+            self._quotas.restart,
+            self._quotas.at_start,
         )
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
         )
         self._listener.on_backstop = self._fetch
         self._own_task_group: TaskGroup | None = None
+        self._fetched = False  # the first fetch is done (`_limits` fetches again after it)
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
-        self._quotas = Quotas(store)
-        self._controls = Controls(
-            store, self.names, self.options, self._fetch, self._quotas.refresh
-        )
+        self._controls = Controls(store, self.names, self.options, self._fetch, self._limits)
         self._presence = Presence(store, self.names, self.options, self._heap, lambda: self.running)
 
     @property
@@ -129,6 +137,14 @@ class Consumer:
         """Stop claiming, let running handlers finish within the grace period, release the rest."""
         self._stop_requested.set()
 
+    def stop_now(self) -> None:
+        """Stop claiming and cancel every running handler at once, releasing its lease (within
+        about two seconds, or the lease is left to expire): another worker claims the task at
+        once, and no failure is counted. A sync handler that ignores its cancellation still
+        gets ``cancel_timeout_ms`` before it is abandoned."""
+        self._stop_requested.set()
+        self._executor.hurry()
+
     async def __aenter__(self) -> Consumer:
         """Returns once the change stream is open and the first fetch is done."""
         self._own_task_group = anyio.create_task_group()
@@ -159,20 +175,25 @@ class Consumer:
             self._executor.bind(task_group)
             self._quotas.bind(task_group)
             await task_group.start(self._listener.run)  # the stream is open before the fetch
-            await self._quotas.refresh(self.names)
+            await task_group.start(self._controls.serve_hub)  # controls watched before read
+            await task_group.start(self._controls.limit_loop)  # limits known before the fetch
             await self._fetch()
+            self._fetched = True
             task_group.start_soon(self._quotas.extend_loop)
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
             await task_group.start(self._controls.pause_loop)
-            claiming = anyio.CancelScope()
-            task_group.start_soon(self._claim_and_poll, claiming)
+            claiming, claimed = anyio.CancelScope(), anyio.Event()
+            task_group.start_soon(self._claim_and_poll, claiming, claimed)
             await self._presence.start(task_group)  # listed among the live workers
             task_status.started()
             await self._stop_requested.wait()
             claiming.cancel()
+            await claimed.wait()  # a claim in flight has ended, its leases started
+            await self._start_uncertain_claims()  # they too run or are released below
             await self._executor.shutdown()
+            await self._quotas.drain()  # the slots of the runs that just ended are released
             task_group.cancel_scope.cancel()
         await self._presence.leave()
         log.info(
@@ -180,11 +201,14 @@ class Consumer:
             extra={"action": "consumer_stop", "worker_id": self.worker_id},
         )
 
-    async def _claim_and_poll(self, scope: anyio.CancelScope) -> None:
-        with scope:
-            async with anyio.create_task_group() as task_group:
-                task_group.start_soon(self._claim_loop)
-                task_group.start_soon(self._listener.poll_loop)
+    async def _claim_and_poll(self, scope: anyio.CancelScope, claimed: anyio.Event) -> None:
+        try:
+            with scope:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self._claim_loop)
+                    task_group.start_soon(self._listener.poll_loop)
+        finally:
+            claimed.set()
 
     # ------------------------------------------------------------ feeding the heap
 
@@ -280,10 +304,29 @@ class Consumer:
 
     # ------------------------------------------------------------ claiming
 
+    async def _limits(self) -> None:
+        """Read our names' limits (`Controls.limit_loop`: at start and on each change): the
+        due keys of a name whose limit changed are tried at once, whatever window they were
+        waiting for (a removed or raised limit lets them start now); after the first fetch,
+        a fetch notes the keys of a newly limited name (its tasks are claimed under tokens)."""
+        changed = await self._quotas.refresh(self.names, self._executor.running_leases)
+        if not changed:
+            return
+        now = self._clock.now()
+        for key in self._quotas.keys_of(changed):
+            self._heap.nudge(key, now)
+        self._wake.set()
+        if self._fetched:
+            await self._fetch()
+
     def _slot_freed(self, key: str, written: bool) -> None:
-        self._quotas.ended(key)
+        now = self._clock.now()
+        name = self._quotas.ended(key)
+        if name is not None:  # a slot of its limit frees: its waiting keys may start at once
+            for waiting in self._quotas.keys_of([name]):
+                self._heap.nudge(waiting, now)
         if not written:
-            self._heap.nudge(key, self._clock.now())
+            self._heap.nudge(key, now)
         self._wake.set()
 
     async def _claim_loop(self) -> None:
@@ -303,18 +346,24 @@ class Consumer:
                 deadline = earliest if self._executor.free_slots > 0 else None
                 await self._clock.wait_until(deadline, wake)
                 continue
-            await self._claim_due(now)
+            # A claim in flight completes even if claiming stops meanwhile: the leases it won
+            # are started (then run or released by the shutdown), never dropped with a reply.
+            with anyio.CancelScope(shield=True):
+                failed = await self._claim_due(now)
+            if failed:  # the database is unreachable: look again after a delay
+                await sleep(self._clock, self.options.reconnect_delay(0))
 
-    async def _claim_due(self, now: Any) -> None:
+    async def _claim_due(self, now: Any) -> bool:
+        """Claim what is due; True when the database failed (the caller backs off)."""
         leases: list[Lease] = []  # started whatever happens next: each is a live lease
         try:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
-                return
+                return False
             names = [name for name in self.names if name not in self.paused]
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
-                return
+                return False
             due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
             limited: dict[str, list[str]] = {}
             for key in due:
@@ -335,8 +384,10 @@ class Consumer:
             for name, keys in limited.items():  # each under a token (`Quotas`)
                 room = min(len(keys), self._executor.free_slots - len(leases))
                 running = [*self._executor.running_keys, *(lease.key for lease in leases)]
-                got, blocked = await self._quotas.claim_up_to(self.worker_id, name, room, running)
-                leases += got
+                # Each lease won joins ``leases`` at once: a failure later in the call loses none.
+                blocked = await self._quotas.claim_up_to(
+                    self.worker_id, name, room, running, leases
+                )
                 if blocked is not None:  # its due keys wait until the window frees
                     self.stats.record("limited", name)
                     self._heap.postpone_all(keys, blocked)
@@ -347,15 +398,14 @@ class Consumer:
             log.warning(str(exc), extra={"action": action})
             for lease in leases:  # won before the failure: they run
                 self._start(lease)
-            await sleep(self._clock, self.options.reconnect_delay(0))
-            return
+            return True
         if not leases:
-            await self._reschedule(self._heap.pop_due(now))
-            return
+            return await self._reschedule(self._heap.pop_due(now))
         for lease in leases:
             self._start(lease)
+        return False
 
-    async def _reschedule(self, keys: list[str]) -> None:
+    async def _reschedule(self, keys: list[str]) -> bool:
         """Nothing due was claimable by us: each key was taken, finished or pushed back by
         writes that wake nobody (`queries.derived.wakes_consumers`). The fetch's read (what we
         may claim, soonest first) says when each may be claimable next: a later time goes back
@@ -363,7 +413,7 @@ class Consumer:
         claimable, waits for a write that wakes us. Not a read of ``keys``: a heap fetched
         while other consumers ran holds thousands of keys they finished."""
         if not keys:
-            return
+            return False
         self.stats.record("rescheduled")
         try:
             tasks = await self._claimable_soonest()
@@ -371,8 +421,7 @@ class Consumer:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim
                 self._heap.nudge(key, self._clock.now())
-            await sleep(self._clock, self.options.reconnect_delay(0))
-            return
+            return True
         now = self._clock.now()
         self._quotas.forget(keys)  # `_offer` notes again those that go back in the heap
         held = self._executor.held_runs
@@ -380,6 +429,7 @@ class Consumer:
             when = task.next_claim_for(self.worker_id, now, held)
             if when is not None and when > now:
                 self._offer(task)
+        return False
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
@@ -387,19 +437,30 @@ class Consumer:
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
 
+    async def _start_uncertain_claims(self) -> None:
+        """At shutdown: leases that uncertain claims may hold are found and started, so the
+        shutdown runs or releases them; if the database cannot tell, they expire."""
+        if not self._uncertain_runs:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._recover_uncertain_claims()
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "claim_uncertain"})
+
     async def _recover_uncertain_claims(self) -> None:
-        """Claims whose reply and look-up were both lost: each may be a lease of ours. Resolved
-        before any new claim, so a recovered one runs while its lease lives."""
-        while self._uncertain_runs:
-            run_id = self._uncertain_runs[0]
-            lease = await self._store.find_claim(self.worker_id, run_id)
-            self._uncertain_runs.pop(0)
+        """Claims whose leases may have landed unseen (`ClaimUncertain`): looked up in one read
+        before any new claim, so each recovered lease runs while it lives, under its token if
+        its name is limited."""
+        run_ids = list(self._uncertain_runs)
+        leases = await self._store.find_claims(self.worker_id, run_ids)
+        del self._uncertain_runs[: len(run_ids)]
+        self._quotas.recovered(run_ids, leases)
+        for lease in leases:
             # A lease too close to its expiry is refused by the executor as its handler is
             # about to start (`Executor._may_start`), like any claim that waited too long.
-            if lease is not None and lease.key not in self._executor.running_keys:
-                log.info(
-                    "a claim whose reply was lost is recovered",
-                    extra={"action": "claim_recovered", "key": lease.key, "run_id": run_id},
-                )
-                self._start(lease)
-                return
+            log.info(
+                "a claim whose reply was lost is recovered",
+                extra={"action": "claim_recovered", "key": lease.key, "run_id": lease.run_id},
+            )
+            self._start(lease)

@@ -1,5 +1,10 @@
 """What a consumer keeps up besides its tasks: the schedules of its names (publishing their
-due occurrences, ending expired tasks) and which of its names are paused."""
+due occurrences, ending expired tasks), which of its names are paused, and their limits.
+
+All three are read again on each change the process's `ControlHub` sees (one stream, or one
+read of a version per poll interval, for all the consumers of a `Scheduler`), so a pause, a
+limit or a schedule set while consumers run holds within one change event or poll interval.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,6 @@ from .. import otel_metrics
 from ..clock import sleep
 from ..errors import BackendUnavailable, MSchedulerError
 from ..store import operations
-from ..store.streams import close_quietly, open_unless_refused
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 
@@ -43,26 +47,28 @@ class Controls:
         names: Sequence[str],
         options: WorkerOptions,
         fetch: Callable[[], Awaitable[None]],
-        refresh_limits: Callable[[Sequence[str]], Awaitable[None]],
+        read_limits: Callable[[], Awaitable[None]],
     ) -> None:
-        self._refresh_limits = refresh_limits  # the consumer's `Quotas.refresh`
+        self._read_limits = read_limits  # the consumer's: reads them, wakes what they free
         self._store = store
         self._clock = store.clock
         self._names = list(names)
         self._options = options
         self._fetch = fetch  # the consumer's: a resumed name's tasks go back in its heap
         self.paused: set[str] = set()
+        self._hub = store.control_hub
 
     async def schedule_loop(self) -> None:
         """Publish the due occurrences of the schedules of our names (`periodic`) and end
         their expired tasks (`store.expiry`), then sleep until the next occurrence, or
-        ``schedule_refresh_ms`` to find new schedules. Every consumer does it: an
-        occurrence's key makes it one task however many publish it."""
+        ``schedule_refresh_ms``, or the next change of the controls (a schedule added, changed
+        or removed). Every consumer does it: an occurrence's key makes it one task however
+        many publish it."""
         attempt = 0
+        seen = self._hub.version  # taken before the read: no change is missed
         while True:
             try:
                 await self._store.schedules.publish_due(self._names)
-                await self._refresh_limits(self._names)
                 await self._store.expiry.expire_due(self._names)  # housekeeping, as often
                 await refresh_task_counts(self._store)
                 upcoming = await self._store.schedules.next_due(self._names)
@@ -76,47 +82,78 @@ class Controls:
                 milliseconds=self._options.schedule_refresh_ms
             )
             deadline = refresh if upcoming is None else min(upcoming, refresh)
-            await self._clock.wait_until(deadline, anyio.Event())
+            seen = await self._until_change(seen, deadline)
+
+    async def _until_change(self, seen: int, deadline: dt.datetime) -> int:
+        """Sleep until ``deadline`` or a change after ``seen``; the version seen then. (Not
+        the hub's event on the clock: a clock sets the events it times out.)"""
+        wake = anyio.Event()
+        async with anyio.create_task_group() as task_group:
+
+            async def on_change() -> None:
+                await self._hub.changed(seen)
+                wake.set()
+
+            task_group.start_soon(on_change)
+            await self._clock.wait_until(deadline, wake)
+            task_group.cancel_scope.cancel()
+        return self._hub.version
 
     async def pause_loop(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Keep `paused` current: re-read on each change of the paused names (a change
-        stream, opened before the first read so no change is missed), or every poll interval
-        where the server has none. A resumed name is fetched again."""
-        pauses, stream, attempt = self._store.pauses, None, 0
-        try:
-            while True:
-                try:
-                    if stream is None and self._options.discovery != "poll":
-                        stream, _ = await open_unless_refused(pauses, [], "auto")
-                    now_paused = set(await pauses.paused(self._names))
-                except (BackendUnavailable, PyMongoError) as exc:
-                    log.warning(str(exc), extra={"action": "pause_retry"})
-                    await sleep(self._clock, self._options.reconnect_delay(attempt))
-                    attempt += 1
-                    continue
-                attempt = 0
-                resumed = self.paused - now_paused
-                if now_paused != self.paused:
-                    log.info(
-                        "paused names: %s",
-                        ", ".join(sorted(now_paused)) or "none",
-                        extra={"action": "paused", "names": sorted(now_paused)},
-                    )
-                self.paused = now_paused
-                task_status.started()
-                task_status = anyio.TASK_STATUS_IGNORED
-                if resumed:
-                    await self._fetch()
-                if stream is None:
-                    await sleep(self._clock, self._options.poll_interval_ms / 1000)
-                    continue
-                try:
-                    await stream.next()
-                except (PyMongoError, StopAsyncIteration):
-                    await close_quietly(stream)
-                    stream = None
-        finally:
-            if stream is not None:
-                await close_quietly(stream)
+        """Keep `paused` current: re-read on each change of the controls. A resumed name is
+        fetched again."""
+        await self._follow(self._read_pauses, "pause_retry", task_status)
+
+    async def limit_loop(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the limits of our names current: re-read on each change of the controls, so
+        a set, lowered, raised or removed limit holds within one event (or poll interval)."""
+        await self._follow(self._read_limits, "limit_retry", task_status)
+
+    async def _read_pauses(self) -> None:
+        now_paused = set(await self._store.pauses.paused(self._names))
+        resumed = self.paused - now_paused
+        if now_paused != self.paused:
+            log.info(
+                "paused names: %s",
+                ", ".join(sorted(now_paused)) or "none",
+                extra={"action": "paused", "names": sorted(now_paused)},
+            )
+        self.paused = now_paused
+        if resumed:
+            await self._fetch()
+
+    async def serve_hub(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the process's `ControlHub` (or stand by to take it over); started once it
+        watches."""
+        await self._hub.serve(
+            self._options.poll_interval_ms,
+            self._options.discovery,
+            self._options.reconnect_delay,
+            task_status=task_status,
+        )
+
+    async def _follow(
+        self,
+        read: Callable[[], Awaitable[None]],
+        action: str,
+        task_status: TaskStatus[None],
+    ) -> None:
+        """``read`` at start and after each change the hub sees (it watches before the first
+        read, so no change is missed). Started once the first read is done."""
+        attempt, seen = 0, self._hub.version
+        while True:
+            try:
+                await read()
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": action})
+                await sleep(self._clock, self._options.reconnect_delay(attempt))
+                attempt += 1
+                continue
+            attempt = 0
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            seen = await self._hub.changed(seen)

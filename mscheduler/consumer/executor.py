@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -37,7 +37,12 @@ from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
+# A handler's progress is written at most this often per task (it brings the ping forward).
+PROGRESS_EVERY = dt.timedelta(seconds=1)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
+# Real seconds a release may take after a stop-now (`Executor.hurry`): the user asked for an
+# exit, so a database that does not answer by then leaves the lease to expire.
+HURRIED_RELEASE_TIMEOUT_S = 2.0
 
 
 def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
@@ -61,6 +66,7 @@ class _Running:
     worker_timeout_ms: int
     stop_reason: str | None = None
     release_on_stop: bool = False
+    progress_written_at: dt.datetime | None = None
     # While its outcome is written: a shutdown cuts a write that outlasts the grace (`shutdown`).
     writing: anyio.CancelScope | None = None
 
@@ -91,6 +97,8 @@ class Executor:
         clock: Clock,
         stats: ConsumerStats,
         on_slot_freed: Callable[[str, bool], None],
+        before_retry: Callable[[Task], Awaitable[None]],
+        at_start: Callable[[Task], Awaitable[None]],
     ) -> None:
         self._store = store
         self._handlers = handlers
@@ -98,20 +106,29 @@ class Executor:
         self._clock = clock
         self._stats = stats
         self._on_slot_freed = on_slot_freed
+        self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
+        self._at_start = at_start  # a start counted long before the handler's is counted again
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
+        self._hurried = anyio.Event()
         self._task_group: TaskGroup | None = None
 
     @property
     def free_slots(self) -> int:
-        return self._options.max_running - len(self._running)
+        """An abandoned handler still runs: it keeps its slot until it returns."""
+        return self._options.max_running - len(self.running_keys)
 
     @property
     def running_keys(self) -> list[str]:
         """Keys this worker must not claim: running, or abandoned and still running."""
         return list(dict.fromkeys([*self._running, *self._calls.abandoned]))
+
+    @property
+    def running_leases(self) -> list[Lease]:
+        """The leases whose handlers run and have not been told to stop."""
+        return [e.lease for e in self._running.values() if e.stop_reason is None]
 
     @property
     def held_runs(self) -> set[str]:
@@ -144,6 +161,7 @@ class Executor:
             ping_interval_ms=options.ping_interval_ms,
             worker_timeout_ms=options.worker_timeout_ms,
         )
+        lease.on_progress(lambda: self.progress_reported(lease.key))
         self._ping_wake.set()
         otel_metrics.claimed(lease)  # claim latency
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
@@ -186,12 +204,21 @@ class Executor:
                 self._idle.set()
             # A run that ended without writing (lease lost or expired, outcome not recorded)
             # produced no change event: the key must be looked at again, or it would wait
-            # for some other write to it (it was excluded from claims while it ran).
-            self._on_slot_freed(key, written)
+            # for some other write to it (it was excluded from claims while it ran). An
+            # abandoned handler frees its slots (ours, its name's) only once it returns.
+            abandoned = self._calls.abandoned.get(key)
+            if abandoned is None:
+                self._on_slot_freed(key, written)
+            else:
+                abandoned.add_done_callback(lambda _: self._on_slot_freed(key, written))
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
+            if attempt:
+                await self._before_retry(task)
+            else:
+                await self._at_start(task)
             try:
                 with tracing.processing(entry.lease, lambda: entry.stop_reason):
                     result = await self._calls.call(task, lambda: self._may_start(entry))
@@ -310,7 +337,8 @@ class Executor:
         if not entry.release_on_stop:
             self._stats.record("cancelled", lease.task.name)
             return False
-        with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
+        timeout = HURRIED_RELEASE_TIMEOUT_S if self._hurried.is_set() else _RELEASE_TIMEOUT_S
+        with anyio.move_on_after(timeout, shield=True):
             try:
                 await self._store.release(lease, entry.stop_reason or "released")
                 self._stats.record("released", lease.task.name)
@@ -340,6 +368,21 @@ class Executor:
             entry.worker_timeout_ms = task.options.worker_timeout_ms
 
     # ------------------------------------------------------------ pinging
+
+    def progress_reported(self, key: str) -> None:
+        """A handler reported progress: its ping comes at once, or a second after the last
+        one that wrote progress (coalesced: one write a second per task at most); the other
+        leases due within half their interval go in the same bulk write."""
+        entry = self._running.get(key)
+        if entry is None or entry.stop_reason is not None:
+            return
+        now = self._clock.now()
+        due = now
+        if entry.progress_written_at is not None:
+            due = max(now, entry.progress_written_at + PROGRESS_EVERY)
+        if due < entry.next_ping_at:
+            entry.next_ping_at = due
+            self._ping_wake.set()
 
     async def ping_loop(self) -> None:
         """One bulk write pings every lease that is due (or due within half its interval)."""
@@ -383,6 +426,8 @@ class Executor:
                 else:
                     entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)
                     entry.next_ping_at = now + dt.timedelta(milliseconds=entry.ping_interval_ms)
+                    if entry.lease.reported_progress is not None:
+                        entry.progress_written_at = now
 
     # ------------------------------------------------------------ shutdown
 
@@ -395,11 +440,10 @@ class Executor:
         slow or unreachable server, or a batch of other consumers' finishes ahead of them):
         then they are cut, and their leases left to expire. Releases have their own bound."""
         deadline = self._clock.now() + dt.timedelta(milliseconds=self._options.shutdown_grace_ms)
-        while self._running and self._clock.now() < deadline:
+        while self._running and self._clock.now() < deadline and not self._hurried.is_set():
             self._idle = idle = anyio.Event()
             await self._clock.wait_until(deadline, idle)
-        for entry in list(self._running.values()):
-            entry.stop("the worker is shutting down", release=True)
+        self._stop_all()
         give_up = self._clock.now() + dt.timedelta(milliseconds=self._options.cancel_timeout_ms)
         while self._running:
             self._idle = idle = anyio.Event()
@@ -410,3 +454,16 @@ class Executor:
                 if entry.writing is not None:
                     entry.writing.cancel()
             await idle.wait()
+
+    def hurry(self) -> None:
+        """Stop now: end the grace period, cancel every handler and release its lease at once
+        (a release not done within `HURRIED_RELEASE_TIMEOUT_S` leaves the lease to expire).
+        A released task is claimable by another worker at once and counts no failure."""
+        self._hurried.set()
+        self._idle.set()  # wakes the grace period's wait: it ends now
+        if self._task_group is not None:
+            self._stop_all()
+
+    def _stop_all(self) -> None:
+        for entry in list(self._running.values()):
+            entry.stop("the worker is shutting down", release=True)

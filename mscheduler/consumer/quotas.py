@@ -1,16 +1,25 @@
 """Limits per task name, as a consumer keeps them (`Scheduler.set_limit`): a claim of a
 limited name takes a token first (`store.limits`), a name at its limit is not tried again
-before its window frees, and the slots of running tasks live as long as their leases."""
+before its window frees, and the slot of a running task lives exactly as long as its run.
+
+Invariant: every token taken is held by a lease this consumer runs (`_held`), waits on an
+uncertain claim's look-up (`_uncertain`), or is given back; a held slot is extended before
+it lapses for as long as its run lives (an abandoned handler's included) and released when
+the run ends.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 from anyio.abc import TaskGroup
 
+from ..clock import sleep
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease, Task
 from ..store.limits import Limit
@@ -18,8 +27,37 @@ from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
-# A slot's first life, before the holder's first extension sets it to its lease's expiry.
+# A slot's first life, before the holder's first extension sets it to its lease's expiry. The
+# first extension comes at half of it at the latest, whatever the ping interval.
 FIRST_SLOT_LIFE = dt.timedelta(seconds=60)
+# Extensions are never closer than this, even when one failed and the slot nears its end.
+_MIN_EXTENSION_GAP = dt.timedelta(milliseconds=100)
+_RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
+_Release = Callable[[str, str], Awaitable[None]]  # `Quotas._give_back`, `Quotas._release`
+
+
+# How long after its token a handler may start and still count at the token's time; a later
+# start takes a start of its own, at the handler's start (`Quotas.at_start`).
+START_SLACK = dt.timedelta(milliseconds=50)
+
+
+@dataclasses.dataclass
+class _Slot:
+    name: str
+    token: str
+    lease: Lease
+    until: dt.datetime  # when the slot lapses unless extended
+    extend_at: dt.datetime
+    taken_at: dt.datetime  # when its start was counted in the rate's window
+
+    def next_extension(self, now: dt.datetime) -> dt.datetime:
+        """A ping interval on, and before half the slot's life is left."""
+        interval = dt.timedelta(milliseconds=self.lease.task.options.ping_interval_ms)
+        return now + max(min(interval, (self.until - now) / 2), _MIN_EXTENSION_GAP)
+
+
+def _terms(limit: Limit | None) -> tuple[int | None, ...] | None:
+    return None if limit is None else (limit.rate, limit.per_ms, limit.max_running)
 
 
 class Quotas:
@@ -28,16 +66,51 @@ class Quotas:
         self._clock = store.clock
         self.limited: dict[str, Limit] = {}
         self.blocked: dict[str, dt.datetime] = {}  # name -> when its limit frees
-        self._held: dict[str, tuple[str, str, Lease]] = {}  # key -> (name, token, lease)
+        self._held: dict[str, _Slot] = {}  # key -> the slot its run holds
+        self._uncertain: dict[str, tuple[str, str]] = {}  # run_id -> (name, token)
         self._names: dict[str, str] = {}  # key -> name, for the keys of limited names only
         self._wake = anyio.Event()
         self._task_group: TaskGroup | None = None
+        self._releasing = 0
+        self._released = anyio.Event()
 
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
 
-    async def refresh(self, names: Sequence[str]) -> None:
-        self.limited = await self._store.limits.of(names)
+    async def refresh(self, names: Sequence[str], running: Sequence[Lease] = ()) -> list[str]:
+        """Read the limits of ``names``; returns the names whose limits changed (set, changed
+        or removed): their due keys are worth trying at once. The ``running`` leases of a name
+        that has a ``max_running`` now and that hold no slot (started before it was limited)
+        take one, so claims count them: no start beyond the limit from then on."""
+        limits = await self._store.limits.of(names)
+        await self._adopt(limits, running)
+        changed = sorted(
+            name
+            for name in {*limits, *self.limited}
+            if _terms(limits.get(name)) != _terms(self.limited.get(name))
+        )
+        self.limited = limits
+        for name in changed:
+            self.blocked.pop(name, None)
+        return changed
+
+    async def _adopt(self, limits: dict[str, Limit], running: Sequence[Lease]) -> None:
+        now = self._clock.now()
+        unslotted: dict[str, list[Lease]] = {}
+        for lease in running:
+            limit = limits.get(lease.task.name)
+            if limit is not None and limit.max_running is not None and lease.key not in self._held:
+                unslotted.setdefault(lease.task.name, []).append(lease)
+        for name, leases in unslotted.items():
+            tokens = [uuid.uuid4().hex for _ in leases]
+            await self._store.limits.adopt(name, tokens, now + FIRST_SLOT_LIFE)
+            for lease, token in zip(leases, tokens, strict=True):
+                self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
+
+    def keys_of(self, names: Sequence[str]) -> list[str]:
+        """The keys noted (by `offered`) for these names."""
+        wanted = set(names)
+        return [key for key, name in self._names.items() if name in wanted]
 
     def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None:
         """When the consumer may try ``task`` (claimable from ``when``): a limited name's
@@ -68,17 +141,25 @@ class Quotas:
         self, worker_id: str, name: str, exclude_keys: Sequence[str]
     ) -> Lease | dt.datetime | None:
         """A lease of ``name`` under a token; else when its limit frees, or None if no task
-        of it was claimable (the token given back)."""
+        of it was claimable (the token given back). A name whose limit is gone is claimed
+        without a token."""
         now = self._clock.now()
         token = await self._store.limits.acquire(name, now + FIRST_SLOT_LIFE)
+        if token is None:  # removed since our last read: claimed as any other name
+            self.limited.pop(name, None)
+            self.blocked.pop(name, None)
+            return await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)
         if isinstance(token, dt.datetime):
             self.blocked[name] = token
             log.debug("limit of %r reached until %s", name, token, extra={"action": "limited"})
             return token
         try:
             lease = await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)
-        except ClaimUncertain:
-            raise  # the claim may have landed: the token stays counted (the safe side)
+        except ClaimUncertain as exc:
+            # The claim may have landed: the token waits for the look-up (`recovered`).
+            for run_id in exc.run_ids:
+                self._uncertain[run_id] = (name, token)
+            raise
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._give_back(name, token)
@@ -86,26 +167,55 @@ class Quotas:
         if lease is None:
             await self._give_back(name, token)
             return None
-        self._held[lease.key] = (name, token, lease)
-        self._wake.set()
+        self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
         return lease
 
+    def _hold(
+        self, lease: Lease, name: str, token: str, now: dt.datetime, until: dt.datetime
+    ) -> None:
+        slot = _Slot(name, token, lease, until, now, now)
+        slot.extend_at = slot.next_extension(now)
+        self._held[lease.key] = slot
+        self._wake.set()  # its first extension may be the earliest
+
     async def claim_up_to(
-        self, worker_id: str, name: str, count: int, running: Sequence[str]
-    ) -> tuple[list[Lease], dt.datetime | None]:
-        """Up to ``count`` leases of ``name``, while its limit allows; and, if the limit was
-        reached, when it frees (the caller's due keys of ``name`` wait until then)."""
-        leases: list[Lease] = []
+        self, worker_id: str, name: str, count: int, running: Sequence[str], won: list[Lease]
+    ) -> dt.datetime | None:
+        """Up to ``count`` leases of ``name`` while its limit allows, each appended to ``won``
+        as soon as it is won (so a failure later in the call loses none); returns when the
+        limit frees if it was reached (the caller's due keys of ``name`` wait until then)."""
         blocked = self.blocked_until(name, self._clock.now())
-        while blocked is None and len(leases) < count:
-            got = await self.claim(worker_id, name, [*running, *(lease.key for lease in leases)])
-            if got is None:
+        excluded = [*running, *(lease.key for lease in won)]
+        got = 0
+        while blocked is None and got < count:
+            lease = await self.claim(worker_id, name, excluded)
+            if lease is None:
                 break
-            if isinstance(got, dt.datetime):
-                blocked = got
+            if isinstance(lease, dt.datetime):
+                blocked = lease
             else:
-                leases.append(got)
-        return leases, blocked
+                won.append(lease)
+                excluded.append(lease.key)
+                got += 1
+        return blocked
+
+    def recovered(self, run_ids: Sequence[str], leases: Sequence[Lease]) -> None:
+        """The look-up of uncertain claims found ``leases``: their tokens are held as any
+        claim's; a run_id found without a lease never started anything, its token is given
+        back."""
+        found = {lease.run_id: lease for lease in leases}
+        for run_id in run_ids:
+            pending = self._uncertain.pop(run_id, None)
+            if pending is None:
+                continue
+            name, token = pending
+            lease = found.get(run_id)
+            if lease is not None:
+                # Its slot's first life began before the look-up: extend it at once.
+                now = self._clock.now()
+                self._hold(lease, name, token, now, now)
+            elif token not in (t for _, t in self._uncertain.values()):
+                self._spawn(self._give_back, name, token)
 
     async def _give_back(self, name: str, token: str) -> None:
         try:
@@ -113,13 +223,73 @@ class Quotas:
         except (BackendUnavailable, StoreError) as exc:  # unused: the limit errs on the safe side
             log.warning(str(exc), extra={"action": "token_lost"})
 
-    def ended(self, key: str) -> None:
-        """The run of ``key`` ended: its slot frees (its start still counts in the window)."""
-        held = self._held.pop(key, None)
-        if held is not None:
-            self.blocked.pop(held[0], None)  # a slot of ours frees: worth asking at once
-        if held is not None and self._task_group is not None:
-            self._task_group.start_soon(self._release, held[0], held[1])
+    async def restart(self, task: Task) -> None:
+        """Before a local retry of a handler: a start counts against the rate like the first
+        (its slot is held already); waits while the window is full."""
+        attempt = 0
+        while task.name in self.limited and self.limited[task.name].rate is not None:
+            try:
+                free = await self._store.limits.start(task.name)
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "token_retry"})
+                await sleep(self._clock, min(1.0, 0.1 * 2**attempt))
+                attempt += 1
+                continue
+            if free is None:
+                return
+            log.debug("rate of %r reached until %s", task.name, free, extra={"action": "limited"})
+            await self._clock.wait_until(free, anyio.Event())
+
+    async def at_start(self, task: Task) -> None:
+        """As a limited task's handler is about to start: the window is measured at handler
+        starts, and a start counted more than `START_SLACK` before (a claim whose reply came
+        late, a busy loop) could crowd a window of them. Such a start takes a start of its
+        own now, waiting while the window is full, so no window of ``per - START_SLACK``
+        holds more than ``rate`` handler starts (the first start still counts too: the
+        limit may be under-used, never exceeded)."""
+        slot = self._held.get(task.key)
+        limit = self.limited.get(task.name)
+        if slot is None or limit is None or limit.rate is None:
+            return
+        if self._clock.now() - slot.taken_at <= START_SLACK:
+            return
+        await self.restart(task)
+
+    def ended(self, key: str) -> str | None:
+        """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its
+        start still counts in the window). Returns the name whose slot freed, if any."""
+        slot = self._held.pop(key, None)
+        if slot is None:
+            return None
+        self.blocked.pop(slot.name, None)  # a slot of ours frees: worth asking at once
+        self._spawn(self._release, slot.name, slot.token)
+        return slot.name
+
+    def _spawn(self, release: _Release, name: str, token: str) -> None:
+        if self._task_group is None:
+            return
+        self._releasing += 1
+        try:
+            self._task_group.start_soon(self._shielded, release, name, token)
+        except RuntimeError:  # the consumer has stopped: the slot expires with its lease
+            self._releasing -= 1
+
+    async def _shielded(self, release: _Release, name: str, token: str) -> None:
+        """Shielded: a release started as the consumer stops must not be cancelled with it
+        (`drain` waits for it)."""
+        try:
+            with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
+                await release(name, token)
+        finally:
+            self._releasing -= 1
+            if not self._releasing:
+                self._released.set()
+
+    async def drain(self) -> None:
+        """Wait for the releases in flight (at shutdown, before the task group is cancelled)."""
+        while self._releasing:
+            self._released = released = anyio.Event()
+            await released.wait()
 
     async def _release(self, name: str, token: str) -> None:
         try:
@@ -128,26 +298,28 @@ class Quotas:
             log.warning(str(exc), extra={"action": "slot_release_failed"})
 
     async def extend_loop(self) -> None:
-        """Keep the slots of the running tasks alive as long as their leases: one write per
-        limited name per ping interval, only while such tasks run."""
+        """Keep each held slot alive while its run lives: extended to its lease's timeout
+        from now a ping interval after the last extension, and before half its life is left
+        (so whatever the ping interval, a slot never lapses before its lease). One write per
+        limited name due, only while such tasks run."""
         while True:
-            self._wake = anyio.Event()
-            if not self._held:
-                await self._wake.wait()
-                continue
-            leases = [lease for _, _, lease in self._held.values()]
-            interval = min(lease.task.options.ping_interval_ms for lease in leases)
-            await self._clock.wait_until(
-                self._clock.now() + dt.timedelta(milliseconds=interval), anyio.Event()
-            )
-            by_name: dict[str, list[tuple[str, Lease]]] = {}
-            for name, token, lease in list(self._held.values()):
-                by_name.setdefault(name, []).append((token, lease))
+            self._wake = wake = anyio.Event()
+            due = min((slot.extend_at for slot in self._held.values()), default=None)
+            await self._clock.wait_until(due, wake)
             now = self._clock.now()
-            for name, held in by_name.items():
-                timeout = max(lease.task.options.worker_timeout_ms for _, lease in held)
+            by_name: dict[str, list[_Slot]] = {}
+            for slot in self._held.values():
+                if slot.extend_at <= now:
+                    by_name.setdefault(slot.name, []).append(slot)
+            for name, slots in by_name.items():
+                timeout = max(slot.lease.task.options.worker_timeout_ms for slot in slots)
                 until = now + dt.timedelta(milliseconds=timeout)
                 try:
-                    await self._store.limits.extend(name, [token for token, _ in held], until)
+                    await self._store.limits.extend(name, [slot.token for slot in slots], until)
                 except (BackendUnavailable, StoreError) as exc:
                     log.warning(str(exc), extra={"action": "slot_extend_failed"})
+                else:
+                    for slot in slots:
+                        slot.until = until
+                for slot in slots:
+                    slot.extend_at = slot.next_extension(now)

@@ -7,11 +7,17 @@ this document: it succeeds only while fewer than ``rate`` starts lie within the 
 ``per_ms`` (a sliding window, exact) and fewer than ``max_running`` slots are live. Expired
 entries are pruned by the same write, so both arrays stay bounded by the limits themselves.
 
-Invariant: a task of a limited name starts only under a token, so in any window of
-``per_ms`` at most ``rate`` tasks start, and at most ``max_running`` run at once (a slot
-lives while its lease does: the holder extends it, a crashed holder's expires with its
-lease). A token whose claim found nothing is given back; a worker that dies in between
-leaves it unused: the limit errs on the safe side.
+Invariant: a handler of a limited name starts only under a start counted here (a claim's
+token, or `start` for a local retry), so in any window of ``per_ms`` at most ``rate``
+handlers start, and at most ``max_running`` run at once (a slot lives while its run does:
+the holder extends it, a crashed holder's expires with its lease). A token whose claim found
+nothing is given back; a worker that dies in between leaves it unused: the limit errs on the
+safe side.
+
+Clocks: ``now`` is the acquiring worker's clock (`$$NOW` is missing on the memory engine), so
+a worker whose clock runs δ ahead of another's ends that one's starts δ early. With the
+workers' clocks within δ of each other, at most ``rate`` start in any ``per_ms - δ``; the
+bound on δ is the one leases already assume (`consumer.executor.expiry_margin`).
 """
 
 from __future__ import annotations
@@ -61,9 +67,25 @@ def acquire(
     return {"_id": name, "$expr": allowed}, [update]
 
 
+def start(name: str, token: str, now: dt.datetime) -> tuple[Document, Pipeline]:
+    """Count one more start for ``name`` (a local retry of a handler whose slot is held), if
+    its rate allows one now; a name without a rate takes it always."""
+    entry = {"id": literal(token), "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}}
+    update = {"$set": {"starts": {"$concatArrays": [_live("starts", now), [entry]]}}}
+    return {"_id": name, "$expr": _within("rate", "starts", now)}, [update]
+
+
 def give_back(name: str, token: str) -> tuple[Document, Document]:
     """A token whose claim found nothing: neither a start nor a slot was used."""
     return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
+
+
+def adopt(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
+    """Runs that started before their name was limited take slots, whatever the limit: they
+    run already, and claims count them from now on."""
+    slots = [{"id": literal(token), "until": until} for token in tokens]
+    added = {"$concatArrays": [{"$ifNull": ["$slots", []]}, slots]}
+    return {"_id": name}, [{"$set": {"slots": added}}]
 
 
 def release(name: str, token: str) -> tuple[Document, Document]:

@@ -119,6 +119,18 @@ def by_keys(keys: Sequence[str]) -> Document:
     return {"key": {"$in": list(keys)}}
 
 
+# Writes in the order they were stamped; ``_id`` breaks ties (a sort must be total).
+CHANGE_ORDER = [("updated_at", 1), ("_id", 1)]
+
+
+def changed_since(since: dt.datetime, names: Sequence[str] | None) -> Document:
+    """Tasks (of ``names``) written at or after ``since`` (a watch that polls)."""
+    found: Document = {"updated_at": {"$gte": since}}
+    if names:
+        found["name"] = {"$in": list(names)}
+    return found
+
+
 def publish_upsert(document: Document) -> tuple[Document, Document]:
     """Insert unless the key exists. The unique index on ``key`` makes concurrent publishes of
     one key produce one document; the caller tells "created" by the ``_id`` it chose. The

@@ -143,6 +143,18 @@ class StoreBase:
         cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
         return [Task.model_validate(document) async for document in cursor]
 
+    async def control_changed(self) -> None:
+        """After a write of a control document (a pause, a limit, a schedule): the store with
+        a `ControlVersion` bumps it."""
+
+    @driver_errors
+    async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
+        """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
+        watch shows where the server has no change streams."""
+        await self._ready()
+        cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
+        return [Task.model_validate(document) async for document in cursor]
+
     @driver_errors
     async def fetch(
         self, names: Sequence[str], worker_id: str, limit: int, batch_size: int

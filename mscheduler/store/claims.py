@@ -11,8 +11,9 @@ do for `TaskStore.claim`. What differs, and why it is safe:
 - the priority order is the candidates' order; a task published between steps 1 and 2 waits
   for the next claim, as it would behind a single claim sent a moment earlier;
 - a reply lost on the network (step 2) is resolved by step 3, which finds every claim that
-  was applied; if step 3 fails too, every ``run_id`` is uncertain (`ClaimUncertain`) and the
-  consumer looks each up before claiming again, as for a single claim.
+  was applied; if step 3 fails (whether or not step 2's reply came), every ``run_id`` is
+  uncertain (`ClaimUncertain`) and the consumer looks them up before claiming again, as for a
+  single claim: a landed claim is never left to expire unrun.
 
 The batches of one store take turns (`TaskStore.claim_many`). Consumers sharing a store free
 their slots together (their finishes share a bulk write), so at once they would read the same
@@ -126,11 +127,15 @@ class _Batch:
                 async for doc in self.store.collection.find(lq.by_runs(run_ids))
             ]
         except ConnectionFailure as exc:
-            if lost is None:
+            if self.store.in_transaction:
                 raise
+            # Claims may have landed (the write said so, or its reply was lost): leases of ours
+            # that nobody knows of would expire unrun. Each run_id is looked up before the
+            # consumer claims again, as for a single claim.
+            what = "its reply was lost" if matched is None else f"{matched} were applied"
             raise ClaimUncertain(
-                f"MongoDB is unreachable: a batched claim's reply was lost ({lost}) and so was "
-                f"the read of its {len(run_ids)} runs ({exc})",
+                f"MongoDB is unreachable: a batched claim's read of its {len(run_ids)} runs "
+                f"failed ({exc}) and {what}",
                 worker_id=self.worker_id,
                 run_ids=run_ids,
             ) from exc

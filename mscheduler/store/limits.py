@@ -3,12 +3,14 @@ limited name takes first (see `queries.limits` for the protocol and its invarian
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pymongo.errors import ConnectionFailure
 
 from ..errors import ConfigurationError, driver_errors
 from ..models import UtcDatetime, check_name, checked
@@ -19,6 +21,22 @@ SUFFIX = ".limits"
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
 # which no write tells it of (a consumer of the same process is told at once).
 RUNNING_RECHECK = dt.timedelta(seconds=1)
+
+# The change events of limit documents that change a limit (set, changed, removed), not the
+# tokens taken and released in them (those are most of their writes).
+LIMIT_CHANGES = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": {"$in": ["insert", "replace", "delete"]}},
+                *(
+                    {f"updateDescription.updatedFields.{field}": {"$exists": True}}
+                    for field in ("rate", "per_ms", "max_running")
+                ),
+            ]
+        }
+    }
+]
 
 
 class _Entry(BaseModel):
@@ -48,7 +66,9 @@ class Limit(BaseModel):
             if limit is not None and len(live) >= limit:
                 free = live[len(live) - limit]
                 times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
-        return max(times, default=now)
+        # Not full when read: a slot freed between the refused write and this read. Asked
+        # again after the recheck, never at once (a loop of requests), never dropped.
+        return max(times, default=now + RUNNING_RECHECK)
 
 
 def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
@@ -87,12 +107,15 @@ class Limits(BesideTasks):
         per_ms = _checked_limits(rate, per, max_running)
         update = lq.set_limit(name, rate, per_ms, max_running)
         await self.collection.update_one(*update, upsert=True)
+        await self._tasks.control_changed()
         found = await self.collection.find_one({"_id": name})
         return Limit.model_validate(found)
 
     @driver_errors
     async def remove(self, name: str) -> bool:
         result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        if result.deleted_count:
+            await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors
@@ -101,18 +124,43 @@ class Limits(BesideTasks):
         return {d["_id"]: Limit.model_validate(d) async for d in self.collection.find(query)}
 
     @driver_errors
-    async def acquire(self, name: str, until: dt.datetime) -> str | dt.datetime:
-        """A token for one claim of ``name``, or when one may be had (its limit is reached)."""
+    async def acquire(self, name: str, until: dt.datetime) -> str | dt.datetime | None:
+        """A token for one claim of ``name``; or when one may be had (its limit is reached);
+        or None: ``name`` has no limit (removed meanwhile)."""
         token, now = uuid.uuid4().hex, self._tasks.clock.now()
-        taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
+        try:
+            taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
+        except ConnectionFailure:
+            # The token may have been taken with the reply lost: nobody would hold its slot.
+            with contextlib.suppress(ConnectionFailure):
+                await self.collection.update_one(*lq.give_back(name, token))
+            raise
         if taken is not None:
             return token
         found = await self.collection.find_one({"_id": name})
-        return now if found is None else Limit.model_validate(found).free_at(now)
+        return None if found is None else Limit.model_validate(found).free_at(now)
+
+    @driver_errors
+    async def start(self, name: str) -> dt.datetime | None:
+        """Count a start of ``name`` (a slot held already): None when counted (or ``name``
+        has no limit), else when its rate window frees."""
+        token, now = uuid.uuid4().hex, self._tasks.clock.now()
+        taken = await self.collection.find_one_and_update(*lq.start(name, token, now))
+        if taken is not None:
+            return None
+        found = await self.collection.find_one({"_id": name})
+        if found is None:
+            return None
+        limit = Limit.model_validate(found)
+        return limit.model_copy(update={"max_running": None}).free_at(now)
 
     @driver_errors
     async def give_back(self, name: str, token: str) -> None:
         await self.collection.update_one(*lq.give_back(name, token))
+
+    @driver_errors
+    async def adopt(self, name: str, tokens: Sequence[str], until: dt.datetime) -> None:
+        await self.collection.update_one(*lq.adopt(name, tokens, until))
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:

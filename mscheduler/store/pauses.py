@@ -1,8 +1,8 @@
 """Paused task names: a document per name in ``<collection>.paused``; consumers claim none.
 
 Pausing is advisory for claims, not a lock: a claim already on its way when the pause is
-written may still land; after that, consumers of the name stop claiming it (within a moment on
-a change stream, one poll interval without one). Running tasks finish as usual.
+written may still land; after that, consumers of the name stop claiming it (within one change event,
+one poll interval without change streams: `store.controls`). Running tasks finish as usual.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ class Pauses(BesideTasks):
             await self.collection.insert_one(document)
         except DuplicateKeyError:
             return False
+        await self._tasks.control_changed()
         return True
 
     @driver_errors
     async def resume(self, name: str) -> bool:
         """True if ``name`` was paused."""
         result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        if result.deleted_count:
+            await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors

@@ -54,6 +54,7 @@ class ScheduleStore(BesideTasks):
             if found is None:
                 try:
                     await self.collection.insert_one(schedule_document(wanted))
+                    await self._tasks.control_changed()
                     return wanted
                 except DuplicateKeyError:  # registered meanwhile: merge with that one
                     continue
@@ -66,6 +67,7 @@ class ScheduleStore(BesideTasks):
                 sq.at_version(stored.id, stored.version), schedule_document(merged)
             )
             if replaced is not None:
+                await self._tasks.control_changed()
                 return merged
             # Advanced or registered meanwhile: merge with what is there now.
         raise StoreError(
@@ -76,6 +78,8 @@ class ScheduleStore(BesideTasks):
     @driver_errors
     async def remove(self, schedule_id: str) -> bool:
         result = await self.collection.delete_one(sq.by_id(schedule_id))
+        if result.deleted_count:
+            await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors

@@ -34,6 +34,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .controls import ControlHub, ControlVersion
 from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
@@ -58,12 +59,18 @@ class TaskStore(StoreBase):
         self.pauses = Pauses(self)
         self.limits = Limits(self)
         self.workers = Workers(self)
-        # Finished tasks whose dependents this process failed to tell (see `_after_write`),
-        # and the callbacks (consumers) to wake when one is added.
+        self.control_version = ControlVersion(self)
+        self.control_hub = ControlHub(self, self.control_version, clock)
+        # Finished tasks (keys, or ids where no key was read) whose dependents this process
+        # failed to tell (see `_after_write`), and the callbacks (consumers) to wake when one is
+        # added.
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
         self._finishes = FinishBatcher(self, self._fenced_document)
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
+
+    async def control_changed(self) -> None:
+        await self.control_version.bump()
 
     def bound_to(self, collection: Any) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
@@ -96,10 +103,14 @@ class TaskStore(StoreBase):
                     exc,
                     extra={"action": "dependents_owed", "key": task.key},
                 )
-                self.owed.add(task.key)
-                for listener in self.owed_listeners:
-                    listener()
+                self._owe(task.key)
         return task
+
+    def _owe(self, *tasks: str) -> None:
+        """`recover_dependents` catches up every unnotified task; this only wakes it."""
+        self.owed.update(tasks)
+        for listener in self.owed_listeners:
+            listener()
 
     # ------------------------------------------------------------ claim and the lease
 
@@ -171,11 +182,26 @@ class TaskStore(StoreBase):
 
     async def settle(self, task_ids: Sequence[Any]) -> None:
         """After a write that may have ended these tasks without returning them: tell the
-        dependents of those that ended."""
-        async for document in self.collection.find(q.by_ids(task_ids)):
-            task = Task.model_validate(document)
-            if task.state.is_terminal:
-                await self._after_write(task)
+        dependents of those that ended.
+
+        The write has landed, and the caller holds what it won: a network error here must
+        not lose that (a batch's leases would expire unrun), so the tasks are owed instead,
+        as in `_after_write`."""
+        try:
+            async for document in self.collection.find(q.by_ids(task_ids)):
+                task = Task.model_validate(document)
+                if task.state.is_terminal:
+                    await self._after_write(task)
+        except ConnectionFailure as exc:
+            if self.in_transaction:
+                raise  # the transaction is retried whole
+            log.warning(
+                "claims may have ended %d tasks whose dependents were not told yet: %s",
+                len(task_ids),
+                exc,
+                extra={"action": "dependents_owed"},
+            )
+            self._owe(*(str(task_id) for task_id in task_ids))
 
     async def _claimed_by(self, worker_id: str, run_id: str) -> Task | None:
         """The task that a claim of ``worker_id`` with ``run_id`` went to, if it was applied."""
@@ -205,14 +231,19 @@ class TaskStore(StoreBase):
         return task
 
     @driver_errors
-    async def find_claim(self, worker_id: str, run_id: str) -> Lease | None:
-        """After `ClaimUncertain`: the lease that claim took, if it was applied and is still
-        live (None: it was not applied, or it expired and another claim will record that)."""
-        task = await self._claimed_by(worker_id, run_id)
-        own = None if task is None else next(ws for ws in task.worker_states if ws.run_id == run_id)
-        if task is None or own is None or not own.is_live(self.clock.now()):
-            return None
-        return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
+    async def find_claims(self, worker_id: str, run_ids: Sequence[str]) -> list[Lease]:
+        """After `ClaimUncertain`: the live leases those claims took, in one read (a run_id
+        missing: its claim was not applied, or its lease expired and another claim records
+        that)."""
+        now, wanted = self.clock.now(), set(run_ids)
+        leases = []
+        async for document in self.collection.find(lq.by_runs(list(run_ids))):
+            task = Task.model_validate(document)
+            for ws in task.worker_states:
+                if ws.run_id in wanted and ws.worker_id == worker_id and ws.is_live(now):
+                    lease = Lease(key=task.key, worker_id=worker_id, run_id=ws.run_id, task=task)
+                    leases.append(lease)
+        return leases
 
     async def _lease_from(self, task: Task, worker_id: str, run_id: str) -> Lease | None:
         task = await self._after_write(task)

@@ -35,6 +35,7 @@ from .streams import (
     close_quietly,
     open_change_stream,
     open_unless_refused,
+    refuses_streams,
     task_changes,
 )
 from .tasks import TaskStore
@@ -165,10 +166,13 @@ async def wait_for(
     return {key: waiter.finished[key] for key in dict.fromkeys(keys)}
 
 
-async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIterator[Task]:
+async def watch_tasks(
+    store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+) -> AsyncIterator[Task]:
     """Every change to a task (of ``names``), as the task after the change. A drop or rename
     of the collection ends the server's stream (``invalidate``); the watch goes on after it
-    (``startAfter``), with the tasks written to the collection of that name from then on."""
+    (``startAfter``), with the tasks written to the collection of that name from then on. A
+    server that refuses change streams is polled instead (`_poll_changes`), said once."""
     pipeline = (
         task_changes(needless=WAITER_NEEDLESS, name=names)
         if names
@@ -181,6 +185,18 @@ async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIte
                 store, pipeline, max_await_time_ms=MAX_AWAIT_MS, **position.open_options()
             )
         except OperationFailure as exc:
+            if position.token is None and refuses_streams(exc):
+                since = store.clock.now()
+                log.warning(
+                    "watch: the server refused a change stream (%s); polling every %.1f s "
+                    "instead (changes between two polls show as the latest of them)",
+                    exc,
+                    poll_interval_ms / 1000,
+                    extra={"action": "polling_fallback"},
+                )
+                async for task in _poll_changes(store, names, since, poll_interval_ms):
+                    yield task
+                return  # pragma: no cover - the poll never ends
             if position.token is None or exc.code not in RESUME_IMPOSSIBLE:
                 raise StoreError(
                     f"watching needs change streams, and the server refused one: {exc}"
@@ -199,3 +215,29 @@ async def watch_tasks(store: TaskStore, names: Sequence[str] | None) -> AsyncIte
         finally:
             await close_quietly(stream)
         log.info("watch: the stream ended (its collection dropped or renamed); going on after it")
+
+
+async def _poll_changes(
+    store: TaskStore, names: Sequence[str] | None, since: dt.datetime, poll_interval_ms: int
+) -> AsyncIterator[Task]:
+    """The tasks written since the last poll, by ``updated_at`` (set by every write, on the
+    writer's clock), from the moment the watch started. A poll reads from the previous poll's
+    latest ``updated_at`` on (inclusive: two writes may share a millisecond), minus what it
+    already showed of that millisecond. Writers' clocks differ: a write stamped more than a
+    poll interval in the past by a clock behind ours may be missed; the stream has no such gap.
+    Without an index on ``updated_at`` it scans the tasks (of ``names``: the claim index's
+    prefix) each poll, which is why this is for an operator's terminal, not for programs."""
+    shown: set[tuple[str, int]] = set()  # (key, version) shown at the ``since`` millisecond
+    while True:
+        await sleep(store.clock, poll_interval_ms / 1000)
+        found = await store.changed_since(since, names)
+        for task in found:
+            seen = (task.key, task.version)
+            if task.updated_at == since and seen in shown:
+                continue
+            yield task
+        if found:
+            latest = max(task.updated_at for task in found)
+            if latest != since:
+                since, shown = latest, set()
+            shown |= {(t.key, t.version) for t in found if t.updated_at == latest}

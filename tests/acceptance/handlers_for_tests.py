@@ -29,4 +29,9 @@ async def nap(task: ms.Task) -> object:
     return ms.current_lease().worker_id
 
 
-handlers = {"echo": echo, "boom": boom, "nap": nap}
+async def slow(task: ms.Task) -> object:
+    await anyio.sleep(3600)  # until the worker stops it
+    return None
+
+
+handlers = {"echo": echo, "boom": boom, "nap": nap, "slow": slow}

@@ -347,6 +347,77 @@ def test_worker_without_metrics_runs_until_sigterm(wire_server: WireServer):
 
 
 @needs_bin
+def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireServer):
+    """The first Ctrl-C says what it waits for and for how long; the second cancels the
+    handlers and releases their leases: nothing stays ``running``, nothing counts as a failure,
+    and the process exits within seconds, not at the grace period's end."""
+    import time
+
+    uri = wire_db(wire_server)
+    publish(uri, ("slow:1", "slow", None), ("slow:2", "slow", None))
+    process = start_worker(
+        uri,
+        "worker",
+        "tests.acceptance.handlers_for_tests:handlers",
+        "--names",
+        "slow",
+        "--grace",
+        "10m",
+        cwd=ROOT,
+    )
+
+    async def states() -> list[ms.Task]:
+        async with await ms.Scheduler.connect(uri) as sched:
+            return [t for t in [await sched.get("slow:1"), await sched.get("slow:2")] if t]
+
+    try:
+        read_until(process, "running slow")
+        deadline = time.monotonic() + 30
+        while any(t.state is not ms.TaskState.RUNNING for t in anyio.run(states)):
+            assert time.monotonic() < deadline, "the worker never ran both tasks"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        said = read_until(process, "stopping gracefully")
+        assert "waiting up to 600 s for 2 running task(s)" in said[-1]
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at < 5
+        assert process.stderr is not None
+        assert "stopping now" in process.stderr.read()
+    finally:
+        process.kill()
+    for task in anyio.run(states):
+        assert task.state is ms.TaskState.PENDING, task
+        assert task.unexpected_failures == 0
+        assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+
+
+@needs_bin
+def test_watch_polls_a_server_without_change_streams(wire_server: WireServer):
+    """The wire engine has no change streams: ``watch`` says once that it polls, and prints a
+    task published after it started."""
+    uri = wire_db(wire_server)
+    process = subprocess.Popen(
+        [str(BIN), "--uri", uri, "watch", "--json", "--limit", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        said = read_until(process, "polling every")
+        publish(uri, ("late:1", "late", {"n": 1}))
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [(p["key"], p["state"]) for p in printed] == [("late:1", "pending")]
+    assert sum("polling every" in line for line in [*said, *err.splitlines()]) == 1
+
+
+@needs_bin
 def test_a_busy_metrics_port_is_one_line(wire_server: WireServer):
     import socket
 

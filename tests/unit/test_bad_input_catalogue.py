@@ -317,12 +317,6 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         ms.ConfigurationError,
         "only finished tasks",
     ),
-    (
-        "watch without change streams",
-        lambda s: _first(ms.Scheduler.connect("memory://?changestreams=0")),
-        ms.StoreError,
-        "needs change streams",
-    ),
     # connecting
     (
         "malformed uri",

@@ -102,8 +102,8 @@ async def test_a_lost_reply_and_look_up_leave_every_run_uncertain(scheduler: ms.
     with pytest.raises(ClaimUncertain) as uncertain:
         await sched.store.claim_many("w1", names=["job"], limit=4)
     assert len(uncertain.value.run_ids) == 4
-    found = [await sched.store.find_claim("w1", run_id) for run_id in uncertain.value.run_ids]
-    assert len([lease for lease in found if lease is not None]) == 4  # each one is recovered
+    found = await sched.store.find_claims("w1", uncertain.value.run_ids)
+    assert len(found) == 4  # each one is recovered
 
 
 class _BulkNeverArrives(CountingCollection):
@@ -180,3 +180,124 @@ async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_can
     assert [len(won["w1"]), len(won["w2"])] == [4, 4]
     assert {lease.key for lease in won["w1"]}.isdisjoint(lease.key for lease in won["w2"])
     assert counting.calls == 6, counting.counts  # two batches of three round trips, no loss
+
+
+class _BrokenCursor:
+    def __aiter__(self) -> _BrokenCursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise AutoReconnect("connection reset during a cursor read")
+
+
+class _ReadsFail(CountingCollection):
+    """Cursor reads matching ``field`` fail ``times`` times (the writes before them land)."""
+
+    def __init__(self, collection: Any, field: str, times: int = 1) -> None:
+        super().__init__(collection)
+        self.field, self.times = field, times
+
+    def find(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.field in query and self.times:
+            self.times -= 1
+            return _BrokenCursor()
+        return super().find(query, *args, **kwargs)
+
+
+async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """The claims landed, the read of their runs failed: each lease is looked up and run
+    while it lives, none left to expire unrun."""
+    await _publish(scheduler, 4)
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    failing = _ReadsFail(scheduler.collection, "worker_states.run_id")
+    sched = ms.Scheduler(failing, clock=clock)
+    options = ms.WorkerOptions(worker_id="w1", max_running=4, poll_interval_ms=10)
+    async with sched.consumer({"job": job}, options=options):
+        await discover()
+        assert failing.times == 0  # the read did fail
+        clock.advance(1)  # the reconnect delay
+        await discover()
+        assert sorted(ran) == ["t0", "t1", "t2", "t3"]
+    for task in await scheduler.store.get_many(["t0", "t1", "t2", "t3"]):
+        assert task.state is ms.TaskState.SUCCESS
+        assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.SUCCESS]
+
+
+async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """A candidate whose claim failed it (its retries exhausted by a timeout) is settled by a
+    read that fails: the other candidates' leases are still returned, the dependents owed."""
+    options = ms.TaskOptions(
+        max_unexpected_retries=0, ping_interval_ms=1_000, worker_timeout_ms=5_000
+    )
+    await scheduler.publish("dead", None, name="job", options=options)
+    assert await scheduler.store.claim("ghost", key="dead") is not None  # then it died
+    clock.advance(6)
+    await scheduler.publish("after", None, name="next", depends_on=["dead"])
+    await _publish(scheduler, 3)
+    failing = _ReadsFail(scheduler.collection, "_id")
+    sched = ms.Scheduler(failing, clock=clock)
+    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    assert failing.times == 0  # the settling read did fail
+    assert sorted(lease.key for lease in leases) == ["t0", "t1", "t2"]
+    dead = await scheduler.get("dead")
+    assert dead is not None and dead.state is ms.TaskState.FAIL
+    after = await scheduler.get("after")
+    assert after is not None and after.state is ms.TaskState.BLOCKED
+    assert sched.store.owed  # told later, by `recover_dependents`
+    await sched.store.recover_dependents()
+    after = await scheduler.get("after")
+    assert after is not None and after.state is ms.TaskState.CANCELLED
+
+
+class _LosesClaimAndLookUp(CountingCollection):
+    """The first claim lands and its reply is lost, and so is the look-up by its run_id."""
+
+    def __init__(self, collection: Any) -> None:
+        super().__init__(collection)
+        self.lost = 0
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        found = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.lost == 0:
+            self.lost += 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return found
+
+    async def find_one(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "worker_states.run_id" in query and self.lost == 1:
+            self.lost += 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(query, *args, **kwargs)
+
+
+async def test_a_graceful_stop_leaves_no_uncertain_claim_behind(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Stopped while a claim's outcome is unknown: the lease it took is found and run within
+    the grace period (or released), not left to expire unrun."""
+    await scheduler.publish("t0", None, name="job")
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    lossy = _LosesClaimAndLookUp(scheduler.collection)
+    sched = ms.Scheduler(lossy, clock=clock)
+    options = ms.WorkerOptions(worker_id="w1", poll_interval_ms=10, shutdown_grace_ms=1_000)
+    consumer = sched.consumer({"job": job}, options=options)
+    async with anyio.create_task_group() as group:
+        await group.start(consumer.run)
+        await discover()
+        assert lossy.lost == 2 and ran == []
+        consumer.stop()  # before the reconnect delay lets it look the claim up
+        await discover()
+    task = await scheduler.get("t0")
+    assert task is not None and task.state is not ms.TaskState.RUNNING, task.worker_states

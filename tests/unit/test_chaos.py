@@ -1,8 +1,9 @@
 """Randomised chaos through the public API, on both engines: many consumers on one collection,
-random handler durations and outcomes, hard crashes, graceful stops, remote cancels, handlers
-that stall past their lease, clock skew between workers, network errors before and after a
-write. Fixed seeds in CI; more with ``MSCHEDULER_CHAOS_RUNS`` (per engine) and
-``MSCHEDULER_CHAOS_SEED`` (the first seed).
+random handler durations and outcomes, hard crashes, graceful stops, restarts under the same
+worker id, remote cancels, handlers that stall past their lease, clock skew between workers,
+network errors before and after a write and on cursor reads, a name limited to
+``LIMITED_RUNNING`` handlers at once. Fixed seeds in CI; more with ``MSCHEDULER_CHAOS_RUNS``
+(per engine) and ``MSCHEDULER_CHAOS_SEED`` (the first seed).
 
 What must hold, whatever happened:
 - never more handlers of a task at once than ``concurrent_worker_cnt`` (runs whose lease may
@@ -10,6 +11,9 @@ What must hold, whatever happened:
 - every success state was written by an execution that returned that result, one per worker;
 - failures never exceed ``max_unexpected_retries`` plus one per concurrent slot; no run_id
   executes twice;
+- never more handlers of the limited name at once than its ``max_running`` (same exception);
+- no lease of a live worker expires without its handler having run (a worker that crashed,
+  or a stall that may have expired it, excuses it);
 - every task ends once the chaos stops; no consumer crashes.
 """
 
@@ -40,6 +44,8 @@ FIRST_SEED = int(os.environ.get("MSCHEDULER_CHAOS_SEED", "7"))
 FAULT_RATE = 0.05
 TOTALS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 OPTIONS = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
+LIMITED, LIMITED_RUNNING = "lim", 2
+SKEW = dt.timedelta(seconds=0.25)  # the most a worker's clock is off (see `Chaos.start`)
 
 
 class SkewedClock:
@@ -69,6 +75,8 @@ class Ledger:
     options: dict[str, ms.TaskOptions] = dataclasses.field(default_factory=dict)
     violations: list[str] = dataclasses.field(default_factory=list)
     crashes: list[str] = dataclasses.field(default_factory=list)
+    crashed: set[str] = dataclasses.field(default_factory=set)  # worker ids hard-crashed
+    stalls: list[dt.datetime] = dataclasses.field(default_factory=list)
 
 
 class Chaos:
@@ -78,6 +86,7 @@ class Chaos:
         self.clock = clock
         self.ledger = Ledger()
         self.keys: list[str] = []
+        self.limited_keys: set[str] = set()
         self.consumers: dict[str, ms.Consumer] = {}
         self.scopes: dict[str, anyio.CancelScope] = {}
 
@@ -92,9 +101,14 @@ class Chaos:
             limit = ledger.options[task.key].concurrent_worker_cnt
             if len(live - ledger.tainted) > limit:
                 ledger.violations.append(f"{task.key}: {len(live)} handlers at once ({limit})")
+            if task.name == LIMITED:
+                limited = set().union(*(ledger.active[key] for key in self.limited_keys))
+                if len(limited - ledger.tainted) > LIMITED_RUNNING:
+                    ledger.violations.append(f"{len(limited)} handlers of {LIMITED} at once")
             try:
                 if rnd.random() < 0.03:  # blocks the event loop past the lease
                     ledger.tainted.update(*ledger.active.values())
+                    ledger.stalls.append(clock.now())
                     clock.advance(6)
                     await anyio.lowlevel.checkpoint()
                 seconds = rnd.choice([0, 0.5, 1, 3, 8, 20])
@@ -127,11 +141,16 @@ class Chaos:
         )
         self.ledger.options[key] = options
         self.keys.append(key)
-        await self.sched.publish(key, {"n": len(self.keys)}, name="job", options=options)
+        name = LIMITED if rnd.random() < 0.3 else "job"
+        if name == LIMITED:
+            self.limited_keys.add(key)
+        await self.sched.publish(key, {"n": len(self.keys)}, name=name, options=options)
 
     def start(self, task_group: Any, worker_id: str) -> None:
         rnd = self.rnd
-        collection = FaultyCollection(self.sched.collection, FAULT_RATE, rnd.randrange(1 << 30))
+        collection = FaultyCollection(
+            self.sched.collection, FAULT_RATE, rnd.randrange(1 << 30), cursor_faults=True
+        )
         # Within the documented bound: clocks differ by less than a tenth of the 5 s timeout.
         clock = SkewedClock(self.clock, rnd.uniform(-0.24, 0.24))
         worker = ms.Scheduler(collection, clock=clock)  # type: ignore[arg-type]
@@ -143,7 +162,8 @@ class Chaos:
             reconnect_backoff_ms=100,
             reconnect_backoff_max_ms=1_000,
         )
-        consumer = worker.consumer({"job": self.handler_for(worker_id)}, options=options)
+        handler = self.handler_for(worker_id)
+        consumer = worker.consumer({"job": handler, LIMITED: handler}, options=options)
         scope = anyio.CancelScope()
         self.consumers[worker_id], self.scopes[worker_id] = consumer, scope
 
@@ -166,6 +186,7 @@ class Chaos:
             await self.sched.cancel(rnd.choice(self.keys))
         elif draw < 0.12:  # hard crash: nothing released, leases left to expire
             worker_id = rnd.choice(sorted(self.consumers))
+            self.ledger.crashed.add(worker_id)
             self.scopes[worker_id].cancel()
             await settle()
             self.start(task_group, worker_id)
@@ -212,11 +233,21 @@ class Chaos:
             for state in task.worker_states:
                 if ledger.executions[state.run_id] > 1:
                     ledger.violations.append(f"{task.key}: run {state.run_id} executed twice")
+                if (
+                    state.state is K.TIMEOUT
+                    and not ledger.executions[state.run_id]
+                    and state.worker_id not in ledger.crashed
+                    and not any(stall + SKEW >= state.started_at for stall in ledger.stalls)
+                ):
+                    ledger.violations.append(
+                        f"{task.key}: lease {state.run_id} of {state.worker_id} expired unrun"
+                    )
 
 
 async def _one_run(seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> Chaos:
     chaos = Chaos(seed, sched, clock)
     rnd = chaos.rnd
+    await sched.set_limit(LIMITED, max_running=LIMITED_RUNNING)
     async with anyio.create_task_group() as task_group:
         for n in range(rnd.randint(4, 7)):
             chaos.start(task_group, f"w{n}")

@@ -299,6 +299,29 @@ async def test_graceful_stop_releases_running_tasks(scheduler: ms.Scheduler, clo
     assert await scheduler.store.claim("w1", names=["job"]) is not None, "not claimable at once"
 
 
+async def test_stop_now_during_the_grace_period_releases_at_once(scheduler: ms.Scheduler, clock):
+    """A second Ctrl-C (`Consumer.stop_now`): the handlers are cancelled without waiting for
+    the grace period, their leases released, and no failure counted."""
+    await scheduler.publish("k", None, name="job")
+    recorder = Recorder(gate=anyio.Event())
+    consumer = scheduler.consumer(
+        {"job": recorder.for_worker("w0")},
+        options=ms.WorkerOptions(worker_id="w0", shutdown_grace_ms=600_000),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await settle()
+        consumer.stop()
+        await settle()
+        assert recorder.cancelled == []
+        consumer.stop_now()  # the clock does not move: no grace period ends
+    assert recorder.cancelled == ["k"]
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.PENDING and task.unexpected_failures == 0
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    assert await scheduler.store.claim("w1", names=["job"]) is not None, "not claimable at once"
+
+
 async def test_graceful_stop_lets_a_handler_finish_within_grace(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     gate = anyio.Event()

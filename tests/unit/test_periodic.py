@@ -3,6 +3,7 @@ however many do, on both engines with the manual clock; cron across daylight-sav
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from typing import Any
 
@@ -156,23 +157,32 @@ async def test_skip_if_running_starts_no_occurrence_while_the_last_one_runs(
     assert keys == ["sync@20300101T000100Z", "sync@20300101T000400Z"]
 
 
-async def test_a_schedule_added_while_consumers_run_is_found_at_the_next_refresh(
+async def test_a_schedule_added_or_removed_while_consumers_run_holds_at_once(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
 ):
+    """Within one change event (one poll interval without change streams), not at the next
+    ``schedule_refresh_ms``."""
     ran: list[str] = []
 
     async def job(task: ms.Task) -> None:
         ran.append(task.key)
 
-    async with scheduler.consumer({"job": job}, options=worker(schedule_refresh_ms=30_000)):
-        await scheduler.schedule("later", name="job", every=dt.timedelta(seconds=10))
-        clock.advance(10)  # due, but this consumer does not know the schedule yet
+    options = [worker(n, schedule_refresh_ms=3_600_000) for n in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        for each in options:
+            await stack.enter_async_context(scheduler.consumer({"job": job}, options=each))
+        await scheduler.schedule("soon", name="job", every=dt.timedelta(seconds=10))
+        await discover()  # the consumers know it now
+        clock.advance(10)
         await discover()
-        assert ran == []
-        clock.advance(20)  # the refresh: the latest missed occurrence runs
+        await discover()
+        assert ran == ["soon@20300101T000010Z"]
+        assert await scheduler.unschedule("soon")
+        await discover()
+        clock.advance(10)
         await discover()
         await discover()
-    assert ran == ["later@20300101T000030Z"]
+    assert ran == ["soon@20300101T000010Z"], "a removed schedule still ran"
 
 
 async def test_schedules_are_listed_replaced_and_removed(

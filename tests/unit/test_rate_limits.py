@@ -3,13 +3,18 @@ a consumer at the limit sleeps until the window frees. Both engines, the manual 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import datetime as dt
+import threading
 from typing import Any
 
 import anyio
 import pytest
+from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.store.limits import Limit
 from tests.engines import POLL_MS, settle
 
 pytestmark = pytest.mark.anyio
@@ -126,3 +131,392 @@ async def test_a_bad_limit_names_the_field_and_writes_nothing(
     with pytest.raises(ms.ConfigurationError, match=message):
         await scheduler.set_limit("email", **fields)
     assert await scheduler.limits() == {}
+
+
+class _Concurrency:
+    """Handlers of one name that block until their gate opens; counts how many run at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.started: list[str] = []
+        self.gates: dict[str, anyio.Event] = collections.defaultdict(anyio.Event)
+
+    async def handler(self, task: ms.Task) -> None:
+        self.started.append(task.key)
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.gates[task.key].wait()
+        finally:
+            self.running -= 1
+
+
+async def _live_slots(sched: ms.Scheduler, name: str, now: dt.datetime) -> int:
+    limit = (await sched.limits()).get(name)
+    return 0 if limit is None else len([s for s in limit.slots if s.until and s.until > now])
+
+
+async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """The second token request of a claim fails on the network: the lease won by the first
+    runs, and its slot lives exactly as long as its run (the limit stays usable: 2 at once)."""
+    await scheduler.set_limit("render", max_running=2)
+    for n in range(4):
+        await scheduler.publish(f"r{n}", n, name="render")
+    runs = _Concurrency()
+    sched = ms.Scheduler(scheduler.collection, clock=clock)
+    acquire, calls = sched.store.limits.acquire, 0
+
+    async def second_fails(name: str, until: dt.datetime) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ms.BackendUnavailable("MongoDB is unreachable: connection reset")
+        return await acquire(name, until)
+
+    sched.store.limits.acquire = second_fails  # type: ignore[method-assign]
+    async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        assert runs.started == ["r0"]  # the lease won before the failure runs at once
+        clock.advance(1)  # the reconnect delay
+        await discover()
+        assert runs.running == 2
+        for key in ("r0", "r1", "r2", "r3"):
+            runs.gates[key].set()
+            await discover()
+            clock.advance(1)
+            await discover()
+        assert sorted(runs.started) == ["r0", "r1", "r2", "r3"] and runs.most == 2
+    assert await _live_slots(scheduler, "render", clock.now()) == 0
+
+
+@pytest.mark.parametrize("change", ["remove", "raise"])
+async def test_removing_or_raising_a_limit_starts_the_waiting_tasks_at_once(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, change: str
+):
+    await scheduler.set_limit("render", max_running=1)
+    for n in range(2):
+        await scheduler.publish(f"r{n}", n, name="render")
+    runs = _Concurrency()
+    async with scheduler.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        assert runs.running == 1
+        if change == "remove":
+            assert await scheduler.remove_limit("render")
+        else:
+            await scheduler.set_limit("render", max_running=2)
+        await discover()  # one change event, or one poll interval
+        assert runs.running == 2
+        for gate in ("r0", "r1"):
+            runs.gates[gate].set()
+
+
+async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Another worker holds the only slot; this consumer asks again once a second (a slot
+    may free at any moment), and starts the task soon after that slot frees."""
+    await scheduler.set_limit("render", max_running=1)
+    until = clock.now() + dt.timedelta(minutes=10)
+    token = await scheduler.store.limits.acquire("render", until)  # another worker's run
+    assert isinstance(token, str)
+    await scheduler.publish("r0", 0, name="render")
+    runs = _Concurrency()
+    sched = ms.Scheduler(scheduler.collection, clock=clock)
+    acquire, calls = sched.store.limits.acquire, 0
+
+    async def counted(name: str, until: dt.datetime) -> Any:
+        nonlocal calls
+        calls += 1
+        return await acquire(name, until)
+
+    sched.store.limits.acquire = counted  # type: ignore[method-assign]
+    async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        for _ in range(20):
+            await discover()
+            clock.advance(0.25)
+        assert runs.started == [] and calls <= 7, calls  # about once a second
+        await scheduler.store.limits.release("render", token)
+        clock.advance(1)
+        await discover()
+        assert runs.started == ["r0"]
+        runs.gates["r0"].set()
+
+
+def test_a_slot_freed_between_the_refusal_and_its_read_is_asked_again_soon():
+    """The refused request's read finds room: ask again after the recheck, not at once (a
+    loop of requests) and never as "due now" (the consumer would drop the keys)."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    limit = Limit.model_validate({"_id": "render", "max_running": 1, "slots": []})
+    assert now < limit.free_at(now) <= now + dt.timedelta(seconds=1)
+
+
+async def test_max_running_holds_whatever_the_ping_interval(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """A slot lives as long as its lease, even when the first ping comes after a minute."""
+    await scheduler.set_limit("render", max_running=1)
+    slow = ms.TaskOptions(ping_interval_ms=120_000, worker_timeout_ms=300_000)
+    for n in range(3):
+        await scheduler.publish(f"r{n}", n, name="render", options=slow)
+    runs = _Concurrency()
+    async with scheduler.consumers({"render": runs.handler}, count=3, options=worker()):
+        for _ in range(40):  # 400 s: past the first ping, the first extension, the second
+            await discover()
+            clock.advance(10)
+            await discover()
+            assert runs.running == 1
+        assert await _live_slots(scheduler, "render", clock.now()) == 1
+        for n in range(3):
+            runs.gates[f"r{n}"].set()
+            for _ in range(3):
+                await discover()
+                clock.advance(1)
+        assert runs.most == 1 and sorted(runs.started) == ["r0", "r1", "r2"]
+
+
+async def test_a_recovered_claim_holds_its_slot_until_its_run_ends(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """The claim's reply and its look-up are lost (`ClaimUncertain`): the lease recovered
+    later runs under the token taken for it, extended while it runs, released at its end."""
+    await scheduler.set_limit("render", max_running=1)
+    await scheduler.publish("r0", 0, name="render")
+    lossy = _LosesClaimReply(scheduler.collection)
+    sched = ms.Scheduler(lossy, clock=clock)
+    runs = _Concurrency()
+    async with sched.consumer({"render": runs.handler}, options=worker()):
+        await discover()
+        assert lossy.lost == 2 and runs.started == []
+        clock.advance(1)  # the reconnect delay: the look-up finds the lease
+        await discover()
+        assert runs.started == ["r0"]
+        for _ in range(12):  # two minutes: past the slot's first life
+            clock.advance(10)
+            await discover()
+            assert await _live_slots(scheduler, "render", clock.now()) == 1
+        runs.gates["r0"].set()
+        await discover()
+        assert await _live_slots(scheduler, "render", clock.now()) == 0
+
+
+class _LosesClaimReply:
+    """The first claim lands and its reply is lost, and so is the look-up by its run_id."""
+
+    def __init__(self, collection: Any) -> None:
+        self.wrapped, self.lost = collection, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        found = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.lost == 0:
+            self.lost += 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return found
+
+    async def find_one(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "worker_states.run_id" in query and self.lost == 1:
+            self.lost += 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(query, *args, **kwargs)
+
+
+async def test_a_graceful_stop_releases_the_slots_of_the_runs_it_ended(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    await scheduler.set_limit("render", max_running=1)
+    await scheduler.publish("r0", 0, name="render")
+    runs = _Concurrency()
+    consumer = scheduler.consumer({"render": runs.handler}, options=worker())
+    async with anyio.create_task_group() as group:
+        await group.start(consumer.run)
+        await discover()
+        assert runs.started == ["r0"]
+        consumer.stop()
+        await discover()
+        runs.gates["r0"].set()  # ends within the grace period
+    assert await _live_slots(scheduler, "render", clock.now()) == 0
+
+
+@pytest.mark.parametrize("limit", ["worker", "name"])
+async def test_an_abandoned_sync_handler_keeps_its_slot_until_it_returns(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, limit: str
+):
+    """A blocking sync handler past ``timeout_ms`` is abandoned: its thread still runs, so
+    no other handler takes its slot (``WorkerOptions.max_running`` or the name's limit)."""
+    if limit == "name":
+        await scheduler.set_limit("block", max_running=1)
+    options = ms.TaskOptions(timeout_ms=300, max_unexpected_retries=5)
+    for n in range(3):
+        await scheduler.publish(f"b{n}", n, name="block", options=options)
+    release = threading.Event()
+    lock = threading.Lock()
+    bodies, most = 0, 0
+
+    def block(task: ms.Task) -> None:
+        nonlocal bodies, most
+        with lock:
+            bodies += 1
+            most = max(most, bodies)
+        release.wait(timeout=30)
+        with lock:
+            bodies -= 1
+
+    max_running = 1 if limit == "worker" else 4
+    work = worker(max_running=max_running, cancel_timeout_ms=100)
+    try:
+        async with scheduler.consumer({"block": block}, options=work):
+            for _ in range(10):
+                await discover()
+                clock.advance(0.5)  # past timeout_ms and cancel_timeout_ms: abandoned
+            assert most == 1
+    finally:
+        release.set()
+
+
+async def test_local_retries_count_against_the_rate(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Every handler start takes a start in the window, a local retry's too."""
+    await scheduler.set_limit("flaky", rate=2, per=dt.timedelta(seconds=1))
+    await scheduler.publish("f0", 0, name="flaky")
+    starts: list[dt.datetime] = []
+
+    async def flaky(task: ms.Task) -> None:
+        starts.append(clock.now())
+        raise RuntimeError("fails every time")
+
+    work = worker(handler_retries=2, retry_backoff_ms=100)
+    async with scheduler.consumer({"flaky": flaky}, options=work):
+        for _ in range(30):
+            await discover()
+            clock.advance(0.1)
+    assert len(starts) == 3  # the first start and two local retries
+    window = dt.timedelta(seconds=1)
+    assert all(later - start >= window for start, later in zip(starts, starts[2:], strict=False))
+
+
+async def test_a_limit_set_changed_and_removed_while_consumers_run_holds_at_once(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Three consumers: each change holds within one change event (one poll interval without
+    change streams), runs that started before the limit included: no start beyond it."""
+    runs = _Concurrency()
+    options = [
+        ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)
+        for n in range(3)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for each in options:
+            await stack.enter_async_context(
+                scheduler.consumer({"render": runs.handler}, options=each)
+            )
+        for n in range(3):
+            await scheduler.publish(f"early{n}", n, name="render")
+        await discover()
+        assert runs.running == 3  # no limit yet
+        await scheduler.set_limit("render", max_running=2)
+        await discover()  # one change event, or one poll interval
+        for n in range(6):
+            await scheduler.publish(f"r{n}", n, name="render")
+        await discover()
+        assert runs.running == 3, "a start beyond the limit set while three ran"
+        for n in range(3):
+            runs.gates[f"early{n}"].set()
+            await discover()
+            clock.advance(1)  # a slot freed elsewhere is asked for again each second
+            await discover()
+            assert runs.running <= 2
+        assert runs.running == 2
+        await scheduler.set_limit("render", max_running=3)
+        await discover()
+        assert runs.running == 3, "a raised limit was not seen at once"
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        runs.gates[runs.started[-1]].set()  # one ends: still two running, over the new limit
+        await discover()
+        clock.advance(1)
+        await discover()
+        assert runs.running == 2, "a start beyond a lowered limit"
+        assert await scheduler.remove_limit("render")
+        await discover()
+        assert runs.running == 5, "a removed limit did not free its tasks at once"
+        for gate in list(runs.gates.values()):
+            gate.set()
+        await discover()
+    assert runs.running == 0
+
+
+async def test_a_limit_set_while_tasks_wait_holds_for_them(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Tasks already known to a consumer when their name gets a limit: claimed under it,
+    none left behind."""
+    later = ms.TaskOptions(not_before=clock.now() + dt.timedelta(seconds=10))
+    for n in range(3):
+        await scheduler.publish(f"r{n}", n, name="render", options=later)
+    runs = _Concurrency()
+    async with scheduler.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        clock.advance(10)
+        await discover()
+        assert runs.started == ["r0"]
+        for n in range(3):
+            runs.gates[f"r{n}"].set()
+            await discover()
+        assert sorted(runs.started) == ["r0", "r1", "r2"] and runs.most == 1
+
+
+async def test_no_window_holds_more_than_rate_handler_starts_across_three_consumers(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Measured where users measure it, at handler start: claims whose replies come late (a
+    busy machine) start their handlers later than their tokens were taken."""
+    await scheduler.set_limit("thumb", rate=4, per=dt.timedelta(seconds=1))
+    starts: list[dt.datetime] = []
+
+    async def thumb(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    for n in range(24):
+        await scheduler.publish(f"t{n}", n, name="thumb")
+    slow = ms.Scheduler(scheduler.collection, clock=clock)
+    claim, calls = slow.store.claim, 0
+
+    async def late_reply(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        lease = await claim(*args, **kwargs)
+        if calls % 3 == 0:
+            clock.advance(0.7)  # this reply took 0.7 s to come back
+        return lease
+
+    slow.store.claim = late_reply  # type: ignore[method-assign]
+    consumers = [
+        (scheduler if n else slow).consumer(
+            {"thumb": thumb},
+            options=ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4),
+        )
+        for n in range(3)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        for _ in range(80):
+            await discover()
+            clock.advance(0.1)
+            if len(starts) == 24:
+                break
+    assert len(starts) == 24
+    starts.sort()
+    window = dt.timedelta(seconds=1)
+    busiest = max(
+        sum(1 for s in starts[i:] if s < start + window) for i, start in enumerate(starts)
+    )
+    assert busiest <= 4, busiest

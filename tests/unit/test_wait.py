@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -143,8 +144,34 @@ async def test_watch_yields_every_change(scheduler: ms.Scheduler, engine: str):
     assert seen == [("a", "pending"), ("a", "cancelled"), ("b", "pending")]
 
 
-async def test_watch_needs_change_streams():
-    sched = await ms.Scheduler.connect("memory://?changestreams=0")
-    with pytest.raises(ms.StoreError, match="needs change streams"):
-        async for _ in sched.watch():
-            pass
+async def test_watch_polls_a_server_without_change_streams(caplog: pytest.LogCaptureFixture):
+    """Said once; each write shown once, a write published after the watch started included."""
+    clock = ms.ManualClock()
+    sched = await ms.Scheduler.connect("memory://?changestreams=0", clock=clock)
+    await sched.publish("before", None, name="job")
+    clock.advance(0.001)  # writes of the millisecond the watch starts in are shown (at least once)
+    seen: list[tuple[str, str]] = []
+
+    async def watcher() -> None:
+        async for task in sched.watch(names=["job"]):
+            seen.append((task.key, task.state.value))
+            if len(seen) == 3:
+                return
+
+    with caplog.at_level(logging.WARNING, logger="mscheduler"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher)
+            await settle()
+            await sched.publish("a", None, name="job")
+            await sched.publish("other", None, name="sms")
+            clock.advance(1)
+            await settle()
+            await sched.cancel("a")
+            await sched.publish("b", None, name="job")
+            clock.advance(1)
+            await settle()
+            clock.advance(1)
+            await settle()
+    assert seen == [("a", "pending"), ("a", "cancelled"), ("b", "pending")]
+    said = [r for r in caplog.records if "polling every" in r.getMessage()]
+    assert len(said) == 1

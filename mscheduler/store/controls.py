@@ -1,0 +1,174 @@
+"""What tells a process that a control document changed (a paused name, a limit, a schedule):
+one version, bumped by every control write, in ``<collection>.controls``.
+
+Why one version in a collection of its own, rather than a database-level change stream
+filtered by namespace, or the control documents kept in the tasks collection under their own
+kind: a database-level stream needs the ``changeStream`` privilege on the whole database (a
+user granted it on the tasks collection alone is refused), and control documents among the
+tasks would be seen by every query and index of tasks (listings, counts, the claim index's
+partial scans) that must then leave them out. A version apart costs one small document, one
+stream per process (`ControlHub`) or, without change streams, one read of one document per
+poll interval, and nothing while nothing changes.
+
+Invariant: a control write is followed by the bump; a process reads its controls again after
+any bump it sees (and once when it starts watching), so a change is in effect there within one
+event, or one poll interval, after the call that made it returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from pymongo.errors import PyMongoError
+
+from ..clock import Clock, sleep
+from ..errors import BackendUnavailable, driver_errors
+from ..worker_options import Discovery
+from .base import BesideTasks, StoreBase
+from .streams import MAX_AWAIT_MS, close_quietly, open_unless_refused
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".controls"
+_VERSION_ID = "version"
+
+
+class ControlVersion(BesideTasks):
+    SUFFIX = SUFFIX
+
+    @driver_errors
+    async def bump(self) -> None:
+        """After a control write: every process reads its controls again."""
+        await self.collection.update_one(
+            {"_id": _VERSION_ID},
+            {"$inc": {"version": 1}, "$set": {"changed_at": self._tasks.clock.now()}},
+            upsert=True,
+        )
+
+    @driver_errors
+    async def read(self) -> int:
+        found = await self.collection.find_one({"_id": _VERSION_ID}, {"version": 1})
+        return 0 if found is None else int(found.get("version", 0))
+
+
+class ControlHub:
+    """One per store (so per `Scheduler`): one change stream on the version, or one read of it
+    per poll interval, for all the process's consumers. Each consumer calls `serve`: one of
+    them runs the watch, the others wait to take over if it stops. `version` counts the
+    changes seen here; `changed` waits for the next."""
+
+    def __init__(self, store: StoreBase, version: ControlVersion, clock: Clock) -> None:
+        self._store = store
+        self._version = version
+        self._clock = clock
+        self.version = 0
+        self.ready = anyio.Event()  # set while a runner watches (no change can be missed)
+        self._changed = anyio.Event()
+        self._running = False
+        self._stopped = anyio.Event()
+        self.streams_opened = 0
+        self.reads = 0
+        self.polling = False
+
+    async def changed(self, seen: int) -> int:
+        """Once a change after ``seen`` (a value of `version`) is known: the new version."""
+        while self.version <= seen:
+            await self._changed.wait()
+        return self.version
+
+    def _bump(self) -> None:
+        self.version += 1
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def serve(
+        self,
+        poll_interval_ms: int,
+        discovery: Discovery,
+        reconnect_delay: Any,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the watch if none runs in this process, else stand by to take over. Started
+        once the watch is up (`ready`)."""
+        while True:
+            if self._running:
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                await self._stopped.wait()
+                continue
+            self._running, self._stopped = True, anyio.Event()
+            try:
+                await self._watch(poll_interval_ms, discovery, reconnect_delay, task_status)
+            finally:
+                self._running = False
+                self.ready = anyio.Event()
+                self._stopped.set()
+
+    async def _watch(
+        self,
+        poll_interval_ms: int,
+        discovery: Discovery,
+        reconnect_delay: Any,
+        task_status: TaskStatus[None],
+    ) -> None:
+        """The stream on the version (opened before the first read), or a read of it each poll
+        interval. Every (re)start counts as a change: what happened while nobody watched is
+        read again."""
+        stream, attempt, known = None, 0, None
+        try:
+            while True:
+                try:
+                    if stream is None and not self.polling:
+                        stream, refusal = await open_unless_refused(
+                            self._version, [], discovery, max_await_time_ms=MAX_AWAIT_MS
+                        )
+                        if stream is not None:
+                            self.streams_opened += 1
+                        else:
+                            self.polling = True
+                            if refusal is not None:
+                                log.info(
+                                    "no change streams: control changes are read every %.1f s",
+                                    poll_interval_ms / 1000,
+                                    extra={"action": "controls_polling"},
+                                )
+                    if stream is None or known is None:
+                        self.reads += 1
+                        version = await self._version.read()
+                        if version != known:
+                            known = version
+                            self._bump()
+                except (BackendUnavailable, PyMongoError) as exc:
+                    log.warning(str(exc), extra={"action": "controls_retry"})
+                    if stream is not None:
+                        await close_quietly(stream)
+                        stream, known = None, None
+                    await sleep(self._clock, reconnect_delay(attempt))
+                    attempt += 1
+                    continue
+                attempt = 0
+                self.ready.set()
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                if stream is None:
+                    await sleep(self._clock, poll_interval_ms / 1000)
+                    continue
+                try:
+                    event = await stream.try_next()
+                except PyMongoError as exc:
+                    log.warning(str(exc), extra={"action": "controls_retry"})
+                    await close_quietly(stream)
+                    stream, known = None, None  # reopened, then read again
+                    continue
+                if event is not None:
+                    self._bump()
+                elif not stream.alive:  # ended by the server (the collection dropped)
+                    await close_quietly(stream)
+                    stream, known = None, None
+        finally:
+            if stream is not None:
+                await close_quietly(stream)
