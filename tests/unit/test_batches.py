@@ -364,3 +364,42 @@ async def test_a_flow_published_at_once_writes_what_publishing_it_task_by_task_w
         for task in await scheduler.store.get_many(["done", "broke", "waits"])
     }
     assert counts == {"done": 2, "broke": 4, "waits": 2}  # each path counted itself in
+
+
+async def test_a_flow_catches_up_with_a_dependency_that_ended_while_it_was_written(
+    scheduler: ms.Scheduler,
+):
+    """The dependency succeeds after the flow read it (running) and before the flow counted
+    itself in on it, so its finisher saw no dependent to tell: the flow tells its task itself,
+    which would otherwise stay blocked for ever."""
+    await scheduler.publish("ext", name="job")
+    lease = await scheduler.store.claim("w", key="ext")
+    assert lease is not None
+    racer = _FinishesFirst(scheduler, lease)
+    sched = ms.Scheduler(racer, clock=scheduler.store.clock)
+    results = await sched.publish_many(ms.chain(spec("first", depends_on=["ext"]), spec("then")))
+    assert racer.finished
+    assert [r.created for r in results] == [True, True]
+    assert await state_of(scheduler, "first") is S.PENDING
+    assert results[0].task.state is S.PENDING and results[0].task.deps_pending == []
+    assert await state_of(scheduler, "then") is S.BLOCKED
+
+
+class _FinishesFirst:
+    """Ends a running task just before the first bulk write (the flow's upserts). It keeps
+    the collection as ``inner``, not ``wrapped``: taken for a collection without transactions
+    (`transactions.supports_transactions`), as a standalone server is, where the race is
+    possible; inside a transaction it is a write conflict, and the transaction runs again."""
+
+    def __init__(self, scheduler: ms.Scheduler, lease: ms.Lease) -> None:
+        self.inner = scheduler.collection
+        self.scheduler, self.lease, self.finished = scheduler, lease, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        if not self.finished:
+            self.finished = True
+            await self.scheduler.store.succeed(self.lease, None)
+        return await self.inner.bulk_write(requests, **kwargs)
