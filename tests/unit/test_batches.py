@@ -403,3 +403,23 @@ class _FinishesFirst:
             self.finished = True
             await self.scheduler.store.succeed(self.lease, None)
         return await self.inner.bulk_write(requests, **kwargs)
+
+
+async def test_a_flow_larger_than_one_read_is_read_in_parts(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """The keys of a large flow are read a bounded number at a time (a single filter of every
+    key could pass MongoDB's 16 MiB command limit), and none is lost between the parts."""
+    from mscheduler.store import base
+
+    monkeypatch.setattr(base, "KEYS_PER_READ", 2)
+    await scheduler.publish("k3", {"old": True}, name="job")
+    results = await scheduler.publish_many(ms.chain(*(spec(f"k{n}") for n in range(7))))
+    assert [r.created for r in results] == [True, True, True, False, True, True, True]
+    assert results[4].task.deps_pending == ["k3"] and results[6].task.state is S.BLOCKED
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    assert len(await sched.store.get_many([f"k{n}" for n in range(7)])) == 7
+    assert counting.counts["find"] == 4  # 2 + 2 + 2 + 1
