@@ -61,6 +61,11 @@ def count_dependent(keys: Sequence[str]) -> tuple[Document, Document]:
     return {"key": {"$in": list(keys)}}, {"$inc": {"dependent_count": 1}}
 
 
+def count_dependents(key: str, count: int) -> tuple[Document, Document]:
+    """`count_dependent` for a batch: ``count`` new dependents of ``key`` in one update."""
+    return {"key": key}, {"$inc": {"dependent_count": count}}
+
+
 def unnotified() -> Document:
     """Finished tasks whose dependents were not all told (the writer crashed in between)."""
     return {"dependents_notified": False}

@@ -22,6 +22,8 @@ from ..models import Task, check_key, checked
 from ..queries import tasks as q
 
 log = logging.getLogger(__name__)
+# Keys in one read: at most 512 characters of up to 4 bytes each, about 10 MiB of filter.
+KEYS_PER_READ = 5_000
 
 
 class StoreBase:
@@ -139,9 +141,15 @@ class StoreBase:
 
     @driver_errors
     async def get_many(self, keys: Sequence[str]) -> list[Task]:
+        """One read per `KEYS_PER_READ` keys: the filter of a large flow's keys stays far
+        below MongoDB's 16 MiB command limit, whatever the keys' length."""
         await self._ready()
-        cursor = self.collection.find(q.by_keys([checked(check_key, k) for k in keys]))
-        return [Task.model_validate(document) async for document in cursor]
+        checked_keys = [checked(check_key, k) for k in keys]
+        found: list[Task] = []
+        for start in range(0, len(checked_keys), KEYS_PER_READ):
+            cursor = self.collection.find(q.by_keys(checked_keys[start : start + KEYS_PER_READ]))
+            found.extend([Task.model_validate(document) async for document in cursor])
+        return found
 
     async def control_changed(self) -> None:
         """After a write of a control document (a pause, a limit, a schedule): the store with

@@ -16,6 +16,7 @@ a commit's completions may then be recorded without its publishes.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,16 @@ from pymongo import UpdateOne
 from .. import context, tracing
 from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
-from ..models import Lease, PublishResult, Task, WorkerStateKind, check_key, checked
+from ..models import (
+    Lease,
+    PublishResult,
+    Task,
+    TaskState,
+    WorkerStateKind,
+    check_key,
+    checked,
+)
+from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import Step, TaskSpec, dependency_order, flatten
 from .publisher import Prepared, prepare
@@ -120,9 +130,10 @@ async def publish_many(
 
         async def write(collection: Any) -> list[PublishResult]:
             view = store.bound_to(collection)
+            batch = [prepared[spec.key] for spec in ordered]
             if any(spec.depends_on for spec in ordered):
-                return await _publish_all(view, ordered, allow_missing)
-            return await _publish_flat(view, [prepared[spec.key] for spec in ordered], existing)
+                return await _publish_flow(view, batch, allow_missing)
+            return await _publish_flat(view, batch, existing)
 
         return await run_atomically(store.collection, write)
 
@@ -167,6 +178,98 @@ async def _publish_flat(
         else PublishResult(task=found[spec.key], created=False)
         for spec in specs
     ]
+
+
+def _planned_documents(
+    store: TaskStore, specs: Sequence[Prepared], found: Mapping[str, Task], allow_missing: bool
+) -> dict[str, dict[str, Any]]:
+    """The documents of the keys that do not exist yet, decided in memory from one read:
+    each spec sees its in-batch dependencies as they will be written (the specs come in
+    dependency order), as publishing them one at a time would have read them."""
+    now = store.clock.now()
+    trace_context = tracing.carrier()  # the batch's span: one for every task of it
+    states = {key: task.state for key, task in found.items()}
+    documents: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        if spec.key in found:
+            if found[spec.key].name != spec.name:
+                raise ConfigurationError(
+                    f"key {spec.key!r} already names a task of name "
+                    f"{found[spec.key].name!r}, not {spec.name!r}"
+                )
+            continue
+        missing = [dependency for dependency in spec.dependencies if dependency not in states]
+        if missing and not allow_missing:
+            raise DependencyError(
+                f"depends_on: no task has the key(s) {missing} (allow_missing=True to ignore)"
+            )
+        present = [dependency for dependency in spec.dependencies if dependency in states]
+        unmet = [d for d in present if states[d] is not TaskState.SUCCESS]
+        failed = [d for d in unmet if states[d] in (TaskState.FAIL, TaskState.CANCELLED)]
+        document = q.new_task_document(
+            key=spec.key,
+            name=spec.name,
+            payload=spec.payload,
+            options=spec.options,
+            now=now,
+            task_id=ObjectId(),
+            depends_on=present,
+            deps_pending=[d for d in unmet if d not in failed],
+            deps_failed=failed,
+            trace_context=trace_context,
+        )
+        documents[spec.key] = document
+        states[spec.key] = TaskState(document["state"])
+    return documents
+
+
+async def _publish_flow(
+    store: TaskStore, specs: Sequence[Prepared], allow_missing: bool
+) -> list[PublishResult]:
+    """A batch with dependencies in a number of round trips that does not grow with it (one
+    per task would keep a transaction open past MongoDB's limit for a large flow): one read of
+    every key the batch names, the documents decided in memory, one bulk write of upserts, one
+    of dependent counts, one read to catch up with dependencies that ended meanwhile, one read
+    back. The documents are those of publishing each spec in order.
+
+    Invariant (as `Flows.attach`): a new task is counted in on its dependencies *before* they
+    are re-read, so a dependency that ends concurrently is either seen ended here or sees the
+    count and tells the task itself (telling twice changes nothing). A key a concurrent
+    publish inserted in between is matched by its upsert, not inserted again, and returned as
+    existing (only without a transaction: inside one, the write conflict aborts it and the
+    transaction is retried from the read)."""
+    named = {spec.key for spec in specs} | {d for spec in specs for d in spec.dependencies}
+    found = {task.key: task for task in await store.get_many(sorted(named))}
+    documents = _planned_documents(store, specs, found, allow_missing)
+    created: set[str] = set()
+    if documents:
+        order = list(documents)
+        requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
+        result = await store.collection.bulk_write(requests, ordered=True)
+        created = {order[index] for index in result.upserted_ids}
+    counts = Counter(d for key in created for d in documents[key]["depends_on"])
+    if counts:
+        await store.collection.bulk_write(
+            [UpdateOne(*fq.count_dependents(key, count)) for key, count in counts.items()],
+            ordered=False,
+        )
+    waiting = {d for key in created for d in documents[key]["deps_pending"]}
+    if waiting:
+        for dependency in await store.get_many(sorted(waiting)):
+            if dependency.state.is_terminal:  # ended meanwhile: it may not have seen them
+                await store.flows.catch_up(
+                    dependency,
+                    [
+                        key
+                        for key in sorted(created)
+                        if dependency.key in documents[key]["deps_pending"]
+                    ],
+                )
+    if created:
+        log.info("tasks published", extra={"action": "tasks_published", "count": len(created)})
+    if documents:
+        found.update((task.key, task) for task in await store.get_many(list(documents)))
+    return [PublishResult(task=found[spec.key], created=spec.key in created) for spec in specs]
 
 
 async def commit(

@@ -75,6 +75,12 @@ class Flows:
             if dependency.state.is_terminal:
                 await self._tell(dependency, only=task.key)
 
+    async def catch_up(self, dependency: Task, dependents: Sequence[str]) -> None:
+        """Tell newly counted-in ``dependents`` of a ``dependency`` that ended before it could
+        see them (a batch's `Flows.attach`)."""
+        for key in dependents:
+            await self._tell(dependency, only=key)
+
     async def notify(self, finished: Task) -> None:
         """Tell the dependents of a finished task, and theirs if it cancelled them."""
         queue = [finished]

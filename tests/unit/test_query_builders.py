@@ -67,6 +67,7 @@ SAMPLES: dict[str, Any] = {
     "outcome": TaskState.FAIL,
     "before": "dep",
     "still_pending": True,
+    "count": 3,
     "kinds": ["success"],
     "field": "result",
     "cond": {"$eq": ["$$ws.state", "running"]},
