@@ -12,7 +12,6 @@ callback.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -20,12 +19,11 @@ from pymongo import IndexModel, MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from pymongo.errors import InvalidURI, OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from .. import constants as c
-from ..errors import BackendUnavailable, ConfigurationError
-from .uri import redact
+from ..errors import ConfigurationError
+from .uri import check_name, new_client, ping_failure, redact
 
 log = logging.getLogger(__name__)
 
@@ -195,26 +193,19 @@ def open_sync_collection(
 ) -> tuple[AwaitableCollection, Callable[[], None]]:
     """Connect as `uri.open_collection` does (the same URI checks, a ping so an unreachable
     server fails here), with the synchronous client; returns the collection and its closer."""
-    options: dict[str, Any] = {"tz_aware": True, "appname": "mscheduler"}
-    if "serverselectiontimeoutms" not in uri.lower():
-        options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
-    try:
-        # As the async client: an unknown or invalid URI option is an error, not a warning.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            client: MongoClient[dict[str, Any]] = MongoClient(uri, **options)
-    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError, UserWarning) as exc:
-        raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
+    client: MongoClient[dict[str, Any]] = new_client(MongoClient, uri, server_selection_timeout_ms)
     try:
         client.admin.command("ping")
     except PyMongoError as exc:
         client.close()
-        raise BackendUnavailable(f"cannot reach MongoDB at {redact(uri)!r}: {exc}") from exc
+        raise ping_failure(uri, exc) from exc
     if database is None:
         database = client.get_default_database(default=c.DEFAULT_DATABASE).name
-    if not database or any(ch in database for ch in "$\x00"):
+    try:
+        check_name("database", database)
+    except ConfigurationError:
         client.close()
-        raise ConfigurationError(f"database: {database!r} is not a valid MongoDB database name")
+        raise
     log.info(
         "connected to MongoDB (synchronous client)",
         extra={"action": "connected", "uri": redact(uri), "database": database},

@@ -10,7 +10,7 @@ import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pymongo import AsyncMongoClient
 from pymongo.collection import Collection as SyncCollection
@@ -18,7 +18,7 @@ from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI, OperationFailure, PyMongoError
 
 from .. import constants as c
-from ..errors import BackendUnavailable, ConfigurationError
+from ..errors import BackendUnavailable, ConfigurationError, MSchedulerError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ async def open_collection(
         raise ConfigurationError(
             f"uri: {uri!r} is not a URI; use memory://[NAME], mongodb:// or mongodb+srv://"
         )
-    _check_name("collection", collection)
+    check_name("collection", collection)
     scheme = uri.split("://", 1)[0].lower()
     if scheme == "memory":
         return _open_memory(uri, database or c.DEFAULT_DATABASE, collection)
@@ -85,9 +85,43 @@ def is_private_memory(uri: str) -> bool:
     return not memory_server_exists(parsed.netloc)
 
 
-def _check_name(field: str, value: str) -> None:
+def check_name(field: str, value: str) -> None:
     if not isinstance(value, str) or not value or any(ch in value for ch in "$\x00"):
         raise ConfigurationError(f"{field}: {value!r} is not a valid MongoDB {field} name")
+
+
+ClientT = TypeVar("ClientT")
+
+
+def new_client(
+    client_class: Callable[..., ClientT], uri: str, server_selection_timeout_ms: int
+) -> ClientT:
+    """A client of ``client_class`` (async or sync) for ``uri``: timezone-aware dates, named in
+    the server's logs, and a URI option pymongo does not know refused, not ignored."""
+    options: dict[str, Any] = {"tz_aware": True, "appname": "mscheduler"}
+    if "serverselectiontimeoutms" not in uri.lower():
+        options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
+    try:
+        # pymongo only warns about an unknown or invalid URI option, then ignores it: a typo
+        # such as tls=ture would silently connect without TLS. Refuse it instead.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            return client_class(uri, **options)
+    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError, UserWarning) as exc:
+        raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
+
+
+def ping_failure(uri: str, exc: PyMongoError) -> MSchedulerError:
+    """What a failed first ping means: the server answered with a refusal (the credentials,
+    or another), or it could not be reached."""
+    if isinstance(exc, OperationFailure):
+        said = (exc.details or {}).get("errmsg") or str(exc)
+        if exc.code in _AUTH_FAILED:
+            return ConfigurationError(
+                f"uri: MongoDB at {redact(uri)!r} refused the credentials: {said}"
+            )
+        return ConfigurationError(f"uri: MongoDB at {redact(uri)!r} refused: {said}")
+    return BackendUnavailable(f"cannot reach MongoDB at {redact(uri)!r}: {exc}")
 
 
 def _open_memory(uri: str, database: str, collection: str) -> Connection:
@@ -104,7 +138,7 @@ def _open_memory(uri: str, database: str, collection: str) -> Connection:
     def flag(option: str, default: str) -> bool:
         return options.get(option, [default])[-1].lower() in ("1", "true", "yes")
 
-    _check_name("database", database)
+    check_name("database", database)
     # Imported here: a worker on a real server never loads mongomock (nor pays its import).
     from .memory.server import memory_server
 
@@ -124,33 +158,17 @@ def _open_memory(uri: str, database: str, collection: str) -> Connection:
 async def _open_mongodb(
     uri: str, database: str | None, collection: str, server_selection_timeout_ms: int
 ) -> Connection:
-    options: dict[str, Any] = {"tz_aware": True, "appname": "mscheduler"}
-    if "serverselectiontimeoutms" not in uri.lower():
-        options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
-    try:
-        # pymongo only warns about an unknown or invalid URI option, then ignores it: a typo
-        # such as tls=ture would silently connect without TLS. Refuse it instead.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
-    except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError, UserWarning) as exc:
-        raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
+    client: AsyncMongoClient[dict[str, Any]] = new_client(
+        AsyncMongoClient, uri, server_selection_timeout_ms
+    )
     try:
         await client.admin.command("ping")
-    except OperationFailure as exc:  # it answered: a refusal, not a network failure
-        await client.close()
-        said = (exc.details or {}).get("errmsg") or str(exc)
-        if exc.code in _AUTH_FAILED:
-            raise ConfigurationError(
-                f"uri: MongoDB at {redact(uri)!r} refused the credentials: {said}"
-            ) from exc
-        raise ConfigurationError(f"uri: MongoDB at {redact(uri)!r} refused: {said}") from exc
     except PyMongoError as exc:
         await client.close()
-        raise BackendUnavailable(f"cannot reach MongoDB at {redact(uri)!r}: {exc}") from exc
+        raise ping_failure(uri, exc) from exc
     if database is None:
         database = client.get_default_database(default=c.DEFAULT_DATABASE).name
-    _check_name("database", database)
+    check_name("database", database)
     log.info(
         "connected to MongoDB",
         extra={"action": "connected", "uri": redact(uri), "database": database},

@@ -168,3 +168,26 @@ async def test_a_consumer_runs_what_was_published_synchronously(target: Target) 
     finally:
         await anyio.to_thread.run_sync(sync.close)
     assert (task.state, task.result) == (ms.TaskState.SUCCESS, 42)
+
+
+def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `Scheduler.connect`: a wrong password is a refusal, not "cannot reach MongoDB"."""
+    import mscheduler.backends.sync as sync_module
+
+    class RefusingClient:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.admin = self
+
+        def command(self, *args: object) -> None:
+            reply = {"ok": 0, "errmsg": "Authentication failed.", "code": 18}
+            raise pymongo.errors.OperationFailure("Authentication failed.", 18, reply)
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(sync_module, "MongoClient", RefusingClient)
+    with pytest.raises(ms.ConfigurationError) as refused:
+        ms.SyncScheduler.connect("mongodb://ops:secret@db.example:27017/")
+    assert str(refused.value) == (
+        "uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
+        "Authentication failed."
+    )
