@@ -90,7 +90,6 @@ class Consumer:
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
         )
-        self._listener.on_backstop = self._fetch
         self._own_task_group: TaskGroup | None = None
         self._fetched = False  # the first fetch is done (`_limits` fetches again after it)
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen

@@ -65,8 +65,6 @@ class ChangeListener:
         self._on_resync = on_resync
         # Only writes that may give us work (not pings, claims or finishes): see task_changes.
         self._pipeline = task_changes(wakes_only=True, needless=CONSUMER_NEEDLESS, name=self._names)
-        # The page fetched by the backstop (`poll_loop`); a full re-fetch unless told.
-        self.on_backstop: Callable[[], Awaitable[None]] = on_resync
         self.position = ResumePoint()
         self.backstops = 0
         self.polling = False
@@ -140,7 +138,7 @@ class ChangeListener:
             elif (now - last).total_seconds() >= backstop_s:
                 last = now
                 self.backstops += 1
-                await self.on_backstop()
+                await self._on_resync()  # one page, as every fetch
 
     async def _open_first(self) -> Any:
         """The stream, or None to poll; a network error or a transient refusal (an election)

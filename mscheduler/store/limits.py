@@ -22,22 +22,6 @@ SUFFIX = ".limits"
 # which no write tells it of (a consumer of the same process is told at once).
 RUNNING_RECHECK = dt.timedelta(seconds=1)
 
-# The change events of limit documents that change a limit (set, changed, removed), not the
-# tokens taken and released in them (those are most of their writes).
-LIMIT_CHANGES = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace", "delete"]}},
-                *(
-                    {f"updateDescription.updatedFields.{field}": {"$exists": True}}
-                    for field in ("rate", "per_ms", "max_running")
-                ),
-            ]
-        }
-    }
-]
-
 
 class _Entry(BaseModel):
     id: str
