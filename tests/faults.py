@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 from pymongo.errors import AutoReconnect, NetworkTimeout, NotPrimaryError
 
+from mscheduler.testing import CountingCollection
+
 ERRORS = (
     lambda: AutoReconnect("connection reset by peer"),
     lambda: NetworkTimeout("timed out"),
@@ -98,3 +100,25 @@ class HeldWrites:
 
     async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
         return await self._through("bulk_write", *args, **kwargs)
+
+
+class LosesClaimAndLookUp(CountingCollection):
+    """The first claim lands and its reply is lost, and so is the look-up by its run_id: the
+    consumer holds a lease it cannot see (``lost`` counts the two losses)."""
+
+    def __init__(self, collection: Any) -> None:
+        super().__init__(collection)
+        self.lost = 0
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        found = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.lost == 0:
+            self.lost += 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return found
+
+    async def find_one(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "worker_states.run_id" in query and self.lost == 1:
+            self.lost += 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(query, *args, **kwargs)

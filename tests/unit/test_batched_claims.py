@@ -13,6 +13,7 @@ from pymongo.errors import AutoReconnect
 import mscheduler as ms
 from mscheduler.errors import ClaimUncertain
 from mscheduler.testing import CountingCollection
+from tests.faults import LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
 
@@ -257,27 +258,6 @@ async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
     assert after is not None and after.state is ms.TaskState.CANCELLED
 
 
-class _LosesClaimAndLookUp(CountingCollection):
-    """The first claim lands and its reply is lost, and so is the look-up by its run_id."""
-
-    def __init__(self, collection: Any) -> None:
-        super().__init__(collection)
-        self.lost = 0
-
-    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
-        found = await self.wrapped.find_one_and_update(*args, **kwargs)
-        if self.lost == 0:
-            self.lost += 1
-            raise AutoReconnect("connection reset after the claim was applied")
-        return found
-
-    async def find_one(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if "worker_states.run_id" in query and self.lost == 1:
-            self.lost += 1
-            raise AutoReconnect("connection reset during the look-up")
-        return await self.wrapped.find_one(query, *args, **kwargs)
-
-
 async def test_a_graceful_stop_leaves_no_uncertain_claim_behind(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
 ):
@@ -289,7 +269,7 @@ async def test_a_graceful_stop_leaves_no_uncertain_claim_behind(
     async def job(task: ms.Task) -> None:
         ran.append(task.key)
 
-    lossy = _LosesClaimAndLookUp(scheduler.collection)
+    lossy = LosesClaimAndLookUp(scheduler.collection)
     sched = ms.Scheduler(lossy, clock=clock)
     options = ms.WorkerOptions(worker_id="w1", poll_interval_ms=10, shutdown_grace_ms=1_000)
     consumer = sched.consumer({"job": job}, options=options)

@@ -11,11 +11,11 @@ from typing import Any
 
 import anyio
 import pytest
-from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.store.limits import Limit
 from tests.engines import POLL_MS, settle
+from tests.faults import LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
 
@@ -284,7 +284,7 @@ async def test_a_recovered_claim_holds_its_slot_until_its_run_ends(
     later runs under the token taken for it, extended while it runs, released at its end."""
     await scheduler.set_limit("render", max_running=1)
     await scheduler.publish("r0", 0, name="render")
-    lossy = _LosesClaimReply(scheduler.collection)
+    lossy = LosesClaimAndLookUp(scheduler.collection)
     sched = ms.Scheduler(lossy, clock=clock)
     runs = _Concurrency()
     async with sched.consumer({"render": runs.handler}, options=worker()):
@@ -300,29 +300,6 @@ async def test_a_recovered_claim_holds_its_slot_until_its_run_ends(
         runs.gates["r0"].set()
         await discover()
         assert await _live_slots(scheduler, "render", clock.now()) == 0
-
-
-class _LosesClaimReply:
-    """The first claim lands and its reply is lost, and so is the look-up by its run_id."""
-
-    def __init__(self, collection: Any) -> None:
-        self.wrapped, self.lost = collection, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.wrapped, name)
-
-    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
-        found = await self.wrapped.find_one_and_update(*args, **kwargs)
-        if self.lost == 0:
-            self.lost += 1
-            raise AutoReconnect("connection reset after the claim was applied")
-        return found
-
-    async def find_one(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if "worker_states.run_id" in query and self.lost == 1:
-            self.lost += 1
-            raise AutoReconnect("connection reset during the look-up")
-        return await self.wrapped.find_one(query, *args, **kwargs)
 
 
 async def test_a_graceful_stop_releases_the_slots_of_the_runs_it_ended(
