@@ -14,7 +14,7 @@ import typer
 
 from .. import constants as c
 from ..__about__ import __version__
-from . import controls, dashboard, logs, observe, schedules, tasks
+from . import dashboard, limits, logs, observe, schedules, tasks
 from .common import Settings, fail, one_line, run
 from .inputs import parse_duration
 
@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(schedules.app, name="schedule")
-controls.register(app)
+limits.register(app)
 dashboard.register(app)
 tasks.register(app)
 observe.register(app)

@@ -8,7 +8,7 @@
   every ``backstop_interval_ms`` (`ChangeListener.poll_loop`).
 - heap (`heap.py`): next-claim time per key; the claimer sleeps until the earliest.
 - claimer: while a slot is free and something is due, claims the best task of its names
-  (server-side: priority, then age); a limited name's under a token (`quotas.py`).
+  (server-side: priority, then age); a limited name's under a token (`limits.py`).
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
 - controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names,
   limits and schedules, re-read on each change the process's `ControlHub` sees (one stream,
@@ -36,9 +36,9 @@ from .controls import Controls
 from .executor import Executor
 from .handlers import Handler, handler_specs
 from .heap import ClaimHeap
+from .limits import Quotas
 from .listener import ChangeListener
 from .presence import Presence
-from .quotas import Quotas
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)

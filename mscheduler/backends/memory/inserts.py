@@ -1,7 +1,7 @@
 """Inserts into the memory backend's store: an upsert that matches nothing, as the server
 builds its document, put straight into mongomock's store when our indexes can check the unique
-keys. mongomock's insert encoded the document to BSON again (`limits.refuse_insert` does),
-copied it twice, and read the documents of its key to check the unique index; applying
+keys. mongomock's insert encoded the document to BSON again (`document_size.refuse_insert`
+does), copied it twice, and read the documents of its key to check the unique index; applying
 ``$setOnInsert`` field by field through its update machinery was most of a `publish_many`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
 from . import patches
-from .limits import refuse_insert
+from .document_size import refuse_insert
 
 
 def inserted_by(filter: Mapping[str, Any], update: Any) -> dict[str, Any] | None:

@@ -7,7 +7,8 @@ mongomock does not on its own:
 - what mongomock evaluates otherwise than MongoDB, or slowly, is patched (`patches`);
 - with ``notablescan`` (as the server parameter of that name) a query that no declared index
   serves raises ``OperationFailure`` code 291, so the test suite proves index coverage;
-- a document over 16 MiB or nested over 100 levels is refused, written by no one (`limits`).
+- a document over 16 MiB or nested over 100 levels is refused, written by no one
+  (`document_size`).
 
 Operations run synchronously in the event loop: each is atomic, as a one-document write is.
 """
@@ -26,10 +27,10 @@ from pymongo.results import UpdateResult
 
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
+from .document_size import refuse_insert, refuse_update
 from .index_plan import index_serves
 from .indexed import adopt, walk
 from .inserts import insert_new, inserted_by, stored_copy
-from .limits import refuse_insert, refuse_update
 from .ordered_index import IndexSet
 from .replies import AggregateCursor, MemoryDatabase
 
