@@ -15,24 +15,13 @@ from typing import Any
 import anyio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..api import Scheduler
 from ..consumer.consumer import Consumer
 from ..models import StatsRow, Task, TaskOptions
 from ..specs import TaskSpec, chord
 from ..worker_options import WorkerOptions
-from .observe import STATS_COLUMNS, stats_values
-
-
-def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
-    """The table `mscheduler stats` prints on a terminal."""
-    table = Table(title=title)
-    for column in STATS_COLUMNS:
-        table.add_column(column, justify="left" if column in ("name", "state", "note") else "right")
-    for values in stats_values(rows):
-        table.add_row(*values)
-    return table
+from .observe import stats_table
 
 
 async def _publish_mix(sched: Scheduler, run: str, emails: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""``mscheduler pause|resume NAME`` and ``limit set|ls|rm``: the claims of a name."""
+"""``mscheduler limit set|ls|rm``: limits per task name across all workers."""
 
 from __future__ import annotations
 
@@ -85,27 +85,3 @@ def remove_limit(ctx: typer.Context, name: str) -> None:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(limits, name="limit")
-
-    @app.command()
-    def pause(
-        ctx: typer.Context,
-        name: str,
-        reason: Annotated[str, typer.Option(help="Why, for whoever looks.")] = "",
-    ) -> None:
-        """Stop claiming tasks of NAME (running ones finish); `stats` shows it paused."""
-
-        async def work(sched: Scheduler) -> None:
-            done = await sched.pause(name, reason)
-            typer.echo(f"paused: {name}" if done else f"already paused: {name}")
-
-        run(ctx, work)
-
-    @app.command()
-    def resume(ctx: typer.Context, name: str) -> None:
-        """Claim tasks of NAME again."""
-
-        async def work(sched: Scheduler) -> None:
-            done = await sched.resume(name)
-            typer.echo(f"resumed: {name}" if done else f"was not paused: {name}")
-
-        run(ctx, work)

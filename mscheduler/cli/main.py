@@ -6,20 +6,15 @@ option value) prints one line on stderr and exits with status 2; no traceback.
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from .. import constants as c
 from ..__about__ import __version__
-from . import dashboard, limits, logs, observe, schedules, tasks
-from .common import Settings, fail, one_line, run
-from .inputs import parse_duration
-
-if TYPE_CHECKING:
-    from ..api import Scheduler
+from . import dashboard, limits, logs, observe, pauses, schedules, tasks, worker
+from .common import Settings, fail, run
 
 app = typer.Typer(
     name="mscheduler",
@@ -30,6 +25,7 @@ app = typer.Typer(
 )
 app.add_typer(schedules.app, name="schedule")
 limits.register(app)
+pauses.register(app)
 dashboard.register(app)
 tasks.register(app)
 observe.register(app)
@@ -110,107 +106,7 @@ def demo(ctx: typer.Context, emails: int = 24) -> None:
     run(ctx, lambda sched: run_demo(sched, Console(), emails=emails), private="fine")
 
 
-@app.command()
-def worker(
-    ctx: typer.Context,
-    target: Annotated[str, typer.Argument(help="module:handlers")],
-    worker_id: Annotated[str | None, typer.Option(envvar="MSCHEDULER_WORKER_ID")] = None,
-    max_running: Annotated[int, typer.Option(envvar="MSCHEDULER_MAX_RUNNING")] = 16,
-    names: Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
-    ] = None,
-    grace: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MSCHEDULER_GRACE",
-            help="How long a first SIGINT/SIGTERM lets running tasks finish before they are "
-            "released (30s); a second releases them at once.",
-            show_default=False,
-        ),
-    ] = None,
-    claim_spread: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MSCHEDULER_CLAIM_SPREAD",
-            help="Long tasks: share bursts with the other live workers; a busy worker lets "
-            "a due task wait this long for an idle one first (above the poll interval).",
-            show_default=False,
-        ),
-    ] = None,
-    heartbeat: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MSCHEDULER_HEARTBEAT",
-            help="How often to refresh this worker in `mscheduler workers` (30s).",
-            show_default=False,
-        ),
-    ] = None,
-    poll_interval: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MSCHEDULER_POLL_INTERVAL",
-            help="How often to look for tasks on a server without change streams (5s).",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
-    --grace, then releases the rest; a second cancels them and releases them at once.
-
-    TARGET is module:attribute, imported from the current directory: a mapping of task name
-    to handler (async or plain functions), an ms.Handlers registry, or an object with
-    .handlers."""
-    from pydantic import ValidationError
-
-    from ..errors import MSchedulerError
-    from ..worker_options import WorkerOptions
-    from .worker import check_metrics_port, load_handlers, only, serve_worker
-
-    try:
-        check_metrics_port(metrics_port)
-        chosen: dict[str, Any] = {"max_running": max_running}
-        if worker_id:
-            chosen["worker_id"] = worker_id
-        if poll_interval:
-            interval = parse_duration(
-                poll_interval,
-                "poll-interval",
-                minimum=dt.timedelta(milliseconds=10),
-                maximum=dt.timedelta(days=1),
-            )
-            chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
-        if grace:
-            wait = parse_duration(
-                grace, "grace", minimum=dt.timedelta(0), maximum=dt.timedelta(days=1)
-            )
-            chosen["shutdown_grace_ms"] = round(wait.total_seconds() * 1000)
-        if claim_spread:
-            spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
-            chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
-        if heartbeat:
-            beat = parse_duration(
-                heartbeat,
-                "heartbeat",
-                minimum=dt.timedelta(milliseconds=10),
-                maximum=dt.timedelta(days=1),
-            )
-            chosen["heartbeat_ms"] = round(beat.total_seconds() * 1000)
-        options = WorkerOptions(**chosen)
-        handlers = load_handlers(target)
-        if names:
-            handlers = only(handlers, names, target)
-        if metrics_port is not None:
-            from ..metrics import require_prometheus
-
-            require_prometheus()  # fail now, with a clear line, if the extra is missing
-    except (MSchedulerError, ValidationError) as exc:
-        fail(one_line(exc).replace("max_running:", "max-running:"))
-
-    async def work(sched: Scheduler) -> None:
-        await serve_worker(sched, handlers, options, metrics_port)
-
-    run(ctx, work, private="refuse")
+worker.register(app)
 
 
 @app.command()

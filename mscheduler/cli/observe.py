@@ -13,6 +13,8 @@ from .inputs import parse_duration
 from .output import ago, emit, rows, when
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from ..api import Scheduler
     from ..models import StatsRow
 
@@ -45,6 +47,18 @@ def stats_values(found: list[StatsRow]) -> list[list[str]]:
 
 
 STATS_COLUMNS = ("name", "state", "count", "running", "live workers", "oldest pending", "note")
+
+
+def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
+    """The table `mscheduler stats` prints on a terminal (rich loads only here)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in STATS_COLUMNS:
+        table.add_column(column, justify="left" if column in ("name", "state", "note") else "right")
+    for values in stats_values(rows):
+        table.add_row(*values)
+    return table
 
 
 def register(app: typer.Typer) -> None:

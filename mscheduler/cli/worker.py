@@ -1,30 +1,143 @@
-"""`mscheduler worker`: load handlers from an import path and serve them until a signal."""
+"""`mscheduler worker`: load handlers from an import path and serve them until a signal.
+
+The command loads nothing heavy until it runs (``--help`` needs typer alone), so the library
+is imported inside the functions here."""
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import anyio
 import typer
-from anyio.abc import TaskStatus
 
-from ..api import Scheduler
-from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
-from ..consumer.handlers import Handler, Handlers
-from ..errors import ConfigurationError
-from ..worker_options import WorkerOptions
+from .common import fail, one_line, run
+from .inputs import parse_duration
+
+if TYPE_CHECKING:
+    import anyio
+
+    from ..api import Scheduler
+    from ..consumer.handlers import Handler
+    from ..worker_options import WorkerOptions
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def worker(
+        ctx: typer.Context,
+        target: Annotated[str, typer.Argument(help="module:handlers")],
+        worker_id: Annotated[str | None, typer.Option(envvar="MSCHEDULER_WORKER_ID")] = None,
+        max_running: Annotated[int, typer.Option(envvar="MSCHEDULER_MAX_RUNNING")] = 16,
+        names: Annotated[
+            list[str] | None, typer.Option(help="Only these names; repeatable.")
+        ] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option(envvar="MSCHEDULER_METRICS_PORT", help="Serve /metrics here.")
+        ] = None,
+        grace: Annotated[
+            str | None,
+            typer.Option(
+                envvar="MSCHEDULER_GRACE",
+                help="How long a first SIGINT/SIGTERM lets running tasks finish before they are "
+                "released (30s); a second releases them at once.",
+                show_default=False,
+            ),
+        ] = None,
+        claim_spread: Annotated[
+            str | None,
+            typer.Option(
+                envvar="MSCHEDULER_CLAIM_SPREAD",
+                help="Long tasks: share bursts with the other live workers; a busy worker lets "
+                "a due task wait this long for an idle one first (above the poll interval).",
+                show_default=False,
+            ),
+        ] = None,
+        heartbeat: Annotated[
+            str | None,
+            typer.Option(
+                envvar="MSCHEDULER_HEARTBEAT",
+                help="How often to refresh this worker in `mscheduler workers` (30s).",
+                show_default=False,
+            ),
+        ] = None,
+        poll_interval: Annotated[
+            str | None,
+            typer.Option(
+                envvar="MSCHEDULER_POLL_INTERVAL",
+                help="How often to look for tasks on a server without change streams (5s).",
+                show_default=False,
+            ),
+        ] = None,
+    ) -> None:
+        """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
+        --grace, then releases the rest; a second cancels them and releases them at once.
+
+        TARGET is module:attribute, imported from the current directory: a mapping of task name
+        to handler (async or plain functions), an ms.Handlers registry, or an object with
+        .handlers."""
+        from pydantic import ValidationError
+
+        from ..errors import MSchedulerError
+        from ..worker_options import WorkerOptions
+
+        try:
+            check_metrics_port(metrics_port)
+            chosen: dict[str, Any] = {"max_running": max_running}
+            if worker_id:
+                chosen["worker_id"] = worker_id
+            if poll_interval:
+                interval = parse_duration(
+                    poll_interval,
+                    "poll-interval",
+                    minimum=dt.timedelta(milliseconds=10),
+                    maximum=dt.timedelta(days=1),
+                )
+                chosen["poll_interval_ms"] = round(interval.total_seconds() * 1000)
+            if grace:
+                wait = parse_duration(
+                    grace, "grace", minimum=dt.timedelta(0), maximum=dt.timedelta(days=1)
+                )
+                chosen["shutdown_grace_ms"] = round(wait.total_seconds() * 1000)
+            if claim_spread:
+                spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
+                chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
+            if heartbeat:
+                beat = parse_duration(
+                    heartbeat,
+                    "heartbeat",
+                    minimum=dt.timedelta(milliseconds=10),
+                    maximum=dt.timedelta(days=1),
+                )
+                chosen["heartbeat_ms"] = round(beat.total_seconds() * 1000)
+            options = WorkerOptions(**chosen)
+            handlers = load_handlers(target)
+            if names:
+                handlers = only(handlers, names, target)
+            if metrics_port is not None:
+                from ..metrics import require_prometheus
+
+                require_prometheus()  # fail now, with a clear line, if the extra is missing
+        except (MSchedulerError, ValidationError) as exc:
+            fail(one_line(exc).replace("max_running:", "max-running:"))
+
+        async def work(sched: Scheduler) -> None:
+            await serve_worker(sched, handlers, options, metrics_port)
+
+        run(ctx, work, private="refuse")
 
 
 def load_handlers(target: str) -> Mapping[str, Any]:
     """``module:attribute``: a mapping of name → handler (or `Handlers`), or an object with
     ``.handlers``. The working directory is on the import path, as with ``celery -A`` or
     uvicorn, so ``mscheduler worker myapp.tasks:handlers`` finds ``./myapp``."""
+    from ..errors import ConfigurationError
+
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"worker: {target!r} is not module:attribute")
@@ -68,6 +181,9 @@ def _raised_on_import(target: str, exc: BaseException) -> str:
 
 def only(handlers: Mapping[str, Any], names: list[str], target: str) -> Mapping[str, Any]:
     """The handlers of ``names`` alone; a registry keeps its ``retry_on``."""
+    from ..consumer.handlers import Handlers
+    from ..errors import ConfigurationError
+
     unknown = sorted(set(names) - set(handlers))
     if unknown:
         raise ConfigurationError(f"names: no handler for {unknown} in {target!r}")
@@ -77,6 +193,8 @@ def only(handlers: Mapping[str, Any], names: list[str], target: str) -> Mapping[
 
 
 def check_metrics_port(port: int | None) -> None:
+    from ..errors import ConfigurationError
+
     if port is not None and not 1 <= port <= 65_535:
         raise ConfigurationError(f"metrics-port: {port} is not a TCP port (1 to 65535)")
 
@@ -90,6 +208,12 @@ async def serve_worker(
     """Run one consumer. The first SIGINT/SIGTERM stops it gracefully (running handlers get
     the grace period); a second cancels them and releases their leases at once, so another
     worker claims them and no failure is counted; a third exits without waiting."""
+    import anyio
+    from anyio.abc import TaskStatus
+
+    from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
+    from ..errors import ConfigurationError
+
     metrics = None
     if metrics_port is not None:
         from ..metrics import PrometheusMetrics
@@ -161,5 +285,7 @@ def _listed(keys: list[str], shown: int = 5) -> str:
 
 
 async def _exit_after(scope: anyio.CancelScope, seconds: float) -> None:
+    import anyio
+
     await anyio.sleep(seconds)
     scope.cancel()
