@@ -36,7 +36,7 @@ from .controls import Controls
 from .executor import Executor
 from .handlers import Handler, handler_specs
 from .heap import ClaimHeap
-from .limits import Quotas
+from .limits import Limiter
 from .listener import ChangeListener
 from .presence import Presence
 from .stats import ConsumerStats
@@ -76,7 +76,7 @@ class Consumer:
         self._heap = ClaimHeap(self.options.heap_size)
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
-        self._quotas = Quotas(store)
+        self._limiter = Limiter(store)
         self._executor = Executor(
             store,
             self._specs,
@@ -84,8 +84,8 @@ class Consumer:
             self._clock,
             self.stats,
             self._slot_freed,
-            self._quotas.restart,
-            self._quotas.at_start,
+            self._limiter.restart,
+            self._limiter.at_start,
         )
         self._listener = ChangeListener(
             store, self.names, self.options, self._clock, self._on_event, self._fetch
@@ -172,13 +172,13 @@ class Consumer:
         )
         async with anyio.create_task_group() as task_group:
             self._executor.bind(task_group)
-            self._quotas.bind(task_group)
+            self._limiter.bind(task_group)
             await task_group.start(self._listener.run)  # the stream is open before the fetch
             await task_group.start(self._controls.serve_hub)  # controls watched before read
             await task_group.start(self._controls.limit_loop)  # limits known before the fetch
             await self._fetch()
             self._fetched = True
-            task_group.start_soon(self._quotas.extend_loop)
+            task_group.start_soon(self._limiter.extend_loop)
             task_group.start_soon(self._executor.ping_loop)
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
@@ -192,7 +192,7 @@ class Consumer:
             await claimed.wait()  # a claim in flight has ended, its leases started
             await self._start_uncertain_claims()  # they too run or are released below
             await self._executor.shutdown()
-            await self._quotas.drain()  # the slots of the runs that just ended are released
+            await self._limiter.drain()  # the slots of the runs that just ended are released
             task_group.cancel_scope.cancel()
         await self._presence.leave()
         log.info(
@@ -231,7 +231,7 @@ class Consumer:
 
     def _offer(self, task: Task) -> None:
         held = self._executor.held_runs
-        when = self._quotas.offered(
+        when = self._limiter.offered(
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
         )
         if self._heap.offer(task.key, when, task.version, task.id):
@@ -308,11 +308,11 @@ class Consumer:
         due keys of a name whose limit changed are tried at once, whatever window they were
         waiting for (a removed or raised limit lets them start now); after the first fetch,
         a fetch notes the keys of a newly limited name (its tasks are claimed under tokens)."""
-        changed = await self._quotas.refresh(self.names, self._executor.running_leases)
+        changed = await self._limiter.refresh(self.names, self._executor.running_leases)
         if not changed:
             return
         now = self._clock.now()
-        for key in self._quotas.keys_of(changed):
+        for key in self._limiter.keys_of(changed):
             self._heap.nudge(key, now)
         self._wake.set()
         if self._fetched:
@@ -320,9 +320,9 @@ class Consumer:
 
     def _slot_freed(self, key: str, written: bool) -> None:
         now = self._clock.now()
-        name = self._quotas.ended(key)
+        name = self._limiter.ended(key)
         if name is not None:  # a slot of its limit frees: its waiting keys may start at once
-            for waiting in self._quotas.keys_of([name]):
+            for waiting in self._limiter.keys_of([name]):
                 self._heap.nudge(waiting, now)
         if not written:
             self._heap.nudge(key, now)
@@ -366,10 +366,10 @@ class Consumer:
             due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
             limited: dict[str, list[str]] = {}
             for key in due:
-                name = self._quotas.name_of(key)
-                if name in names and name in self._quotas.limited:
+                name = self._limiter.name_of(key)
+                if name in names and name in self._limiter.limited:
                     limited.setdefault(name, []).append(key)
-            plain = [name for name in names if name not in self._quotas.limited]
+            plain = [name for name in names if name not in self._limiter.limited]
             plain_due = len(due) - sum(map(len, limited.values()))
             if plain and plain_due > 0:
                 # Several due and slots for them: one batched claim of three round trips
@@ -380,11 +380,11 @@ class Consumer:
                     limit=plain_due,
                     exclude_keys=self._executor.running_keys,
                 )
-            for name, keys in limited.items():  # each under a token (`Quotas`)
+            for name, keys in limited.items():  # each under a token (`Limiter`)
                 room = min(len(keys), self._executor.free_slots - len(leases))
                 running = [*self._executor.running_keys, *(lease.key for lease in leases)]
                 # Each lease won joins ``leases`` at once: a failure later in the call loses none.
-                blocked = await self._quotas.claim_up_to(
+                blocked = await self._limiter.claim_up_to(
                     self.worker_id, name, room, running, leases
                 )
                 if blocked is not None:  # its due keys wait until the window frees
@@ -422,7 +422,7 @@ class Consumer:
                 self._heap.nudge(key, self._clock.now())
             return True
         now = self._clock.now()
-        self._quotas.forget(keys)  # `_offer` notes again those that go back in the heap
+        self._limiter.forget(keys)  # `_offer` notes again those that go back in the heap
         held = self._executor.held_runs
         for task in tasks:
             when = task.next_claim_for(self.worker_id, now, held)
@@ -432,7 +432,7 @@ class Consumer:
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
-        self._quotas.forget([lease.key])
+        self._limiter.forget([lease.key])
         self.stats.record("claimed", lease.task.name)
         self._executor.start(lease)
 
@@ -454,7 +454,7 @@ class Consumer:
         run_ids = list(self._uncertain_runs)
         leases = await self._store.find_claims(self.worker_id, run_ids)
         del self._uncertain_runs[: len(run_ids)]
-        self._quotas.recovered(run_ids, leases)
+        self._limiter.recovered(run_ids, leases)
         for lease in leases:
             # A lease too close to its expiry is refused by the executor as its handler is
             # about to start (`Executor._may_start`), like any claim that waited too long.

@@ -33,11 +33,11 @@ FIRST_SLOT_LIFE = dt.timedelta(seconds=60)
 # Extensions are never closer than this, even when one failed and the slot nears its end.
 _MIN_EXTENSION_GAP = dt.timedelta(milliseconds=100)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
-_Release = Callable[[str, str], Awaitable[None]]  # `Quotas._give_back`, `Quotas._release`
+_Release = Callable[[str, str], Awaitable[None]]  # `Limiter._give_back`, `Limiter._release`
 
 
 # How long after its token a handler may start and still count at the token's time; a later
-# start takes a start of its own, at the handler's start (`Quotas.at_start`).
+# start takes a start of its own, at the handler's start (`Limiter.at_start`).
 START_SLACK = dt.timedelta(milliseconds=50)
 
 
@@ -60,7 +60,9 @@ def _terms(limit: Limit | None) -> tuple[int | None, ...] | None:
     return None if limit is None else (limit.rate, limit.per_ms, limit.max_running)
 
 
-class Quotas:
+class Limiter:
+    """The limits of a consumer's names, kept: the tokens it takes, holds and gives back."""
+
     def __init__(self, store: TaskStore) -> None:
         self._store = store
         self._clock = store.clock

@@ -1,7 +1,8 @@
-"""MongoDB's limits on a stored document, which mongomock does not enforce: 16 MiB of BSON and
-100 levels of nesting. The memory backend checks every document it is about to keep, so a test
-sees the refusal a server would give (unchecked, a task could grow past 16 MiB with no error here,
-where a server would have refused the write and left the task stuck).
+"""The size a stored document may have, which mongomock does not check: MongoDB refuses over
+16 MiB of BSON and over 100 levels of nesting. The memory backend checks every document it is
+about to keep, so a test sees the refusal a server would give (unchecked, a task could grow
+past 16 MiB with no error here, where a server would have refused the write and left the task
+stuck).
 
 The server refuses an insert of a document over the limit (the driver, before sending it) and
 an update whose result would be over it (code 17419); nothing is written either way.
