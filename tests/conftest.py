@@ -1,8 +1,15 @@
+"""The one conftest: every test that takes ``engine`` (or ``scheduler``, ``open_scheduler``,
+``engine_uri``) runs once per engine. tests/scenarios runs on all three: ``memory``,
+``wire`` (tests/engines.py) and ``mongodb`` (a real server, tests/mongodb.py); tests/acceptance
+on memory and wire. An engine this machine lacks is deselected at collection, with one line
+in the report saying how to enable it; ``--engine NAME`` (repeatable) runs only those."""
+
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,14 +18,110 @@ from mscheduler.backends.memory.server import forget_memory_server
 from tests.engines import (
     ENGINES,
     POLL_MS,
+    ROOT,
     WIRE_DATABASE,
     WireServer,
     settle,
     wire_python,
     wire_unavailable,
 )
+from tests.mongodb import URI_VARIABLE, MongoRun, mongodb_uri
 
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
+
+SCENARIOS = ROOT / "tests" / "scenarios"
+# Scenario files never yet run on a real server (they had no integration shim); their mongodb
+# variants are deselected until one passes there.
+NOT_YET_ON_MONGODB = (
+    "test_change_streams.py",  # drives the memory backend's change feed (oversized events...)
+    "test_claim_protocol_model.py",
+    "test_dashboard.py",
+    "test_many_names.py",
+    "test_restarts.py",
+    "test_sharded.py",
+    "test_workers.py",
+)
+WIRE_MISSING = (
+    "no wire engine: run `bash .ci/wire-venv` (needs Python >= 3.13) or set MSCHEDULER_WIRE_PYTHON"
+)
+MONGODB_MISSING = (
+    f"{URI_VARIABLE} is not set: start a replica set (`bash .ci/mongodb replica-set 8.0`) "
+    "and export the URI it prints"
+)
+DESELECTED: dict[str, int] = {}  # why -> how many, for the terminal summary
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine",
+        action="append",
+        choices=ENGINES,
+        help="Run only the variants on this engine (repeatable); tests that take no engine "
+        "are deselected too.",
+    )
+
+
+def engines_for(path: Path) -> tuple[str, ...]:
+    """The scenario tree runs on every engine; the rest (the CLI, the examples, which make
+    collections of their own) on the engines that need no set-up."""
+    if path.is_relative_to(SCENARIOS):
+        return ENGINES
+    return tuple(engine for engine in ENGINES if engine != "mongodb")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames:
+        metafunc.parametrize("engine", engines_for(metafunc.definition.path), indirect=True)
+
+
+def _wire_available() -> bool:
+    python = wire_python()
+    if python is not None and Path(python).exists():
+        return True
+    # Under CI the wire tier must run: its variants stay, and `wire_server` fails them.
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
+    """Why ``item`` does not run here, or None."""
+    callspec = getattr(item, "callspec", None)
+    engine = callspec.params.get("engine") if callspec is not None else None
+    if engine is None and "wire_server" in getattr(item, "fixturenames", ()):
+        engine = "wire"
+    if chosen and engine not in chosen:
+        return f"--engine {' '.join(chosen)}: not on " + (engine or "any engine")
+    if engine == "wire" and not _wire_available():
+        return f"wire: {WIRE_MISSING}"
+    if engine == "mongodb":
+        if mongodb_uri() is None:
+            return f"mongodb: {MONGODB_MISSING}"
+        if item.path.name in NOT_YET_ON_MONGODB:
+            return "mongodb: not yet run on a real server: " + ", ".join(NOT_YET_ON_MONGODB)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect, rather than skip one by one, what this machine cannot run: one line per
+    reason in the summary instead of a SKIPPED line per test."""
+    chosen = config.getoption("engine")
+    kept, dropped = [], []
+    for item in items:
+        why = _why_not(item, chosen)
+        if why is None:
+            kept.append(item)
+        else:
+            dropped.append(item)
+            DESELECTED[why] = DESELECTED.get(why, 0) + 1
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    python = wire_python()
+    wire = f"wire ({python})" if _wire_available() and python else "wire: not available"
+    mongodb = "mongodb" if mongodb_uri() else f"mongodb: {URI_VARIABLE} not set"
+    return f"engines: memory, {wire}, {mongodb}"
 
 
 @pytest.fixture
@@ -44,10 +147,22 @@ def wire_server() -> Iterator[WireServer]:
         server.stop()
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture
 def engine(request: pytest.FixtureRequest) -> str:
-    """Every test that asks for it (or for `scheduler`) runs once per engine."""
+    """Every test that asks for it (or for `scheduler`) runs once per engine
+    (`pytest_generate_tests`)."""
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def mongodb_run() -> Iterator[MongoRun]:
+    uri = mongodb_uri()
+    assert uri is not None, "mongodb variants are deselected without " + URI_VARIABLE
+    run = MongoRun(uri)
+    try:
+        yield run
+    finally:
+        run.close()
 
 
 @pytest.fixture
@@ -56,22 +171,29 @@ def engine_uri(engine: str, request: pytest.FixtureRequest) -> str:
     if engine == "wire":
         server: WireServer = request.getfixturevalue("wire_server")
         return server.uri
-    if engine == "mongodb":  # tests/integration: a real replica set
-        return os.environ["MSCHEDULER_TEST_MONGODB_URI"]
+    if engine == "mongodb":  # a real replica set or mongos (tests/mongodb.py)
+        request.getfixturevalue("mongodb_run")  # checked once, its database made
+        return os.environ[URI_VARIABLE]
     return f"memory://{uuid.uuid4().hex}"
 
 
 @pytest.fixture
-def server_database() -> str:
-    """The database the wire (and integration) tests make their collections in: the
-    integration tier gives each run its own (tests/integration/conftest.py)."""
+def server_database(engine: str, request: pytest.FixtureRequest) -> str:
+    """The database the wire and mongodb tests make their collections in: on a real server,
+    this run's own (tests/mongodb.py)."""
+    if engine == "mongodb":
+        run: MongoRun = request.getfixturevalue("mongodb_run")
+        return run.database
     return WIRE_DATABASE
 
 
 @pytest.fixture
-def prepare_collection() -> Callable[[str, str], None]:
+def prepare_collection(engine: str, request: pytest.FixtureRequest) -> Callable[[str, str], None]:
     """Called with (database, collection) before a test's collection on a server is first
-    opened: nothing to do here; on a sharded cluster the integration tier shards it."""
+    opened: on a sharded cluster, shards it; otherwise nothing to do."""
+    if engine == "mongodb":
+        run: MongoRun = request.getfixturevalue("mongodb_run")
+        return run.prepare
     return lambda database, collection: None
 
 
@@ -144,8 +266,11 @@ async def scheduler(open_scheduler: OpenScheduler) -> ms.Scheduler:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from tests.unit.test_chaos import TOTALS
-    from tests.unit.test_claim_protocol_model import RUNS
+    for why, count in DESELECTED.items():
+        terminalreporter.write_line(f"deselected {count}: {why}")
+
+    from tests.scenarios.test_chaos import TOTALS
+    from tests.scenarios.test_claim_protocol_model import RUNS
 
     for engine, totals in TOTALS.items():
         terminalreporter.write_line(

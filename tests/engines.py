@@ -1,9 +1,11 @@
-"""The engines every scenario runs on: ``memory`` (in process) and ``wire`` (pymongo's real
-``AsyncMongoClient`` against mongoeco's wire-protocol server, in a process of its own).
+"""The engines every scenario runs on: ``memory`` (in process), ``wire`` (pymongo's real
+``AsyncMongoClient`` against mongoeco's wire-protocol server, in a process of its own) and
+``mongodb`` (a real server, when ``MSCHEDULER_TEST_MONGODB_URI`` is set: tests/mongodb.py).
 
 The wire server runs from ``.venv-wire`` (``.ci/wire-venv`` makes it; mongoeco needs
-Python >= 3.13) or from ``MSCHEDULER_WIRE_PYTHON``. Without one the wire tier is skipped with
-the reason; under CI (``CI=true``) that skip is a failure, so the tier cannot quietly stop.
+Python >= 3.13) or from ``MSCHEDULER_WIRE_PYTHON``. Without one the wire variants are
+deselected, with one line saying how to enable them (tests/conftest.py); under CI
+(``CI=true``) they run and fail, so the tier cannot quietly stop.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import anyio
 from pymongo import monitoring
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINES = ("memory", "wire")
+ENGINES = ("memory", "wire", "mongodb")  # mongodb: a real server (tests/mongodb.py)
 WIRE_DATABASE = "mscheduler_test"
 # Consumers and waiters in tests poll this often where the engine has no change streams.
 POLL_MS = 10

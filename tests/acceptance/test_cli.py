@@ -103,7 +103,7 @@ def test_indexes_are_created_and_listed(uri: str):
 
 def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.MonkeyPatch):
     """The command's own part; `Scheduler.watch` itself is tested on a live stream in
-    tests/unit/test_wait.py (the memory backend cannot be written from another thread)."""
+    tests/scenarios/test_wait.py (the memory backend cannot be written from another thread)."""
     fill(uri)  # on the wire too: the stream is replaced below
 
     async def changes(self: ms.Scheduler, *, names: list[str] | None = None):  # type: ignore[no-untyped-def]

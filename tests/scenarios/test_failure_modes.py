@@ -16,7 +16,7 @@ from mscheduler.consumer.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, settle
 from tests.faults import HeldWrites
-from tests.unit.test_consumer import FAST, Recorder, consumers
+from tests.scenarios.test_consumer import FAST, Recorder, consumers
 
 pytestmark = pytest.mark.anyio
 K = ms.WorkerStateKind

@@ -19,7 +19,7 @@ import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
 from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.faults import FaultyCollection
-from tests.unit.test_consumer import Recorder, consumers
+from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
 K = ms.WorkerStateKind

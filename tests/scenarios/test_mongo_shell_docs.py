@@ -12,7 +12,7 @@ import pytest
 
 import mscheduler as ms
 from tests.engines import NO_GRAPH_LOOKUP
-from tests.unit.test_dependencies import finish
+from tests.scenarios.test_dependencies import finish
 
 pytestmark = pytest.mark.anyio
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"

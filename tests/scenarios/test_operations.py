@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 import mscheduler as ms
-from tests.unit.test_dependencies import finish
+from tests.scenarios.test_dependencies import finish
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState

@@ -9,7 +9,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
-from tests.unit.test_dependencies import finish, run_all, state_of
+from tests.scenarios.test_dependencies import finish, run_all, state_of
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState

@@ -1,4 +1,4 @@
-"""Store scenarios: publish, claim, lease, finish. `tests/integration` runs them on a server."""
+"""Store scenarios: publish, claim, lease, finish. On every engine, a real server included."""
 
 from __future__ import annotations
 
