@@ -1,4 +1,4 @@
-"""Batched claims (issue 12): up to k tasks in three round trips, in claim order, each one the
+"""Batched claims: up to k tasks in three round trips, in claim order, each one the
 single claim's conditional write; races and lost replies handled as for one claim."""
 
 from __future__ import annotations

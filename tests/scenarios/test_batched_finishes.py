@@ -1,4 +1,4 @@
-"""Group commit of finishes (issue 12): outcomes written together go out as one bulk write and
+"""Group commit of finishes: outcomes written together go out as one bulk write and
 one read; a lone finish is the single fenced write it always was; lease loss is per task."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Limits (issue 15): every valid option can be published, no task document outgrows 16 MiB
-whatever happens to it, retries and ``max_tries`` count attempts whose states were dropped,
-and a failed task always says why. Runs on both engines; the memory backend enforces
-MongoDB's 16 MiB and nesting limits, so it refuses what a server would."""
+"""The size of a task document: every valid option can be published, no task document
+outgrows 16 MiB whatever happens to it, retries and ``max_tries`` count attempts whose states
+were dropped, and a failed task always says why. Runs on every engine; the memory backend
+checks MongoDB's 16 MiB and nesting bounds, so it refuses what a server would."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Issue 10's regressions: nothing stuck, nothing spinning, no poison. Each test failed (or hung
-the event loop, or crashed the consumer) before its fix; the number is the issue's item."""
+"""Failure modes: nothing stuck, nothing spinning, no poison, after lost replies, network
+errors, purges, handlers that ignore cancellation or return what cannot be stored. Each test
+failed (or hung the event loop, or crashed the consumer) before its fix; the number in a
+test's name is the item of the issue that reported it."""
 
 from __future__ import annotations
 

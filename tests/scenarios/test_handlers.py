@@ -1,6 +1,6 @@
-"""What a Celery or arq user reaches for in the first hour (issue 13): a relative delay, a hard
-time limit, sync handlers, a handler registry with ``retry_on``, several consumers at once,
-and failures that are visible in the log. Both engines; a manual clock, no sleeps."""
+"""Handlers as users write them: a relative delay, a hard time limit, sync handlers, a handler
+registry with ``retry_on``, several consumers at once, and failures that are visible in the
+log. Every engine; a manual clock, no sleeps."""
 
 from __future__ import annotations
 

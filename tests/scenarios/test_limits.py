@@ -1,5 +1,6 @@
-"""Limits per name (issue 14 #2): never exceeded in any window, under many consumers at once;
-a consumer at the limit sleeps until the window frees. Both engines, the manual clock."""
+"""Limits per name (`Scheduler.set_limit`, `mscheduler limit`): never exceeded in any window,
+under many consumers at once; a consumer at the limit sleeps until the window frees. Every
+engine, the manual clock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 14: progress, expiry before start, debounce, pause and resume. Both engines, the
-manual clock, consumers as users run them."""
+"""Progress, expiry before start, debounce, pause and resume. Every engine, the manual clock,
+consumers as users run them."""
 
 from __future__ import annotations
 

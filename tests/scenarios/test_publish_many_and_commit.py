@@ -1,4 +1,5 @@
-"""Structures, all-or-nothing publish_many, replace, and commit."""
+"""Publishing many at once: flow structures (chain, group, chord), all-or-nothing
+publish_many, replace, and commit (finish, publish and delete together)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Periodic tasks (issue 14 #1): schedules whose occurrences any consumer publishes, once each
-however many do, on both engines with the manual clock; cron across daylight-saving changes."""
+"""Periodic tasks: schedules whose occurrences any consumer publishes, once each
+however many do, on every engine with the manual clock; cron across daylight-saving changes."""
 
 from __future__ import annotations
 
