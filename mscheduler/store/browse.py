@@ -14,10 +14,11 @@ from bson import ObjectId
 from bson.errors import InvalidId
 
 from ..clock import to_bson_time
-from ..errors import ConfigurationError, driver_errors
+from ..errors import ConfigurationError
 from ..models import Task, TaskState
 from ..queries import browse as q
 from ..queries import tasks as tq
+from .driver import driver_errors
 from .operations import parse_state
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _parse_position(after: str, order: str) -> str | ObjectId | tuple[int, dt.da
 @driver_errors
 async def task_names(store: TaskStore, limit: int = MAX_NAMES) -> list[str]:
     """Every task name, in order: one index seek per name (a loose scan of claim_order_v2)."""
-    await store._ready()
+    await store.ready()
     names: list[str] = []
     last: str | None = None
     while len(names) < limit:
@@ -115,7 +116,7 @@ async def task_page(
         state = parse_state(state).value
     if not 1 <= limit <= MAX_PAGE:
         raise ConfigurationError(f"limit: expected 1 to {MAX_PAGE}, got {limit}")
-    await store._ready()
+    await store.ready()
     order = "key" if prefix else "claim" if name or state else "newest"
     position = _parse_position(after, order) if after else None
     if order == "key":
@@ -141,7 +142,7 @@ async def task_page(
 @driver_errors
 async def states_of(store: TaskStore, keys: Sequence[str]) -> dict[str, TaskState]:
     """The state of each task of ``keys`` that exists, in one read."""
-    await store._ready()
+    await store.ready()
     cursor = store.collection.find(tq.by_keys(keys), {"key": 1, "state": 1, "_id": 0})
     return {document["key"]: TaskState(document["state"]) async for document in cursor}
 
@@ -149,7 +150,7 @@ async def states_of(store: TaskStore, keys: Sequence[str]) -> dict[str, TaskStat
 @driver_errors
 async def dependents(store: TaskStore, key: str, limit: int = 100) -> list[Task]:
     """The tasks that depend on ``key``: at most ``limit`` of them, shown in key order."""
-    await store._ready()
+    await store.ready()
     cursor = store.collection.find(q.dependents_filter(key), limit=limit)
     found = [Task.model_validate(document) async for document in cursor]
     return sorted(found, key=lambda task: task.key)
@@ -171,7 +172,7 @@ async def finished_counts(
     """How many tasks succeeded and failed in each of ``buckets`` buckets ending at ``until``,
     oldest first: two counts per bucket, each a range of the finished index (a count of
     index keys, no document read)."""
-    await store._ready()
+    await store.ready()
     found = []
     for n in range(buckets, 0, -1):
         end = until - bucket * (n - 1)
