@@ -14,16 +14,18 @@ from typing import Any
 
 from ..clock import Clock
 from .batches import Batches
+from .browse import Browse
 from .operations import Operations
 from .tasks import TaskStore
 from .waiting import Waiting
 
 
 class Store(TaskStore):
-    """A `TaskStore` with its operator's, batch and waiting components."""
+    """A `TaskStore` with its operator's, batch, waiting and browsing components."""
 
     def __init__(self, collection: Any, clock: Clock) -> None:
         super().__init__(collection, clock)
         self.operations = Operations(self)
         self.batches = Batches(self)
         self.waiting = Waiting(self)
+        self.browse = Browse(self)
