@@ -1,4 +1,5 @@
-"""`Scheduler`: the public entry point. It owns a `TaskStore` and, after `connect`, the client."""
+"""`Scheduler`: the public entry point. It owns a `Store` (each capability a component of it,
+reached alike) and, after `connect`, the client."""
 
 from __future__ import annotations
 
