@@ -1,4 +1,5 @@
-"""`Scheduler`: the public entry point. It owns a `TaskStore` and, after `connect`, the client."""
+"""`Scheduler`: the public entry point. It owns a `Store` (each capability a component of it,
+reached alike) and, after `connect`, the client."""
 
 from __future__ import annotations
 
@@ -20,16 +21,12 @@ from .consumer.consumer import Consumer
 from .consumer.group import numbered
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
-from .delays import with_delay
-from .encoding import check_document_size
 from .errors import ConfigurationError
 from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
-from .specs import Step
-from .store import batches, operations
-from .store.limits import Limit
-from .store.tasks import TaskStore
-from .store.waiting import wait_for, watch_tasks
+from .specs import PublishSpec, Step, publish_spec
+from .store.components import Store
+from .store.limits import Limit, limit_spec
 from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 
@@ -45,7 +42,7 @@ class Scheduler:
     def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
         check_collection(collection)
         self.clock: Clock = clock or SystemClock()
-        self.store = TaskStore(collection, self.clock)
+        self.store = Store(collection, self.clock)
         self._connection: Connection | None = None
 
     @classmethod
@@ -69,7 +66,7 @@ class Scheduler:
         scheduler = cls(connection.collection, clock=clock)
         scheduler._connection = connection
         try:
-            await scheduler.store.ensure_indexes()
+            await scheduler.store.operations.ensure_indexes()
         except BaseException:
             await scheduler.close()
             raise
@@ -99,31 +96,28 @@ class Scheduler:
     async def ensure_indexes(self, *, finished_ttl: dt.timedelta | None = None) -> list[str]:
         """Create the indexes (idempotent). With ``finished_ttl``, also a TTL index that makes
         MongoDB delete finished tasks that long after they ended."""
-        names = await self.store.ensure_indexes()
-        if finished_ttl is not None:
-            names.append(await operations.ensure_finished_ttl(self.store, finished_ttl))
-        return names
+        return await self.store.operations.ensure_indexes(finished_ttl=finished_ttl)
 
     async def list_tasks(
         self, *, name: str | None = None, state: str | None = None, limit: int = 50
     ) -> list[Task]:
         """The newest tasks, optionally of one name and one state."""
-        return await operations.list_tasks(self.store, name=name, state=state, limit=limit)
+        return await self.store.operations.list_tasks(name=name, state=state, limit=limit)
 
     async def retry(self, key: str) -> PublishResult:
         """Run a failed or cancelled task again (same name, payload and options)."""
-        return await operations.retry(self.store, key)
+        return await self.store.operations.retry(key)
 
     async def retry_failed(self, *, name: str | None = None) -> list[PublishResult]:
         """The dead-letter queue: run every failed task (of ``name``) again."""
-        return await operations.retry_failed(self.store, name=name)
+        return await self.store.operations.retry_failed(name=name)
 
     async def purge(
         self, *, states: Sequence[str], older_than: dt.timedelta, dry_run: bool = False
     ) -> int:
         """Delete finished tasks of ``states`` that ended more than ``older_than`` ago (with
         ``dry_run``, count them instead)."""
-        return await operations.purge(self.store, states, older_than, dry_run=dry_run)
+        return await self.store.operations.purge(states, older_than, dry_run=dry_run)
 
     async def publish(
         self,
@@ -147,29 +141,20 @@ class Scheduler:
         ``debounce`` (the same): start that long from now, and a publish of the key again
         before it started gives it the new payload and pushes its start back
         (``payload_updated``), so a burst of publishes makes one run, with the last payload."""
-        if debounce is not None:
-            if delay is not None:
-                raise ConfigurationError("debounce: give either debounce or delay, not both")
-            window = with_delay(options, debounce, self.store.clock.now(), field="debounce")
-            assert window is not None
-            return await self.store.publisher.debounce(
-                key,
-                payload,
-                name=name,
-                options=window,
-                depends_on=depends_on,
-                allow_missing=allow_missing,
-            )
-        return await self.store.publisher.publish(
+        spec = publish_spec(
             key,
             payload,
             name=name,
-            options=with_delay(options, delay, self.store.clock.now()),
+            options=options,
             update_payload=update_payload,
             replace_finished=replace_finished,
             depends_on=depends_on,
             allow_missing=allow_missing,
+            delay=delay,
+            debounce=debounce,
+            now=self.store.clock.now(),
         )
+        return await self.store.publisher.publish(spec)
 
     async def publish_many(
         self, specs: Step | Iterable[Step], *, allow_missing: bool = False
@@ -178,7 +163,7 @@ class Scheduler:
         and `chord`. Dependencies inside the batch are written in order; any invalid spec,
         missing dependency or cycle raises before anything is written. Each key is
         idempotent, as with `publish`."""
-        return await batches.publish_many(self.store, specs, allow_missing=allow_missing)
+        return await self.store.batches.publish_many(specs, allow_missing=allow_missing)
 
     async def replace(
         self,
@@ -192,7 +177,7 @@ class Scheduler:
     ) -> PublishResult:
         """Publish ``key`` anew over a task that is not running (as if it were cancelled and
         published again); a running task raises `TaskRunning`."""
-        return await self.store.publisher.replace(
+        spec = PublishSpec.of(
             key,
             payload,
             name=name,
@@ -200,6 +185,7 @@ class Scheduler:
             depends_on=depends_on,
             allow_missing=allow_missing,
         )
+        return await self.store.publisher.replace(spec)
 
     async def commit(
         self,
@@ -213,12 +199,12 @@ class Scheduler:
         finish the worker's own tasks (``(lease, result)``, fenced by run_id; a handler gets
         its lease from `current_lease()`), delete tasks, then publish tasks.
         `PreconditionFailed` or `LeaseLost` write nothing."""
-        return await batches.commit(
-            self.store, complete=complete, publish=publish, delete=delete, require=require
+        return await self.store.batches.commit(
+            complete=complete, publish=publish, delete=delete, require=require
         )
 
     async def get(self, key: str) -> Task | None:
-        return await self.store.get(key)
+        return await self.store.operations.get(key)
 
     def consumer(
         self, handlers: Mapping[str, Handler], *, options: WorkerOptions | None = None
@@ -251,12 +237,12 @@ class Scheduler:
         """Make existing tasks wait: each ``(before, after)`` makes ``after`` depend on
         ``before``. Refused (nothing written) if an ``after`` started or finished, a key is
         missing, or an edge would close a cycle."""
-        return await self.store.add_dependencies(edges)
+        return await self.store.operations.add_dependencies(edges)
 
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:
         """Replace the options of a task that has not finished (None if it has). Running
         workers no longer in ``specific_worker_ids`` stop and give the task back."""
-        return await self.store.set_options(key, options)
+        return await self.store.operations.set_options(key, options)
 
     async def wait(
         self,
@@ -291,8 +277,7 @@ class Scheduler:
         poll_interval_ms: int = 1_000,
     ) -> dict[str, Task]:
         """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
-        return await wait_for(
-            self.store,
+        return await self.store.waiting.wait(
             keys,
             timeout=timeout,
             missing_ok=missing_ok,
@@ -322,7 +307,7 @@ class Scheduler:
         one, ``none`` none. ``jitter``: each start is delayed by up to that much. The same
         id again changes nothing if the schedule is the same, and keeps its state (last
         occurrence, anchor, next occurrence) as far as a change allows (`reregistered`)."""
-        schedule = new_schedule(
+        schedule = new_schedule(  # the spec: checked here, stored whole
             schedule_id,
             name=name,
             now=self.store.clock.now(),
@@ -335,7 +320,6 @@ class Scheduler:
             catch_up=catch_up,
             jitter=jitter,
         )
-        check_document_size({"payload": payload}, options or TaskOptions())
         return await self.store.schedules.put(schedule)
 
     async def schedules(self, *, names: Sequence[str] | None = None) -> list[Schedule]:
@@ -370,7 +354,9 @@ class Scheduler:
         ``per`` (a sliding window), and at most ``max_running`` running at once. Enforced at
         claim time by a token taken atomically before each claim of the name; a consumer at
         the limit sleeps until the window frees. Setting it again replaces the limits."""
-        return await self.store.limits.set(name, rate=rate, per=per, max_running=max_running)
+        return await self.store.limits.set(
+            limit_spec(name, rate=rate, per=per, max_running=max_running)
+        )
 
     async def remove_limit(self, name: str) -> bool:
         return await self.store.limits.remove(name)
@@ -381,7 +367,7 @@ class Scheduler:
     async def stats(self) -> list[StatsRow]:
         """Task counts by name and state (one aggregation), with the running attempts, the
         live workers serving the name, whether it is paused, and the oldest pending's age."""
-        return await operations.stats(self.store)
+        return await self.store.operations.stats()
 
     async def workers(self, *, names: Sequence[str] | None = None) -> list[WorkerInfo]:
         """The consumers registered (serving any of ``names``), live ones first; one that
@@ -390,9 +376,9 @@ class Scheduler:
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
         """Every change to a task (of ``names``) as it happens, from the change stream."""
-        return watch_tasks(self.store, names)
+        return self.store.waiting.watch(names)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next
         ping fails and their handlers are cancelled."""
-        return await self.store.cancel(key, reason)
+        return await self.store.operations.cancel(key, reason)

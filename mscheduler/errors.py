@@ -8,15 +8,9 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Sequence
-from typing import ParamSpec, TypeVar
+from collections.abc import Sequence
 
 from pydantic import ValidationError
-from pymongo.errors import ConnectionFailure, DocumentTooLarge, PyMongoError
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class MSchedulerError(Exception):
@@ -139,26 +133,6 @@ class RetryLater(HandlerSignal):
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
-
-
-def driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Driver errors become mscheduler errors, the original kept as ``__cause__``."""
-
-    @functools.wraps(method)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        if getattr(args[0], "in_transaction", False):
-            # Raw inside a transaction: the driver retries it on transient errors by label.
-            return await method(*args, **kwargs)
-        try:
-            return await method(*args, **kwargs)
-        except ConnectionFailure as exc:
-            raise BackendUnavailable(f"MongoDB is unreachable: {exc}") from exc
-        except DocumentTooLarge as exc:
-            raise PayloadError(f"the task document is too large: {exc}") from exc
-        except PyMongoError as exc:
-            raise StoreError(f"{method.__name__} failed: {exc}") from exc
-
-    return wrapper
 
 
 def field_errors(exc: ValidationError, whole: str = "value") -> str:

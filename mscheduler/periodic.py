@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from .clock import UTC, to_bson_time
+from .encoding import check_document_size
 from .errors import ConfigurationError, field_errors
 from .models import TaskOptions, UtcDatetime, check_key, check_name
 
@@ -186,6 +187,7 @@ def new_schedule(
         draft = Schedule.model_validate(fields)
     except ValidationError as exc:
         raise ConfigurationError(f"schedule: {field_errors(exc, 'schedule')}") from None
+    check_document_size({"payload": payload}, draft.options)  # each occurrence's payload
     return draft.model_copy(update={"next_at": draft.after(now)})
 
 

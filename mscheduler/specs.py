@@ -1,4 +1,5 @@
-"""Task specs and the structures built from them: `chain`, `group`, `chord`.
+"""What to publish, as data: `PublishSpec` (one publish, checked once where it enters and
+handed down whole), `TaskSpec` and the structures built from it: `chain`, `group`, `chord`.
 
 A structure is only specs with their ``depends_on`` filled in; `Scheduler.publish_many`
 writes it in one all-or-nothing call. Keys stay the caller's: re-publishing a structure is
@@ -7,13 +8,17 @@ idempotent like any publish.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import DependencyError
-from .models import TaskOptions
+from .delays import with_delay
+from .encoding import to_storable
+from .errors import ConfigurationError, DependencyError
+from .models import TaskOptions, check_key, check_name, checked
 
 
 class TaskSpec(BaseModel):
@@ -39,6 +44,125 @@ class Flow(BaseModel):
 
 
 Step = TaskSpec | Flow
+
+
+def check_dependencies(key: str, depends_on: Iterable[str]) -> list[str]:
+    """``depends_on`` without repeats, each a valid key other than ``key``."""
+    keys: list[str] = []
+    for dependency in depends_on:
+        try:
+            check_key(dependency)
+        except ValueError as exc:
+            raise DependencyError(f"depends_on: {exc}") from None
+        if dependency == key:
+            raise DependencyError(f"depends_on: task {key!r} cannot depend on itself")
+        if dependency not in keys:
+            keys.append(dependency)
+    return keys
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishSpec:
+    """One publish, checked: built once where it enters (`PublishSpec.of`, `publish_spec`)
+    and handed down whole, so the store's publisher, a batch and a schedule's occurrences
+    take it as it is and nothing about its fields can fail once writing starts (only the
+    size of the whole document, which the store checks before its first write)."""
+
+    key: str
+    name: str
+    payload: Any  # as stored (`encoding.to_storable`)
+    options: TaskOptions
+    depends_on: tuple[str, ...] = ()
+    allow_missing: bool = False  # a missing dependency is left out (counted as met)
+    update_payload: bool = False  # an existing task not running gets this payload
+    replace_finished: bool = False  # a finished task is published anew
+    debounce: bool = False  # a task not started yet gets this payload and start instead
+
+    @classmethod
+    def of(
+        cls,
+        key: str,
+        payload: Any = None,
+        *,
+        name: str,
+        options: TaskOptions | None = None,
+        depends_on: Sequence[str] | None = None,
+        allow_missing: bool = False,
+        update_payload: bool = False,
+        replace_finished: bool = False,
+        debounce: bool = False,
+    ) -> PublishSpec:
+        """The spec of these arguments; a bad one raises a `ConfigurationError` (or
+        `DependencyError`, `PayloadError`) naming its field."""
+        key = checked(check_key, key)
+        dependencies = check_dependencies(key, depends_on or [])
+        name = checked(check_name, name)
+        if options is not None and not isinstance(options, TaskOptions):
+            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+        return cls(
+            key=key,
+            name=name,
+            payload=to_storable(payload, "payload"),
+            options=options or TaskOptions(),
+            depends_on=tuple(dependencies),
+            allow_missing=allow_missing,
+            update_payload=update_payload,
+            replace_finished=replace_finished,
+            debounce=debounce,
+        )
+
+    @classmethod
+    def of_task(cls, spec: TaskSpec, *, allow_missing: bool = False) -> PublishSpec:
+        """A `TaskSpec` of a batch (`Scheduler.publish_many`, `Scheduler.commit`), checked."""
+        return cls.of(
+            spec.key,
+            spec.payload,
+            name=spec.name,
+            options=spec.options,
+            depends_on=spec.depends_on,
+            allow_missing=allow_missing,
+        )
+
+
+def publish_spec(
+    key: str,
+    payload: Any,
+    *,
+    name: str,
+    options: TaskOptions | None,
+    update_payload: bool,
+    replace_finished: bool,
+    depends_on: Sequence[str] | None,
+    allow_missing: bool,
+    delay: dt.timedelta | float | None,
+    debounce: dt.timedelta | float | None,
+    now: dt.datetime,
+) -> PublishSpec:
+    """The spec of `Scheduler.publish`'s (and `SyncScheduler.publish`'s) arguments: a
+    ``delay`` or a ``debounce`` window becomes ``options.not_before``, from ``now``."""
+    if debounce is not None:
+        if delay is not None:
+            raise ConfigurationError("debounce: give either debounce or delay, not both")
+        window = with_delay(options, debounce, now, field="debounce")
+        return PublishSpec.of(
+            key,
+            payload,
+            name=name,
+            options=window,
+            depends_on=depends_on,
+            allow_missing=allow_missing,
+            debounce=True,
+        )
+    return PublishSpec.of(
+        key,
+        payload,
+        name=name,
+        options=with_delay(options, delay, now),
+        update_payload=update_payload,
+        replace_finished=replace_finished,
+        depends_on=depends_on,
+        allow_missing=allow_missing,
+    )
 
 
 def _flow(step: Step) -> Flow:

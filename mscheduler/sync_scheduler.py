@@ -29,7 +29,7 @@ from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
 from .clock import Clock
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
 from .models import PublishResult, Task, TaskOptions
-from .specs import Step
+from .specs import Step, publish_spec
 from .store.streams import task_changes
 from .worker_options import Discovery
 
@@ -158,8 +158,7 @@ class SyncScheduler:
         debounce: dt.timedelta | float | None = None,
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``: `Scheduler.publish`, blocking."""
-        return _blocking(
-            self._scheduler.publish,
+        spec = publish_spec(
             key,
             payload,
             name=name,
@@ -170,7 +169,9 @@ class SyncScheduler:
             allow_missing=allow_missing,
             delay=delay,
             debounce=debounce,
+            now=self._scheduler.clock.now(),
         )
+        return _blocking(self._scheduler.store.publisher.publish, spec)
 
     def publish_many(
         self, specs: Step | Iterable[Step], *, allow_missing: bool = False

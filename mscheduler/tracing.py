@@ -133,7 +133,7 @@ def publishing(
 
 
 def producer(operation: str) -> Callable[[Method], Method]:
-    """`publishing` around a method called with a task's ``key`` and ``name`` (the
+    """`publishing` around a method called with a ``spec`` (a `PublishSpec`: the
     publisher's ``publish`` and ``replace``)."""
 
     def decorate(method: Method) -> Method:
@@ -141,8 +141,8 @@ def producer(operation: str) -> Callable[[Method], Method]:
 
         @functools.wraps(method)
         async def traced(*args: Any, **kwargs: Any) -> Any:
-            arguments = signature.bind(*args, **kwargs).arguments
-            with publishing(operation, [arguments["name"]], key=arguments["key"]):
+            spec = signature.bind(*args, **kwargs).arguments["spec"]
+            with publishing(operation, [spec.name], key=spec.key):
                 return await method(*args, **kwargs)
 
         return cast(Method, traced)

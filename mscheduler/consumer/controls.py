@@ -19,7 +19,7 @@ from pymongo.errors import PyMongoError
 from .. import otel_metrics
 from ..clock import sleep
 from ..errors import BackendUnavailable, MSchedulerError
-from ..store import operations
+from ..store.operations import Operations
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 
@@ -33,7 +33,7 @@ async def refresh_task_counts(store: TaskStore) -> None:
     if recorder is None or not recorder.counts_wanted():
         return
     try:
-        rows = await operations.stats(store)
+        rows = await Operations(store).stats()
     except (MSchedulerError, PyMongoError) as exc:
         log.warning("task counts not refreshed: %s", exc, extra={"action": "metrics_error"})
         return

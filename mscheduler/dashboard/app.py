@@ -178,10 +178,10 @@ def create_app(
             field: params.get(field) or None for field in ("name", "state", "prefix", "after")
         }
         try:
-            page = await browse.task_page(scheduler.store, limit=page_size, **chosen)
+            page = await scheduler.store.browse.task_page(limit=page_size, **chosen)
         except MSchedulerError as exc:
             return render(request, "error.html", 400, message=str(exc))
-        names = await browse.task_names(scheduler.store)
+        names = await scheduler.store.browse.task_names()
         following = None
         if page.after is not None:
             kept = {k: v for k, v in chosen.items() if v and k != "after"}
@@ -196,9 +196,9 @@ def create_app(
         if found is None:
             return render(request, "error.html", 404, message=f"no task has the key {key!r}")
         shown = found.depends_on[:MAX_LINKS]
-        states = await browse.states_of(scheduler.store, shown)
+        states = await scheduler.store.browse.states_of(shown)
         dependencies = {dependency: states.get(dependency) for dependency in shown}
-        dependents = await browse.dependents(scheduler.store, key, limit=MAX_LINKS)
+        dependents = await scheduler.store.browse.dependents(key, limit=MAX_LINKS)
         return render(
             request,
             "task.html",

@@ -137,7 +137,7 @@ async def overview(scheduler: Scheduler) -> Overview:
         named.running_workers += row.running_workers
         if row.oldest_age_s is not None:
             named.oldest_pending_s = row.oldest_age_s
-    for name, paused in (await browse.paused_names(scheduler.store)).items():
+    for name, paused in (await scheduler.store.browse.paused_names()).items():
         view(name).paused = paused
     for name, limit in (await scheduler.limits()).items():
         view(name).limit = _limit_view(limit, now)
@@ -147,8 +147,8 @@ async def overview(scheduler: Scheduler) -> Overview:
     for worker in workers:
         for name in worker.names:
             view(name).workers.append(worker)
-    finished = await browse.finished_counts(
-        scheduler.store, until=now, bucket=CHART_BUCKET, buckets=CHART_BUCKETS
+    finished = await scheduler.store.browse.finished_counts(
+        until=now, bucket=CHART_BUCKET, buckets=CHART_BUCKETS
     )
     names = [views[name] for name in sorted(views)]
     totals = {state: sum(named.counts[state] for named in names) for state in STATES}

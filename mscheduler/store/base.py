@@ -17,9 +17,10 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from .. import constants as c
 from ..clock import UTC, Clock
-from ..errors import ConfigurationError, driver_errors
+from ..errors import ConfigurationError
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
+from .driver import driver_errors
 
 log = logging.getLogger(__name__)
 # Keys in one read: at most 512 characters of up to 4 bytes each, about 10 MiB of filter.
@@ -116,7 +117,9 @@ class StoreBase:
         """The collection's indexes, as the driver describes them (name -> spec)."""
         return dict(await self.collection.index_information())
 
-    async def _ready(self) -> None:
+    async def ready(self) -> None:
+        """The indexes, ensured once: every part of the store calls this before its first
+        write or read (the unique key index is what makes publish idempotent)."""
         if not self._indexes_ready:
             await self.ensure_indexes()
 
@@ -135,7 +138,7 @@ class StoreBase:
 
     @driver_errors
     async def get(self, key: str) -> Task | None:
-        await self._ready()
+        await self.ready()
         found = await self.collection.find_one(q.by_key(checked(check_key, key)))
         return None if found is None else Task.model_validate(found)
 
@@ -143,7 +146,7 @@ class StoreBase:
     async def get_many(self, keys: Sequence[str]) -> list[Task]:
         """One read per `KEYS_PER_READ` keys: the filter of a large flow's keys stays far
         below MongoDB's 16 MiB command limit, whatever the keys' length."""
-        await self._ready()
+        await self.ready()
         checked_keys = [checked(check_key, k) for k in keys]
         found: list[Task] = []
         for start in range(0, len(checked_keys), KEYS_PER_READ):
@@ -159,7 +162,7 @@ class StoreBase:
     async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
         """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
         watch shows where the server has no change streams."""
-        await self._ready()
+        await self.ready()
         cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
         return [Task.model_validate(document) async for document in cursor]
 
@@ -169,7 +172,7 @@ class StoreBase:
     ) -> list[Task]:
         """The ``limit`` tasks of ``names`` that ``worker_id`` may claim first (payloads left
         out); one read per group of names (`base.name_groups`), merged."""
-        await self._ready()
+        await self.ready()
         found: list[Task] = []
         for group in name_groups(names):
             cursor = self.collection.find(

@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bson import ObjectId
 from pymongo import UpdateOne
 
 from .. import context, tracing
@@ -37,8 +36,8 @@ from ..models import (
 )
 from ..queries import flows as fq
 from ..queries import tasks as q
-from ..specs import Step, TaskSpec, dependency_order, flatten
-from .publisher import Prepared, prepare
+from ..specs import PublishSpec, Step, dependency_order, flatten
+from .publisher import check_fits, task_document
 from .transactions import run_atomically
 
 if TYPE_CHECKING:
@@ -47,20 +46,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Completion = Lease | tuple[Lease, Any]
+Document = dict[str, Any]
 
 
-def _checked_specs(specs: Step | Iterable[Step]) -> tuple[list[TaskSpec], dict[str, Prepared]]:
-    """The specs in dependency order, and each one's checked arguments by key."""
-    ordered = dependency_order(flatten(specs))
-    prepared = {
-        spec.key: prepare(spec.key, spec.payload, spec.name, spec.options, spec.depends_on)
-        for spec in ordered
-    }
-    return ordered, prepared
+def _checked_specs(specs: Step | Iterable[Step], allow_missing: bool) -> list[PublishSpec]:
+    """The specs in dependency order, each checked (its fields and its document's size)."""
+    ordered = [
+        PublishSpec.of_task(spec, allow_missing=allow_missing)
+        for spec in dependency_order(flatten(specs))
+    ]
+    for spec in ordered:
+        check_fits(spec)
+    return ordered
 
 
 async def _check_names(
-    store: TaskStore, specs: Sequence[TaskSpec], replacing: frozenset[str] = frozenset()
+    store: TaskStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
 ) -> dict[str, Task]:
     """A key that already names a task of another name is refused before the first write
     (it used to be found while writing: the specs before it stayed written where there is no
@@ -79,7 +80,9 @@ async def _check_names(
     return existing
 
 
-async def _check_external(store: TaskStore, specs: Sequence[TaskSpec], allow_missing: bool) -> None:
+async def _check_external(
+    store: TaskStore, specs: Sequence[PublishSpec], allow_missing: bool
+) -> None:
     in_batch = {spec.key for spec in specs}
     external = sorted({d for spec in specs for d in spec.depends_on if d not in in_batch})
     if not external or allow_missing:
@@ -91,81 +94,60 @@ async def _check_external(store: TaskStore, specs: Sequence[TaskSpec], allow_mis
 
 
 async def _publish_all(
-    store: TaskStore,
-    specs: Sequence[TaskSpec],
-    allow_missing: bool,
-    replacing: frozenset[str] = frozenset(),
+    store: TaskStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
 ) -> list[PublishResult]:
     """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
     version (a commit that deletes and publishes one key)."""
-    results = []
-    for spec in specs:
-        arguments: dict[str, Any] = {
-            "name": spec.name,
-            "options": spec.options,
-            "depends_on": list(spec.depends_on),
-            "allow_missing": allow_missing,
-        }
-        if spec.key in replacing:
-            result = await store.publisher.replace(
-                spec.key, spec.payload, running_ok=True, **arguments
-            )
-        else:
-            result = await store.publisher.publish(spec.key, spec.payload, **arguments)
-        results.append(result)
-    return results
+    return [
+        await store.publisher.replace(spec, running_ok=True)
+        if spec.key in replacing
+        else await store.publisher.publish(spec)
+        for spec in specs
+    ]
 
 
-async def publish_many(
-    store: TaskStore, specs: Step | Iterable[Step], *, allow_missing: bool = False
+async def _publish_many(
+    store: TaskStore, specs: Step | Iterable[Step], allow_missing: bool
 ) -> list[PublishResult]:
-    ordered, prepared = _checked_specs(specs)
+    ordered = _checked_specs(specs, allow_missing)
     if not ordered:
         return []
     # One PRODUCER span for the batch: each of its tasks carries this span's context.
     with tracing.publishing("publish", [spec.name for spec in ordered], count=len(ordered)):
-        await store._ready()
+        await store.ready()
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
 
         async def write(collection: Any) -> list[PublishResult]:
             view = store.bound_to(collection)
-            batch = [prepared[spec.key] for spec in ordered]
             if any(spec.depends_on for spec in ordered):
-                return await _publish_flow(view, batch, allow_missing)
-            return await _publish_flat(view, batch, existing)
+                return await _publish_flow(view, ordered)
+            return await _publish_flat(view, ordered, existing)
 
         return await run_atomically(store.collection, write)
 
 
+async def _upsert(store: TaskStore, documents: Mapping[str, Document]) -> set[str]:
+    """One ordered bulk write of idempotent upserts; the keys it inserted (a key a concurrent
+    publish inserted in between is matched by its upsert, not inserted again: the unique
+    ``key`` index)."""
+    if not documents:
+        return set()
+    order = list(documents)
+    requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
+    result = await store.collection.bulk_write(requests, ordered=True)
+    return {order[index] for index in result.upserted_ids}
+
+
 async def _publish_flat(
-    store: TaskStore, specs: Sequence[Prepared], existing: Mapping[str, Task]
+    store: TaskStore, specs: Sequence[PublishSpec], existing: Mapping[str, Task]
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
     idempotent upserts (one round trip per task would make a large ``publish_many`` wait
-    on the network once per task). A key a concurrent publish inserted in between is matched, not
-    inserted again (the upsert and the unique ``key`` index), and read back as existing."""
-    now = store.clock.now()
-    trace_context = tracing.carrier()  # the batch's span: one for every task of it
-    documents = {
-        spec.key: q.new_task_document(
-            key=spec.key,
-            name=spec.name,
-            payload=spec.payload,
-            options=spec.options,
-            now=now,
-            task_id=ObjectId(),
-            trace_context=trace_context,
-        )
-        for spec in specs
-        if spec.key not in existing
-    }
-    created: set[str] = set()
-    if documents:
-        order = list(documents)
-        requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
-        result = await store.collection.bulk_write(requests, ordered=True)
-        created = {order[index] for index in result.upserted_ids}
+    on the network once per task). A key a concurrent publish inserted in between is read
+    back as existing."""
+    documents = _planned_documents(store, specs, existing)
+    created = await _upsert(store, documents)
     raced = [key for key in documents if key not in created]
     found = dict(existing)
     if raced:
@@ -181,15 +163,15 @@ async def _publish_flat(
 
 
 def _planned_documents(
-    store: TaskStore, specs: Sequence[Prepared], found: Mapping[str, Task], allow_missing: bool
-) -> dict[str, dict[str, Any]]:
+    store: TaskStore, specs: Sequence[PublishSpec], found: Mapping[str, Task]
+) -> dict[str, Document]:
     """The documents of the keys that do not exist yet, decided in memory from one read:
     each spec sees its in-batch dependencies as they will be written (the specs come in
     dependency order), as publishing them one at a time would have read them."""
     now = store.clock.now()
     trace_context = tracing.carrier()  # the batch's span: one for every task of it
     states = {key: task.state for key, task in found.items()}
-    documents: dict[str, dict[str, Any]] = {}
+    documents: dict[str, Document] = {}
     for spec in specs:
         if spec.key in found:
             if found[spec.key].name != spec.name:
@@ -198,21 +180,17 @@ def _planned_documents(
                     f"{found[spec.key].name!r}, not {spec.name!r}"
                 )
             continue
-        missing = [dependency for dependency in spec.dependencies if dependency not in states]
-        if missing and not allow_missing:
+        missing = [dependency for dependency in spec.depends_on if dependency not in states]
+        if missing and not spec.allow_missing:
             raise DependencyError(
                 f"depends_on: no task has the key(s) {missing} (allow_missing=True to ignore)"
             )
-        present = [dependency for dependency in spec.dependencies if dependency in states]
+        present = [dependency for dependency in spec.depends_on if dependency in states]
         unmet = [d for d in present if states[d] is not TaskState.SUCCESS]
         failed = [d for d in unmet if states[d] in (TaskState.FAIL, TaskState.CANCELLED)]
-        document = q.new_task_document(
-            key=spec.key,
-            name=spec.name,
-            payload=spec.payload,
-            options=spec.options,
-            now=now,
-            task_id=ObjectId(),
+        document = task_document(
+            spec,
+            now,
             depends_on=present,
             deps_pending=[d for d in unmet if d not in failed],
             deps_failed=failed,
@@ -223,9 +201,7 @@ def _planned_documents(
     return documents
 
 
-async def _publish_flow(
-    store: TaskStore, specs: Sequence[Prepared], allow_missing: bool
-) -> list[PublishResult]:
+async def _publish_flow(store: TaskStore, specs: Sequence[PublishSpec]) -> list[PublishResult]:
     """A batch with dependencies in a number of round trips that does not grow with it (one
     per task would keep a transaction open past MongoDB's limit for a large flow): one read of
     every key the batch names, the documents decided in memory, one bulk write of upserts, one
@@ -238,15 +214,10 @@ async def _publish_flow(
     publish inserted in between is matched by its upsert, not inserted again, and returned as
     existing (only without a transaction: inside one, the write conflict aborts it and the
     transaction is retried from the read)."""
-    named = {spec.key for spec in specs} | {d for spec in specs for d in spec.dependencies}
+    named = {spec.key for spec in specs} | {d for spec in specs for d in spec.depends_on}
     found = {task.key: task for task in await store.get_many(sorted(named))}
-    documents = _planned_documents(store, specs, found, allow_missing)
-    created: set[str] = set()
-    if documents:
-        order = list(documents)
-        requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
-        result = await store.collection.bulk_write(requests, ordered=True)
-        created = {order[index] for index in result.upserted_ids}
+    documents = _planned_documents(store, specs, found)
+    created = await _upsert(store, documents)
     counts = Counter(d for key in created for d in documents[key]["depends_on"])
     if counts:
         await store.collection.bulk_write(
@@ -272,7 +243,7 @@ async def _publish_flow(
     return [PublishResult(task=found[spec.key], created=spec.key in created) for spec in specs]
 
 
-async def commit(
+async def _commit(
     store: TaskStore,
     *,
     complete: Iterable[Completion] = (),
@@ -288,12 +259,12 @@ async def commit(
     naming it, unless published with ``on_dependency_failure="run"``)."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
     results = [(lease, check_result(result, lease.task.options)) for lease, result in completions]
-    ordered, _ = _checked_specs(publish)
+    ordered = _checked_specs(publish, allow_missing=False)
     deletions = [checked(check_key, key) for key in delete]
     required = {checked(check_key, key): version for key, version in (require or {}).items()}
     replacing = frozenset(deletions) & {spec.key for spec in ordered}
     only_deleted = [key for key in deletions if key not in replacing]
-    await store._ready()
+    await store.ready()
     await _check_names(store, ordered, replacing)
     await _check_external(store, ordered, allow_missing=False)
     if replacing:  # a replaced key keeps its waiting dependents: no cycle through them
@@ -309,7 +280,7 @@ async def commit(
         if only_deleted:
             await collection.delete_many(q.by_keys(only_deleted))
             await view.flows.forget(only_deleted)
-        return await _publish_all(view, ordered, allow_missing=False, replacing=replacing)
+        return await _publish_all(view, ordered, replacing=replacing)
 
     published = await run_atomically(store.collection, write)
     context.mark_completed({lease.run_id for lease, _ in results})
@@ -344,3 +315,27 @@ async def _check_leases(store: TaskStore, leases: Sequence[Lease]) -> None:
         )
         if not live:
             raise LeaseLost(f"commit: worker {lease.worker_id!r} no longer holds {lease.key!r}")
+
+
+class Batches:
+    """All-or-nothing writes of many tasks (`TaskStore` ``.batches``)."""
+
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
+
+    async def publish_many(
+        self, specs: Step | Iterable[Step], *, allow_missing: bool = False
+    ) -> list[PublishResult]:
+        return await _publish_many(self._store, specs, allow_missing)
+
+    async def commit(
+        self,
+        *,
+        complete: Iterable[Completion] = (),
+        publish: Step | Iterable[Step] = (),
+        delete: Iterable[str] = (),
+        require: Mapping[str, int] | None = None,
+    ) -> list[PublishResult]:
+        return await _commit(
+            self._store, complete=complete, publish=publish, delete=delete, require=require
+        )

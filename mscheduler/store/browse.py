@@ -14,10 +14,11 @@ from bson import ObjectId
 from bson.errors import InvalidId
 
 from ..clock import to_bson_time
-from ..errors import ConfigurationError, driver_errors
+from ..errors import ConfigurationError
 from ..models import Task, TaskState
 from ..queries import browse as q
 from ..queries import tasks as tq
+from .driver import driver_errors
 from .operations import parse_state
 
 if TYPE_CHECKING:
@@ -79,106 +80,117 @@ def _parse_position(after: str, order: str) -> str | ObjectId | tuple[int, dt.da
     raise ConfigurationError(f"after: {after!r} is not a position in this list")
 
 
-@driver_errors
-async def task_names(store: TaskStore, limit: int = MAX_NAMES) -> list[str]:
-    """Every task name, in order: one index seek per name (a loose scan of claim_order_v2)."""
-    await store._ready()
-    names: list[str] = []
-    last: str | None = None
-    while len(names) < limit:
-        found = await store.collection.find_one(
-            q.name_after_filter(last), {"name": 1, "_id": 0}, sort=q.NAME_ORDER
-        )
-        if found is None:
-            break
-        last = str(found["name"])
-        names.append(last)
-    return names
+class Browse:
+    """The operator's reads of a store (`Store` ``.browse``): the dashboard's pages."""
 
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
 
-@driver_errors
-async def task_page(
-    store: TaskStore,
-    *,
-    name: str | None = None,
-    state: str | None = None,
-    prefix: str | None = None,
-    after: str | None = None,
-    limit: int = 50,
-) -> TaskPage:
-    """One page of tasks filtered by name, state and key prefix, and the token of the next.
+    @driver_errors
+    async def task_names(self, limit: int = MAX_NAMES) -> list[str]:
+        """Every task name, in order: one index seek per name (a loose scan of claim_order_v2)."""
+        store = self._store
+        await store.ready()
+        names: list[str] = []
+        last: str | None = None
+        while len(names) < limit:
+            found = await store.collection.find_one(
+                q.name_after_filter(last), {"name": 1, "_id": 0}, sort=q.NAME_ORDER
+            )
+            if found is None:
+                break
+            last = str(found["name"])
+            names.append(last)
+        return names
 
-    The filter chooses the order, so an index both selects and sorts the rows: a key prefix
-    pages through its range of keys; a name or a state through claim_order_v2 in claim order
-    (a state alone over every name, listed by `task_names`); no filter, newest first."""
-    if state is not None:
-        state = parse_state(state).value
-    if not 1 <= limit <= MAX_PAGE:
-        raise ConfigurationError(f"limit: expected 1 to {MAX_PAGE}, got {limit}")
-    await store._ready()
-    order = "key" if prefix else "claim" if name or state else "newest"
-    position = _parse_position(after, order) if after else None
-    if order == "key":
-        assert prefix
-        query = q.prefix_page_filter(prefix, name, state, position)  # type: ignore[arg-type]
-        sort = q.KEY_ORDER
-    elif order == "claim":
-        names = [name] if name else await task_names(store)
-        states = [state] if state else [s.value for s in TaskState]
-        query = q.claim_order_page_filter(names, states, position)  # type: ignore[arg-type]
-        sort = q.CLAIM_ORDER
-    else:
-        query = q.newest_page_filter(position)  # type: ignore[arg-type]
-        sort = q.NEWEST_ORDER
-    # One row more than the page tells whether a next page exists, without a count.
-    cursor = store.collection.find(query, sort=sort, limit=limit + 1)
-    tasks = [Task.model_validate(document) async for document in cursor]
-    more = len(tasks) > limit
-    tasks = tasks[:limit]
-    return TaskPage(tasks, _position(tasks[-1], order) if more else None, order)
+    @driver_errors
+    async def task_page(
+        self,
+        *,
+        name: str | None = None,
+        state: str | None = None,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> TaskPage:
+        """One page of tasks filtered by name, state and key prefix, and the token of the next.
 
+        The filter chooses the order, so an index both selects and sorts the rows: a key prefix
+        pages through its range of keys; a name or a state through claim_order_v2 in claim order
+        (a state alone over every name, listed by `task_names`); no filter, newest first."""
+        store = self._store
+        if state is not None:
+            state = parse_state(state).value
+        if not 1 <= limit <= MAX_PAGE:
+            raise ConfigurationError(f"limit: expected 1 to {MAX_PAGE}, got {limit}")
+        await store.ready()
+        order = "key" if prefix else "claim" if name or state else "newest"
+        position = _parse_position(after, order) if after else None
+        if order == "key":
+            assert prefix
+            query = q.prefix_page_filter(prefix, name, state, position)  # type: ignore[arg-type]
+            sort = q.KEY_ORDER
+        elif order == "claim":
+            names = [name] if name else await self.task_names()
+            states = [state] if state else [s.value for s in TaskState]
+            query = q.claim_order_page_filter(names, states, position)  # type: ignore[arg-type]
+            sort = q.CLAIM_ORDER
+        else:
+            query = q.newest_page_filter(position)  # type: ignore[arg-type]
+            sort = q.NEWEST_ORDER
+        # One row more than the page tells whether a next page exists, without a count.
+        cursor = store.collection.find(query, sort=sort, limit=limit + 1)
+        tasks = [Task.model_validate(document) async for document in cursor]
+        more = len(tasks) > limit
+        tasks = tasks[:limit]
+        return TaskPage(tasks, _position(tasks[-1], order) if more else None, order)
 
-@driver_errors
-async def states_of(store: TaskStore, keys: Sequence[str]) -> dict[str, TaskState]:
-    """The state of each task of ``keys`` that exists, in one read."""
-    await store._ready()
-    cursor = store.collection.find(tq.by_keys(keys), {"key": 1, "state": 1, "_id": 0})
-    return {document["key"]: TaskState(document["state"]) async for document in cursor}
+    @driver_errors
+    async def states_of(self, keys: Sequence[str]) -> dict[str, TaskState]:
+        """The state of each task of ``keys`` that exists, in one read."""
+        store = self._store
+        await store.ready()
+        cursor = store.collection.find(tq.by_keys(keys), {"key": 1, "state": 1, "_id": 0})
+        return {document["key"]: TaskState(document["state"]) async for document in cursor}
 
+    @driver_errors
+    async def dependents(self, key: str, limit: int = 100) -> list[Task]:
+        """The tasks that depend on ``key``: at most ``limit`` of them, shown in key order."""
+        store = self._store
+        await store.ready()
+        cursor = store.collection.find(q.dependents_filter(key), limit=limit)
+        found = [Task.model_validate(document) async for document in cursor]
+        return sorted(found, key=lambda task: task.key)
 
-@driver_errors
-async def dependents(store: TaskStore, key: str, limit: int = 100) -> list[Task]:
-    """The tasks that depend on ``key``: at most ``limit`` of them, shown in key order."""
-    await store._ready()
-    cursor = store.collection.find(q.dependents_filter(key), limit=limit)
-    found = [Task.model_validate(document) async for document in cursor]
-    return sorted(found, key=lambda task: task.key)
+    @driver_errors
+    async def paused_names(self) -> dict[str, Paused]:
+        """The paused names, with when and why each was paused."""
+        store = self._store
+        return {
+            document["_id"]: Paused(document["paused_at"], str(document.get("reason") or ""))
+            async for document in store.pauses.collection.find({})
+        }
 
-
-@driver_errors
-async def paused_names(store: TaskStore) -> dict[str, Paused]:
-    """The paused names, with when and why each was paused."""
-    return {
-        document["_id"]: Paused(document["paused_at"], str(document.get("reason") or ""))
-        async for document in store.pauses.collection.find({})
-    }
-
-
-@driver_errors
-async def finished_counts(
-    store: TaskStore, *, until: dt.datetime, bucket: dt.timedelta, buckets: int
-) -> list[Finished]:
-    """How many tasks succeeded and failed in each of ``buckets`` buckets ending at ``until``,
-    oldest first: two counts per bucket, each a range of the finished index (a count of
-    index keys, no document read)."""
-    await store._ready()
-    found = []
-    for n in range(buckets, 0, -1):
-        end = until - bucket * (n - 1)
-        start = end - bucket
-        counts = [
-            int(await store.collection.count_documents(q.finished_filter(state.value, start, end)))
-            for state in (TaskState.SUCCESS, TaskState.FAIL)
-        ]
-        found.append(Finished(start, end, counts[0], counts[1]))
-    return found
+    @driver_errors
+    async def finished_counts(
+        self, *, until: dt.datetime, bucket: dt.timedelta, buckets: int
+    ) -> list[Finished]:
+        """How many tasks succeeded and failed in each of ``buckets`` buckets ending at ``until``,
+        oldest first: two counts per bucket, each a range of the finished index (a count of
+        index keys, no document read)."""
+        store = self._store
+        await store.ready()
+        found = []
+        for n in range(buckets, 0, -1):
+            end = until - bucket * (n - 1)
+            start = end - bucket
+            counts = [
+                int(
+                    await store.collection.count_documents(
+                        q.finished_filter(state.value, start, end)
+                    )
+                )
+                for state in (TaskState.SUCCESS, TaskState.FAIL)
+            ]
+            found.append(Finished(start, end, counts[0], counts[1]))
+        return found

@@ -25,9 +25,10 @@ from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
 from ..clock import Clock, sleep
-from ..errors import BackendUnavailable, driver_errors
+from ..errors import BackendUnavailable
 from ..worker_options import Discovery
 from .base import BesideTasks, StoreBase
+from .driver import driver_errors
 from .streams import MAX_AWAIT_MS, close_quietly, open_unless_refused
 
 log = logging.getLogger(__name__)

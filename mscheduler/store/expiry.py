@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from pymongo import ReturnDocument
 
-from ..errors import driver_errors
 from ..models import Task
 from ..queries import tasks as q
 from ..queries import timing as eq
 from .base import StoreBase, name_groups
+from .driver import driver_errors
 
 log = logging.getLogger(__name__)
 

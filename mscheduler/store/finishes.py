@@ -62,7 +62,7 @@ class FinishBatcher:
         *,
         alone: bool = False,
     ) -> None:
-        """``write_one``: the single fenced write (`TaskStore._fenced_document`), for a finish
+        """``write_one``: the single fenced write (`TaskStore.fenced_document`), for a finish
         sent by itself. ``alone``: every finish is written by itself, at once, never yielding
         first (inside `transactions.run_atomically`, where the memory backend's atomicity is
         that nothing else runs between the batch's writes)."""

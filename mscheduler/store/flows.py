@@ -13,35 +13,22 @@ per finished dependency). Three interleavings are closed explicitly:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pymongo import ReturnDocument
 
 from ..encoding import check_document_size
 from ..errors import DependencyError, TaskRunning
-from ..models import Task, TaskState, check_key
+from ..models import Task, TaskState
 from ..queries import flows as fq
 from ..queries import tasks as q
+from ..specs import check_dependencies
 
 if TYPE_CHECKING:
     from .base import StoreBase
 
 log = logging.getLogger(__name__)
-
-
-def check_dependencies(key: str, depends_on: Iterable[str]) -> list[str]:
-    keys: list[str] = []
-    for dependency in depends_on:
-        try:
-            check_key(dependency)
-        except ValueError as exc:
-            raise DependencyError(f"depends_on: {exc}") from None
-        if dependency == key:
-            raise DependencyError(f"depends_on: task {key!r} cannot depend on itself")
-        if dependency not in keys:
-            keys.append(dependency)
-    return keys
 
 
 class Flows:

@@ -4,6 +4,7 @@ limited name takes first (see `queries.limits` for the protocol and its invarian
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -12,10 +13,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo.errors import ConnectionFailure
 
-from ..errors import ConfigurationError, driver_errors
+from ..errors import ConfigurationError
 from ..models import UtcDatetime, check_name, checked
 from ..queries import limits as lq
 from .base import BesideTasks
+from .driver import driver_errors
 
 SUFFIX = ".limits"
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
@@ -75,24 +77,40 @@ def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
     return round(per.total_seconds() * 1000)
 
 
+@dataclasses.dataclass(frozen=True)
+class LimitSpec:
+    """The limits of one name, checked (`limit_spec`): what `Limits.set` writes."""
+
+    name: str
+    rate: int | None
+    per_ms: int | None
+    max_running: int | None
+
+
+def limit_spec(
+    name: str,
+    *,
+    rate: int | None = None,
+    per: dt.timedelta | None = None,
+    max_running: int | None = None,
+) -> LimitSpec:
+    """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
+    naming its field."""
+    name = checked(check_name, name)
+    per_ms = _checked_limits(rate, per, max_running)
+    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
+
+
 class Limits(BesideTasks):
     SUFFIX = SUFFIX
 
     @driver_errors
-    async def set(
-        self,
-        name: str,
-        *,
-        rate: int | None = None,
-        per: dt.timedelta | None = None,
-        max_running: int | None = None,
-    ) -> Limit:
-        name = checked(check_name, name)
-        per_ms = _checked_limits(rate, per, max_running)
-        update = lq.set_limit(name, rate, per_ms, max_running)
+    async def set(self, spec: LimitSpec) -> Limit:
+        """Replace the limits of ``spec.name`` (set anew: a field not given is removed)."""
+        update = lq.set_limit(spec.name, spec.rate, spec.per_ms, spec.max_running)
         await self.collection.update_one(*update, upsert=True)
         await self._tasks.control_changed()
-        found = await self.collection.find_one({"_id": name})
+        found = await self.collection.find_one({"_id": spec.name})
         return Limit.model_validate(found)
 
     @driver_errors

@@ -1,23 +1,30 @@
-"""What an operator does to the queue: list, retry failed tasks, purge old ones, expire them."""
+"""What an operator does to the queue: read, cancel and change tasks by key, list them, retry
+failed ones, purge old ones, count them, expire them (`TaskStore.operations`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pymongo import IndexModel
+from pymongo import IndexModel, ReturnDocument
 
 from .. import constants as c
 from ..clock import to_bson_time
+from ..encoding import check_document_size
 from ..errors import ConfigurationError, TaskNotFound
-from ..models import PublishResult, StatsRow, Task, TaskState
+from ..models import PublishResult, StatsRow, Task, TaskOptions, TaskState, check_key, checked
 from ..queries import flows as fq
 from ..queries import tasks as q
+from ..specs import PublishSpec
+from .driver import driver_errors
 
 if TYPE_CHECKING:
     from .tasks import TaskStore
+
+log = logging.getLogger(__name__)
 
 _RETRYABLE = (TaskState.FAIL, TaskState.CANCELLED)
 
@@ -30,121 +37,183 @@ def parse_state(value: str) -> TaskState:
         raise ConfigurationError(f"state: {value!r} is not one of {known}") from None
 
 
-async def list_tasks(
-    store: TaskStore, *, name: str | None = None, state: str | None = None, limit: int = 50
-) -> list[Task]:
-    """The newest tasks, optionally of one name and state."""
-    if state is not None:
-        state = parse_state(state).value
-    if limit < 1:
-        raise ConfigurationError(f"limit: must be at least 1, got {limit}")
-    await store._ready()
-    cursor = store.collection.find(q.list_filter(name, state), sort=q.LIST_SORT, limit=limit)
-    return [Task.model_validate(document) async for document in cursor]
+class Operations:
+    """The operator's side of a `TaskStore`: each method one decision on tasks by key or by
+    filter, written through the store's collection."""
 
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
 
-async def retry(store: TaskStore, key: str) -> PublishResult:
-    """Run a failed or cancelled task again: same name, payload and options, no history."""
-    task = await store.get(key)
-    if task is None:
-        raise TaskNotFound(f"no task has the key {key!r}")
-    if task.state not in _RETRYABLE:
-        raise ConfigurationError(
-            f"task {key!r} is {task.state.value}: only failed or cancelled tasks are retried"
+    async def ensure_indexes(self, *, finished_ttl: dt.timedelta | None = None) -> list[str]:
+        """The declared indexes; with ``finished_ttl``, also the TTL index of finished tasks."""
+        names = await self._store.ensure_indexes()
+        if finished_ttl is not None:
+            names.append(await self.ensure_finished_ttl(finished_ttl))
+        return names
+
+    async def get(self, key: str) -> Task | None:
+        return await self._store.get(key)
+
+    @driver_errors
+    async def cancel(self, key: str, reason: str = "cancelled") -> bool:
+        """True if this call cancelled the task; False if it was already finished or missing."""
+        store = self._store
+        await store.ready()
+        now = store.clock.now()
+        found = await store.collection.find_one_and_update(
+            q.cancel_filter(checked(check_key, key)),
+            q.cancel_update(reason, now),
+            return_document=ReturnDocument.AFTER,
         )
-    return await store.publisher.publish(
-        key,
-        task.payload,
-        name=task.name,
-        options=task.options,
-        replace_finished=True,
-        depends_on=task.depends_on,
-        allow_missing=True,
-    )
+        if found is not None:
+            log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
+            await store.after_write(Task.model_validate(found))
+        return found is not None
 
+    @driver_errors
+    async def set_options(self, key: str, options: TaskOptions) -> Task | None:
+        """Change the options of a task that has not finished; None if it has (or is gone)."""
+        if not isinstance(options, TaskOptions):
+            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+        store = self._store
+        key = checked(check_key, key)
+        await store.ready()
+        # New options may keep more room for results and states (a larger
+        # concurrent_worker_cnt): the payload must still fit, as at publish.
+        base = await store.collection.find_one(q.by_key(key), q.GROWING_FIELDS_EXCLUDED)
+        if base is not None:
+            check_document_size(base, options)
+        found = await store.collection.find_one_and_update(
+            q.options_filter(key),
+            q.options_update(options, store.clock.now()),
+            return_document=ReturnDocument.AFTER,
+        )
+        return None if found is None else await store.after_write(Task.model_validate(found))
 
-async def retry_failed(
-    store: TaskStore, *, name: str | None = None, limit: int = 1_000
-) -> list[PublishResult]:
-    """The dead-letter queue: run every failed task (of ``name``) again."""
-    await store._ready()
-    cursor = store.collection.find(q.failed_filter(name), {"key": 1}, limit=limit)
-    keys = [document["key"] async for document in cursor]
-    return [await retry(store, key) for key in keys]
+    @driver_errors
+    async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
+        await self._store.ready()
+        return await self._store.flows.add_dependencies(edges)
 
+    async def list_tasks(
+        self, *, name: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[Task]:
+        """The newest tasks, optionally of one name and state."""
+        if state is not None:
+            state = parse_state(state).value
+        if limit < 1:
+            raise ConfigurationError(f"limit: must be at least 1, got {limit}")
+        store = self._store
+        await store.ready()
+        cursor = store.collection.find(q.list_filter(name, state), sort=q.LIST_SORT, limit=limit)
+        return [Task.model_validate(document) async for document in cursor]
 
-async def purge(
-    store: TaskStore, states: Sequence[str], older_than: dt.timedelta, *, dry_run: bool = False
-) -> int:
-    """Delete finished tasks of ``states`` that ended more than ``older_than`` ago; with
-    ``dry_run``, count them (the same filter, so the count is what a purge now deletes)."""
-    chosen = [parse_state(state) for state in states]
-    unfinished = [state.value for state in chosen if not state.is_terminal]
-    if unfinished:
-        raise ConfigurationError(f"purge: only finished tasks can be purged, not {unfinished}")
-    await store._ready()
-    cutoff = store.clock.now() - older_than
-    query = q.purge_filter([state.value for state in chosen], cutoff)
-    if dry_run:
-        return int(await store.collection.count_documents(query))
-    result = await store.collection.delete_many(query)
-    return int(result.deleted_count)
-
-
-async def ensure_finished_ttl(store: TaskStore, finished_ttl: dt.timedelta) -> str:
-    """A TTL index: MongoDB deletes finished tasks ``finished_ttl`` after they ended and their
-    dependents were told (``settled_at``; on ``finished_at`` it could delete a task before, and
-    its dependents would stay blocked). Tasks that ended before ``settled_at`` existed get it
-    from ``finished_at`` once, where nothing is left to tell."""
-    seconds = int(finished_ttl.total_seconds())
-    if seconds < 1:
-        raise ConfigurationError(f"finished_ttl: must be at least one second, got {finished_ttl}")
-    model = IndexModel([("settled_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds)
-    await store.ensure_ttl_index(model)
-    await store.collection.update_many(*fq.settled_backfill())
-    return c.FINISHED_TTL_INDEX
-
-
-async def stats(store: TaskStore) -> list[StatsRow]:
-    """Counts by name and state in one aggregation, with running attempts and oldest age;
-    then the paused names and the live workers (two small reads beside the tasks)."""
-    await store._ready()
-    cursor = store.collection.aggregate(q.stats_pipeline())
-    if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
-        cursor = await cursor
-    now = store.clock.now()
-    rows = []
-    async for group in cursor:
-        state = TaskState(group["_id"]["state"])
-        oldest = group.get("oldest_created_at")
-        age = None
-        if state is TaskState.PENDING and oldest is not None:
-            age = (now - to_bson_time(oldest)).total_seconds()
-        rows.append(
-            StatsRow(
-                name=group["_id"]["name"],
-                state=state,
-                count=group["count"],
-                running_workers=group["running_workers"],
-                oldest_age_s=age,
+    async def retry(self, key: str) -> PublishResult:
+        """Run a failed or cancelled task again: same name, payload and options, no history."""
+        task = await self._store.get(key)
+        if task is None:
+            raise TaskNotFound(f"no task has the key {key!r}")
+        if task.state not in _RETRYABLE:
+            raise ConfigurationError(
+                f"task {key!r} is {task.state.value}: only failed or cancelled tasks are retried"
             )
+        spec = PublishSpec.of(
+            key,
+            task.payload,
+            name=task.name,
+            options=task.options,
+            replace_finished=True,
+            depends_on=task.depends_on,
+            allow_missing=True,
         )
-    # A paused name with no task is still listed (as 0 pending), so the pause is seen.
-    paused = await store.pauses.reasons()
-    for name in sorted(set(paused) - {row.name for row in rows}):
-        rows.append(StatsRow(name=name, state=TaskState.PENDING, count=0))
-    live: dict[str, int] = {}
-    for worker in await store.workers.all():
-        for name in worker.names if worker.alive else ():
-            live[name] = live.get(name, 0) + 1
-    rows = [
-        row.model_copy(
-            update={
-                "paused": row.name in paused,
-                "pause_reason": paused.get(row.name),
-                "live_workers": live.get(row.name, 0),
-            }
+        return await self._store.publisher.publish(spec)
+
+    async def retry_failed(
+        self, *, name: str | None = None, limit: int = 1_000
+    ) -> list[PublishResult]:
+        """The dead-letter queue: run every failed task (of ``name``) again."""
+        store = self._store
+        await store.ready()
+        cursor = store.collection.find(q.failed_filter(name), {"key": 1}, limit=limit)
+        keys = [document["key"] async for document in cursor]
+        return [await self.retry(key) for key in keys]
+
+    async def purge(
+        self, states: Sequence[str], older_than: dt.timedelta, *, dry_run: bool = False
+    ) -> int:
+        """Delete finished tasks of ``states`` that ended more than ``older_than`` ago; with
+        ``dry_run``, count them (the same filter, so the count is what a purge now deletes)."""
+        chosen = [parse_state(state) for state in states]
+        unfinished = [state.value for state in chosen if not state.is_terminal]
+        if unfinished:
+            raise ConfigurationError(f"purge: only finished tasks can be purged, not {unfinished}")
+        store = self._store
+        await store.ready()
+        cutoff = store.clock.now() - older_than
+        query = q.purge_filter([state.value for state in chosen], cutoff)
+        if dry_run:
+            return int(await store.collection.count_documents(query))
+        result = await store.collection.delete_many(query)
+        return int(result.deleted_count)
+
+    async def ensure_finished_ttl(self, finished_ttl: dt.timedelta) -> str:
+        """A TTL index: MongoDB deletes finished tasks ``finished_ttl`` after they ended and
+        their dependents were told (``settled_at``; on ``finished_at`` it could delete a task
+        before, and its dependents would stay blocked). Tasks that ended before ``settled_at``
+        existed get it from ``finished_at`` once, where nothing is left to tell."""
+        seconds = int(finished_ttl.total_seconds())
+        if seconds < 1:
+            raise ConfigurationError(
+                f"finished_ttl: must be at least one second, got {finished_ttl}"
+            )
+        model = IndexModel(
+            [("settled_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds
         )
-        for row in rows
-    ]
-    return sorted(rows, key=lambda row: (row.name, row.state.value))
+        await self._store.ensure_ttl_index(model)
+        await self._store.collection.update_many(*fq.settled_backfill())
+        return c.FINISHED_TTL_INDEX
+
+    async def stats(self) -> list[StatsRow]:
+        """Counts by name and state in one aggregation, with running attempts and oldest age;
+        then the paused names and the live workers (two small reads beside the tasks)."""
+        store = self._store
+        await store.ready()
+        cursor = store.collection.aggregate(q.stats_pipeline())
+        if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
+            cursor = await cursor
+        now = store.clock.now()
+        rows = []
+        async for group in cursor:
+            state = TaskState(group["_id"]["state"])
+            oldest = group.get("oldest_created_at")
+            age = None
+            if state is TaskState.PENDING and oldest is not None:
+                age = (now - to_bson_time(oldest)).total_seconds()
+            rows.append(
+                StatsRow(
+                    name=group["_id"]["name"],
+                    state=state,
+                    count=group["count"],
+                    running_workers=group["running_workers"],
+                    oldest_age_s=age,
+                )
+            )
+        # A paused name with no task is still listed (as 0 pending), so the pause is seen.
+        paused = await store.pauses.reasons()
+        for name in sorted(set(paused) - {row.name for row in rows}):
+            rows.append(StatsRow(name=name, state=TaskState.PENDING, count=0))
+        live: dict[str, int] = {}
+        for worker in await store.workers.all():
+            for name in worker.names if worker.alive else ():
+                live[name] = live.get(name, 0) + 1
+        rows = [
+            row.model_copy(
+                update={
+                    "paused": row.name in paused,
+                    "pause_reason": paused.get(row.name),
+                    "live_workers": live.get(row.name, 0),
+                }
+            )
+            for row in rows
+        ]
+        return sorted(rows, key=lambda row: (row.name, row.state.value))

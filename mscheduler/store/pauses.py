@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from pymongo.errors import DuplicateKeyError
 
-from ..errors import driver_errors
 from ..models import check_name, checked
 from .base import BesideTasks
+from .driver import driver_errors
 
 SUFFIX = ".paused"
 

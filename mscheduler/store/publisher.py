@@ -6,10 +6,9 @@ from `mscheduler.queries`); `TaskStore.publisher` is its entry point.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
@@ -17,12 +16,14 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from .. import tracing
-from ..encoding import check_document_size, to_storable
-from ..errors import ConfigurationError, StoreError, TaskRunning, driver_errors
-from ..models import PublishResult, Task, TaskOptions, TaskState, check_key, check_name, checked
+from ..encoding import check_document_size
+from ..errors import ConfigurationError, StoreError, TaskRunning
+from ..models import PublishResult, Task, TaskState
 from ..queries import tasks as q
 from ..queries import timing as tq
-from .flows import Flows, check_dependencies
+from ..specs import PublishSpec
+from .driver import driver_errors
+from .flows import Flows
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -32,43 +33,39 @@ log = logging.getLogger(__name__)
 _PUBLISH_ATTEMPTS = 5  # re-reads when a concurrent writer changed the task under a publish
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """A publish's arguments, checked: nothing about them can fail once writing starts."""
-
-    key: str
-    name: str
-    options: TaskOptions
-    payload: Any
-    dependencies: list[str]
-
-
-def prepare(
-    key: str,
-    payload: Any,
-    name: str,
-    options: TaskOptions | None,
-    depends_on: Sequence[str] | None,
-) -> Prepared:
-    key = checked(check_key, key)
-    dependencies = check_dependencies(key, depends_on or [])
-    name = checked(check_name, name)
-    if options is not None and not isinstance(options, TaskOptions):
-        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
-    options = options or TaskOptions()
-    payload = to_storable(payload, "payload")
-    document = q.new_task_document(
-        key=key,
-        name=name,
-        payload=payload,
-        options=options,
-        now=dt.datetime.now(dt.timezone.utc),
+def task_document(
+    spec: PublishSpec,
+    now: dt.datetime,
+    *,
+    depends_on: Sequence[str] = (),
+    deps_pending: Sequence[str] = (),
+    deps_failed: Sequence[str] = (),
+    trace_context: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The new task's document of ``spec``, its dependencies as resolved by the caller (the
+    one builder of a published document: `Publisher` and `batches` both use it)."""
+    return q.new_task_document(
+        key=spec.key,
+        name=spec.name,
+        payload=spec.payload,
+        options=spec.options,
+        now=now,
         task_id=ObjectId(),
-        depends_on=dependencies,
-        deps_pending=dependencies,
+        depends_on=depends_on,
+        deps_pending=deps_pending,
+        deps_failed=deps_failed,
+        trace_context=trace_context,
     )
-    check_document_size(document, options)
-    return Prepared(key, name, options, payload, dependencies)
+
+
+def check_fits(spec: PublishSpec) -> None:
+    """The whole document of ``spec`` fits its options' budget: checked before the first
+    write, with every dependency still pending (the largest the document starts as)."""
+    deps = spec.depends_on
+    document = task_document(
+        spec, dt.datetime.now(dt.timezone.utc), depends_on=deps, deps_pending=deps
+    )
+    check_document_size(document, spec.options)
 
 
 class Publisher:
@@ -84,128 +81,85 @@ class Publisher:
 
     @tracing.producer("publish")  # the PRODUCER span whose context the document carries
     @driver_errors
-    async def publish(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        update_payload: bool = False,
-        replace_finished: bool = False,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-    ) -> PublishResult:
-        prepared = prepare(key, payload, name, options, depends_on)
-        await self._store._ready()
-        document = await self._document(prepared, allow_missing)
+    async def publish(self, spec: PublishSpec) -> PublishResult:
+        """Publish ``spec``, idempotently by key (`Scheduler.publish` says what each of its
+        flags does to an existing task)."""
+        check_fits(spec)
+        await self._store.ready()
+        if spec.debounce:
+            return await self._debounce(spec)
+        return await self._publish(spec)
+
+    async def _publish(self, spec: PublishSpec) -> PublishResult:
+        document = await self._document(spec)
         task = await self._insert_unless_exists(document)
         if task.id == document["_id"]:
             log.info("task published", extra={"action": "task_published", "key": task.key})
             return PublishResult(task=await self._attached(task), created=True)
         for _ in range(_PUBLISH_ATTEMPTS):
-            outcome = await self._publish_over(task, document, update_payload, replace_finished)
+            outcome = await self._publish_over(task, document, spec)
             if isinstance(outcome, PublishResult):
                 return outcome
             task = outcome  # changed under us: decide again on what is there now
         raise StoreError(f"publish {task.key!r}: the task kept changing; try again")
 
-    @driver_errors
-    async def debounce(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-    ) -> PublishResult:
+    async def _debounce(self, spec: PublishSpec) -> PublishResult:
         """Publish, or, if the key waits to start, give it this payload and push its start
         back to ``options.not_before`` (set by the caller from the debounce window)."""
-        result = await self.publish(
-            key,
-            payload,
-            name=name,
-            options=options,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-        )
+        result = await self._publish(spec)
         if result.created or result.task.attempts or result.task.state.value not in tq.NOT_STARTED:
             return result  # new, or started (running, finished, a retry to come): as publish
-        assert options.not_before is not None
-        storable = to_storable(payload, "payload")
+        assert spec.options.not_before is not None
         # The task keeps its own options: the new payload must fit its budget, not the caller's.
-        base = await self._store.collection.find_one(q.by_key(key), q.GROWING_FIELDS_EXCLUDED)
+        base = await self._store.collection.find_one(q.by_key(spec.key), q.GROWING_FIELDS_EXCLUDED)
         if base is not None:
-            check_document_size({**base, "payload": storable}, result.task.options)
+            check_document_size({**base, "payload": spec.payload}, result.task.options)
         found = await self._store.collection.find_one_and_update(
-            tq.debounce_filter(key, name),
-            tq.debounce_update(storable, options.not_before, self._store.clock.now()),
+            tq.debounce_filter(spec.key, spec.name),
+            tq.debounce_update(spec.payload, spec.options.not_before, self._store.clock.now()),
             return_document=ReturnDocument.AFTER,
         )
         if found is None:  # it started meanwhile: as publish says
             return result
-        log.info("task debounced", extra={"action": "task_debounced", "key": key})
+        log.info("task debounced", extra={"action": "task_debounced", "key": spec.key})
         return PublishResult(task=Task.model_validate(found), created=False, payload_updated=True)
 
     @tracing.producer("replace")  # the PRODUCER span whose context the document carries
     @driver_errors
-    async def replace(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-        running_ok: bool = False,
-    ) -> PublishResult:
+    async def replace(self, spec: PublishSpec, *, running_ok: bool = False) -> PublishResult:
         """Publish anew over a task that is not running, as if it had been cancelled and
         published again (its waiting dependents now wait for the new one). ``running_ok``:
         a commit replacing a task it deletes, whatever its state."""
-        prepared = prepare(key, payload, name, options, depends_on)
-        await self._store._ready()
+        check_fits(spec)
+        await self._store.ready()
         # Tasks waiting for this key wait for the new task: its dependencies must not wait
         # for them.
-        edges = [(dependency, prepared.key) for dependency in prepared.dependencies]
+        edges = [(dependency, spec.key) for dependency in spec.depends_on]
         await self._flows.refuse_cycles(edges, "replace")
         for _ in range(_PUBLISH_ATTEMPTS):
-            current = await self._store.get(prepared.key)
+            current = await self._store.get(spec.key)
             if current is None:
-                return await self.publish(
-                    key,
-                    payload,
-                    name=name,
-                    options=options,
-                    depends_on=depends_on,
-                    allow_missing=allow_missing,
-                )
+                return await self.publish(spec)
             if current.state is TaskState.RUNNING and not running_ok:
-                raise TaskRunning(f"task {key!r} is running; it cannot be replaced now")
-            document = await self._document(prepared, allow_missing)
-            query = q.replace_filter(key, current.version, running_ok=running_ok)
+                raise TaskRunning(f"task {spec.key!r} is running; it cannot be replaced now")
+            document = await self._document(spec)
+            query = q.replace_filter(spec.key, current.version, running_ok=running_ok)
             replaced = await self._replace(current, document, query)
             if replaced is not None:
                 return PublishResult(task=replaced, created=False, replaced=True)
-        raise StoreError(f"replace {key!r}: the task kept changing; try again")
+        raise StoreError(f"replace {spec.key!r}: the task kept changing; try again")
 
-    async def _document(self, prepared: Prepared, allow_missing: bool) -> dict[str, Any]:
+    async def _document(self, spec: PublishSpec) -> dict[str, Any]:
         present: list[str] = []
         pending: list[str] = []
         failed: list[str] = []
-        if prepared.dependencies:
+        if spec.depends_on:
             present, pending, failed = await self._flows.resolve(
-                prepared.key, prepared.dependencies, allow_missing
+                spec.key, list(spec.depends_on), spec.allow_missing
             )
-        return q.new_task_document(
-            key=prepared.key,
-            name=prepared.name,
-            payload=prepared.payload,
-            options=prepared.options,
-            now=self._store.clock.now(),
-            task_id=ObjectId(),
+        return task_document(
+            spec,
+            self._store.clock.now(),
             depends_on=present,
             deps_pending=pending,
             deps_failed=failed,
@@ -242,14 +196,10 @@ class Publisher:
         return Task.model_validate(found)
 
     async def _publish_over(
-        self,
-        task: Task,
-        document: dict[str, Any],
-        update_payload: bool,
-        replace_finished: bool,
+        self, task: Task, document: dict[str, Any], spec: PublishSpec
     ) -> PublishResult | Task:
         """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
-        key = task.key
+        key, update_payload, replace_finished = task.key, spec.update_payload, spec.replace_finished
         if replace_finished and task.state.is_terminal:
             query = q.replace_finished_filter(key, task.version)
             replaced = await self._replace(task, document, query)

@@ -14,11 +14,13 @@ from pymongo import IndexModel
 from pymongo.errors import DuplicateKeyError
 
 from .. import tracing
-from ..errors import StoreError, driver_errors
+from ..errors import StoreError
 from ..models import PublishResult, TaskOptions, TaskState
 from ..periodic import Schedule, due, reregistered, schedule_document
 from ..queries import schedules as sq
+from ..specs import PublishSpec
 from .base import BesideTasks, StoreBase
+from .driver import driver_errors
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,7 @@ class ScheduleStore(BesideTasks):
             with tracing.publishing("publish", [schedule.name], key=key, schedule_id=schedule.id):
                 published.append(
                     await self._publisher.publish(
-                        key, schedule.payload, name=schedule.name, options=options
+                        PublishSpec.of(key, schedule.payload, name=schedule.name, options=options)
                     )
                 )
             last_key = key

@@ -18,15 +18,13 @@ from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
 from ..clock import Clock, to_bson_time
-from ..encoding import check_document_size, check_result
-from ..errors import ClaimUncertain, ConfigurationError, LeaseLost, driver_errors
+from ..encoding import check_result
+from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
 from ..models import (
     ErrorInfo,
     Lease,
     Task,
-    TaskOptions,
     WorkerStateKind,
-    check_key,
     check_worker_id,
     checked,
 )
@@ -35,6 +33,7 @@ from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
 from .controls import ControlHub, ControlVersion
+from .driver import driver_errors
 from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
 from .flows import Flows
@@ -55,18 +54,18 @@ class TaskStore(StoreBase):
         self.flows = Flows(self)
         self.publisher = Publisher(self, self.flows)
         self.schedules = ScheduleStore(self, self.publisher)
-        self.expiry = Expiry(self, self._after_write)
+        self.expiry = Expiry(self, self.after_write)
         self.pauses = Pauses(self)
         self.limits = Limits(self)
         self.workers = Workers(self)
         self.control_version = ControlVersion(self)
         self.control_hub = ControlHub(self, self.control_version, clock)
         # Finished tasks (keys, or ids where no key was read) whose dependents this process
-        # failed to tell (see `_after_write`), and the callbacks (consumers) to wake when one is
+        # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
         # added.
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
-        self._finishes = FinishBatcher(self, self._fenced_document)
+        self._finishes = FinishBatcher(self, self.fenced_document)
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
 
     async def control_changed(self) -> None:
@@ -79,12 +78,12 @@ class TaskStore(StoreBase):
         view._indexes_ready = True
         view.in_transaction = collection is not self.collection
         view.sharded = self.sharded
-        view._finishes = FinishBatcher(view, view._fenced_document, alone=True)
+        view._finishes = FinishBatcher(view, view.fenced_document, alone=True)
         return view
 
-    # ------------------------------------------------------------ publish
+    # ------------------------------------------------------------ dependents
 
-    async def _after_write(self, task: Task) -> Task:
+    async def after_write(self, task: Task) -> Task:
         """A write that ended a task with dependents tells them (only then: no extra call).
 
         If telling them fails on the network, the write itself has landed: raising would make
@@ -138,7 +137,7 @@ class TaskStore(StoreBase):
                 worker_id, names=names, limit=1, exclude_keys=exclude_keys
             )
             return leases[0] if leases else None
-        await self._ready()
+        await self.ready()
         run_id = uuid.uuid4().hex
         now = self.clock.now()
         try:
@@ -176,7 +175,7 @@ class TaskStore(StoreBase):
         if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY and not self.sharded:
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
             return [] if lease is None else [lease]
-        await self._ready()
+        await self.ready()
         async with self._claim_turn:  # batches of this process take turns (`claims`)
             return await claims.claim_many(self, worker_id, names, limit, exclude_keys, self.settle)
 
@@ -186,12 +185,12 @@ class TaskStore(StoreBase):
 
         The write has landed, and the caller holds what it won: a network error here must
         not lose that (a batch's leases would expire unrun), so the tasks are owed instead,
-        as in `_after_write`."""
+        as in `after_write`."""
         try:
             async for document in self.collection.find(q.by_ids(task_ids)):
                 task = Task.model_validate(document)
                 if task.state.is_terminal:
-                    await self._after_write(task)
+                    await self.after_write(task)
         except ConnectionFailure as exc:
             if self.in_transaction:
                 raise  # the transaction is retried whole
@@ -246,7 +245,7 @@ class TaskStore(StoreBase):
         return leases
 
     async def _lease_from(self, task: Task, worker_id: str, run_id: str) -> Lease | None:
-        task = await self._after_write(task)
+        task = await self.after_write(task)
         if not any(ws.run_id == run_id for ws in task.worker_states):
             log.info(
                 "task failed: retries exhausted by timeouts",
@@ -259,7 +258,7 @@ class TaskStore(StoreBase):
         )
         return Lease(key=task.key, worker_id=worker_id, run_id=run_id, task=task)
 
-    async def _fenced_document(
+    async def fenced_document(
         self, lease: Lease, update: list[dict[str, Any]], now: Any
     ) -> dict[str, Any]:
         """The document after a write only the live holder of ``lease`` can make, or
@@ -274,15 +273,15 @@ class TaskStore(StoreBase):
         return dict(found)
 
     async def _fenced_write(self, lease: Lease, update: list[dict[str, Any]], now: Any) -> Task:
-        found = await self._fenced_document(lease, update, now)
-        return await self._after_write(Task.model_validate(found))
+        found = await self.fenced_document(lease, update, now)
+        return await self.after_write(Task.model_validate(found))
 
     async def _finish_write(
         self, lease: Lease, update: list[dict[str, Any]], now: Any, wrote: WorkerStateKind
     ) -> Task:
         """A fenced write that ends the run: sent with the finishes in flight (`finishes`)."""
         found = await self._finishes.write(lease, update, now, wrote)
-        return await self._after_write(Task.model_validate(found))
+        return await self.after_write(Task.model_validate(found))
 
     async def _lost(self, lease: Lease) -> LeaseLost:
         """Only on the failure path: one read to tell the worker what happened."""
@@ -370,52 +369,11 @@ class TaskStore(StoreBase):
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 
     @driver_errors
-    async def set_options(self, key: str, options: TaskOptions) -> Task | None:
-        """Change the options of a task that has not finished; None if it has (or is gone)."""
-        if not isinstance(options, TaskOptions):
-            raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
-        key = checked(check_key, key)
-        await self._ready()
-        # New options may keep more room for results and states (a larger
-        # concurrent_worker_cnt): the payload must still fit, as at publish.
-        base = await self.collection.find_one(q.by_key(key), q.GROWING_FIELDS_EXCLUDED)
-        if base is not None:
-            check_document_size(base, options)
-        found = await self.collection.find_one_and_update(
-            q.options_filter(key),
-            q.options_update(options, self.clock.now()),
-            return_document=ReturnDocument.AFTER,
-        )
-        return None if found is None else await self._after_write(Task.model_validate(found))
-
-    @driver_errors
-    async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:
-        await self._ready()
-        return await self.flows.add_dependencies(edges)
-
-    @driver_errors
     async def recover_dependents(self) -> int:
         """Tell the dependents of every finished task whose writer did not (owed here, or
         left by a crashed writer anywhere); returns how many tasks were caught up."""
-        await self._ready()
+        await self.ready()
         owed = set(self.owed)
         told = await self.flows.recover()
         self.owed -= owed
         return told
-
-    # ------------------------------------------------------------ cancel
-
-    @driver_errors
-    async def cancel(self, key: str, reason: str = "cancelled") -> bool:
-        """True if this call cancelled the task; False if it was already finished or missing."""
-        await self._ready()
-        now = self.clock.now()
-        found = await self.collection.find_one_and_update(
-            q.cancel_filter(checked(check_key, key)),
-            q.cancel_update(reason, now),
-            return_document=ReturnDocument.AFTER,
-        )
-        if found is not None:
-            log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
-            await self._after_write(Task.model_validate(found))
-        return found is not None

@@ -241,3 +241,31 @@ async def _poll_changes(
             if latest != since:
                 since, shown = latest, set()
             shown |= {(t.key, t.version) for t in found if t.updated_at == latest}
+
+
+class Waiting:
+    """Waiting for tasks to end, and watching them change (`Store` ``.waiting``)."""
+
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
+
+    async def wait(
+        self,
+        keys: Sequence[str],
+        *,
+        timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
+        missing_ok: bool = False,
+        poll_interval_ms: int = 1_000,
+        discovery: Discovery = "auto",
+    ) -> dict[str, Task]:
+        return await wait_for(
+            self._store,
+            keys,
+            timeout=timeout,
+            missing_ok=missing_ok,
+            poll_interval_ms=poll_interval_ms,
+            discovery=discovery,
+        )
+
+    def watch(self, names: Sequence[str] | None) -> AsyncIterator[Task]:
+        return watch_tasks(self._store, names)

@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo import IndexModel
 
-from ..errors import driver_errors
 from ..models import UtcDatetime
 from .base import BesideTasks, StoreBase
+from .driver import driver_errors
 
 SUFFIX = ".workers"
 # A worker is stale once it missed this many heartbeats: one late write is not a death.

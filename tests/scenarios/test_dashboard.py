@@ -22,7 +22,6 @@ import mscheduler as ms
 from mscheduler.cli.dashboard import is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
-from mscheduler.store import browse
 
 pytestmark = pytest.mark.anyio
 
@@ -192,7 +191,7 @@ def flat(pages: list[list[str]]) -> list[str]:
 async def every_page(sched: ms.Scheduler, **filters: str) -> list[list[str]]:
     pages, after = [], None
     while True:
-        page = await browse.task_page(sched.store, limit=3, after=after, **filters)
+        page = await sched.store.browse.task_page(limit=3, after=after, **filters)
         pages.append([task.key for task in page.tasks])
         if page.after is None:
             return pages

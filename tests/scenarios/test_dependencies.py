@@ -210,10 +210,10 @@ async def test_dependents_of_a_crashed_writer_are_told_on_recovery(scheduler: ms
     async def crash(task: ms.Task) -> ms.Task:
         raise ConnectionError("the worker died right after its success was written")
 
-    scheduler.store._after_write = crash  # type: ignore[method-assign]
+    scheduler.store.after_write = crash  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
         await scheduler.store.succeed(lease, "done")
-    del scheduler.store._after_write
+    del scheduler.store.after_write
     assert await state_of(scheduler, "b") is S.BLOCKED
     assert await scheduler.store.recover_dependents() == 1
     assert await state_of(scheduler, "b") is S.PENDING

@@ -106,10 +106,10 @@ async def test_the_ttl_waits_until_the_dependents_are_told(scheduler: ms.Schedul
 
     lease = await scheduler.store.claim("w", key="a")
     assert lease is not None
-    scheduler.store._after_write = crash  # type: ignore[method-assign]
+    scheduler.store.after_write = crash  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
         await scheduler.store.succeed(lease, "done")
-    del scheduler.store._after_write
+    del scheduler.store.after_write
     assert await ttl_date("a") is None, "its dependent is still to be told: not deletable"
     assert await scheduler.store.recover_dependents() == 1
     assert await ttl_date("a") is not None

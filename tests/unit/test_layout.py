@@ -172,3 +172,62 @@ def test_the_checks_see_the_imports_they_judge():
     assert "mscheduler.store.tasks" in GRAPH["mscheduler.consumer.consumer"]
     assert "mscheduler.store.base" in GRAPH["mscheduler.store.flows"]  # under TYPE_CHECKING
     assert _group("mscheduler.models") == "foundation"
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """The private names a module's classes define: methods and ``self._x = ...``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+STORE_PRIVATE = set().union(
+    *(
+        _private_names_defined(ast.parse(path.read_text()))
+        for module, path in MODULES.items()
+        if _group(module) == "store"
+    )
+)
+
+
+def _private_reaches(tree: ast.AST, own: set[str]) -> list[tuple[int, str]]:
+    """Where a module reaches a private name of the store's objects through anything but
+    ``self`` or ``cls`` (``store._ready()``, ``self._store._ready()``), unless the module
+    defines that name itself (a class of its own, as ``view._finishes`` in `TaskStore`)."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in STORE_PRIVATE
+            and node.attr not in own
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_module_reaches_a_private_name_of_the_store_s_objects():
+    """Private names stay in their module: what another module needs is a public method of
+    the component that owns it. ``backends.memory`` is left out: it wraps mongomock's own
+    internals (whose private names, such as ``_store``, are not the store's)."""
+    reaches = []
+    for module, path in MODULES.items():
+        if module.startswith("mscheduler.backends.memory"):
+            continue
+        tree = ast.parse(path.read_text())
+        for line, text in _private_reaches(tree, _private_names_defined(tree)):
+            reaches.append(f"{module}:{line} reaches {text}")
+    assert not reaches, "\n".join(reaches)
+
+
+def test_the_private_check_sees_a_reach_into_the_store():
+    """Guards the guard: the reaches this check was written for are found."""
+    assert "_indexes_ready" in STORE_PRIVATE and "_finishes" in STORE_PRIVATE
+    caller = ast.parse("async def f(store):\n    await store._finish_write()\n")
+    assert _private_reaches(caller, _private_names_defined(caller)) == [(2, "store._finish_write")]
+    helper = ast.parse("class P:\n    async def g(self):\n        await self._store._lost()\n")
+    assert _private_reaches(helper, _private_names_defined(helper)) == [(3, "self._store._lost")]
