@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
-from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ...clock import UTC
@@ -37,7 +36,8 @@ from .change_events import (
     run_pipeline,
     update_description,
 )
-from .patches import document_copy
+from .engine import filter_applies
+from .fast_paths import document_copy
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260

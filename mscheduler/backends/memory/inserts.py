@@ -12,7 +12,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
-from . import patches
+from . import fast_paths
 from .limits import refuse_insert
 
 
@@ -52,7 +52,7 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
                 11000,
                 {"keyPattern": {field: 1}, "keyValue": {field: value}},
             )
-    stored = patches.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
+    stored = fast_paths.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
     store[document["_id"]] = stored
     collection._emit(None, stored)  # read, and copied by the change feed: never changed
     return document["_id"]
@@ -60,4 +60,4 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
 
 def stored_copy(store: Any, document_id: Any) -> dict[str, Any]:
     """A stored document as a read returns it (mongomock keeps OrderedDicts)."""
-    return {key: patches.document_copy(value) for key, value in store[document_id].items()}
+    return {key: fast_paths.document_copy(value) for key, value in store[document_id].items()}
