@@ -117,7 +117,9 @@ class ChangeFeed:
             "operationType": fields.pop("operationType"),
         }
         if event["operationType"] != "invalidate":
-            event["ns"] = dict(self._namespace)
+            # One dict for every event: what reads an event copies it first (`run_pipeline`
+            # on write, `document_copy` on delivery), so no one changes it.
+            event["ns"] = self._namespace
         event["wallTime"] = dt.datetime.now(UTC)
         event.update(fields)
         self._events.append(event)

@@ -104,12 +104,15 @@ def datetimes_as_stored(value: Any) -> Any:
     millisecond, as MongoDB stores them), dispatching on the exact type first: it walks every
     filter and update of every write."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None or kind is float:
+    if kind in _NO_DATES:
         return value
-    if kind is dict:
-        return {key: datetimes_as_stored(item) for key, item in value.items()}
+    if kind is dict:  # a document is mostly scalars: those are not a call each
+        return {
+            key: item if type(item) in _NO_DATES else datetimes_as_stored(item)
+            for key, item in value.items()
+        }
     if kind is list or kind is tuple:
-        return [datetimes_as_stored(item) for item in value]
+        return [item if type(item) in _NO_DATES else datetimes_as_stored(item) for item in value]
     if kind is dt.datetime:
         global _latest_date
         if _latest_date[0] is value:  # a write's `now`, in several fields: one stored object
@@ -125,6 +128,7 @@ def datetimes_as_stored(value: Any) -> Any:
     return _original_datetime_patch(value)  # type: ignore[no-untyped-call]  # OrderedDict, subclasses, Timestamp, ...
 
 
+_NO_DATES = frozenset({str, int, float, bool, type(None), bytes, ObjectId, Int64})
 # The latest date converted (datetimes are immutable: sharing the result is safe).
 _latest_date: tuple[Any, Any] = (None, None)
 
@@ -150,10 +154,13 @@ def document_copy(value: Any) -> Any:
     kind = type(value)
     if kind in _IMMUTABLE:
         return value
-    if kind is dict:
-        return {key: document_copy(item) for key, item in value.items()}
+    if kind is dict:  # its immutable values taken as they are, without a call each
+        return {
+            key: item if type(item) in _IMMUTABLE else document_copy(item)
+            for key, item in value.items()
+        }
     if kind is list:
-        return [document_copy(item) for item in value]
+        return [item if type(item) in _IMMUTABLE else document_copy(item) for item in value]
     if kind is collections.OrderedDict:  # how mongomock stores each document
         return collections.OrderedDict((key, document_copy(item)) for key, item in value.items())
     return copy.deepcopy(value)
@@ -180,7 +187,10 @@ def _copy_field(original: Any) -> Any:
     def copy_field(value: Any, container: Any) -> Any:
         if container is dict:
             if isinstance(value, dict):  # a stored document (an OrderedDict): returned as a dict
-                return {key: document_copy(item) for key, item in value.items()}
+                return {
+                    key: item if type(item) in _IMMUTABLE else document_copy(item)
+                    for key, item in value.items()
+                }
             return document_copy(value)
         return original(value, container)
 

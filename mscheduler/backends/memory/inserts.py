@@ -23,11 +23,12 @@ def inserted_by(filter: Mapping[str, Any], update: Any) -> dict[str, Any] | None
     if type(update) is not dict or list(update) != ["$setOnInsert"]:
         return None
     fields = update["$setOnInsert"]
-    if any(
-        key.startswith("$") or "." in key or isinstance(value, Mapping)
-        for key, value in filter.items()
-    ) or any(key.startswith("$") or "." in key or key in filter for key in fields):
-        return None
+    for key, value in filter.items():
+        if key[:1] == "$" or "." in key or isinstance(value, Mapping):
+            return None
+    for key in fields:
+        if key[:1] == "$" or "." in key or key in filter:
+            return None
     return {**filter, **fields}
 
 
@@ -40,7 +41,10 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
     unique = [list(spec["key"]) for spec in store.indexes.values() if spec.get("unique")]
     fields = [keys[0][0] for keys in unique if len(keys) == 1]
     held = [collection._ordered.holds(field, document.get(field)) for field in fields]
-    if len(fields) != len(unique) or None in held or document["_id"] in store:
+    # mongomock's own dict of documents: its `in` takes a lock and looks for expired TTL
+    # documents first (a new ObjectId is in no document; a TTL index deletes in its own time
+    # on a server too).
+    if len(fields) != len(unique) or None in held or document["_id"] in store._documents:
         result = await collection._inner.insert_one(document)  # mongomock checks them
         collection._emit(None, stored_copy(store, result.inserted_id))
         return result.inserted_id
