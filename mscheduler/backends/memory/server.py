@@ -351,6 +351,12 @@ class MemoryCollection:
         return result
 
     async def _matching(self, filter: Mapping[str, Any], many: bool) -> list[dict[str, Any]]:
+        if len(filter) == 1:
+            ((field, value),) = filter.items()
+            # A string equals only that string: a hash index that does not hold it says that
+            # no document matches (a publish's upsert of a new key), without a plan.
+            if type(value) is str and field != "_id" and self._ordered.holds(field, value) is False:
+                return []
         exact = self._ordered.exact(filter) if filter and "_id" not in filter else None
         if exact is not None and next(exact, _NONE) is _NONE:
             return []  # the index has none: an upsert's usual case (a new key)
