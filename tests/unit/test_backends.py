@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from mongomock_motor import AsyncMongoMockClient
 from pymongo import MongoClient
 
 import mscheduler as ms
+from mscheduler.backends.memory.server import MemoryServer
 from mscheduler.backends.uri import redact
 
 pytestmark = pytest.mark.anyio
@@ -57,7 +57,11 @@ def test_something_else_is_refused():
 
 
 async def test_a_motor_style_collection_works(clock: ms.ManualClock):
-    collection = AsyncMongoMockClient()["db"]["tasks"]
+    # mongomock-motor's collection stands in for Motor's, on the memory server's own engine:
+    # stock mongomock lacks operators the store's updates use ($unset, $add of a date).
+    server = MemoryServer()
+    server.collection("db", "tasks")
+    collection = server.client["db"]["tasks"]
     sched = ms.Scheduler(collection, clock=clock)
     assert (await sched.publish("k", 1, name="job")).created
     lease = await sched.store.claim("w1", names=["job"])

@@ -11,8 +11,9 @@ from typing import Any
 
 import bson
 import bson.errors
-from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure
+
+from .engine import filter_applies
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # BSONObjMaxUserSize: a reply's document, as the server's
 # Event fields the server can test on the oplog entry, before any lookup of the document

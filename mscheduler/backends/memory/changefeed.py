@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
-from mongomock.filtering import filter_applies
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ...clock import UTC
@@ -37,7 +36,8 @@ from .change_events import (
     run_pipeline,
     update_description,
 )
-from .patches import document_copy
+from .engine import filter_applies
+from .fast_paths import document_copy
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260
@@ -117,7 +117,9 @@ class ChangeFeed:
             "operationType": fields.pop("operationType"),
         }
         if event["operationType"] != "invalidate":
-            event["ns"] = dict(self._namespace)
+            # One dict for every event: what reads an event copies it first (`run_pipeline`
+            # on write, `document_copy` on delivery), so no one changes it.
+            event["ns"] = self._namespace
         event["wallTime"] = dt.datetime.now(UTC)
         event.update(fields)
         self._events.append(event)

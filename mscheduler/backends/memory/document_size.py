@@ -60,12 +60,15 @@ def _depth(value: Any) -> int:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        children = item.values() if isinstance(item, Mapping) else item
+        children = item.values() if type(item) is dict or isinstance(item, Mapping) else item
         if not children:
             continue
         deepest = max(deepest, level)
         for child in children:
-            if type(child) not in _SCALARS and isinstance(child, (Mapping, list, tuple)):
+            kind = type(child)
+            if kind in _SCALARS:
+                continue
+            if kind is dict or kind is list or isinstance(child, (Mapping, list, tuple)):
                 stack.append((child, level + 1))
     return deepest
 

@@ -37,6 +37,12 @@ class HashIndex:
         self._values_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its values, when any
 
     def _values(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
+        if len(self._path) == 1:  # a top-level scalar (a task's key): no walk
+            value = document.get(self.field, MISSING)
+            if type(value) in _HASHED:
+                return (value,)
+            if value is MISSING:
+                return ()
         leaves = _leaves(document, self._path)
         return tuple(dict.fromkeys(v for v in leaves if type(v) in _HASHED))
 

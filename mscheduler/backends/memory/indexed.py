@@ -22,17 +22,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from bson import ObjectId
-from mongomock.collection import Collection
-from mongomock.filtering import filter_applies
+from mongomock_motor.patches import _patch_insert_and_ensure_uniques
 
-from . import patches
+from . import fast_paths
+from .engine import Collection, filter_applies
 from .ordered_index import IndexSet
 
 _HASHABLE_IDS = (ObjectId, str, int)  # compare as they hash; floats and documents do not
 
 
-class IndexedCollection(Collection):
-    """A mongomock collection whose reads go through ``index_set``."""
+class IndexedCollection(Collection):  # type: ignore[misc]
+    """A collection of the memory server's own copy of mongomock's engine (`engine`), whose
+    reads go through ``index_set``."""
 
     index_set: IndexSet
 
@@ -61,18 +62,20 @@ class IndexedCollection(Collection):
 
 
 def adopt(collection: Any, index_set: IndexSet) -> None:
-    """Make ``collection`` (mongomock's, behind mongomock-motor's wrapper) read through
-    ``index_set``. Its class is swapped for the subclass: mongomock's database made it, and
-    the memory server owns it from here. mongomock-motor wrapped two of its methods on the
-    instance to turn str subclasses (beanie's) into str in every filter: the store passes
-    plain strings, so the subclass's own methods are used."""
+    """Make ``collection`` (mongomock's, behind mongomock-motor's wrapper) run on the engine's
+    copy and read through ``index_set``. Its class is swapped for the subclass: mongomock's
+    database made it, and the memory server owns it from here. mongomock-motor wrapped four
+    of its methods on the instance, bound to mongomock's own class: two turn str subclasses
+    (beanie's) into str in every filter (the store passes plain strings: dropped), two add
+    the key to a duplicate key error (wrapped again around the subclass's methods)."""
     inner = collection.__dict__.get("_AsyncMongoMockCollection__collection", collection)
     if isinstance(inner, IndexedCollection):
         return
     inner.__class__ = IndexedCollection
     inner.index_set = index_set
-    inner.__dict__.pop("_iter_documents", None)
-    inner.__dict__.pop("_get_dataset", None)
+    for wrapped in ("_iter_documents", "_get_dataset", "_insert", "_ensure_uniques"):
+        inner.__dict__.pop(wrapped, None)
+    _patch_insert_and_ensure_uniques(inner)
     inner._ensure_uniques = _uncounted(inner._ensure_uniques, index_set)
 
 
@@ -100,7 +103,7 @@ def walk(
     candidates = index_set.candidates(filter, order)
     if candidates is None:
         return None
-    filter = patches.datetimes_as_stored(filter)  # as mongomock's own reads do
+    filter = fast_paths.datetimes_as_stored(filter)  # as mongomock's own reads do
     found: list[Any] = []
     for one in candidates:
         if one not in store:

@@ -12,7 +12,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
-from . import patches
+from . import fast_paths
 from .document_size import refuse_insert
 
 
@@ -23,11 +23,12 @@ def inserted_by(filter: Mapping[str, Any], update: Any) -> dict[str, Any] | None
     if type(update) is not dict or list(update) != ["$setOnInsert"]:
         return None
     fields = update["$setOnInsert"]
-    if any(
-        key.startswith("$") or "." in key or isinstance(value, Mapping)
-        for key, value in filter.items()
-    ) or any(key.startswith("$") or "." in key or key in filter for key in fields):
-        return None
+    for key, value in filter.items():
+        if key[:1] == "$" or "." in key or isinstance(value, Mapping):
+            return None
+    for key in fields:
+        if key[:1] == "$" or "." in key or key in filter:
+            return None
     return {**filter, **fields}
 
 
@@ -40,7 +41,10 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
     unique = [list(spec["key"]) for spec in store.indexes.values() if spec.get("unique")]
     fields = [keys[0][0] for keys in unique if len(keys) == 1]
     held = [collection._ordered.holds(field, document.get(field)) for field in fields]
-    if len(fields) != len(unique) or None in held or document["_id"] in store:
+    # mongomock's own dict of documents: its `in` takes a lock and looks for expired TTL
+    # documents first (a new ObjectId is in no document; a TTL index deletes in its own time
+    # on a server too).
+    if len(fields) != len(unique) or None in held or document["_id"] in store._documents:
         result = await collection._inner.insert_one(document)  # mongomock checks them
         collection._emit(None, stored_copy(store, result.inserted_id))
         return result.inserted_id
@@ -52,7 +56,7 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
                 11000,
                 {"keyPattern": {field: 1}, "keyValue": {field: value}},
             )
-    stored = patches.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
+    stored = fast_paths.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
     store[document["_id"]] = stored
     collection._emit(None, stored)  # read, and copied by the change feed: never changed
     return document["_id"]
@@ -60,4 +64,4 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
 
 def stored_copy(store: Any, document_id: Any) -> dict[str, Any]:
     """A stored document as a read returns it (mongomock keeps OrderedDicts)."""
-    return {key: patches.document_copy(value) for key, value in store[document_id].items()}
+    return {key: fast_paths.document_copy(value) for key, value in store[document_id].items()}

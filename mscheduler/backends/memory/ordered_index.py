@@ -20,7 +20,7 @@ Only what the store's queries need, and nothing that could change an answer:
 
 `IndexSet.examined` counts the documents each query tested against its filter, as
 ``explain``'s ``totalDocsExamined`` does: the candidates an index scan fetched, or the whole
-collection when none applied (`server`, `patches`).
+collection when none applied (`server`, `indexed`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ It runs the store's very filters and updates. What makes it behave like the serv
 mongomock does not on its own:
 - every write publishes a change event (`changefeed.ChangeFeed`), so the consumer's change
   stream listener runs for real;
-- what mongomock evaluates otherwise than MongoDB, or slowly, is patched (`patches`);
+- it runs on its own copy of mongomock's engine (`engine`), where what mongomock evaluates
+  otherwise than MongoDB is made to agree (`agreement`) and its slow paths faster
+  (`fast_paths`); mongomock itself is left as it is for anyone else in the process;
 - with ``notablescan`` (as the server parameter of that name) a query that no declared index
   serves raises ``OperationFailure`` code 291, so the test suite proves index coverage;
 - a document over 16 MiB or nested over 100 levels is refused, written by no one
@@ -350,6 +352,12 @@ class MemoryCollection:
         return result
 
     async def _matching(self, filter: Mapping[str, Any], many: bool) -> list[dict[str, Any]]:
+        if len(filter) == 1:
+            ((field, value),) = filter.items()
+            # A string equals only that string: a hash index that does not hold it says that
+            # no document matches (a publish's upsert of a new key), without a plan.
+            if type(value) is str and field != "_id" and self._ordered.holds(field, value) is False:
+                return []
         exact = self._ordered.exact(filter) if filter and "_id" not in filter else None
         if exact is not None and next(exact, _NONE) is _NONE:
             return []  # the index has none: an upsert's usual case (a new key)
