@@ -82,7 +82,7 @@ class TaskStore(StoreBase):
         view._finishes = FinishBatcher(view, view._fenced_document, alone=True)
         return view
 
-    # ------------------------------------------------------------ publish
+    # ------------------------------------------------------------ after a write: the dependents
 
     async def _after_write(self, task: Task) -> Task:
         """A write that ended a task with dependents tells them (only then: no extra call).
