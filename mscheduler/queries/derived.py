@@ -30,6 +30,7 @@ from .stages import (
     tries_exhausted,
     trim_history,
 )
+from .templates import templated
 
 
 def bumped_wakes() -> Document:
@@ -108,6 +109,7 @@ def wakes_consumers(now: dt.datetime) -> Document:
     }
 
 
+@templated
 def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
     """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states,
     after `trim_history` (``run_id``: the writer's own state, kept whatever its age).
