@@ -119,7 +119,9 @@ class Executor:
     @property
     def free_slots(self) -> int:
         """An abandoned handler still runs: it keeps its slot until it returns."""
-        return self._options.max_running - len(self.running_keys)
+        abandoned = self._calls.abandoned
+        held = len(self._running) + sum(1 for key in abandoned if key not in self._running)
+        return self._options.max_running - held
 
     @property
     def running_keys(self) -> list[str]:
