@@ -48,9 +48,11 @@ class _Timed:
             finally:
                 self._counting.cpu_seconds += time.process_time() - started
             try:
-                sent, thrown = (yield suspended), None
+                sent = yield suspended
+                thrown = None
             except BaseException as exc:  # a cancellation delivered while it waits: passed in
-                sent, thrown = None, exc
+                sent = None
+                thrown = exc
 
 
 def _counted(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:

@@ -196,7 +196,8 @@ class Consumer:
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
             await task_group.start(self._controls.pause_loop)
-            claiming, claimed = anyio.CancelScope(), anyio.Event()
+            claiming = anyio.CancelScope()
+            claimed = anyio.Event()
             task_group.start_soon(self._claim_and_poll, claiming, claimed)
             await self._presence.start(task_group)  # listed among the live workers
             task_status.started()

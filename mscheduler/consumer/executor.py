@@ -77,7 +77,8 @@ class _Running:
 
     def stop(self, reason: str, *, release: bool) -> None:
         if self.stop_reason is None:
-            self.stop_reason, self.release_on_stop = reason, release
+            self.stop_reason = reason
+            self.release_on_stop = release
             self.scope.cancel()
 
 
@@ -296,7 +297,8 @@ class Executor:
         return True
 
     def _record(self, lease: Lease, outcome: _Outcome) -> None:
-        name, error = lease.task.name, outcome.error
+        name = lease.task.name
+        error = outcome.error
         if error is None:
             self._stats.record("succeeded", name, outcome.seconds)
             log_finished(lease, "success", outcome.seconds)

@@ -235,7 +235,8 @@ class TaskStore(StoreBase):
         """After `ClaimUncertain`: the live leases those claims took, in one read (a run_id
         missing: its claim was not applied, or its lease expired and another claim records
         that)."""
-        now, wanted = self.clock.now(), set(run_ids)
+        now = self.clock.now()
+        wanted = set(run_ids)
         leases = []
         async for document in self.collection.find(lq.by_runs(list(run_ids))):
             task = Task.model_validate(document)
