@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from . import constants as c
-from .clock import to_bson_time
+from .clock import UTC, to_bson_time
 from .errors import ConfigurationError, field_errors
 
 
@@ -55,8 +55,13 @@ class WorkerStateKind(str, enum.Enum):
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    # pymongo returns naive UTC unless tz_aware=True, mongomock always does.
-    return None if value is None else to_bson_time(value)
+    # pymongo returns naive UTC unless tz_aware=True, mongomock always does. A time read back
+    # is already whole milliseconds (BSON's precision): the common case returns at once.
+    if value is None:
+        return None
+    if value.tzinfo is None and not value.microsecond % 1000:
+        return value.replace(tzinfo=UTC)
+    return to_bson_time(value)
 
 
 UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc)]
@@ -161,6 +166,8 @@ class TaskOptions(BaseModel):
     @field_validator("specific_worker_ids")
     @classmethod
     def _worker_ids(cls, ids: list[str]) -> list[str]:
+        if not ids:  # nearly every task: not pinned to workers
+            return ids
         for worker_id in ids:
             check_worker_id(worker_id)
         return sorted(set(ids))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import inspect
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 _ASYNC_METHODS = (
@@ -26,18 +26,47 @@ _ASYNC_METHODS = (
 )
 
 
+class _Timed:
+    """Awaits ``awaitable``, adding to ``counting.cpu_seconds`` the CPU of each of its steps
+    (from one resume to its next suspension) and nothing of what runs while it is suspended:
+    other coroutines' CPU is theirs, whichever call they wait in."""
+
+    def __init__(self, counting: CountingCollection, awaitable: Any) -> None:
+        self._counting = counting
+        self._awaitable = awaitable
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self._awaitable.__await__()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = time.process_time()
+            try:
+                suspended = steps.throw(thrown) if thrown is not None else steps.send(sent)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self._counting.cpu_seconds += time.process_time() - started
+            try:
+                sent = yield suspended
+                thrown = None
+            except BaseException as exc:  # a cancellation delivered while it waits: passed in
+                sent = None
+                thrown = exc
+
+
 def _counted(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def method(self: CountingCollection, *args: Any, **kwargs: Any) -> Any:
         self.counts[name] += 1
         started = time.process_time()
         try:
             result = getattr(self.wrapped, name)(*args, **kwargs)
-            # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
-            return await result if inspect.isawaitable(result) else result
         finally:
-            # CPU seconds inside the call: exact on the memory backend (its calls never
-            # yield); on a server, other tasks' CPU during the wait would count too.
             self.cpu_seconds += time.process_time() - started
+        # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
+        if inspect.isawaitable(result):
+            result = await _Timed(self, result)
+        return _CountedStream(self, result) if name == "watch" else result
 
     method.__name__ = name
     return method
@@ -47,7 +76,10 @@ class CountingCollection:
     """Wraps a collection and counts every call to it, by method name.
 
     ``bulk_write`` counts once however many requests it carries; a change stream counts once
-    when opened. Use `calls` for the total, `counts` for the breakdown, `reset` between phases.
+    when opened. `cpu_seconds` is the CPU spent inside the calls, their cursors' and change
+    streams' reads included: only their own steps, not what other coroutines run while they
+    wait (on a server, that is the driver's own work; on the memory backend, the database's).
+    Use `calls` for the total, `counts` for the breakdown, `reset` between phases.
     """
 
     def __init__(self, collection: Any) -> None:
@@ -84,14 +116,41 @@ class _CountedCursor:
         return self
 
     async def __anext__(self) -> Any:
-        started = time.process_time()
-        try:
-            return await self._cursor.__anext__()
-        finally:
-            self._counting.cpu_seconds += time.process_time() - started
+        return await _Timed(self._counting, self._cursor.__anext__())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
+
+
+class _CountedStream:
+    """A change stream whose reads' CPU counts as time in the database: matching, shaping
+    and copying the events is the server's work (on the memory backend, in this process)."""
+
+    def __init__(self, counting: CountingCollection, stream: Any) -> None:
+        self._counting = counting
+        self._stream = stream
+
+    def __aiter__(self) -> _CountedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await _Timed(self._counting, self._stream.__anext__())
+
+    async def next(self) -> Any:
+        return await _Timed(self._counting, self._stream.next())
+
+    async def try_next(self) -> Any:
+        return await _Timed(self._counting, self._stream.try_next())
+
+    async def __aenter__(self) -> _CountedStream:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stream.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 for _name in _ASYNC_METHODS:

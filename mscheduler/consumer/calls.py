@@ -169,6 +169,8 @@ def log_finished(lease: Lease, outcome: str, seconds: float | None) -> None:
     """One INFO line per attempt that ended without failing (``success``, ``retry_later``),
     as Celery, arq and RQ log each job: a success otherwise leaves no trace. A failure is
     `log_failure`'s WARNING, with the same fields."""
+    if not log.isEnabledFor(logging.INFO):  # its fields are not built for nothing
+        return
     took = "" if seconds is None else f" in {seconds:.3f} s"
     log.info(
         "task %r (%s) attempt %d %s%s",

@@ -7,8 +7,9 @@
   poll interval when the server has no change streams; with a stream, one page of them
   every ``backstop_interval_ms`` (`ChangeListener.poll_loop`).
 - heap (`heap.py`): next-claim time per key; the claimer sleeps until the earliest.
-- claimer: while a slot is free and something is due, claims the best task of its names
-  (server-side: priority, then age); a limited name's under a token (`limits.py`).
+- claimer (`claimer.py`): while a slot is free and something is due, claims the best tasks of
+  its names (server-side: priority, then age), a limited name's under a token (`limits.py`);
+  puts back what was not claimable; recovers claims whose replies were lost.
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
 - controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names,
   limits and schedules, re-read on each change the process's `ControlHub` sees (one stream,
@@ -21,17 +22,16 @@ import datetime as dt
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..clock import sleep
-from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError
-from ..models import Lease, Task
+from ..backoff import retrying
+from ..errors import ConfigurationError
+from ..models import Task
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .claimer import Claimer
 from .controls import Controls
 from .executor import Executor
 from .handlers import Handler, handler_specs
@@ -74,7 +74,6 @@ class Consumer:
         self._store = store
         self._clock = store.clock
         self._heap = ClaimHeap(self.options.heap_size)
-        self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
         self._limiter = Limiter(store)
         self._executor = Executor(
@@ -92,12 +91,26 @@ class Consumer:
         )
         self._own_task_group: TaskGroup | None = None
         self._fetched = False  # the first fetch is done (`_limits` fetches again after it)
-        self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
         self._controls = Controls(store, self.names, self.options, self._fetch, self._limits)
         self._presence = Presence(store, self.names, self.options, self._heap, lambda: self.running)
+        self._claimer = Claimer(
+            store,
+            self.names,
+            self.options,
+            self._clock,
+            self._heap,
+            self._executor,
+            self._limiter,
+            self._presence,
+            self.stats,
+            paused=lambda: self.paused,
+            fetch=self._fetch,
+            claimable_soonest=self._claimable_soonest,
+            offer=self._offer,
+        )
 
     @property
     def polling(self) -> bool:
@@ -183,14 +196,15 @@ class Consumer:
             task_group.start_soon(self._recovery_loop)
             task_group.start_soon(self._controls.schedule_loop)
             await task_group.start(self._controls.pause_loop)
-            claiming, claimed = anyio.CancelScope(), anyio.Event()
+            claiming = anyio.CancelScope()
+            claimed = anyio.Event()
             task_group.start_soon(self._claim_and_poll, claiming, claimed)
             await self._presence.start(task_group)  # listed among the live workers
             task_status.started()
             await self._stop_requested.wait()
             claiming.cancel()
             await claimed.wait()  # a claim in flight has ended, its leases started
-            await self._start_uncertain_claims()  # they too run or are released below
+            await self._claimer.start_uncertain_claims()  # they too run or are released below
             await self._executor.shutdown()
             await self._limiter.drain()  # the slots of the runs that just ended are released
             task_group.cancel_scope.cancel()
@@ -204,7 +218,7 @@ class Consumer:
         try:
             with scope:
                 async with anyio.create_task_group() as task_group:
-                    task_group.start_soon(self._claim_loop)
+                    task_group.start_soon(self._claimer.run)
                     task_group.start_soon(self._listener.poll_loop)
         finally:
             claimed.set()
@@ -235,22 +249,19 @@ class Consumer:
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
         )
         if self._heap.offer(task.key, when, task.version, task.id):
-            self._wake.set()
+            self._claimer.wake()
 
     async def _fetch(self) -> None:
         """Fill the heap with the tasks claimable soonest, one page of them (the next page is
         read once the heap drains, so a consumer's memory does not grow with the backlog);
         retried until the database answers."""
-        attempt = 0
-        while True:
-            try:
-                tasks = await self._claimable_soonest()
-                await self._store.recover_dependents()
-                break
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": "fetch_retry"})
-                await sleep(self._clock, self.options.reconnect_delay(attempt))
-                attempt += 1
+        tasks = await retrying(
+            self._read_claimable,
+            clock=self._clock,
+            delay=self.options.reconnect_delay,
+            logger=log,
+            action="fetch_retry",
+        )
         for task in tasks:
             self._on_change(task)  # when polling, the only way a running task's change is seen
         # Look again once the heap drains only if this fetch may have left some out *and* gave
@@ -258,7 +269,12 @@ class Consumer:
         # (our own running ones, say) would otherwise be repeated back to back for ever.
         page = min(self.options.heap_size, self.options.fetch_batch_size)
         self._heap.overflowed = len(tasks) >= page and len(self._heap) > 0
-        self._wake.set()
+        self._claimer.wake()
+
+    async def _read_claimable(self) -> list[Task]:
+        tasks = await self._claimable_soonest()
+        await self._store.recover_dependents()
+        return tasks
 
     async def _claimable_soonest(self) -> list[Task]:
         """The tasks we may claim, soonest first: one page (reading the whole heap's worth read
@@ -279,7 +295,6 @@ class Consumer:
         if self._store.owed:
             self._wake_recovery()
         try:
-            attempt = 0
             while True:
                 self._recovery_wake = wake = anyio.Event()
                 now = self._clock.now()
@@ -287,21 +302,20 @@ class Consumer:
                 if due is None or due > now:
                     await self._clock.wait_until(due, wake)
                     continue
-                try:
-                    await self._store.recover_dependents()
-                except BackendUnavailable as exc:
-                    log.warning(str(exc), extra={"action": "recovery_retry"})
-                    await sleep(self._clock, self.options.reconnect_delay(attempt))
-                    attempt += 1
-                    continue
-                attempt = 0
+                await retrying(
+                    self._store.recover_dependents,
+                    clock=self._clock,
+                    delay=self.options.reconnect_delay,
+                    logger=log,
+                    action="recovery_retry",
+                )
                 # Checks that came due by ``now`` are covered by this recovery; later ones
                 # (a task that ended meanwhile) stay.
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
             self._store.owed_listeners.remove(self._wake_recovery)
 
-    # ------------------------------------------------------------ claiming
+    # ------------------------------------------------------------ waking the claimer
 
     async def _limits(self) -> None:
         """Read our names' limits (`Controls.limit_loop`: at start and on each change): the
@@ -314,7 +328,7 @@ class Consumer:
         now = self._clock.now()
         for key in self._limiter.keys_of(changed):
             self._heap.nudge(key, now)
-        self._wake.set()
+        self._claimer.wake()
         if self._fetched:
             await self._fetch()
 
@@ -326,140 +340,4 @@ class Consumer:
                 self._heap.nudge(waiting, now)
         if not written:
             self._heap.nudge(key, now)
-        self._wake.set()
-
-    async def _claim_loop(self) -> None:
-        while True:
-            self._wake = wake = anyio.Event()
-            now = self._clock.now()
-            earliest = self._heap.earliest()
-            if self._uncertain_runs and self._executor.free_slots > 0:
-                earliest = now  # a lease of ours may be waiting to run (see _claim_due)
-            if self._executor.free_slots <= 0 or earliest is None or earliest > now:
-                if earliest is None and self._heap.overflowed:
-                    # Drained after dropping entries: look again, letting the rest of the
-                    # process run first (the memory backend's calls never yield).
-                    await anyio.lowlevel.checkpoint()
-                    await self._fetch()
-                    continue
-                deadline = earliest if self._executor.free_slots > 0 else None
-                await self._clock.wait_until(deadline, wake)
-                continue
-            # A claim in flight completes even if claiming stops meanwhile: the leases it won
-            # are started (then run or released by the shutdown), never dropped with a reply.
-            with anyio.CancelScope(shield=True):
-                failed = await self._claim_due(now)
-            if failed:  # the database is unreachable: look again after a delay
-                await sleep(self._clock, self.options.reconnect_delay(0))
-
-    async def _claim_due(self, now: Any) -> bool:
-        """Claim what is due; True when the database failed (the caller backs off)."""
-        leases: list[Lease] = []  # started whatever happens next: each is a live lease
-        try:
-            if self._uncertain_runs:
-                await self._recover_uncertain_claims()
-                return False
-            names = [name for name in self.names if name not in self.paused]
-            if not names:  # all paused: resuming fetches them again
-                self._heap.pop_due(now)
-                return False
-            due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
-            limited: dict[str, list[str]] = {}
-            for key in due:
-                name = self._limiter.name_of(key)
-                if name in names and name in self._limiter.limited:
-                    limited.setdefault(name, []).append(key)
-            plain = [name for name in names if name not in self._limiter.limited]
-            plain_due = len(due) - sum(map(len, limited.values()))
-            if plain and plain_due > 0:
-                # Several due and slots for them: one batched claim of three round trips
-                # (`store.claims`); one or two go one by one, which costs less.
-                leases = await self._store.claim_many(
-                    self.worker_id,
-                    names=plain,
-                    limit=plain_due,
-                    exclude_keys=self._executor.running_keys,
-                )
-            for name, keys in limited.items():  # each under a token (`Limiter`)
-                room = min(len(keys), self._executor.free_slots - len(leases))
-                running = [*self._executor.running_keys, *(lease.key for lease in leases)]
-                # Each lease won joins ``leases`` at once: a failure later in the call loses none.
-                blocked = await self._limiter.claim_up_to(
-                    self.worker_id, name, room, running, leases
-                )
-                if blocked is not None:  # its due keys wait until the window frees
-                    self.stats.record("limited", name)
-                    self._heap.postpone_all(keys, blocked)
-        except (ClaimUncertain, BackendUnavailable) as exc:
-            if isinstance(exc, ClaimUncertain):  # its run_ids are looked up before any claim
-                self._uncertain_runs.extend(exc.run_ids)
-            action = "claim_uncertain" if isinstance(exc, ClaimUncertain) else "claim_retry"
-            log.warning(str(exc), extra={"action": action})
-            for lease in leases:  # won before the failure: they run
-                self._start(lease)
-            return True
-        if not leases:
-            return await self._reschedule(self._heap.pop_due(now))
-        for lease in leases:
-            self._start(lease)
-        return False
-
-    async def _reschedule(self, keys: list[str]) -> bool:
-        """Nothing due was claimable by us: each key was taken, finished or pushed back by
-        writes that wake nobody (`queries.derived.wakes_consumers`). The fetch's read (what we
-        may claim, soonest first) says when each may be claimable next: a later time goes back
-        in the heap (an expiring lease, a retry); a key not ours, finished, or due yet not
-        claimable, waits for a write that wakes us. Not a read of ``keys``: a heap fetched
-        while other consumers ran holds thousands of keys they finished."""
-        if not keys:
-            return False
-        self.stats.record("rescheduled")
-        try:
-            tasks = await self._claimable_soonest()
-        except BackendUnavailable as exc:
-            log.warning(str(exc), extra={"action": "reschedule_retry"})
-            for key in keys:  # look again after the delay, as for a failed claim
-                self._heap.nudge(key, self._clock.now())
-            return True
-        now = self._clock.now()
-        self._limiter.forget(keys)  # `_offer` notes again those that go back in the heap
-        held = self._executor.held_runs
-        for task in tasks:
-            when = task.next_claim_for(self.worker_id, now, held)
-            if when is not None and when > now:
-                self._offer(task)
-        return False
-
-    def _start(self, lease: Lease) -> None:
-        self._heap.discard(lease.key)
-        self._limiter.forget([lease.key])
-        self.stats.record("claimed", lease.task.name)
-        self._executor.start(lease)
-
-    async def _start_uncertain_claims(self) -> None:
-        """At shutdown: leases that uncertain claims may hold are found and started, so the
-        shutdown runs or releases them; if the database cannot tell, they expire."""
-        if not self._uncertain_runs:
-            return
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._recover_uncertain_claims()
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": "claim_uncertain"})
-
-    async def _recover_uncertain_claims(self) -> None:
-        """Claims whose leases may have landed unseen (`ClaimUncertain`): looked up in one read
-        before any new claim, so each recovered lease runs while it lives, under its token if
-        its name is limited."""
-        run_ids = list(self._uncertain_runs)
-        leases = await self._store.find_claims(self.worker_id, run_ids)
-        del self._uncertain_runs[: len(run_ids)]
-        self._limiter.recovered(run_ids, leases)
-        for lease in leases:
-            # A lease too close to its expiry is refused by the executor as its handler is
-            # about to start (`Executor._may_start`), like any claim that waited too long.
-            log.info(
-                "a claim whose reply was lost is recovered",
-                extra={"action": "claim_recovered", "key": lease.key, "run_id": lease.run_id},
-            )
-            self._start(lease)
+        self._claimer.wake()

@@ -17,8 +17,8 @@ from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
 from .. import otel_metrics
-from ..clock import sleep
-from ..errors import BackendUnavailable, MSchedulerError
+from ..backoff import retrying
+from ..errors import MSchedulerError
 from ..store.operations import Operations
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
@@ -64,25 +64,27 @@ class Controls:
         ``schedule_refresh_ms``, or the next change of the controls (a schedule added, changed
         or removed). Every consumer does it: an occurrence's key makes it one task however
         many publish it."""
-        attempt = 0
         seen = self._hub.version  # taken before the read: no change is missed
         while True:
-            try:
-                await self._store.schedules.publish_due(self._names)
-                await self._store.expiry.expire_due(self._names)  # housekeeping, as often
-                await refresh_task_counts(self._store)
-                upcoming = await self._store.schedules.next_due(self._names)
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": "schedule_retry"})
-                await sleep(self._clock, self._options.reconnect_delay(attempt))
-                attempt += 1
-                continue
-            attempt = 0
+            upcoming = await retrying(
+                self._publish_due,
+                clock=self._clock,
+                delay=self._options.reconnect_delay,
+                logger=log,
+                action="schedule_retry",
+            )
             refresh = self._clock.now() + dt.timedelta(
                 milliseconds=self._options.schedule_refresh_ms
             )
             deadline = refresh if upcoming is None else min(upcoming, refresh)
             seen = await self._until_change(seen, deadline)
+
+    async def _publish_due(self) -> dt.datetime | None:
+        """The due occurrences published, the expired tasks ended; when the next one comes."""
+        await self._store.schedules.publish_due(self._names)
+        await self._store.expiry.expire_due(self._names)  # housekeeping, as often
+        await refresh_task_counts(self._store)
+        return await self._store.schedules.next_due(self._names)
 
     async def _until_change(self, seen: int, deadline: dt.datetime) -> int:
         """Sleep until ``deadline`` or a change after ``seen``; the version seen then. (Not
@@ -144,16 +146,15 @@ class Controls:
     ) -> None:
         """``read`` at start and after each change the hub sees (it watches before the first
         read, so no change is missed). Started once the first read is done."""
-        attempt, seen = 0, self._hub.version
+        seen = self._hub.version
         while True:
-            try:
-                await read()
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": action})
-                await sleep(self._clock, self._options.reconnect_delay(attempt))
-                attempt += 1
-                continue
-            attempt = 0
+            await retrying(
+                read,
+                clock=self._clock,
+                delay=self._options.reconnect_delay,
+                logger=log,
+                action=action,
+            )
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
             seen = await self._hub.changed(seen)

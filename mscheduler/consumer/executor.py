@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .. import context, otel_metrics, tracing
+from ..backoff import Backoff
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -76,7 +77,8 @@ class _Running:
 
     def stop(self, reason: str, *, release: bool) -> None:
         if self.stop_reason is None:
-            self.stop_reason, self.release_on_stop = reason, release
+            self.stop_reason = reason
+            self.release_on_stop = release
             self.scope.cancel()
 
 
@@ -118,7 +120,9 @@ class Executor:
     @property
     def free_slots(self) -> int:
         """An abandoned handler still runs: it keeps its slot until it returns."""
-        return self._options.max_running - len(self.running_keys)
+        abandoned = self._calls.abandoned
+        held = len(self._running) + sum(1 for key in abandoned if key not in self._running)
+        return self._options.max_running - held
 
     @property
     def running_keys(self) -> list[str]:
@@ -245,7 +249,7 @@ class Executor:
     async def _finish(self, entry: _Running, outcome: _Outcome) -> bool:
         """Record the outcome, retrying while the database is unreachable and the lease lives."""
         lease = entry.lease
-        attempt = 0
+        backoff = Backoff(self._clock, self._options.reconnect_delay)
         while True:
             try:
                 if outcome.error is None:
@@ -264,7 +268,7 @@ class Executor:
                     log_failure(lease, error, info, task, outcome.seconds)
                 break
             except LeaseLost as exc:
-                if attempt > 0 and self._landed_before(lease, outcome, exc):
+                if backoff.attempt > 0 and self._landed_before(lease, outcome, exc):
                     break
                 self._stats.record("lease_lost", lease.task.name)
                 log.warning(str(exc), extra={"action": "lease_lost", "key": lease.key})
@@ -288,13 +292,13 @@ class Executor:
                     )
                     return False
                 log.warning(str(exc), extra={"action": "finish_retry", "key": lease.key})
-                await sleep(self._clock, self._options.reconnect_delay(attempt))
-                attempt += 1
+                await backoff.wait()
         self._record(lease, outcome)
         return True
 
     def _record(self, lease: Lease, outcome: _Outcome) -> None:
-        name, error = lease.task.name, outcome.error
+        name = lease.task.name
+        error = outcome.error
         if error is None:
             self._stats.record("succeeded", name, outcome.seconds)
             log_finished(lease, "success", outcome.seconds)
@@ -386,7 +390,7 @@ class Executor:
 
     async def ping_loop(self) -> None:
         """One bulk write pings every lease that is due (or due within half its interval)."""
-        attempt = 0
+        backoff = Backoff(self._clock, self._options.reconnect_delay)  # of the bulk ping
         while True:
             self._ping_wake = wake = anyio.Event()
             # A stopped handler that is still winding down is pinged no more: counting its
@@ -411,12 +415,11 @@ class Executor:
                 lost = await self._store.ping_many([e.lease for e in batch])
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "ping_retry"})
-                retry_at = now + dt.timedelta(seconds=self._options.reconnect_delay(attempt))
+                retry_at = now + dt.timedelta(seconds=backoff.next_delay())
                 for entry in batch:
                     entry.next_ping_at = min(retry_at, entry.stop_at)
-                attempt += 1
                 continue
-            attempt = 0
+            backoff.reset()
             self._stats.record("pings")
             lost_runs = {lease.run_id for lease in lost}
             for entry in batch:

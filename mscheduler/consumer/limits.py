@@ -19,13 +19,19 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 from anyio.abc import TaskGroup
 
-from ..clock import sleep
+from ..backoff import Backoff
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease, Task
 from ..store.limits import Limit
 from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+
+def _token_retry_delay(attempt: int) -> float:
+    """Seconds before asking again for a start of a limited name: the window is short."""
+    return min(1.0, 0.1 * 2.0 ** min(attempt, 10))
+
 
 # A slot's first life, before the holder's first extension sets it to its lease's expiry. The
 # first extension comes at half of it at the latest, whatever the ping interval.
@@ -228,14 +234,13 @@ class Limiter:
     async def restart(self, task: Task) -> None:
         """Before a local retry of a handler: a start counts against the rate like the first
         (its slot is held already); waits while the window is full."""
-        attempt = 0
+        backoff = Backoff(self._clock, _token_retry_delay)
         while task.name in self.limited and self.limited[task.name].rate is not None:
             try:
                 free = await self._store.limits.start(task.name)
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "token_retry"})
-                await sleep(self._clock, min(1.0, 0.1 * 2**attempt))
-                attempt += 1
+                await backoff.wait()  # the limit is read again meanwhile: it may be gone
                 continue
             if free is None:
                 return

@@ -37,7 +37,7 @@ class ConsumerStats:
     pings: int = 0
     events: int = 0  # change events received (only writes that may give work: see listener)
     limited: int = 0  # claims of a name held back by its limit (`Scheduler.set_limit`)
-    rescheduled: int = 0  # reads after a claim found nothing claimable (Consumer._reschedule)
+    rescheduled: int = 0  # reads after a claim found nothing claimable (Claimer._reschedule)
     observers: list[StatsObserver] = dataclasses.field(
         default_factory=_default_observers, repr=False
     )

@@ -30,6 +30,7 @@ from .stages import (
     tries_exhausted,
     trim_history,
 )
+from .templates import templated
 
 
 def bumped_wakes() -> Document:
@@ -73,7 +74,7 @@ def wakes_consumers(now: dt.datetime) -> Document:
       failure or `RetryLater` whose retry comes later than the lease would have expired:
       nobody else knows that time). A claim or a ping only moves it later, a success makes
       it null: no wake. A consumer that still expects the task at the old, earlier time
-      tries then, finds it not claimable, and reads its new time (`Consumer._reschedule`);
+      tries then, finds it not claimable, and reads its new time (`Claimer._reschedule`);
     - the task ended with dependents still to be told (``dependents_notified`` false): if
       its writer dies before telling them, a consumer that heard of it does.
 
@@ -108,6 +109,7 @@ def wakes_consumers(now: dt.datetime) -> Document:
     }
 
 
+@templated
 def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
     """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states,
     after `trim_history` (``run_id``: the writer's own state, kept whatever its age).

@@ -25,6 +25,7 @@ from .stages import (
     rebuilt_state,
     sweep_expired,
 )
+from .templates import templated
 
 
 def by_run(run_id: str) -> Document:
@@ -81,27 +82,23 @@ def ping_update(
 ) -> Pipeline:
     """Extend the lease; with ``progress``, record what the handler reported (it rides on
     the ping: no write of its own)."""
-    reported = (
-        []
-        if progress is None
-        else [
-            {
-                "$set": {
-                    "progress": literal(
-                        progress.model_copy(update={"worker_id": worker_id, "at": now}).model_dump()
-                    )
-                }
-            }
-        ]
-    )
+    if progress is None:
+        return _extend_lease(worker_id, run_id, now)
+    reported = progress.model_copy(update={"worker_id": worker_id, "at": now}).model_dump()
+    sweep, own, *derived = _extend_lease(worker_id, run_id, now)
+    return [sweep, own, {"$set": {"progress": literal(reported)}}, *derived]
+
+
+@templated
+def _extend_lease(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
         _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
-        *reported,
         *recompute(now, run_id),
     ]
 
 
+@templated
 def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import constants as c
 from ..models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
+from .templates import templated
 
 Document = dict[str, Any]
 Pipeline = list[Document]
@@ -169,6 +170,7 @@ def earliest_lease_expiry() -> Document:
 # ---------------------------------------------------------------- stages shared by every write
 
 
+@templated
 def sweep_expired(now: dt.datetime) -> Document:
     """A running state whose ping expired becomes ``timeout``, ended at its expiry: it counts
     as an unexpected failure and frees its slot. Done by every write, so no reaper is needed."""

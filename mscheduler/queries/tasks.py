@@ -44,6 +44,7 @@ from .stages import (
     state_is,
     sweep_expired,
 )
+from .templates import templated
 
 # ---------------------------------------------------------------- publish
 
@@ -260,6 +261,7 @@ CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "cr
 CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1), ("_id", 1)]
 
 
+@templated
 def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     """Sweep expired states, append ours unless the sweep exhausted the retries (then the task
     fails and the caller gets no lease), recompute. One round trip, atomic."""

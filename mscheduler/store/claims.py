@@ -163,7 +163,8 @@ class _Batch:
                 len(leases),
                 extra={"action": "claim_recovered"},
             )
-        return sorted(leases, key=lambda lease: candidates.index(lease.task.id)), True
+        order = {task_id: place for place, task_id in enumerate(candidates)}
+        return sorted(leases, key=lambda lease: order[lease.task.id]), True
 
     async def _candidates(self, now: Any) -> dict[Any, str]:
         """The best ``limit`` ``_id`` values in claim order: one read per group of names

@@ -18,12 +18,12 @@ event, or one poll interval, after the call that made it returned.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
+from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
 from ..worker_options import Discovery
@@ -89,7 +89,7 @@ class ControlHub:
         self,
         poll_interval_ms: int,
         discovery: Discovery,
-        reconnect_delay: Any,
+        reconnect_delay: Delay,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -113,13 +113,14 @@ class ControlHub:
         self,
         poll_interval_ms: int,
         discovery: Discovery,
-        reconnect_delay: Any,
+        reconnect_delay: Delay,
         task_status: TaskStatus[None],
     ) -> None:
         """The stream on the version (opened before the first read), or a read of it each poll
         interval. Every (re)start counts as a change: what happened while nobody watched is
         read again."""
-        stream, attempt, known = None, 0, None
+        stream, known = None, None
+        backoff = Backoff(self._clock, reconnect_delay)
         try:
             while True:
                 try:
@@ -148,10 +149,9 @@ class ControlHub:
                     if stream is not None:
                         await close_quietly(stream)
                         stream, known = None, None
-                    await sleep(self._clock, reconnect_delay(attempt))
-                    attempt += 1
+                    await backoff.wait()
                     continue
-                attempt = 0
+                backoff.reset()
                 self.ready.set()
                 task_status.started()
                 task_status = anyio.TASK_STATUS_IGNORED

@@ -81,7 +81,7 @@ class TaskStore(StoreBase):
         view._finishes = FinishBatcher(view, view.fenced_document, alone=True)
         return view
 
-    # ------------------------------------------------------------ dependents
+    # ------------------------------------------------------------ after a write: the dependents
 
     async def after_write(self, task: Task) -> Task:
         """A write that ended a task with dependents tells them (only then: no extra call).
@@ -234,7 +234,8 @@ class TaskStore(StoreBase):
         """After `ClaimUncertain`: the live leases those claims took, in one read (a run_id
         missing: its claim was not applied, or its lease expired and another claim records
         that)."""
-        now, wanted = self.clock.now(), set(run_ids)
+        now = self.clock.now()
+        wanted = set(run_ids)
         leases = []
         async for document in self.collection.find(lq.by_runs(list(run_ids))):
             task = Task.model_validate(document)

@@ -18,6 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mscheduler"
 # foundation modules (models, errors, ...) may import each other, acyclically.
 FOUNDATION = {
     "__about__",
+    "backoff",
     "clock",
     "constants",
     "context",

@@ -1,0 +1,217 @@
+"""The claim path of a consumer: claim what its heap says is due, put back what was not
+claimable, and recover the claims whose replies were lost.
+
+While a slot is free and a key is due, the claimer claims the best tasks of its names
+(server-side order: priority, then age): the plain names in one batched claim
+(`TaskStore.claim_many`), a limited name's under a token (`limits.py`). Every lease won is
+started, whatever fails after it: a lease nobody runs would expire and count as a failure.
+
+A claim whose reply was lost and could not be looked up (`ClaimUncertain`) leaves run_ids
+that may hold leases of ours: they are looked up (`TaskStore.find_claims`) before any new
+claim, and at shutdown, so each lease that landed runs or is released.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import anyio.lowlevel
+
+from ..clock import Clock, sleep
+from ..errors import BackendUnavailable, ClaimUncertain
+from ..models import Lease, Task
+from ..store.tasks import TaskStore
+from ..worker_options import WorkerOptions
+from .executor import Executor
+from .heap import ClaimHeap
+from .limits import Limiter
+from .presence import Presence
+from .stats import ConsumerStats
+
+log = logging.getLogger(__name__)
+
+
+class Claimer:
+    def __init__(
+        self,
+        store: TaskStore,
+        names: Sequence[str],
+        options: WorkerOptions,
+        clock: Clock,
+        heap: ClaimHeap,
+        executor: Executor,
+        limiter: Limiter,
+        presence: Presence,
+        stats: ConsumerStats,
+        *,
+        paused: Callable[[], set[str]],
+        fetch: Callable[[], Awaitable[None]],
+        claimable_soonest: Callable[[], Awaitable[list[Task]]],
+        offer: Callable[[Task], None],
+    ) -> None:
+        self._store = store
+        self._names = names
+        self._options = options
+        self._worker_id = options.worker_id
+        self._clock = clock
+        self._heap = heap
+        self._executor = executor
+        self._limiter = limiter
+        self._presence = presence
+        self._stats = stats
+        self._paused = paused
+        self._fetch = fetch  # one page of what we may claim soonest, into the heap
+        self._claimable_soonest = claimable_soonest  # the same page, read only
+        self._offer = offer  # a task back in the heap at its next claim time
+        self._wake = anyio.Event()
+        self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
+
+    def wake(self) -> None:
+        """Something may be due sooner (a heap entry, a free slot): look again."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Claim while a slot is free and something is due; sleep until the earliest due
+        key, a wake-up, or a free slot."""
+        while True:
+            self._wake = wake = anyio.Event()
+            now = self._clock.now()
+            earliest = self._heap.earliest()
+            if self._uncertain_runs and self._executor.free_slots > 0:
+                earliest = now  # a lease of ours may be waiting to run (see _claim_due)
+            if self._executor.free_slots <= 0 or earliest is None or earliest > now:
+                if earliest is None and self._heap.overflowed:
+                    # Drained after dropping entries: look again, letting the rest of the
+                    # process run first (the memory backend's calls never yield).
+                    await anyio.lowlevel.checkpoint()
+                    await self._fetch()
+                    continue
+                deadline = earliest if self._executor.free_slots > 0 else None
+                await self._clock.wait_until(deadline, wake)
+                continue
+            # A claim in flight completes even if claiming stops meanwhile: the leases it won
+            # are started (then run or released by the shutdown), never dropped with a reply.
+            with anyio.CancelScope(shield=True):
+                failed = await self._claim_due(now)
+            if failed:  # the database is unreachable: look again after a delay
+                await sleep(self._clock, self._options.reconnect_delay(0))
+
+    async def _claim_due(self, now: dt.datetime) -> bool:
+        """Claim what is due; True when the database failed (the caller backs off)."""
+        leases: list[Lease] = []  # started whatever happens next: each is a live lease
+        try:
+            if self._uncertain_runs:
+                await self._recover_uncertain_claims()
+                return False
+            paused = self._paused()
+            names = [name for name in self._names if name not in paused]
+            if not names:  # all paused: resuming fetches them again
+                self._heap.pop_due(now)
+                return False
+            due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
+            limited: dict[str, list[str]] = {}
+            for key in due:
+                name = self._limiter.name_of(key)
+                if name in names and name in self._limiter.limited:
+                    limited.setdefault(name, []).append(key)
+            plain = [name for name in names if name not in self._limiter.limited]
+            plain_due = len(due) - sum(map(len, limited.values()))
+            if plain and plain_due > 0:
+                # Several due and slots for them: one batched claim of three round trips
+                # (`store.claims`); one or two go one by one, which costs less.
+                leases = await self._store.claim_many(
+                    self._worker_id,
+                    names=plain,
+                    limit=plain_due,
+                    exclude_keys=self._executor.running_keys,
+                )
+            for name, keys in limited.items():  # each under a token (`Limiter`)
+                room = min(len(keys), self._executor.free_slots - len(leases))
+                running = [*self._executor.running_keys, *(lease.key for lease in leases)]
+                # Each lease won joins ``leases`` at once: a failure later in the call loses none.
+                blocked = await self._limiter.claim_up_to(
+                    self._worker_id, name, room, running, leases
+                )
+                if blocked is not None:  # its due keys wait until the window frees
+                    self._stats.record("limited", name)
+                    self._heap.postpone_all(keys, blocked)
+        except ClaimUncertain as exc:
+            self._uncertain_runs.extend(exc.run_ids)  # looked up before any other claim
+            log.warning(str(exc), extra={"action": "claim_uncertain"})
+            self._start_all(leases)  # won before the failure: they run
+            return True
+        except BackendUnavailable as exc:
+            log.warning(str(exc), extra={"action": "claim_retry"})
+            self._start_all(leases)
+            return True
+        if not leases:
+            return await self._reschedule(self._heap.pop_due(now))
+        self._start_all(leases)
+        return False
+
+    async def _reschedule(self, keys: list[str]) -> bool:
+        """Nothing due was claimable by us: each key was taken, finished or pushed back by
+        writes that wake nobody (`queries.derived.wakes_consumers`). The fetch's read (what we
+        may claim, soonest first) says when each may be claimable next: a later time goes back
+        in the heap (an expiring lease, a retry); a key not ours, finished, or due yet not
+        claimable, waits for a write that wakes us. Not a read of ``keys``: a heap fetched
+        while other consumers ran holds thousands of keys they finished."""
+        if not keys:
+            return False
+        self._stats.record("rescheduled")
+        try:
+            tasks = await self._claimable_soonest()
+        except BackendUnavailable as exc:
+            log.warning(str(exc), extra={"action": "reschedule_retry"})
+            for key in keys:  # look again after the delay, as for a failed claim
+                self._heap.nudge(key, self._clock.now())
+            return True
+        now = self._clock.now()
+        self._limiter.forget(keys)  # `_offer` notes again those that go back in the heap
+        held = self._executor.held_runs
+        for task in tasks:
+            when = task.next_claim_for(self._worker_id, now, held)
+            if when is not None and when > now:
+                self._offer(task)
+        return False
+
+    def _start_all(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            self._start(lease)
+
+    def _start(self, lease: Lease) -> None:
+        self._heap.discard(lease.key)
+        self._limiter.forget([lease.key])
+        self._stats.record("claimed", lease.task.name)
+        self._executor.start(lease)
+
+    async def start_uncertain_claims(self) -> None:
+        """At shutdown: leases that uncertain claims may hold are found and started, so the
+        shutdown runs or releases them; if the database cannot tell, they expire."""
+        if not self._uncertain_runs:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._recover_uncertain_claims()
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "claim_uncertain"})
+
+    async def _recover_uncertain_claims(self) -> None:
+        """Claims whose leases may have landed unseen (`ClaimUncertain`): looked up in one read
+        before any new claim, so each recovered lease runs while it lives, under its token if
+        its name is limited."""
+        run_ids = list(self._uncertain_runs)
+        leases = await self._store.find_claims(self._worker_id, run_ids)
+        del self._uncertain_runs[: len(run_ids)]
+        self._limiter.recovered(run_ids, leases)
+        for lease in leases:
+            # A lease too close to its expiry is refused by the executor as its handler is
+            # about to start (`Executor._may_start`), like any claim that waited too long.
+            log.info(
+                "a claim whose reply was lost is recovered",
+                extra={"action": "claim_recovered", "key": lease.key, "run_id": lease.run_id},
+            )
+            self._start(lease)
