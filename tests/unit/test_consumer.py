@@ -214,9 +214,7 @@ async def test_a_new_ping_interval_applies_from_the_next_ping(
         gate.set()
 
 
-async def test_remote_cancel_stops_the_handler(
-    scheduler: ms.Scheduler, discover: Discover
-):
+async def test_remote_cancel_stops_the_handler(scheduler: ms.Scheduler, discover: Discover):
     """Polling too (the wire engine): the process's poll reads the cancelled task, long
     before the next ping would find the lease lost."""
     await scheduler.publish("k", None, name="job")
