@@ -389,6 +389,7 @@ class TaskHub:
         cover (True: reopen from the kept place with the wider filter). A read cancelled for
         that has moved nothing: the place moves only after a read returns."""
         widened = False
+        failed: PyMongoError | None = None
         async with anyio.create_task_group() as task_group:
 
             async def on_join() -> None:
@@ -406,9 +407,7 @@ class TaskHub:
             try:
                 await self._events(stream)
             except PyMongoError as exc:
-                failed: PyMongoError | None = exc  # raised as itself, not inside a group
-            else:
-                failed = None
+                failed = exc  # raised as itself, not inside a group
             task_group.cancel_scope.cancel()
         if failed is not None:
             raise failed
