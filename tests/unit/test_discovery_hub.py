@@ -49,7 +49,7 @@ def _runs(into: list[tuple[str, str]], worker: str) -> Callable[[ms.Task], Await
     return handler
 
 
-async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engine: str):
+async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engine: str) -> None:
     needs_change_streams(engine)
     streams = _OpenStreams(scheduler)
     ran: list[tuple[str, str]] = []
@@ -64,7 +64,7 @@ async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engi
 
 async def test_consumers_of_different_names_each_get_their_own(
     scheduler: ms.Scheduler, discover: Discover, engine: str
-):
+) -> None:
     """On memory: never more than one task stream open at once (a consumer of new names
     reopens it, wider, from its resume token); on the wire the one poll covers all names."""
     streams = _OpenStreams(scheduler) if engine == "memory" else None
@@ -90,7 +90,7 @@ async def test_consumers_of_different_names_each_get_their_own(
         assert streams.most_at_once == 1
 
 
-async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, engine: str):
+async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, engine: str) -> None:
     needs_change_streams(engine)
     streams = _OpenStreams(scheduler)
     ran: list[tuple[str, str]] = []
@@ -103,7 +103,7 @@ async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, en
 
 async def test_a_polling_process_reads_once_per_interval_whatever_its_consumers(
     open_scheduler: OpenScheduler, clock: ms.ManualClock
-):
+) -> None:
     """Idle, with 1 and then 6 consumers and a waiter: each poll interval costs one read of
     the tasks collection for the whole process."""
     base = await open_scheduler(changestreams=False)
@@ -130,7 +130,7 @@ async def test_a_polling_process_reads_once_per_interval_whatever_its_consumers(
 
 async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
     scheduler: ms.Scheduler, discover: Discover
-):
+) -> None:
     """One subscriber (room for two events) reads nothing while fifty tasks are published and
     run: the consumer beside it runs them all, and the slow one is told to read everything
     again (`RESYNC`) in place of the events it had no room for, never silently short of them."""
