@@ -158,9 +158,9 @@ class StoreBase:
     @driver_errors
     async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
         """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
-        watch shows where the server has no change streams."""
+        watch and the discovery hub's poll read where the server has no change streams."""
         await self._ready()
-        cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
+        cursor = self.collection.find(q.changed_since(since, names), sort=q.CHANGE_ORDER)
         return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors
