@@ -88,7 +88,13 @@ class Consumer:
             self._quotas.at_start,
         )
         self._listener = ChangeListener(
-            store, self.names, self.options, self._clock, self._on_event, self._fetch
+            store,
+            self.names,
+            self.options,
+            self._clock,
+            self._on_event,
+            self._fetch,
+            lambda: bool(self._quotas.limited),
         )
         self._own_task_group: TaskGroup | None = None
         self._fetched = False  # the first fetch is done (`_limits` fetches again after it)

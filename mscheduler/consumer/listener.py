@@ -38,12 +38,14 @@ class ChangeListener:
         clock: Clock,
         on_change: Callable[[Task], None],
         on_resync: Callable[[], Awaitable[None]],
+        fetch_each_poll: Callable[[], bool] = lambda: False,
     ) -> None:
         self._hub = store.task_hub
         self._options = options
         self._clock = clock
         self._on_change = on_change
         self._on_resync = on_resync
+        self._fetch_each_poll = fetch_each_poll
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
         self.subscription = Subscription(options, wakes=names)
         self.backstops = 0
@@ -77,8 +79,18 @@ class ChangeListener:
 
     async def poll_loop(self) -> None:
         """The backstop: one page of claimable tasks every ``backstop_interval_ms``; no call
-        on the ticks in between."""
+        on the ticks in between. While the process polls, a consumer of limited names
+        (``fetch_each_poll``) fetches every poll interval, as every consumer once did: a key
+        its limit kept from a claim leaves its heap, and without a stream no later write is
+        sure to bring it back."""
+        backstop_s = self._options.backstop_interval_ms / 1000
+        poll_s = self._options.poll_interval_ms / 1000
+        last = self._clock.now()
         while True:
-            await sleep(self._clock, self._options.backstop_interval_ms / 1000)
-            self.backstops += 1
-            await self._on_resync()  # one page, as every fetch
+            await sleep(self._clock, min(poll_s, backstop_s))
+            now = self._clock.now()
+            each_poll = self._hub.polling and self._fetch_each_poll()
+            if each_poll or (now - last).total_seconds() >= backstop_s:
+                last = now
+                self.backstops += 1
+                await self._on_resync()  # one page, as every fetch
