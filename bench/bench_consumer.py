@@ -91,10 +91,11 @@ async def calls_per_task(uri: str, tasks: int) -> None:
 
 
 async def idle_load(uri: str, consumers: int, seconds: float) -> None:
-    """What idle consumers of one process cost: change streams opened (on the tasks, and the
-    process's one on the control version) and reads per idle minute."""
+    """What idle consumers of one process cost: change streams opened (the process's one on
+    the tasks, shared by its consumers through `TaskHub`, and its one on the control version)
+    and reads per idle minute (without change streams: the process's poll)."""
     sched, counting, connection = await counted_scheduler(uri)
-    hub = sched.store.control_hub
+    controls, tasks = sched.store.control_hub, sched.store.task_hub
 
     async def handler(task: ms.Task) -> None:
         return None
@@ -104,16 +105,16 @@ async def idle_load(uri: str, consumers: int, seconds: float) -> None:
         for n in range(consumers):
             options = ms.WorkerOptions(worker_id=f"idle-{n}")
             await stack.enter_async_context(sched.consumer({"bench": handler}, options=options))
-        task_streams = counting.counts["watch"]
+        asked = counting.counts["watch"]
         counting.reset()
-        hub_reads = hub.reads
+        control_reads = controls.reads
         await anyio.sleep(seconds)
-        calls = counting.calls + hub.reads - hub_reads
+        calls = counting.calls + controls.reads - control_reads
     per_minute = calls * 60 / seconds
     print(
-        f"idle load: {consumers} idle consumers in one process: change streams asked for "
-        f"{task_streams + hub.streams_opened} ({task_streams} on the tasks, "
-        f"{hub.streams_opened} on the controls; refused, polling: {hub.polling}), "
+        f"idle load: {consumers} idle consumers in one process: change streams opened "
+        f"{tasks.streams_opened + controls.streams_opened} ({tasks.streams_opened} on the tasks, "
+        f"asked {asked}; {controls.streams_opened} on the controls; polling: {tasks.polling}), "
         f"{per_minute:.1f} reads per idle minute beyond the streams"
     )
     await dispose(counting, connection)
@@ -125,12 +126,15 @@ async def main() -> None:
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--idle-only", action="store_true", help="only the idle load")
     args = parser.parse_args()
     print(f"backend: {args.uri.split('://')[0]}://")
-    await wake_latency(args.uri, args.samples, purge=True)
-    await wake_latency(args.uri, args.samples, purge=False)
-    await calls_per_task(args.uri, args.tasks)
-    await idle_load(args.uri, 10, args.idle_seconds)
+    if not args.idle_only:
+        await wake_latency(args.uri, args.samples, purge=True)
+        await wake_latency(args.uri, args.samples, purge=False)
+        await calls_per_task(args.uri, args.tasks)
+    for consumers in (1, 10):
+        await idle_load(args.uri, consumers, args.idle_seconds)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 - counters of claims, successes, failures, aborts, retries-later, timeouts and lease losses,
   and a histogram of handler durations, all by task name (fed by `ConsumerStats`);
+- a counter of progress reports and a gauge of the last fraction reported, by task name,
+  updated as the handler reports (before the coalesced write to the task);
 - a gauge of tasks by name and state (MassTasker's per-group count), refreshed from
   `Scheduler.stats` every ``refresh_s`` seconds by `refresh_task_counts`.
 """
@@ -28,6 +30,7 @@ _COUNTED = {
     "deferred": "retries_later",
     "timeouts": "timeouts",
     "lease_lost": "lease_losses",
+    "progress_reports": "progress_reports",
 }
 _TIMED = {"succeeded", "failed", "deferred"}
 
@@ -63,6 +66,12 @@ class PrometheusMetrics:
             ["name"],
             registry=self.registry,
         )
+        self.progress_fraction = prometheus.Gauge(
+            "mscheduler_progress",
+            "Last progress fraction (0 to 1) a handler of this name reported",
+            ["name"],
+            registry=self.registry,
+        )
         self.tasks = prometheus.Gauge(
             "mscheduler_tasks",
             "Tasks by name and state",
@@ -76,6 +85,9 @@ class PrometheusMetrics:
             counter.labels(name=name).inc()
         if event in _TIMED and seconds is not None:
             self.handler_seconds.labels(name=name).observe(seconds)
+
+    def progress(self, name: str, fraction: float) -> None:
+        self.progress_fraction.labels(name=name).set(fraction)
 
     async def refresh_task_counts(self, sched: Scheduler) -> None:
         self.tasks.clear()

@@ -8,6 +8,8 @@ figures (`metrics`) through OpenTelemetry's metrics API, for applications that e
 - ``mscheduler.task.claim_latency`` (histogram, s): from when a task could first be claimed
   (published, or its ``not_before``) to its first claim; tasks with dependencies are left
   out (when they became claimable is not kept);
+- ``mscheduler.task.progress_reports`` (counter) and ``mscheduler.task.progress`` (gauge, 0
+  to 1: the last fraction a handler of the name reported), by task name, as reported;
 - ``mscheduler.tasks`` (gauge): tasks by name and ``mscheduler.task.state``, per collection
   (``mscheduler.collection``), as `Scheduler.stats` counts them. The consumers' housekeeping
   (every ``schedule_refresh_ms``) refreshes it, and only once a reader has collected it, so
@@ -71,6 +73,17 @@ class OtelMetrics:
             unit="s",
             description="From when a task could first be claimed to its first claim",
         )
+        self.progress_reports = meter.create_counter(
+            "mscheduler.task.progress_reports",
+            unit="{report}",
+            description="Progress reported by handlers, by name",
+        )
+        meter.create_observable_gauge(
+            "mscheduler.task.progress",
+            callbacks=[self._observe_progress],
+            unit="1",
+            description="Last progress fraction reported by a handler of the name",
+        )
         meter.create_observable_gauge(
             "mscheduler.tasks",
             callbacks=[self._observe_counts],
@@ -80,12 +93,15 @@ class OtelMetrics:
         self._lock = threading.Lock()  # readers collect from threads of their own
         self._counts: dict[str, list[StatsRow]] = {}
         self._counts_wanted = False
+        self._progress: dict[str, float] = {}
 
     def record(self, event: str, name: str, seconds: float | None) -> None:
         """A `ConsumerStats` observer."""
         attributes: dict[str, Any] = {ATTR_NAME: name}
         if event == "claimed":
             self.claims.add(1, attributes)
+        if event == "progress_reports":
+            self.progress_reports.add(1, attributes)
         outcome = _OUTCOMES.get(event)
         if outcome is None:
             return
@@ -93,6 +109,16 @@ class OtelMetrics:
         self.finished.add(1, attributes)
         if event in _TIMED and seconds is not None:
             self.duration.record(seconds, attributes)
+
+    def progress(self, name: str, fraction: float) -> None:
+        """A `ConsumerStats` observer's optional part: the last fraction of the name."""
+        with self._lock:
+            self._progress[name] = fraction
+
+    def _observe_progress(self, options: Any) -> Iterable[Any]:
+        with self._lock:
+            last = dict(self._progress)
+        return [metrics.Observation(fraction, {ATTR_NAME: name}) for name, fraction in last.items()]
 
     def claimed(self, lease: Lease) -> None:
         latency = claim_latency(lease)

@@ -87,7 +87,13 @@ class Consumer:
             self._limiter.at_start,
         )
         self._listener = ChangeListener(
-            store, self.names, self.options, self._clock, self._on_event, self._fetch
+            store,
+            self.names,
+            self.options,
+            self._clock,
+            self._on_event,
+            self._fetch,
+            lambda: bool(self._limiter.limited),
         )
         self._own_task_group: TaskGroup | None = None
         self._fetched = False  # the first fetch is done (`_limits` fetches again after it)

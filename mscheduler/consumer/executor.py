@@ -380,6 +380,9 @@ class Executor:
         entry = self._running.get(key)
         if entry is None or entry.stop_reason is not None:
             return
+        reported = entry.lease.reported_progress
+        if reported is not None:  # the metrics see it now, not at the write
+            self._stats.progress(entry.lease.task.name, reported.fraction)
         now = self._clock.now()
         due = now
         if entry.progress_written_at is not None:

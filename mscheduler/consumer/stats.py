@@ -38,6 +38,7 @@ class ConsumerStats:
     events: int = 0  # change events received (only writes that may give work: see listener)
     limited: int = 0  # claims of a name held back by its limit (`Scheduler.set_limit`)
     rescheduled: int = 0  # reads after a claim found nothing claimable (Claimer._reschedule)
+    progress_reports: int = 0  # calls of a handler's ``progress`` (each, before coalescing)
     observers: list[StatsObserver] = dataclasses.field(
         default_factory=_default_observers, repr=False
     )
@@ -46,3 +47,12 @@ class ConsumerStats:
         setattr(self, event, getattr(self, event) + 1)
         for observer in self.observers:
             observer.record(event, name, seconds)
+
+    def progress(self, name: str, fraction: float) -> None:
+        """A handler of ``name`` reported ``fraction``: counted, and the observers that keep
+        the last fraction (an optional ``progress`` method) told at once."""
+        self.record("progress_reports", name)
+        for observer in self.observers:
+            keep = getattr(observer, "progress", None)
+            if keep is not None:
+                keep(name, fraction)

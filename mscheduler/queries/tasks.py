@@ -121,7 +121,6 @@ def by_keys(keys: Sequence[str]) -> Document:
 
 
 # Writes in the order they were stamped; ``_id`` breaks ties (a sort must be total).
-CHANGE_ORDER = [("updated_at", 1), ("_id", 1)]
 
 
 def changed_since(since: dt.datetime, names: Sequence[str] | None) -> Document:

@@ -161,10 +161,13 @@ class StoreBase:
     @driver_errors
     async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
         """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
-        watch shows where the server has no change streams."""
+        watch and the discovery hub's poll read where the server has no change streams."""
         await self.ready()
-        cursor = self.collection.find(q.changed_since(since, names)).sort(q.CHANGE_ORDER)
-        return [Task.model_validate(document) async for document in cursor]
+        # Sorted here, not by the server: no index has ``updated_at`` (the read is served by
+        # the claim indexes' ``name`` prefix), and the memory engine refuses such a sort.
+        cursor = self.collection.find(q.changed_since(since, names))
+        found = [Task.model_validate(document) async for document in cursor]
+        return sorted(found, key=lambda task: (task.updated_at, str(task.id)))
 
     @driver_errors
     async def fetch(

@@ -33,6 +33,7 @@ from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
 from .controls import ControlHub, ControlVersion
+from .discovery import TaskHub
 from .driver import driver_errors
 from .expiry import Expiry
 from .finishes import FinishBatcher, lease_lost
@@ -60,6 +61,7 @@ class TaskStore(StoreBase):
         self.workers = Workers(self)
         self.control_version = ControlVersion(self)
         self.control_hub = ControlHub(self, self.control_version, clock)
+        self.task_hub = TaskHub(self, clock)  # the process's one task stream (or poll loop)
         # Finished tasks (keys, or ids where no key was read) whose dependents this process
         # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
         # added.

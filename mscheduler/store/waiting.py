@@ -1,15 +1,14 @@
-"""Waiting for tasks to finish, on the change stream rather than by polling.
+"""Waiting for tasks to finish through the process's discovery hub
+(`discovery.TaskHub`): its one change stream, or its one poll loop, shared with the consumers.
 
-The stream is opened *before* the current states are read, so a task that finishes in
-between is seen either by the read or by the stream. After a stream error the states are
-simply read again. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`): a
-server that refuses a change stream is polled every ``poll_interval_ms`` (``auto``), or the
-refusal is an error (``stream``); ``poll`` never opens one.
-
-A waiter's stream asks only for what the server can test before it looks a document up:
-changes of ``state`` of the ``_id`` values of its tasks (read just before it opens), and
-inserts or replaces (a task published meanwhile). Without that every update of the
-collection, each ping included, would cost every open waiter one read of a document.
+A waiter subscribes *before* it reads the current states, so a task that finishes in between
+is seen either by the read or by the hub; on a resync the states are read again. It hears of
+state changes of its keys only, tested on the event before any look-up of a document, so
+pings cost it nothing. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`)
+when this waiter is the one that runs the hub: a server that refuses a change stream is
+polled every ``poll_interval_ms`` (``auto``), or the refusal is an error (``stream``);
+``poll`` never opens one. Joining a hub that already runs, it shares what the hub does.
+A watch keeps its own stream (see `watch_tasks`).
 """
 
 from __future__ import annotations
@@ -17,16 +16,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import anyio
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure
 
 from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import Task
-from ..queries import tasks as q
-from ..worker_options import Discovery
+from ..worker_options import Discovery, WorkerOptions
+from .discovery import RESYNC, Subscription
 from .streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
@@ -34,7 +32,6 @@ from .streams import (
     ResumePoint,
     close_quietly,
     open_change_stream,
-    open_unless_refused,
     refuses_streams,
     task_changes,
 )
@@ -53,11 +50,10 @@ class _Waiter:
         discovery: Discovery,
     ) -> None:
         self._store = store
-        self._discovery = discovery
-        self._warned = False
         self._missing_ok = missing_ok
         self._keys = list(dict.fromkeys(keys))
-        self._poll_s = poll_interval_ms / 1000
+        options = WorkerOptions(discovery=discovery, poll_interval_ms=poll_interval_ms)
+        self._subscription = Subscription(options, states=self._keys)
         self.finished: dict[str, Task] = {}
         self.error: BaseException | None = None
         self.done = anyio.Event()
@@ -72,67 +68,31 @@ class _Waiter:
             if not self.remaining:
                 self.done.set()
 
-    async def _read_all(self) -> set[Any]:
-        """Take the finished tasks; the ``_id`` values of those still to wait for."""
+    async def _read_all(self) -> None:
+        """Take the finished tasks; the poll finds the others by their names from now on."""
         found = {task.key: task for task in await self._store.get_many(self.remaining)}
         missing = [key for key in self.remaining if key not in found]
         if missing and not self._missing_ok:
             raise TaskNotFound(f"no task has the key(s) {missing}")
         for task in found.values():
+            self._subscription.note(task)
             self._take(task)
-        return {task.id for task in found.values() if task.key in self.remaining}
-
-    async def _ids(self) -> set[Any]:
-        cursor = self._store.collection.find(q.by_keys(self.remaining), {"_id": 1})
-        return {document["_id"] async for document in cursor}
 
     async def follow(self) -> None:
+        """Subscribed to the process's hub before the first read, so a task that finishes in
+        between is seen by the read or by the hub; a resync reads the states again."""
         try:
-            while not self.done.is_set():
-                ids = await self._ids() if self._discovery != "poll" else set()
-                stream = await self._open_stream(ids)
-                try:
-                    waiting = await self._read_all()
-                    if stream is None:
-                        while not self.done.is_set():
-                            await sleep(self._store.clock, self._poll_s)
-                            await self._read_all()
-                    elif not waiting <= ids:
-                        # Deleted and published again between the two reads: its updates
-                        # would not pass the stream's filter. Open it again with its _id.
-                        continue
+            async with self._store.task_hub.subscription(self._subscription) as subscription:
+                await self._read_all()
+                while not self.done.is_set():
+                    task = await subscription.next()
+                    if task is RESYNC:
+                        await self._read_all()
                     else:
-                        while not self.done.is_set():
-                            event = await stream.next()
-                            if event.get("fullDocument") is None:
-                                continue
-                            task = Task.model_validate(event["fullDocument"])
-                            self._take(task)
-                            if task.id not in ids and task.key in self.remaining:
-                                break  # published meanwhile: open again with its _id
-                except (PyMongoError, StopAsyncIteration) as exc:
-                    log.warning("wait: change stream lost (%s); reading again", exc)
-                finally:
-                    if stream is not None:
-                        await close_quietly(stream)
+                        self._take(task)
         except Exception as exc:
             self.error = exc
             self.done.set()
-
-    async def _open_stream(self, ids: set[Any]) -> Any:
-        pipeline = task_changes(
-            state_changes_of=sorted(ids, key=str), needless=WAITER_NEEDLESS, key=self.remaining
-        )
-        stream, refusal = await open_unless_refused(self._store, pipeline, self._discovery)
-        if refusal is not None and not self._warned:
-            self._warned = True
-            log.warning(
-                "wait: the server refused a change stream (%s); polling every %.1f s",
-                refusal,
-                self._poll_s,
-                extra={"action": "polling_fallback"},
-            )
-        return stream
 
 
 async def wait_for(
@@ -169,7 +129,9 @@ async def wait_for(
 async def watch_tasks(
     store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
 ) -> AsyncIterator[Task]:
-    """Every change to a task (of ``names``), as the task after the change. A drop or rename
+    """Every change to a task (of ``names``), as the task after the change: a stream (or poll)
+    of its own, not the process's hub, as an async iterator that a caller may leave at any
+    point cannot hold the task group that runs the hub. A drop or rename
     of the collection ends the server's stream (``invalidate``); the watch goes on after it
     (``startAfter``), with the tasks written to the collection of that name from then on. A
     server that refuses change streams is polled instead (`_poll_changes`), said once."""

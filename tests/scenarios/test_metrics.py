@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import anyio
 import pytest
 
 import mscheduler as ms
@@ -45,3 +46,31 @@ async def test_metrics_follow_the_consumer(scheduler: ms.Scheduler):
     assert sample(text, 'mscheduler_handler_seconds_count{name="job"}') == 4
     assert sample(text, 'mscheduler_tasks{name="job",state="success"}') == 2
     assert sample(text, 'mscheduler_tasks{name="other",state="pending"}') == 1
+
+
+async def test_progress_is_in_the_metrics_as_the_handler_reports_it(
+    scheduler: ms.Scheduler,
+) -> None:
+    """Before the coalesced write to the task (a second later at most): the count of reports
+    and the last fraction, by name."""
+    gate = anyio.Event()
+    reported = anyio.Event()
+
+    async def handler(task: ms.Task) -> None:
+        lease = ms.current_lease()
+        await lease.progress(0.25, "a quarter")
+        await lease.progress(0.5, "half way")
+        reported.set()
+        await gate.wait()
+
+    await scheduler.publish("long", None, name="job")
+    metrics = PrometheusMetrics()
+    consumer = scheduler.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w"))
+    consumer.stats.observers.append(metrics)
+    async with consumer:
+        await settle()
+        await reported.wait()
+        text = metrics.render()
+        assert sample(text, 'mscheduler_progress_reports_total{name="job"}') == 2
+        assert sample(text, 'mscheduler_progress{name="job"}') == 0.5
+        gate.set()

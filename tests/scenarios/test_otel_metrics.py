@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("opentelemetry.sdk")
@@ -102,3 +103,23 @@ async def test_task_counts_by_name_and_state_once_a_reader_collects(
             )
             == 4
         )
+
+
+async def test_progress_reports_and_the_last_fraction_as_reported(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    otel.install()
+    name = f"slow-{uuid.uuid4().hex[:8]}"
+    gate = anyio.Event()
+
+    async def handler(task: ms.Task) -> None:
+        await ms.current_lease().progress(0.75, "nearly")
+        await gate.wait()
+
+    await scheduler.publish("slow", None, name=name)
+    async with scheduler.consumer({name: handler}, options=options()):
+        await discover()
+        key = "messaging.destination.name"
+        assert total("mscheduler.task.progress_reports", **{key: name}) == 1
+        assert total("mscheduler.task.progress", **{key: name}) == 0.75
+        gate.set()

@@ -1,0 +1,532 @@
+"""The discovery hub: one task change stream per process (per `TaskStore`, so per `Scheduler`),
+or on a server without change streams one poll loop, shared by every consumer, waiter and
+watch of that process. Each of them subscribes (`TaskHub.subscription`) with what it wants to
+hear of: a consumer the writes that may give it work on its names, a waiter the state changes
+of its keys, a watch every write of its names. The hub hands each subscriber the tasks for it.
+
+Beside it, `controls.ControlHub` follows the control documents: a second stream (or read) per
+process, never per consumer, as one watch covers one collection here (see `controls`).
+
+Stream: opened *before* a subscriber's first read, with the union of the subscribers' filters
+(`hub_pipeline`); a subscriber the open stream does not cover reopens it from the resume token
+with the wider filter, so nobody loses an event. On error it reopens from the token (after an
+``invalidate``, with ``startAfter`` it); when the server cannot resume, or keeps failing at one
+token, it opens afresh and tells every subscriber to resync (a full read). A refusal of change
+streams (`streams.refuses_streams`) switches the process to polling, logged once, and with
+``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``.
+
+Poll: one read per interval for the whole process: the tasks of the subscribers' names written
+since the previous read began, less `CLOCK_SKEW` (writers stamp ``updated_at`` with their own
+clocks), plus the keys of waiters whose names are not known yet (not published). Each write
+bumps ``version``, so a task seen twice in the overlap is handed out once.
+
+Invariant: no event is lost without a resync. A subscriber's buffer is bounded; a subscriber
+that falls behind has its buffer dropped and gets `RESYNC` in its place, the same signal as a
+stream that could not resume: it reads everything it needs again, so a slow one never blocks
+the others and never silently misses a change.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Final
+
+import anyio
+from anyio.abc import TaskStatus
+from pydantic import ValidationError
+from pymongo.errors import OperationFailure, PyMongoError
+
+from ..clock import Clock, sleep
+from ..errors import BackendUnavailable, ConfigurationError
+from ..models import Task
+from ..worker_options import WorkerOptions
+from .base import StoreBase
+from .streams import (
+    CONSUMER_NEEDLESS,
+    MAX_AWAIT_MS,
+    RESUME_IMPOSSIBLE,
+    WAITER_NEEDLESS,
+    ResumePoint,
+    close_quietly,
+    open_change_stream,
+    open_unless_refused,
+    without,
+)
+
+log = logging.getLogger(__name__)
+
+# Handed to a subscriber in place of the events it lost: read everything you need again.
+RESYNC: Final = None
+# Events a subscriber may have waiting before it is told to resync instead.
+BUFFER_SIZE = 10_000
+# How far behind the previous poll a poll reads again: writers' clocks within this of ours,
+# and a write in flight across a poll, are seen; the backstop fetch covers the rest.
+CLOCK_SKEW = dt.timedelta(seconds=1)
+
+_WRITES = ["insert", "update", "replace"]
+_WHOLE = ["insert", "replace"]
+
+
+class Subscription:
+    """What one consumer, waiter or watch hears of: ``wakes`` (names: writes that may give
+    work), ``states`` (keys: state changes), ``every`` (names, or all names when ``None`` is
+    among them: every write). Read with `next`; `RESYNC` means "read everything again".
+    ``options`` say how to discover (``discovery``, ``poll_interval_ms``, the backoff) when
+    this subscriber runs the hub."""
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        *,
+        wakes: Iterable[str] = (),
+        states: Iterable[str] = (),
+        every: Iterable[str | None] = (),
+        buffer_size: int = BUFFER_SIZE,
+    ) -> None:
+        self.options = options
+        self.wakes = frozenset(wakes)
+        self.states = frozenset(states)
+        self.every = frozenset(every)
+        self.buffer_size = buffer_size
+        # A waiter's tasks' names, once read: the poll reads their names, not their keys.
+        self.names: set[str] = set()
+        self.named: set[str] = set()  # keys whose name is known
+        self.resyncs = 0  # times told to resync (fell behind, or the stream lost its place)
+        self._buffer: collections.deque[Task | None] = collections.deque()
+        self._ready = anyio.Event()
+        self.covered = anyio.Event()  # the hub's stream (or poll) covers this subscription
+
+    def wants(self, task: Task) -> bool:
+        return (
+            task.name in self.wakes
+            or task.key in self.states
+            or task.name in self.every
+            or None in self.every
+        )
+
+    def note(self, task: Task) -> None:
+        """A waited-for task was read: from now on the poll finds it by its name."""
+        if task.key in self.states:
+            self.names.add(task.name)
+            self.named.add(task.key)
+
+    @property
+    def unnamed(self) -> frozenset[str]:
+        return self.states - self.named
+
+    def deliver(self, item: Task | None) -> None:
+        """Never blocks: past ``buffer_size`` the waiting events are dropped for one RESYNC."""
+        if item is RESYNC or len(self._buffer) >= self.buffer_size:
+            self._buffer.clear()
+            self._buffer.append(RESYNC)
+            self.resyncs += 1
+        else:
+            self._buffer.append(item)
+        self._ready.set()
+
+    async def next(self) -> Task | None:
+        while not self._buffer:
+            self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._buffer.popleft()
+
+
+class _Coverage:
+    """What an open stream's filter lets through."""
+
+    def __init__(self, subs: Iterable[Subscription]) -> None:
+        subs = list(subs)
+        self.wakes = {name for sub in subs for name in sub.wakes}
+        self.states = {key for sub in subs for key in sub.states}
+        self.every = {name for sub in subs for name in sub.every}
+
+    def covers(self, sub: Subscription) -> bool:
+        if None in self.every:
+            return True
+        return (
+            sub.wakes <= self.wakes | self.every
+            and sub.states <= self.states
+            and sub.every <= self.every
+        )
+
+
+def hub_pipeline(subscriptions: Iterable[Subscription]) -> list[dict[str, Any]]:
+    """The stream's pipeline: the union of what the subscribers want. Each part tests the
+    event first (operation, changed fields), which MongoDB checks on the oplog entry before
+    any ``updateLookup``: a ping passes only when a watch wants every write."""
+    cover = _Coverage(subscriptions)
+    wakes, states = sorted(cover.wakes), sorted(cover.states)
+    clauses: list[dict[str, Any]] = []
+    if wakes:
+        clauses.append(_changed("wakes", {"fullDocument.name": {"$in": wakes}}))
+    if states:
+        clauses.append(_changed("state", {"fullDocument.key": {"$in": states}}))
+    if None in cover.every:
+        clauses.append({"operationType": {"$in": _WRITES}})
+    elif cover.every:
+        named = sorted(name for name in cover.every if name is not None)
+        clauses.append({"operationType": {"$in": _WRITES}, "fullDocument.name": {"$in": named}})
+    if not clauses:
+        match: dict[str, Any] = {"operationType": "none"}  # nobody listens (yet)
+    elif len(clauses) == 1:
+        match = clauses[0]
+    else:
+        match = {"$or": clauses}
+    # A task's result (what only a waiter or a watch reads) is sent only when one listens.
+    needless = CONSUMER_NEEDLESS if not states and not cover.every else WAITER_NEEDLESS
+    return [{"$match": match}, without(needless)]
+
+
+def _changed(field: str, where: dict[str, Any]) -> dict[str, Any]:
+    updated = {
+        "operationType": "update",
+        f"updateDescription.updatedFields.{field}": {"$exists": True},
+    }
+    return {"$or": [{"operationType": {"$in": _WHOLE}}, updated], **where}
+
+
+class TaskHub:
+    """One per store. Each subscriber's task group calls `_serve` (through `subscription`):
+    one of them runs the stream or the poll loop, the others stand by to take over, from the
+    kept resume token (or poll time), when it leaves."""
+
+    def __init__(self, store: StoreBase, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._subs: list[Subscription] = []
+        self._running = False
+        self._stopped = anyio.Event()
+        self._joined = anyio.Event()  # a subscriber joined: is it covered?
+        self._coverage = _Coverage(())
+        self._lost = False  # the stream's place was lost: every subscriber resyncs
+        self.position = ResumePoint()
+        self.polling = False
+        self.streams_opened = 0
+        self.reopened = 0  # stream reopened after an error or an end
+        self.resyncs = 0  # fresh streams after a lost place
+        self.polls = 0
+        self._since: dt.datetime | None = None
+        self._seen: dict[str, tuple[Any, int]] = {}  # key -> (_id, version) handed out
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, sub: Subscription) -> AsyncIterator[Subscription]:
+        """Subscribed, and covered by the process's stream (or poll), for the block: a first
+        read inside it misses nothing. Runs or stands by for the hub meanwhile."""
+        self._subs.append(sub)
+        self._joined.set()
+        try:
+            async with anyio.create_task_group() as task_group:
+                try:
+                    await task_group.start(self._serve, sub)
+                except ConfigurationError as exc:
+                    refused: ConfigurationError | None = (
+                        exc  # raised below as itself, not inside a group
+                    )
+                    task_group.cancel_scope.cancel()
+                else:
+                    refused = None
+                    if self.polling and sub.options.discovery == "stream":
+                        refused = ConfigurationError(
+                            "discovery: 'stream' was asked for, but this process polls for "
+                            "tasks (the server refused a change stream, or a consumer asked "
+                            "to poll)"
+                        )
+                        task_group.cancel_scope.cancel()
+                failed: Exception | None = refused
+                if refused is None:
+                    if self.polling:  # read from the next poll on: nothing written is missed
+                        sub.covered.set()
+                    await sub.covered.wait()
+                    try:
+                        yield sub
+                    except Exception as exc:  # the block's: raised as itself, not in a group
+                        failed = exc
+                    finally:
+                        task_group.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+        finally:
+            self._subs.remove(sub)
+
+    async def _serve(
+        self, sub: Subscription, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        while True:
+            if self._running:
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                await self._stopped.wait()
+                continue
+            self._running, self._stopped = True, anyio.Event()
+            try:
+                await self._run(sub.options, task_status)
+            finally:
+                self._running = False
+                self._stopped.set()
+
+    def _cover(self) -> None:
+        for sub in self._subs:
+            if self.polling or self._coverage.covers(sub):
+                sub.covered.set()
+
+    def _resync_all(self) -> None:
+        for sub in self._subs:
+            sub.deliver(RESYNC)
+
+    def _hand_out(self, task: Task) -> None:
+        for sub in self._subs:
+            if sub.wants(task):
+                sub.note(task)
+                sub.deliver(task)
+
+    # ------------------------------------------------------------ the stream
+
+    async def _run(self, options: WorkerOptions, task_status: TaskStatus[None]) -> None:
+        """As the runner: the stream (reopened as long as it fails), or the poll loop while
+        the server refuses one."""
+        attempt = 0
+        while True:
+            if self.polling:
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                await self._poll(options)  # returns once the stream is back
+                continue
+            stream = await self._open(options, attempt)
+            if stream is None:
+                continue  # refused: poll
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            opened_at = self._clock.now()
+            try:
+                if await self._read(stream):
+                    continue  # a subscriber joined: reopened from the token, wider
+                log.warning("change stream ended, reopening", extra={"action": "stream_ended"})
+            except PyMongoError as exc:
+                log.warning(
+                    "change stream failed, reopening: %s", exc, extra={"action": "stream_error"}
+                )
+                if isinstance(exc, OperationFailure) and self.position.read_failed():
+                    log.warning(
+                        "change stream keeps failing at one resume token; opening a fresh "
+                        "one and re-fetching all tasks",
+                        extra={"action": "stream_resync"},
+                    )
+                    self._lose_place()
+            finally:
+                await close_quietly(stream)
+            # The backoff grows while the stream keeps failing; a stream that stayed up for
+            # the longest backoff was healthy, so an isolated error later starts from the base.
+            if (self._clock.now() - opened_at).total_seconds() >= (
+                options.reconnect_backoff_max_ms / 1000
+            ):
+                attempt = 0
+            await sleep(self._clock, options.reconnect_delay(attempt))
+            attempt += 1
+            self.reopened += 1
+
+    def _lose_place(self) -> None:
+        self.position = ResumePoint()
+        self._lost = True
+
+    async def _open(self, options: WorkerOptions, attempt: int) -> Any:
+        """The stream from the kept place (afresh when there is none, or the server cannot
+        resume from it: then every subscriber resyncs once it is open); None when refused
+        and this process now polls."""
+        while True:
+            self._joined = anyio.Event()
+            coverage = _Coverage(self._subs)
+            try:
+                stream, refusal = await open_unless_refused(
+                    self._store,
+                    hub_pipeline(self._subs),
+                    options.discovery,
+                    max_await_time_ms=MAX_AWAIT_MS,
+                    **self.position.open_options(),
+                )
+            except OperationFailure as exc:
+                if self.position.token is not None and exc.code in RESUME_IMPOSSIBLE:
+                    log.warning(
+                        "change stream cannot resume (%s); re-fetching all tasks",
+                        exc,
+                        extra={"action": "stream_resync"},
+                    )
+                    self._lose_place()
+                    continue
+                log.warning(
+                    "cannot open the change stream yet: %s", exc, extra={"action": "stream_error"}
+                )
+            except PyMongoError as exc:
+                log.warning(
+                    "cannot open the change stream yet: %s", exc, extra={"action": "stream_error"}
+                )
+            else:
+                if stream is None:
+                    self._warn_polling(refusal, options)
+                    return None
+                self.streams_opened += 1
+                self._coverage = coverage
+                if self.position.token is None:
+                    self.position.opened(stream)
+                    if self._lost:
+                        self._lost = False
+                        self.resyncs += 1
+                        self._resync_all()
+                self._cover()
+                return stream
+            await sleep(self._clock, options.reconnect_delay(attempt))
+            attempt += 1
+
+    async def _read(self, stream: Any) -> bool:
+        """Until the server ends the stream (False), or a subscriber joins that it does not
+        cover (True: reopen from the kept place with the wider filter). A read cancelled for
+        that has moved nothing: the place moves only after a read returns."""
+        widened = False
+        failed: PyMongoError | None = None
+        async with anyio.create_task_group() as task_group:
+
+            async def on_join() -> None:
+                nonlocal widened
+                while True:
+                    await self._joined.wait()
+                    self._joined = anyio.Event()
+                    if not all(self._coverage.covers(sub) for sub in self._subs):
+                        widened = True
+                        task_group.cancel_scope.cancel()
+                        return
+                    self._cover()
+
+            task_group.start_soon(on_join)
+            try:
+                await self._events(stream)
+            except PyMongoError as exc:
+                failed = exc  # raised as itself, not inside a group
+            task_group.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return widened
+
+    async def _events(self, stream: Any) -> None:
+        while stream.alive:
+            event = await stream.try_next()
+            self.position.read(stream, event)
+            if event is None:
+                continue
+            document = event.get("fullDocument")
+            if document is None:
+                continue  # deleted before the lookup, or not a write (invalidate)
+            try:
+                task = Task.model_validate(document)
+            except ValidationError as exc:
+                log.warning(
+                    "ignoring a document that is not a task: %s",
+                    exc,
+                    extra={"action": "foreign_document"},
+                )
+                continue
+            self._hand_out(task)
+
+    def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
+        self.polling = True
+        interval = self.poll_interval_ms / 1000
+        if refusal is None:
+            log.info(
+                "discovery='poll': polling for tasks every %.1f s",
+                interval,
+                extra={"action": "polling"},
+            )
+            return
+        log.warning(
+            "the server refused to open a change stream (%s); polling for tasks every %.1f s "
+            "instead (one read per interval for the whole process), which reacts more slowly; "
+            "trying the stream again every %.0f s",
+            refusal,
+            interval,
+            options.stream_retry_interval_ms / 1000,
+            extra={"action": "polling_fallback"},
+        )
+
+    # ------------------------------------------------------------ the poll
+
+    @property
+    def poll_interval_ms(self) -> int:
+        return min((sub.options.poll_interval_ms for sub in self._subs), default=1_000)
+
+    async def _poll(self, options: WorkerOptions) -> None:
+        """One read per interval for every subscriber. With ``discovery="auto"`` the stream
+        is tried again every ``stream_retry_interval_ms``; returns once it opens."""
+        self._cover()
+        attempt = 0
+        retry = dt.timedelta(milliseconds=options.stream_retry_interval_ms)
+        retry_at = self._clock.now() + retry if options.discovery == "auto" else None
+        next_poll = self._clock.now()
+        while True:
+            now = self._clock.now()
+            if now >= next_poll:
+                try:
+                    await self._poll_once()
+                except (PyMongoError, BackendUnavailable) as exc:
+                    log.warning("poll failed: %s", exc, extra={"action": "poll_retry"})
+                    await sleep(self._clock, options.reconnect_delay(attempt))
+                    attempt += 1
+                    continue
+                attempt = 0
+                self._cover()
+                next_poll = now + dt.timedelta(milliseconds=self.poll_interval_ms)
+            if retry_at is not None and now >= retry_at:
+                retry_at = now + retry
+                if await self._stream_back():
+                    return
+            wake = min(next_poll, retry_at) if retry_at is not None else next_poll
+            await self._clock.wait_until(wake, anyio.Event())
+
+    async def _stream_back(self) -> bool:
+        try:
+            stream = await open_change_stream(
+                self._store, hub_pipeline(self._subs), max_await_time_ms=MAX_AWAIT_MS
+            )
+        except PyMongoError as exc:
+            log.debug("change stream still refused: %s", exc, extra={"action": "polling"})
+            return False
+        await close_quietly(stream)
+        log.info("the change stream opened; polling stops", extra={"action": "stream_restored"})
+        self.polling = False
+        self._lose_place()  # opened afresh next: every subscriber reads again after it
+        self._since, self._seen = None, {}
+        return True
+
+    async def _poll_once(self) -> None:
+        """The tasks of every subscriber's names written since the previous poll began (less
+        `CLOCK_SKEW`), and the keys of waiters whose tasks were not read yet: one read, two
+        while such waiters wait."""
+        started = self._clock.now()
+        since = self._since or started - CLOCK_SKEW
+        names: set[str] = set()
+        every_name = False
+        unnamed: set[str] = set()
+        for sub in self._subs:
+            names |= sub.wakes | sub.names | {name for name in sub.every if name is not None}
+            every_name = every_name or None in sub.every
+            unnamed |= sub.unnamed
+        found: list[Task] = []
+        self.polls += 1
+        if names or every_name:
+            found += await self._store.changed_since(since, None if every_name else sorted(names))
+        if unnamed:
+            found += await self._store.get_many(sorted(unnamed))
+        for task in found:
+            seen = (task.id, task.version)  # a key deleted and published again: a new _id
+            if self._seen.get(task.key) == seen:
+                continue  # in the overlap of two polls: handed out already
+            self._seen[task.key] = seen
+            self._hand_out(task)
+        self._since = started - CLOCK_SKEW
+        # What the next poll may read again, and no more.
+        self._seen = {t.key: (t.id, t.version) for t in found if t.updated_at >= self._since}

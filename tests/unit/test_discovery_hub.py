@@ -1,0 +1,148 @@
+"""One discovery hub per process: however many consumers and waiters a `Scheduler` runs, one
+task change stream is open (memory engine), or one poll read is made per interval (the wire
+engine, which has no change streams); each consumer still hears of its own names, and a
+subscriber that falls behind reads everything again instead of losing a change."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from mscheduler.store.discovery import RESYNC, Subscription
+from mscheduler.testing import CountingCollection
+from tests.engines import POLL_MS, needs_change_streams, settle
+
+pytestmark = pytest.mark.anyio
+OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
+Discover = Callable[[], Awaitable[None]]
+
+
+class _OpenStreams:
+    """Counts the streams the memory backend's change feed opens, and how many are open at
+    once (a stream is open until closed or ended)."""
+
+    def __init__(self, sched: ms.Scheduler) -> None:
+        feed = sched.collection.changes
+        self.opened = 0
+        self._live: list[Any] = []
+        self.most_at_once = 0
+        open_stream = feed.open
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            stream = open_stream(*args, **kwargs)
+            self.opened += 1
+            self._live = [s for s in self._live if s.alive] + [stream]
+            self.most_at_once = max(self.most_at_once, len(self._live))
+            return stream
+
+        feed.open = counted
+
+
+def _runs(into: list[tuple[str, str]], worker: str) -> Callable[[ms.Task], Awaitable[None]]:
+    async def handler(task: ms.Task) -> None:
+        into.append((task.key, worker))
+
+    return handler
+
+
+async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engine: str) -> None:
+    needs_change_streams(engine)
+    streams = _OpenStreams(scheduler)
+    ran: list[tuple[str, str]] = []
+    async with scheduler.consumers({"job": _runs(ran, "any")}, count=10) as group:
+        assert len(group) == 10
+        await settle()
+        await scheduler.publish("k", None, name="job")
+        await settle()
+    assert streams.opened == 1
+    assert [key for key, _ in ran] == ["k"]
+
+
+async def test_consumers_of_different_names_each_get_their_own(
+    scheduler: ms.Scheduler, discover: Discover, engine: str
+) -> None:
+    """On memory: never more than one task stream open at once (a consumer of new names
+    reopens it, wider, from its resume token); on the wire the one poll covers all names."""
+    streams = _OpenStreams(scheduler) if engine == "memory" else None
+    ran: list[tuple[str, str]] = []
+    names = [f"n{n}" for n in range(4)]
+    consumers = [
+        scheduler.consumer(
+            {name: _runs(ran, name)},
+            options=ms.WorkerOptions(worker_id=name, poll_interval_ms=POLL_MS),
+        )
+        for name in names
+    ]
+    async with anyio.create_task_group() as task_group:
+        for consumer in consumers:
+            await task_group.start(consumer.run)
+        for name in names:
+            await scheduler.publish(f"{name}-task", None, name=name)
+        await discover()
+        for consumer in consumers:
+            consumer.stop()
+    assert sorted(ran) == sorted((f"{name}-task", name) for name in names)
+    if streams is not None:
+        assert streams.most_at_once == 1
+
+
+async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, engine: str) -> None:
+    needs_change_streams(engine)
+    streams = _OpenStreams(scheduler)
+    ran: list[tuple[str, str]] = []
+    await scheduler.publish_many(ms.TaskSpec(key=f"k{n}", name="job") for n in range(5))
+    async with scheduler.consumers({"job": _runs(ran, "any")}, count=3):
+        done = await scheduler.wait_many([f"k{n}" for n in range(5)], timeout=5)
+    assert all(task.state is ms.TaskState.SUCCESS for task in done.values())
+    assert streams.most_at_once == 1
+
+
+async def test_a_polling_process_reads_once_per_interval_whatever_its_consumers(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """Idle, with 1 and then 6 consumers and a waiter: each poll interval costs one read of
+    the tasks collection for the whole process."""
+    base = await open_scheduler(changestreams=False)
+    counted = CountingCollection(base.collection)
+    sched = ms.Scheduler(counted, clock=clock)
+    await sched.publish("waited", None, name="other")
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=1_000)
+    reads: dict[int, int] = {}
+    for count in (1, 6):
+        running = sched.consumers({"job": _runs([], "w")}, count=count, options=options)
+        async with running, anyio.create_task_group() as task_group:
+            task_group.start_soon(lambda: sched.wait("waited", poll_interval_ms=1_000))
+            await settle()
+            clock.advance(1)
+            await settle()
+            counted.reset()
+            for _ in range(5):
+                clock.advance(1)
+                await settle()
+            reads[count] = counted.counts["find"]
+            task_group.cancel_scope.cancel()
+    assert reads == {1: 5, 6: 5}
+
+
+async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """One subscriber (room for two events) reads nothing while fifty tasks are published and
+    run: the consumer beside it runs them all, and the slow one is told to read everything
+    again (`RESYNC`) in place of the events it had no room for, never silently short of them."""
+    ran: list[tuple[str, str]] = []
+    keys = [f"k{n}" for n in range(50)]
+    slow = Subscription(ms.WorkerOptions(poll_interval_ms=POLL_MS), states=keys, buffer_size=2)
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS, max_running=64)
+    consumer = scheduler.consumer({"job": _runs(ran, "w0")}, options=options)
+    async with consumer, scheduler.store.task_hub.subscription(slow):
+        await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
+        for _ in range(3):
+            await discover()
+        assert sorted(key for key, _ in ran) == sorted(keys)
+        assert slow.resyncs >= 1
+        assert await slow.next() is RESYNC
