@@ -99,6 +99,11 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     ),
     # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
     ("finished", (("state", 1), ("finished_at", 1)), {}),
+    # Without change streams, a process (its discovery hub, a watch) reads the writes since its
+    # last poll each interval: seeking on the write time examines that interval's writes, not
+    # every task of the names. Pings do not stamp ``updated_at``, so an entry moves on publish,
+    # claim, finish and option changes only.
+    ("changes", (("updated_at", 1), ("_id", 1)), {}),
 )
 
 # The operator vocabulary of every query builder (mscheduler.queries: tasks, lease, flows, stages),

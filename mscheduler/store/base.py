@@ -163,8 +163,9 @@ class StoreBase:
         """Tasks (of ``names``) written at or after ``since``, oldest write first: what a
         watch and the discovery hub's poll read where the server has no change streams."""
         await self.ready()
-        # Sorted here, not by the server: no index has ``updated_at`` (the read is served by
-        # the claim indexes' ``name`` prefix), and the memory engine refuses such a sort.
+        # Served by the ``changes`` index (the interval's writes). Sorted here, not by the
+        # server: the planner may still pick a claim index's ``name`` prefix for a few names,
+        # and the memory engine refuses a sort that its chosen index does not give.
         cursor = self.collection.find(q.changed_since(since, names))
         found = [Task.model_validate(document) async for document in cursor]
         return sorted(found, key=lambda task: (task.updated_at, str(task.id)))

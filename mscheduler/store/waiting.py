@@ -187,8 +187,7 @@ async def _poll_changes(
     latest ``updated_at`` on (inclusive: two writes may share a millisecond), minus what it
     already showed of that millisecond. Writers' clocks differ: a write stamped more than a
     poll interval in the past by a clock behind ours may be missed; the stream has no such gap.
-    Without an index on ``updated_at`` it scans the tasks (of ``names``: the claim index's
-    prefix) each poll, which is why this is for an operator's terminal, not for programs."""
+    Each poll reads the interval's writes through the ``changes`` index."""
     shown: set[tuple[str, int]] = set()  # (key, version) shown at the ``since`` millisecond
     while True:
         await sleep(store.clock, poll_interval_ms / 1000)

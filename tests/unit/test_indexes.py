@@ -173,3 +173,14 @@ def test_the_expiry_read_seeks_on_the_expiry_time():
     query = eq.expired(["a"], NOW)
     keys = dict((name, keys) for name, keys, _ in c.INDEXES)["expiry"]
     assert keys[-1][0] == "options.expires_at" and index_serves(keys, query)
+
+
+@pytest.mark.parametrize("names", [["a", "b"], None])
+def test_the_polling_read_of_recent_writes_seeks_on_the_write_time(names: list[str] | None):
+    """A process without change streams reads the writes since its last poll, once a second:
+    served by a name prefix alone, it would examine every task of those names, the finished
+    ones included, on every poll. Seeking on ``updated_at`` examines the interval's writes."""
+    query = q.changed_since(NOW, names)
+    assert any(
+        bounded_keys(keys, query)[:1] == ["updated_at"] for _, keys, _ in c.INDEXES
+    ), f"no declared index seeks on updated_at for {query}"
