@@ -181,6 +181,6 @@ def test_the_polling_read_of_recent_writes_seeks_on_the_write_time(names: list[s
     served by a name prefix alone, it would examine every task of those names, the finished
     ones included, on every poll. Seeking on ``updated_at`` examines the interval's writes."""
     query = q.changed_since(NOW, names)
-    assert any(
-        bounded_keys(keys, query)[:1] == ["updated_at"] for _, keys, _ in c.INDEXES
-    ), f"no declared index seeks on updated_at for {query}"
+    assert any(bounded_keys(keys, query)[:1] == ["updated_at"] for _, keys, _ in c.INDEXES), (
+        f"no declared index seeks on updated_at for {query}"
+    )
