@@ -95,6 +95,7 @@ class Operations:
         await self._store.ready()
         return await self._store.flows.add_dependencies(edges)
 
+    @driver_errors
     async def list_tasks(
         self, *, name: str | None = None, state: str | None = None, limit: int = 50
     ) -> list[Task]:
@@ -128,6 +129,7 @@ class Operations:
         )
         return await self._store.publisher.publish(spec)
 
+    @driver_errors
     async def retry_failed(
         self, *, name: str | None = None, limit: int = 1_000
     ) -> list[PublishResult]:
@@ -138,6 +140,7 @@ class Operations:
         keys = [document["key"] async for document in cursor]
         return [await self.retry(key) for key in keys]
 
+    @driver_errors
     async def purge(
         self, states: Sequence[str], older_than: dt.timedelta, *, dry_run: bool = False
     ) -> int:
@@ -156,6 +159,7 @@ class Operations:
         result = await store.collection.delete_many(query)
         return int(result.deleted_count)
 
+    @driver_errors
     async def ensure_finished_ttl(self, finished_ttl: dt.timedelta) -> str:
         """A TTL index: MongoDB deletes finished tasks ``finished_ttl`` after they ended and
         their dependents were told (``settled_at``; on ``finished_at`` it could delete a task
@@ -173,6 +177,7 @@ class Operations:
         await self._store.collection.update_many(*fq.settled_backfill())
         return c.FINISHED_TTL_INDEX
 
+    @driver_errors
     async def stats(self) -> list[StatsRow]:
         """Counts by name and state in one aggregation, with running attempts and oldest age;
         then the paused names and the live workers (two small reads beside the tasks)."""

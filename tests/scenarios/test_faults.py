@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime as dt
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -256,3 +257,58 @@ def test_task_durations_are_bounded_at_validation(field: str):
 def test_retry_later_refuses_a_delay_no_date_can_hold(delay: float):
     with pytest.raises(ValueError, match="RetryLater: delay must be between 0 and"):
         ms.RetryLater(delay)
+
+
+class _Unreachable:
+    """A collection whose server went away after connect: every call fails on the network."""
+
+    def __init__(self, collection: Any) -> None:
+        self.wrapped = collection
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.wrapped, name)
+        if not callable(attribute) or not self.down:
+            return attribute
+
+        error = AutoReconnect("connection refused")
+        if name in ("find", "aggregate", "list_indexes"):
+            return lambda *args, **kwargs: _FailingCursor(error)
+
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        return fail
+
+
+class _FailingCursor:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __aiter__(self) -> _FailingCursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise self.error
+
+    def __await__(self) -> Any:
+        raise self.error
+        yield  # a generator: pymongo's aggregate is awaited before its cursor is read
+
+
+@pytest.mark.parametrize("read", ["list", "stats", "retry_failed", "purge"])
+async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.ManualClock, read: str):
+    """The CLI turns `BackendUnavailable` into one line and exit 2; a raw driver error would
+    reach the operator as a traceback."""
+    collection = _Unreachable(memory_server("").collection("db", "tasks"))
+    sched = ms.Scheduler(collection, clock=clock)
+    await sched.publish("k", None, name="job")  # connected, indexes made
+    collection.down = True
+    calls = {
+        "list": sched.list_tasks,
+        "stats": sched.stats,
+        "retry_failed": sched.retry_failed,
+        "purge": lambda: sched.purge(states=["success"], older_than=dt.timedelta(days=1)),
+    }
+    with pytest.raises(ms.BackendUnavailable, match="unreachable"):
+        await calls[read]()
