@@ -1,0 +1,62 @@
+"""Expiry before start: a task not started by its `expires_at` is cancelled and never claimed;
+one started in time runs to the end. Every engine, the manual clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.engines import POLL_MS, settle
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
+
+
+def worker(**fields: Any) -> ms.WorkerOptions:
+    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
+
+
+async def test_a_task_not_started_by_expires_at_is_cancelled_and_never_claimed(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    expires = clock.now() + dt.timedelta(seconds=10)
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    await scheduler.publish("late", None, name="job", options=ms.TaskOptions(expires_at=expires))
+    clock.advance(10)
+    assert await scheduler.store.claim("w", key="late") is None  # expired: never claimed
+    async with scheduler.consumer({"job": job}, options=worker()):
+        await discover()
+    task = await scheduler.get("late")
+    assert ran == [] and task is not None and task.state is S.CANCELLED
+    assert task.error is not None and task.error.message.startswith("expired: not started by")
+
+
+async def test_a_task_started_before_it_expires_runs_to_the_end(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    gate = anyio.Event()
+
+    async def job(task: ms.Task) -> str:
+        await gate.wait()
+        return "done"
+
+    options = ms.TaskOptions(expires_at=clock.now() + dt.timedelta(seconds=10), **FAST)
+    await scheduler.publish("early", None, name="job", options=options)
+    async with scheduler.consumer({"job": job}, options=worker(schedule_refresh_ms=1_000)):
+        await discover()
+        for _ in range(15):  # past the expiry, pinged, swept every second
+            clock.advance(1)
+            await settle()
+        gate.set()
+        await discover()
+    task = await scheduler.get("early")
+    assert task is not None and task.state is S.SUCCESS and task.result == "done"

@@ -1,0 +1,50 @@
+"""Pausing a name: its tasks are not claimed until it is resumed. Every engine, the manual
+clock, consumers as users run them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import mscheduler as ms
+from tests.engines import POLL_MS
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+
+
+def worker(**fields: Any) -> ms.WorkerOptions:
+    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
+
+
+async def test_a_paused_name_is_not_claimed_until_resumed(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    async def other(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    handlers = {"email": job, "sms": other}
+    async with scheduler.consumers(handlers, count=2, options=worker()) as group:
+        assert await scheduler.pause("email", reason="SMTP quota") is True
+        assert await scheduler.pause("email") is False
+        await discover()
+        assert all(consumer.paused == {"email"} for consumer in group)
+        await scheduler.publish("mail", None, name="email")
+        await scheduler.publish("text", None, name="sms")
+        await discover()
+        await discover()
+        assert ran == ["text"], "a paused name was claimed"
+        rows = {(row.name, row.state): row.paused for row in await scheduler.stats()}
+        assert rows[("email", S.PENDING)] is True and rows[("sms", S.SUCCESS)] is False
+        assert set(await scheduler.paused()) == {"email"}
+        assert await scheduler.resume("email") is True
+        await discover()
+        await discover()
+    assert ran == ["text", "mail"]
+    assert await scheduler.resume("email") is False

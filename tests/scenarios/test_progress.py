@@ -1,0 +1,79 @@
+"""A handler's progress: seen by `get`, `show` and the metrics within a second, one write a
+second at most, cleared when the task ends; bad progress names the field. Every engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import mscheduler as ms
+from tests.engines import POLL_MS, settle
+
+pytestmark = pytest.mark.anyio
+S = ms.TaskState
+
+
+def worker(**fields: Any) -> ms.WorkerOptions:
+    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
+
+
+async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_end(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """The first report is written at once, later ones at most once a second per task, and
+    the reports of several tasks go in one write; cleared when the attempt ends."""
+    gate, step = anyio.Event(), anyio.Event()
+    reported: dict[str, anyio.Event] = {"a": anyio.Event(), "b": anyio.Event()}
+
+    async def resize(task: ms.Task) -> None:
+        await ms.current_lease().progress(0.1, "started")
+        reported[task.key].set()
+        await step.wait()
+        for done in (2, 3, 4):  # a tight loop of reports: one write for them all
+            await ms.current_lease().progress(done / 10, f"resized {done}0/100")
+        await gate.wait()
+
+    options = ms.TaskOptions(ping_interval_ms=30_000, worker_timeout_ms=60_000)
+    for key in reported:
+        await scheduler.publish(key, None, name="resize", options=options)
+    async with scheduler.consumer({"resize": resize}, options=worker()) as consumer:
+        await discover()
+        for event in reported.values():
+            await event.wait()
+        await settle()
+        for key in reported:
+            task = await scheduler.get(key)
+            assert task is not None and task.progress is not None, "not written at once"
+            assert (task.progress.fraction, task.progress.message) == (0.1, "started")
+        pings = consumer.stats.pings
+        step.set()
+        await settle()
+        clock.advance(0.5)
+        await settle()
+        assert consumer.stats.pings == pings, "more than one write a second"
+        clock.advance(0.5)
+        await settle()
+        assert consumer.stats.pings == pings + 1, "one write for both tasks"
+        for key in reported:
+            task = await scheduler.get(key)
+            assert task is not None and task.progress is not None
+            assert (task.progress.fraction, task.progress.message) == (0.4, "resized 40/100")
+            assert task.progress.worker_id == "w1" and task.progress.at == clock.now()
+        gate.set()
+        await settle()
+    for key in reported:
+        task = await scheduler.get(key)
+        assert task is not None and task.state is S.SUCCESS and task.progress is None
+
+
+async def test_bad_progress_names_the_field(scheduler: ms.Scheduler):
+    await scheduler.publish("k", None, name="job")
+    lease = await scheduler.store.claim("w", key="k")
+    assert lease is not None
+    with pytest.raises(ms.ConfigurationError, match="progress: fraction: Input should be less"):
+        await lease.progress(1.5)
+    with pytest.raises(ms.ConfigurationError, match="progress: message: String should have"):
+        await lease.progress(0.5, "x" * 1001)
+    assert lease.reported_progress is None
