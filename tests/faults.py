@@ -20,17 +20,22 @@ ERRORS = (
 FAULTY = ("find_one_and_update", "find_one", "bulk_write", "update_many", "update_one")
 
 
-class _BrokenCursor:
-    """A cursor whose first read fails on the network."""
+class BrokenCursor:
+    """A cursor whose first read fails on the network (awaited too: pymongo's ``aggregate``
+    is awaited before its cursor is read)."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def __aiter__(self) -> _BrokenCursor:
+    def __aiter__(self) -> BrokenCursor:
         return self
 
     async def __anext__(self) -> Any:
         raise self.error
+
+    def __await__(self) -> Any:
+        raise self.error
+        yield  # a generator, as __await__ must be
 
 
 class FaultyCollection:
@@ -55,7 +60,7 @@ class FaultyCollection:
     def find(self, *args: Any, **kwargs: Any) -> Any:
         if self.cursor_faults and self.random.random() < self.rate:
             self.injected["cursor"] += 1
-            return _BrokenCursor(self.random.choice(ERRORS)())
+            return BrokenCursor(self.random.choice(ERRORS)())
         return self.wrapped.find(*args, **kwargs)
 
     def _faulty(self, name: str) -> Any:

@@ -29,7 +29,7 @@ from ..errors import BackendUnavailable
 from ..worker_options import Discovery
 from .base import BesideTasks, StoreBase
 from .driver import driver_errors
-from .streams import MAX_AWAIT_MS, close_quietly, open_unless_refused
+from .streams import MAX_AWAIT_MS, OneRunner, close_quietly, open_unless_refused
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,7 @@ class ControlHub:
         self.version = 0
         self.ready = anyio.Event()  # set while a runner watches (no change can be missed)
         self._changed = anyio.Event()
-        self._running = False
-        self._stopped = anyio.Event()
+        self._runner = OneRunner()
         self.streams_opened = 0
         self.reads = 0
         self.polling = False
@@ -95,19 +94,14 @@ class ControlHub:
     ) -> None:
         """Run the watch if none runs in this process, else stand by to take over. Started
         once the watch is up (`ready`)."""
-        while True:
-            if self._running:
-                task_status.started()
-                task_status = anyio.TASK_STATUS_IGNORED
-                await self._stopped.wait()
-                continue
-            self._running, self._stopped = True, anyio.Event()
+
+        async def watch(started: TaskStatus[None]) -> None:
             try:
-                await self._watch(poll_interval_ms, discovery, reconnect_delay, task_status)
+                await self._watch(poll_interval_ms, discovery, reconnect_delay, started)
             finally:
-                self._running = False
                 self.ready = anyio.Event()
-                self._stopped.set()
+
+        await self._runner.serve(watch, task_status)
 
     async def _watch(
         self,

@@ -50,6 +50,7 @@ from .streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
     WAITER_NEEDLESS,
+    OneRunner,
     ResumePoint,
     close_quietly,
     open_change_stream,
@@ -198,8 +199,7 @@ class TaskHub:
         self._store = store
         self._clock = clock
         self._subs: list[Subscription] = []
-        self._running = False
-        self._stopped = anyio.Event()
+        self._runner = OneRunner()
         self._joined = anyio.Event()  # a subscriber joined: is it covered?
         self._coverage = _Coverage(())
         self._lost = False  # the stream's place was lost: every subscriber resyncs
@@ -259,18 +259,7 @@ class TaskHub:
     async def _serve(
         self, sub: Subscription, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        while True:
-            if self._running:
-                task_status.started()
-                task_status = anyio.TASK_STATUS_IGNORED
-                await self._stopped.wait()
-                continue
-            self._running, self._stopped = True, anyio.Event()
-            try:
-                await self._run(sub.options, task_status)
-            finally:
-                self._running = False
-                self._stopped.set()
+        await self._runner.serve(lambda started: self._run(sub.options, started), task_status)
 
     def _cover(self) -> None:
         for sub in self._subs:

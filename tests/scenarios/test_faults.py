@@ -19,7 +19,7 @@ from pymongo.errors import AutoReconnect
 import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
 from tests.engines import POLL_MS, needs_change_streams, settle
-from tests.faults import FaultyCollection
+from tests.faults import BrokenCursor, FaultyCollection
 from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
@@ -273,27 +273,12 @@ class _Unreachable:
 
         error = AutoReconnect("connection refused")
         if name in ("find", "aggregate", "list_indexes"):
-            return lambda *args, **kwargs: _FailingCursor(error)
+            return lambda *args, **kwargs: BrokenCursor(error)
 
         async def fail(*args: Any, **kwargs: Any) -> Any:
             raise error
 
         return fail
-
-
-class _FailingCursor:
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def __aiter__(self) -> _FailingCursor:
-        return self
-
-    async def __anext__(self) -> Any:
-        raise self.error
-
-    def __await__(self) -> Any:
-        raise self.error
-        yield  # a generator: pymongo's aggregate is awaited before its cursor is read
 
 
 @pytest.mark.parametrize("read", ["list", "stats", "retry_failed", "purge"])
