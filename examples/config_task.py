@@ -27,7 +27,8 @@ async def main(uri: str = "memory://") -> dict[str, object]:
         for n in range(TASKS):
             await sched.publish(f"scale:{n}", {"n": n}, name="scale")
         redone = 0
-        first_done = anyio.Event()
+        first_done = anyio.Event()  # one result committed with the first config
+        in_flight = anyio.Event()  # since then, a worker read the config and is working
 
         async def scale(task: ms.Task) -> None:
             nonlocal redone
@@ -35,7 +36,9 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                 config = await sched.get("config")
                 assert config is not None
                 result = {"value": task.payload["n"] * config.payload["multiplier"]}
-                await anyio.sleep(0.02)  # the work, done with this config
+                if first_done.is_set():
+                    in_flight.set()
+                await anyio.sleep(0.1)  # the work, done with this config
                 try:
                     await sched.commit(
                         complete=[(ms.current_lease(), result)],
@@ -51,6 +54,7 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                 options = ms.WorkerOptions(worker_id=f"worker-{n}", max_running=2)
                 await stack.enter_async_context(sched.consumer({"scale": scale}, options=options))
             await first_done.wait()
+            await in_flight.wait()
             # An operator pushes a new config while work is under way.
             await sched.publish("config", {"multiplier": 10}, name="config", update_payload=True)
             tasks = await sched.wait_many([f"scale:{n}" for n in range(TASKS)], timeout=30)
