@@ -243,3 +243,38 @@ async def test_a_shared_watch_goes_on_after_the_consumers_stop(
                 clock.advance(1)
                 await settle()
     assert seen == ["during", "after"]
+
+
+async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """The hub drops the events waiting for a watch (it fell behind, or the stream lost its
+    place) for one resync: the watch reads the tasks written since the last one it showed, so
+    the dropped change still shows (a task shown just before may show again)."""
+    hub = scheduler.store.task_hub
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"other": _runs([], "w")}, options=options):
+        await settle()
+        async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
+            shown: list[str] = []
+
+            async def show_one() -> None:
+                shown.append((await anext(watch)).key)
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(show_one)
+                await settle()
+                await scheduler.publish("first", None, name="job")
+                await discover()
+            (sub,) = [sub for sub in hub._subs if sub.every]
+            await scheduler.publish("lost", None, name="job")
+            await discover()
+            assert sub.pending == 1  # the watch has not read it yet
+            sub.deliver(RESYNC)  # dropped
+            await scheduler.publish("later", None, name="job")
+            await discover()
+            while "later" not in shown:
+                await show_one()
+    assert shown[0] == "first"
+    assert shown[-2:] == ["lost", "later"]
+    assert set(shown) == {"first", "lost", "later"}
