@@ -375,7 +375,9 @@ class Scheduler:
         return await self.store.workers.all(names)
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
-        """Every change to a task (of ``names``) as it happens, from the change stream."""
+        """Every change to a task (of ``names``) as it happens: through the process's
+        discovery hub while its consumers or a waiter run it, else from a change stream (or
+        poll) of its own. Closing the iterator, or dropping it, unsubscribes it."""
         return self.store.waiting.watch(names)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:

@@ -1,6 +1,7 @@
 """The discovery hub: one task change stream per process (per `TaskStore`, so per `Scheduler`),
 or on a server without change streams one poll loop, shared by every consumer, waiter and
-watch of that process. Each of them subscribes (`TaskHub.subscription`) with what it wants to
+watch of that process. Each of them subscribes (`TaskHub.subscription`; a watch, an async
+iterator, with `TaskHub.follow`) with what it wants to
 hear of: a consumer the writes that may give it work on its names, a waiter the state changes
 of its keys, a watch every write of its names. The hub hands each subscriber the tasks for it.
 
@@ -32,7 +33,7 @@ import collections
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any, Final
 
 import anyio
@@ -128,6 +129,10 @@ class Subscription:
         else:
             self._buffer.append(item)
         self._ready.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
 
     async def next(self) -> Task | None:
         while not self._buffer:
@@ -255,6 +260,33 @@ class TaskHub:
                 raise failed
         finally:
             self._subs.remove(sub)
+
+    async def follow(self, sub: Subscription) -> AsyncGenerator[Task | None, None]:
+        """A subscription for an async iterator (a watch), which cannot hold a task group
+        across its yields. Subscribed from the first step to the generator's end (``finally``:
+        on ``aclose``, or when the abandoned generator is finalized), so nothing is missed in
+        between; it serves the hub only while it waits for an event: it stands by while
+        another subscriber runs the hub, and takes over when it waits alone (reopening the
+        stream from the kept resume token, or polling from the kept time: nothing lost)."""
+        self._subs.append(sub)
+        self._joined.set()
+        try:
+            while True:
+                yield await self._next_serving(sub)
+        finally:
+            self._subs.remove(sub)
+
+    async def _next_serving(self, sub: Subscription) -> Task | None:
+        if sub.covered.is_set() and sub.pending:
+            return await sub.next()  # no wait: the hub's runner is left alone
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(self._serve, sub)
+            if self.polling:  # read from the next poll on: nothing written is missed
+                sub.covered.set()
+            await sub.covered.wait()
+            item = await sub.next()
+            task_group.cancel_scope.cancel()
+        return item
 
     async def _serve(
         self, sub: Subscription, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -8,14 +8,15 @@ pings cost it nothing. ``discovery`` follows the consumer's rule (`WorkerOptions
 when this waiter is the one that runs the hub: a server that refuses a change stream is
 polled every ``poll_interval_ms`` (``auto``), or the refusal is an error (``stream``);
 ``poll`` never opens one. Joining a hub that already runs, it shares what the hub does.
-A watch keeps its own stream (see `watch_tasks`).
+A watch shares the hub when it runs, and otherwise keeps its own stream (see `watch_tasks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import anyio
 from pymongo.errors import OperationFailure
@@ -24,7 +25,7 @@ from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import Task
 from ..worker_options import Discovery, WorkerOptions
-from .discovery import RESYNC, Subscription
+from .discovery import CLOCK_SKEW, RESYNC, Subscription
 from .streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
@@ -129,12 +130,21 @@ async def wait_for(
 async def watch_tasks(
     store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
 ) -> AsyncIterator[Task]:
-    """Every change to a task (of ``names``), as the task after the change: a stream (or poll)
-    of its own, not the process's hub, as an async iterator that a caller may leave at any
-    point cannot hold the task group that runs the hub. A drop or rename
-    of the collection ends the server's stream (``invalidate``); the watch goes on after it
-    (``startAfter``), with the tasks written to the collection of that name from then on. A
-    server that refuses change streams is polled instead (`_poll_changes`), said once."""
+    """Every change to a task (of ``names``), as the task after the change. In a process
+    whose hub runs (consumers or a waiter hold it) the watch shares it (`_shared_watch`);
+    otherwise it keeps a stream (or poll) of its own, as the hub's life is its subscribers'
+    task groups and an async iterator, which a caller may leave at any point, cannot hold one:
+    a hub started by the watch would close its stream at every yield.
+
+    Its own stream: a drop or rename of the collection ends the server's stream
+    (``invalidate``); the watch goes on after it (``startAfter``), with the tasks written to
+    the collection of that name from then on. A server that refuses change streams is polled
+    instead (`_poll_changes`), said once."""
+    if store.task_hub.subscribers:
+        async with contextlib.aclosing(_shared_watch(store, names, poll_interval_ms)) as shared:
+            async for task in shared:
+                yield task
+        return
     pipeline = (
         task_changes(needless=WAITER_NEEDLESS, name=names)
         if names
@@ -177,6 +187,36 @@ async def watch_tasks(
         finally:
             await close_quietly(stream)
         log.info("watch: the stream ended (its collection dropped or renamed); going on after it")
+
+
+async def _shared_watch(
+    store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int
+) -> AsyncGenerator[Task, None]:
+    """The watch as a subscriber of the process's hub: every write of its names, in the hub's
+    order, and the hub's reconnects and poll fallback. Unsubscribed when the caller closes the
+    iterator (or drops it: its finalizer closes it). A resync (this watch fell further behind
+    than the hub keeps, or the stream lost its place) reads the tasks written since the last
+    one shown, less `CLOCK_SKEW`: changes meanwhile show as the latest of them, and a task
+    shown just before may show again."""
+    hub = store.task_hub
+    options = WorkerOptions(poll_interval_ms=poll_interval_ms)
+    sub = Subscription(options, every=list(names) if names else [None])
+    latest = store.clock.now()
+    async with contextlib.aclosing(hub.follow(sub)) as events:
+        async for event in events:
+            if event is not RESYNC:
+                latest = max(latest, event.updated_at)
+                yield event
+                continue
+            log.warning(
+                "watch: fell behind the process's change stream (or it lost its place); "
+                "reading the tasks written since %s again",
+                latest,
+                extra={"action": "watch_resync"},
+            )
+            for task in await store.changed_since(latest - CLOCK_SKEW, names):
+                latest = max(latest, task.updated_at)
+                yield task
 
 
 async def _poll_changes(

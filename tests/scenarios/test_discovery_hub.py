@@ -5,7 +5,8 @@ subscriber that falls behind reads everything again instead of losing a change."
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -146,3 +147,134 @@ async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
         assert sorted(key for key, _ in ran) == sorted(keys)
         assert slow.resyncs >= 1
         assert await slow.next() is RESYNC
+
+
+async def test_a_watch_shares_the_consumers_stream(
+    scheduler: ms.Scheduler, discover: Discover, engine: str
+) -> None:
+    """A watch started while consumers run opens no stream of its own (memory: one open at
+    once, the consumers' one, reopened wider), polls with them on the wire, and still shows a
+    task published after it started, every change of it in order."""
+    streams = _OpenStreams(scheduler) if engine == "memory" else None
+    hub = scheduler.store.task_hub
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    seen: list[tuple[str, ms.TaskState]] = []
+    async with scheduler.consumer({"job": _runs(ran, "w")}, options=options):
+        await settle()
+        async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
+
+            async def follow() -> None:
+                async for task in watch:
+                    seen.append((task.key, task.state))
+                    if task.state.is_terminal:
+                        return
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(follow)
+                await settle()
+                assert hub.subscribers == 2  # the consumer and the watch
+                await scheduler.publish("k", None, name="job")
+                for _ in range(4):
+                    await discover()
+    assert ran == [("k", "w")]
+    assert seen[0] == ("k", ms.TaskState.PENDING)
+    assert seen[-1] == ("k", ms.TaskState.SUCCESS)
+    if streams is not None:
+        assert streams.most_at_once == 1
+
+
+async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """The caller breaks out of the watch without closing it, or closes it: either way the
+    hub forgets it (so its filter no longer widens the process's stream)."""
+    hub = scheduler.store.task_hub
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": _runs([], "w")}, options=options):
+        await settle()
+        watch = scheduler.watch(names=["job"])
+        closed = scheduler.watch()
+        async with anyio.create_task_group() as task_group:
+
+            async def first(of: AsyncIterator[ms.Task]) -> None:
+                async for _ in of:
+                    break  # left without closing it
+
+            task_group.start_soon(first, watch)
+            task_group.start_soon(anext, closed)
+            await settle()
+            assert hub.subscribers == 3
+            await scheduler.publish("k", None, name="job")
+            for _ in range(2):
+                await discover()
+        await closed.aclose()  # type: ignore[attr-defined]
+        del watch  # dropped: its finalizer closes it
+        await settle()
+        assert hub.subscribers == 1  # the consumer alone
+
+
+async def test_a_shared_watch_goes_on_after_the_consumers_stop(
+    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+) -> None:
+    """The watch joined the consumers' hub; they stop, and it runs the hub itself while it
+    waits (from the kept resume token, or poll time, at the watch's own interval of 1 s): a
+    task published then still shows."""
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    seen: list[str] = []
+    async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
+
+        async def follow() -> None:
+            async for task in watch:
+                seen.append(task.key)
+                if task.key == "after":
+                    return
+
+        async with anyio.create_task_group() as task_group:
+            async with scheduler.consumer({"other": _runs([], "w")}, options=options):
+                await settle()
+                task_group.start_soon(follow)
+                await discover()
+                await scheduler.publish("during", None, name="job")
+                await discover()
+            assert scheduler.store.task_hub.subscribers == 1  # the watch alone
+            await scheduler.publish("after", None, name="job")
+            for _ in range(2):
+                clock.advance(1)
+                await settle()
+    assert seen == ["during", "after"]
+
+
+async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """The hub drops the events waiting for a watch (it fell behind, or the stream lost its
+    place) for one resync: the watch reads the tasks written since the last one it showed, so
+    the dropped change still shows (a task shown just before may show again)."""
+    hub = scheduler.store.task_hub
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"other": _runs([], "w")}, options=options):
+        await settle()
+        async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
+            shown: list[str] = []
+
+            async def show_one() -> None:
+                shown.append((await anext(watch)).key)
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(show_one)
+                await settle()
+                await scheduler.publish("first", None, name="job")
+                await discover()
+            (sub,) = [sub for sub in hub._subs if sub.every]
+            await scheduler.publish("lost", None, name="job")
+            await discover()
+            assert sub.pending == 1  # the watch has not read it yet
+            sub.deliver(RESYNC)  # dropped
+            await scheduler.publish("later", None, name="job")
+            await discover()
+            while "later" not in shown:
+                await show_one()
+    assert shown[0] == "first"
+    assert shown[-2:] == ["lost", "later"]
+    assert set(shown) == {"first", "lost", "later"}
