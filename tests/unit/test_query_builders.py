@@ -370,9 +370,9 @@ async def test_both_engines_agree(builder: str, wire_server: WireServer):
 async def test_fast_evaluation_agrees_with_mongomock_general_path(
     builder: str, monkeypatch: pytest.MonkeyPatch
 ):
-    """The memory engine evaluates the common operators itself (`fast_paths`): on every
-    builder's real filter, update or pipeline, over the seed, the outcome is the one its
-    copy of mongomock's own evaluator gives."""
+    """The memory engine dispatches operators and reads ``$$`` variables its own way
+    (`fast_paths`): on every builder's real filter, update or pipeline, over the seed, the
+    outcome is the one its copy of mongomock's own evaluator gives."""
     from mscheduler.backends.memory import engine
 
     seed = await seed_documents()

@@ -30,7 +30,7 @@ def apply(aggregate: Any, collection: Any) -> None:
     """Change ``aggregate`` and ``collection`` (the engine's own copies of mongomock's modules)
     in place."""
     parser = aggregate._Parser
-    parser.parse = _parse_by_dispatch(parser.parse, _operator_handlers(aggregate), aggregate)
+    parser.parse = _parse_by_dispatch(parser.parse, _operator_handlers(aggregate))
     parser._parse_basic_expression = _variables_read_directly(parser._parse_basic_expression)
     collection.copy = _DocumentCopies
     collection._copy_field = _copy_field(collection._copy_field)
@@ -62,120 +62,22 @@ def _operator_handlers(aggregate: Any) -> dict[str, str]:
     return handlers
 
 
-def _parse_by_dispatch(original: Any, handlers: dict[str, str], aggregate: Any) -> Any:
+def _parse_by_dispatch(original: Any, handlers: dict[str, str]) -> Any:
     """An operator expression goes straight to its handler: mongomock tested the operator
-    against each of its thirteen lists in turn, for every node of every pipeline. The nodes
-    an update pipeline is mostly made of (field paths, constants, ``$cond``, ``$eq``,
-    ``$ne``, ``$gt``..., ``$and``, ``$or``, ``$not``, ``$ifNull``, ``$in``, ``$filter``,
-    ``$map``) are evaluated here, as mongomock's handlers evaluate them (errors and missing
-    fields alike), without the three calls a node took to reach them; a form they do not
-    take goes to mongomock's handler."""
-    get_value_by_dot = mongomock_helpers.get_value_by_dot
-    parser_type = aggregate._Parser
-    nothing = aggregate.NOTHING
-    orderings = aggregate.filtering.SORTING_OPERATOR_MAP
-    bson_compare = aggregate.filtering.bson_compare
+    against each of its thirteen lists in turn, for every node of every pipeline."""
 
-    def each_element(self: Any, spec: dict[str, Any], array: Any) -> Any:
-        """(element, a parser whose ``as`` variable is that element) for each element: one
-        parser and one mapping of variables for the whole array, where mongomock made both
-        anew for every element (each evaluation reads them before the next is set)."""
-        variables = dict(self._user_vars)
-        child = parser_type(self._doc_dict, None, self._ignore_missing_keys)
-        child._user_vars = variables  # (the constructor would replace an empty mapping)
-        name = spec.get("as", "this")
-        for element in array:
-            variables[name] = element
-            yield element, child
-
-    def to_bool(self: Any, expression: Any) -> bool:
-        # mongomock's `_parse_to_bool`: a missing field (KeyError) is false.
-        try:
-            return parse(self, expression) not in _FALSY
-        except KeyError:
-            return False
-
+    @functools.wraps(original)
     def parse(self: Any, expression: Any) -> Any:
-        kind = type(expression)
-        if kind is str:
-            if expression[:1] != "$":
-                return expression
-            if expression[:2] != "$$":
-                return get_value_by_dot(self._doc_dict, expression[1:], can_generate_array=True)  # type: ignore[no-untyped-call]
-            return self._parse_basic_expression(expression)
-        if kind in _CONSTANTS:
-            return expression
-        if kind is not dict:
-            return self._parse_basic_expression(expression)
-        if len(expression) == 1:
+        if type(expression) is dict and len(expression) == 1:
             for operator, value in expression.items():
-                if operator == "$cond":
-                    kind = type(value)
-                    if kind is list and len(value) == 3:
-                        condition, true_case, false_case = value
-                    elif kind is dict and "if" in value and "then" in value and "else" in value:
-                        condition, true_case = value["if"], value["then"]
-                        false_case = value["else"]
-                    else:
-                        break
-                    return parse(self, true_case if to_bool(self, condition) else false_case)
-                if operator == "$eq" or operator == "$ne":
-                    if type(value) is not list or len(value) != 2:
-                        break
-                    left, right = parse(self, value[0]), parse(self, value[1])
-                    return left == right if operator == "$eq" else left != right
-                if operator == "$and" and type(value) is list:
-                    return all(to_bool(self, operand) for operand in value)
-                if operator == "$or" and type(value) is list:
-                    return any(to_bool(self, operand) for operand in value)
-                if operator == "$not":
-                    return not to_bool(self, value)
-                if operator == "$ifNull" and type(value) is list and len(value) == 2:
-                    try:
-                        found = parse(self, value[0])
-                        if found is not None:
-                            return found
-                    except KeyError:
-                        pass
-                    return parse(self, value[1])
-                if operator == "$in" and type(value) is list and len(value) == 2:
-                    return parse(self, value[0]) in parse(self, value[1])
-                if operator in orderings and type(value) is list and len(value) == 2:
-                    left, right = parse(self, value[0]), parse(self, value[1])
-                    return bson_compare(orderings[operator], left, right)
-                if operator == "$filter" and type(value) is dict and value.keys() == _FILTER:
-                    array = parse(self, value["input"])
-                    condition = value["cond"]
-                    return [
-                        element
-                        for element, child in each_element(self, value, array)
-                        if parse(child, condition)
-                    ]
-                if operator == "$map" and type(value) is dict and value.keys() == _MAP:
-                    try:
-                        array = parse(self, value["input"])
-                    except KeyError:
-                        array = nothing
-                    if array is None or array is nothing:
-                        return None
-                    if type(array) is not list:
-                        break  # mongomock's handler says what is wrong
-                    body = value["in"]
-                    return [parse(child, body) for _, child in each_element(self, value, array)]
                 method = handlers.get(operator)
                 if method is not None:
                     return getattr(self, method)(operator, value)
+        elif type(expression) is not dict:
+            return self._parse_basic_expression(expression)
         return original(self, expression)
 
-    return functools.wraps(original)(parse)
-
-
-_FILTER = frozenset({"input", "cond", "as"})
-_MAP = frozenset({"input", "in", "as"})
-# What MongoDB takes as false (mongomock's `mongodb_to_bool`); tested with ``in``, as it does.
-_FALSY = (False, None, 0)
-# Values that evaluate to themselves (str aside: a string may be a field path).
-_CONSTANTS = frozenset({int, float, bool, type(None)})
+    return parse
 
 
 def _variables_read_directly(original: Any) -> Any:
