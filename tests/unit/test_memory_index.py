@@ -12,6 +12,7 @@ import pytest
 from bson import ObjectId
 
 import mscheduler as ms
+from mscheduler.backends.memory.ordered_index import IndexSet
 from mscheduler.backends.memory.server import MemoryCollection, memory_server
 from mscheduler.queries import tasks as q
 from mscheduler.queries import timing
@@ -145,3 +146,29 @@ async def test_a_document_the_index_cannot_order_sends_queries_to_the_scan():
     assert await _found(indexed, {"key": "a"}, None, 0) == ["a"]
     both = await _found(indexed, {"key": {"$in": ["a", "c"]}}, None, 0)
     assert both == sorted(["a", ["b", "c"]], key=repr)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(1, True), (True, 1), (1, 1.0), (0, False), (None, 0), ("a", "a"), (1, 1), (2, 3)],
+)
+def test_a_write_leaves_the_index_as_one_built_from_the_new_document(old: Any, new: Any):
+    """A write that leaves an index's fields as they were does not touch its entry (the fast
+    path); 1, 1.0 and True are equal in Python but not in BSON's order, so a change between
+    them moves the entry as a rebuild from the written document would place it."""
+    keys = [("state", 1), ("next_claim_at", 1)]
+    written, rebuilt = IndexSet(), IndexSet()
+    written.declare("claim", keys, [])
+    rebuilt.declare("claim", keys, [])
+    others = [{"_id": n, "state": "pending", "next_claim_at": v} for n, v in enumerate([0.5, 2])]
+    before = {"_id": "moved", "state": "pending", "next_claim_at": old, "other": 1}
+    after = {**before, "next_claim_at": new, "other": 2}
+    for document in [*others, before]:
+        written.changed(None, document)
+    written.changed(before, after)
+    for document in [*others, after]:
+        rebuilt.changed(None, document)
+    query = {"state": "pending"}
+    assert list(written.candidates(query, keys[1:]) or []) == list(
+        rebuilt.candidates(query, keys[1:]) or []
+    )

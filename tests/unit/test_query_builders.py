@@ -364,3 +364,27 @@ async def test_both_engines_agree(builder: str, wire_server: WireServer):
         await wire.drop()
         await client.close()
     assert not differences(builder, on_memory, on_wire), differences(builder, on_memory, on_wire)
+
+
+@pytest.mark.parametrize("builder", sorted(BUILT))
+async def test_fast_evaluation_agrees_with_mongomock_general_path(
+    builder: str, monkeypatch: pytest.MonkeyPatch
+):
+    """The memory engine dispatches operators and reads ``$$`` variables its own way
+    (`fast_paths`): on every builder's real filter, update or pipeline, over the seed, the
+    outcome is the one its copy of mongomock's own evaluator gives."""
+    from mscheduler.backends.memory import engine
+
+    seed = await seed_documents()
+    probe = as_probe(builder, BUILT[builder])
+    if probe[0] == "skip":
+        pytest.skip(f"{builder} builds no filter, update or pipeline: {probe[1]!r}")
+    fast = normalized(
+        await outcome(memory_server("").collection("fast", uuid.uuid4().hex), probe, seed)
+    )
+    general = engine.aggregate._Parser.parse.__wrapped__  # mongomock's, before `fast_paths`
+    monkeypatch.setattr(engine.aggregate._Parser, "parse", general)
+    slow = normalized(
+        await outcome(memory_server("").collection("general", uuid.uuid4().hex), probe, seed)
+    )
+    assert not differences(builder, fast, slow), differences(builder, fast, slow)

@@ -108,6 +108,16 @@ def _field(document: Mapping[str, Any], path: Sequence[str]) -> Any:
 
 
 _PLAIN_KEYS = {str: 2, int: 1, float: 1, dt.datetime: 9}  # exact types: their rank
+# Types whose equal values of the same type make equal keys (1 == 1.0 == True do not: each
+# has its own rank; an array or a document may hold such values).
+_SCALAR_KEYS = frozenset({str, int, float, bool, type(None), dt.datetime, ObjectId})
+
+
+def _same(before: Any, after: Any) -> bool:
+    if before is after:
+        return True
+    kind = type(before)
+    return kind is type(after) and kind in _SCALAR_KEYS and before == after
 
 
 class OrderedIndex:
@@ -125,6 +135,16 @@ class OrderedIndex:
         # objects, not copies (a key part is 56 bytes, and a task is in several indexes).
         self._latest_parts: list[Any] = [None] * len(self.keys)
         self._latest_key: tuple[Any, ...] = ()
+        # Top-level fields only: a write that leaves each of them as it was (`_same`) leaves
+        # the entry where it is, and its key need not be made again.
+        self._top_level = all(len(path) == 1 for path, _ in self._paths)
+
+    def keeps_place(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+        """Whether a write from ``before`` to ``after`` (one document) leaves this index as
+        it was: every field of its key the same value of the same type."""
+        return self._top_level and all(
+            _same(before.get(field, MISSING), after.get(field, MISSING)) for field in self.fields
+        )
 
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
@@ -353,6 +373,8 @@ class IndexSet:
         id_key = None if written is None else _id_key(written["_id"])  # shared by the entries
         for index in self._indexes.values():
             if before is not None and after is not None:
+                if isinstance(index, OrderedIndex) and index.keeps_place(before, after):
+                    continue
                 index.replace(after, id_key)
                 continue
             if before is not None:
