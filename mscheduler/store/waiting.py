@@ -52,7 +52,8 @@ class _Waiter:
     ) -> None:
         self._store = store
         self._missing_ok = missing_ok
-        self._keys = list(dict.fromkeys(keys))
+        self._keys = list(dict.fromkeys(keys))  # the order given, for the result
+        self._wanted = frozenset(self._keys)  # each finish is a set lookup, not a list walk
         options = WorkerOptions(discovery=discovery, poll_interval_ms=poll_interval_ms)
         self._subscription = Subscription(options, states=self._keys)
         self.finished: dict[str, Task] = {}
@@ -64,9 +65,9 @@ class _Waiter:
         return [key for key in self._keys if key not in self.finished]
 
     def _take(self, task: Task) -> None:
-        if task.key in self._keys and task.state.is_terminal:
+        if task.key in self._wanted and task.state.is_terminal:
             self.finished[task.key] = task
-            if not self.remaining:
+            if len(self.finished) == len(self._wanted):
                 self.done.set()
 
     async def _read_all(self) -> None:

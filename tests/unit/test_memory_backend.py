@@ -162,7 +162,7 @@ async def test_notablescan_refuses_an_unindexed_query():
         await collection.find_one({"payload.to": "x"})
     assert info.value.code == 291
     with pytest.raises(OperationFailure, match="no index serves"):
-        await collection.find_one({"name": "a"}, sort=[("updated_at", 1)])
+        await collection.find_one({"name": "a"}, sort=[("options.ping_interval_ms", 1)])
 
 
 async def test_add_of_a_date_and_milliseconds_gives_a_date(collection: MemoryCollection):
