@@ -27,10 +27,10 @@ class Backoff:
     """The delays of one operation retried while it fails: the count of failures in a row,
     reset by a success. For loops that do more than retry one call (`retrying` does that)."""
 
-    def __init__(self, clock: Clock, delay: Delay) -> None:
+    def __init__(self, clock: Clock, delay: Delay, *, attempt: int = 0) -> None:
         self._clock = clock
         self._delay = delay
-        self.attempt = 0  # failures in a row so far
+        self.attempt = attempt  # failures in a row so far
 
     def next_delay(self) -> float:
         """The delay after one more failure (counted)."""

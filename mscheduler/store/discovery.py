@@ -41,7 +41,8 @@ from anyio.abc import TaskStatus
 from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ..clock import Clock, sleep
+from ..backoff import Backoff
+from ..clock import Clock
 from ..errors import BackendUnavailable, ConfigurationError
 from ..models import Task
 from ..worker_options import WorkerOptions
@@ -313,14 +314,14 @@ class TaskHub:
     async def _run(self, options: WorkerOptions, task_status: TaskStatus[None]) -> None:
         """As the runner: the stream (reopened as long as it fails), or the poll loop while
         the server refuses one."""
-        attempt = 0
+        backoff = Backoff(self._clock, options.reconnect_delay)  # while the stream fails
         while True:
             if self.polling:
                 task_status.started()
                 task_status = anyio.TASK_STATUS_IGNORED
                 await self._poll(options)  # returns once the stream is back
                 continue
-            stream = await self._open(options, attempt)
+            stream = await self._open(options, backoff.attempt)
             if stream is None:
                 continue  # refused: poll
             task_status.started()
@@ -348,9 +349,8 @@ class TaskHub:
             if (self._clock.now() - opened_at).total_seconds() >= (
                 options.reconnect_backoff_max_ms / 1000
             ):
-                attempt = 0
-            await sleep(self._clock, options.reconnect_delay(attempt))
-            attempt += 1
+                backoff.reset()
+            await backoff.wait()
             self.reopened += 1
 
     def _lose_place(self) -> None:
@@ -360,7 +360,8 @@ class TaskHub:
     async def _open(self, options: WorkerOptions, attempt: int) -> Any:
         """The stream from the kept place (afresh when there is none, or the server cannot
         resume from it: then every subscriber resyncs once it is open); None when refused
-        and this process now polls."""
+        and this process now polls. ``attempt``: the stream's failures in a row so far."""
+        backoff = Backoff(self._clock, options.reconnect_delay, attempt=attempt)
         while True:
             self._joined = anyio.Event()
             coverage = _Coverage(self._subs)
@@ -402,8 +403,7 @@ class TaskHub:
                         self._resync_all()
                 self._cover()
                 return stream
-            await sleep(self._clock, options.reconnect_delay(attempt))
-            attempt += 1
+            await backoff.wait()
 
     async def _read(self, stream: Any) -> bool:
         """Until the server ends the stream (False), or a subscriber joins that it does not
@@ -484,7 +484,7 @@ class TaskHub:
         """One read per interval for every subscriber. With ``discovery="auto"`` the stream
         is tried again every ``stream_retry_interval_ms``; returns once it opens."""
         self._cover()
-        attempt = 0
+        backoff = Backoff(self._clock, options.reconnect_delay)  # while the poll fails
         retry = dt.timedelta(milliseconds=options.stream_retry_interval_ms)
         retry_at = self._clock.now() + retry if options.discovery == "auto" else None
         next_poll = self._clock.now()
@@ -495,10 +495,9 @@ class TaskHub:
                     await self._poll_once()
                 except (PyMongoError, BackendUnavailable) as exc:
                     log.warning("poll failed: %s", exc, extra={"action": "poll_retry"})
-                    await sleep(self._clock, options.reconnect_delay(attempt))
-                    attempt += 1
+                    await backoff.wait()
                     continue
-                attempt = 0
+                backoff.reset()
                 self._cover()
                 next_poll = now + dt.timedelta(milliseconds=self.poll_interval_ms)
             if retry_at is not None and now >= retry_at:
