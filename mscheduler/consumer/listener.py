@@ -39,6 +39,7 @@ class ChangeListener:
         on_change: Callable[[Task], None],
         on_resync: Callable[[], Awaitable[None]],
         fetch_each_poll: Callable[[], bool] = lambda: False,
+        holds: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._hub = store.task_hub
         self._options = options
@@ -47,7 +48,8 @@ class ChangeListener:
         self._on_resync = on_resync
         self._fetch_each_poll = fetch_each_poll
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
-        self.subscription = Subscription(options, wakes=names)
+        # And every change of a task we run (its options, a cancel), whatever woke.
+        self.subscription = Subscription(options, wakes=names, holds=holds)
         self.backstops = 0
 
     @property

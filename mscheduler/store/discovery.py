@@ -33,7 +33,7 @@ import collections
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any, Final
 
 import anyio
@@ -44,7 +44,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from ..backoff import Backoff
 from ..clock import Clock
 from ..errors import BackendUnavailable, ConfigurationError
-from ..models import Task
+from ..models import Task, TaskState
 from ..worker_options import WorkerOptions
 from .base import StoreBase
 from .streams import (
@@ -89,8 +89,10 @@ class Subscription:
         states: Iterable[str] = (),
         every: Iterable[str | None] = (),
         buffer_size: int = BUFFER_SIZE,
+        holds: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self.options = options
+        self.holds = holds  # a consumer's running keys: every change of them matters to it
         self.wakes = frozenset(wakes)
         self.states = frozenset(states)
         self.every = frozenset(every)
@@ -103,9 +105,10 @@ class Subscription:
         self._ready = anyio.Event()
         self.covered = anyio.Event()  # the hub's stream (or poll) covers this subscription
 
-    def wants(self, task: Task) -> bool:
+    def wants(self, task: Task, woke: bool) -> bool:
+        """``woke``: the write may give a consumer work (see `may_wake`)."""
         return (
-            task.name in self.wakes
+            (task.name in self.wakes and (woke or self.holds(task.key)))
             or task.key in self.states
             or task.name in self.every
             or None in self.every
@@ -140,6 +143,19 @@ class Subscription:
             self._ready = anyio.Event()
             await self._ready.wait()
         return self._buffer.popleft()
+
+
+def may_wake(task: Task, now: dt.datetime) -> bool:
+    """Whether a write may give a consumer work, where the hub cannot see if it bumped
+    ``wakes`` (`queries.derived.wakes_consumers`): a poll, or a stream widened for waiters
+    or watches, which also carries claims. A task not running (pending, a retry, ended with
+    dependents to tell) may; a running one only with a claim open now. Handing consumers
+    every claim would fill their heaps with running tasks due when the lease expires, and a
+    consumer whose heap never drains reads no next page of the backlog. A running task whose
+    next claim comes later is found by the next fetch."""
+    if task.state is not TaskState.RUNNING:
+        return True
+    return task.next_claim_at is not None and task.next_claim_at <= now
 
 
 class _Coverage:
@@ -303,9 +319,9 @@ class TaskHub:
         for sub in self._subs:
             sub.deliver(RESYNC)
 
-    def _hand_out(self, task: Task) -> None:
+    def _hand_out(self, task: Task, woke: bool) -> None:
         for sub in self._subs:
-            if sub.wants(task):
+            if sub.wants(task, woke):
                 sub.note(task)
                 sub.deliver(task)
 
@@ -452,7 +468,9 @@ class TaskHub:
                     extra={"action": "foreign_document"},
                 )
                 continue
-            self._hand_out(task)
+            # A stream of consumers alone carries only writes that wake them (its $match).
+            widened = bool(self._coverage.states or self._coverage.every)
+            self._hand_out(task, not widened or may_wake(task, self._clock.now()))
 
     def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
         self.polling = True
@@ -546,7 +564,7 @@ class TaskHub:
             if self._seen.get(task.key) == seen:
                 continue  # in the overlap of two polls: handed out already
             self._seen[task.key] = seen
-            self._hand_out(task)
+            self._hand_out(task, may_wake(task, started))
         self._since = started - CLOCK_SKEW
         # What the next poll may read again, and no more.
         self._seen = {t.key: (t.id, t.version) for t in found if t.updated_at >= self._since}

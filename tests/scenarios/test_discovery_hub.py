@@ -6,6 +6,7 @@ subscriber that falls behind reads everything again instead of losing a change."
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -278,3 +279,30 @@ async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
     assert shown[0] == "first"
     assert shown[-2:] == ["lost", "later"]
     assert set(shown) == {"first", "lost", "later"}
+
+
+async def test_a_waiter_beside_the_consumers_holds_back_no_page_of_the_backlog(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+) -> None:
+    """A waiter widens the process's stream (or poll) to every state change of its tasks,
+    claims included. A consumer that took those for work would fill its heap with running
+    tasks due when their leases expire, and read the next page of the backlog only as its
+    heap drains: the backlog runs at the pace of the finishes' events, not of the slots."""
+    keys = [f"k{n}" for n in range(40)]
+    await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
+    ran: list[tuple[str, str]] = []
+    rounds = 0
+    options = ms.WorkerOptions(
+        worker_id="w", max_running=4, fetch_batch_size=4, poll_interval_ms=POLL_MS
+    )
+    running = scheduler.consumer({"job": _runs(ran, "w")}, options=options)
+    async with running, anyio.create_task_group() as task_group:
+        task_group.start_soon(functools.partial(scheduler.wait_many, keys, timeout=None))
+        while len(ran) < len(keys) and rounds < 200:
+            await settle()
+            clock.advance(POLL_MS / 1000)
+            rounds += 1
+        task_group.cancel_scope.cancel()
+    assert sorted(key for key, _ in ran) == sorted(keys)
+    # A page of 4 a round: about 10 rounds (and as many polls on the wire engine).
+    assert rounds <= 3 * len(keys) // 4, f"{rounds} rounds for {len(keys)} tasks"
