@@ -14,15 +14,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 from pymongo import monitoring
+
+import mscheduler as ms
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("memory", "wire", "mongodb")  # mongodb: a real server (tests/mongodb.py)
 WIRE_DATABASE = "mscheduler_test"
 # Consumers and waiters in tests poll this often where the engine has no change streams.
 POLL_MS = 10
+# Task options whose pings and lease expiry a test's manual clock reaches in a few steps.
+FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
+
+
+def worker(worker_id: str = "w1", **fields: Any) -> ms.WorkerOptions:
+    """A consumer's options in a scenario: its id, and the engines' short poll interval."""
+    return ms.WorkerOptions(worker_id=worker_id, poll_interval_ms=POLL_MS, **fields)
+
 
 # What an engine lacks, named once so every skip says the same thing.
 NO_CHANGE_STREAMS = "the wire engine (mongoeco) has no change streams over the wire"

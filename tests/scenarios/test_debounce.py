@@ -9,15 +9,10 @@ from typing import Any
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS
+from tests.engines import FAST, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
-
-
-def worker(**fields: Any) -> ms.WorkerOptions:
-    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
 
 
 async def test_debounced_publishes_make_one_run_with_the_last_payload(

@@ -10,15 +10,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import FAST, settle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
-
-
-def worker(**fields: Any) -> ms.WorkerOptions:
-    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
 
 
 async def test_a_task_not_started_by_expires_at_is_cancelled_and_never_claimed(

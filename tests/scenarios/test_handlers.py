@@ -15,15 +15,10 @@ import anyio.from_thread
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import FAST, POLL_MS, settle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
-
-
-def worker(worker_id: str = "w1", **fields: Any) -> ms.WorkerOptions:
-    return ms.WorkerOptions(worker_id=worker_id, poll_interval_ms=POLL_MS, **fields)
 
 
 async def finished(sched: ms.Scheduler, key: str, clock: ms.ManualClock) -> ms.Task:

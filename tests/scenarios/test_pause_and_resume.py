@@ -8,14 +8,10 @@ from typing import Any
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS
+from tests.engines import worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-
-
-def worker(**fields: Any) -> ms.WorkerOptions:
-    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
 
 
 async def test_a_paused_name_is_not_claimed_until_resumed(

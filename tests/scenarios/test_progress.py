@@ -9,14 +9,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import settle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-
-
-def worker(**fields: Any) -> ms.WorkerOptions:
-    return ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, **fields)
 
 
 async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_end(
