@@ -94,7 +94,7 @@ class Consumer:
             self._on_event,
             self._fetch,
             lambda: bool(self._limiter.limited),
-            lambda key: key in self._executor.running_keys,
+            self._executor.holds,
         )
         self._own_task_group: TaskGroup | None = None
         self._fetched = False  # the first fetch is done (`_limits` fetches again after it)

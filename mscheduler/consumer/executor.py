@@ -124,6 +124,10 @@ class Executor:
         held = len(self._running) + sum(1 for key in abandoned if key not in self._running)
         return self._options.max_running - held
 
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is one this worker runs (or abandoned, still running)."""
+        return key in self._running or key in self._calls.abandoned
+
     @property
     def running_keys(self) -> list[str]:
         """Keys this worker must not claim: running, or abandoned and still running."""
