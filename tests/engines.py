@@ -10,6 +10,7 @@ deselected, with one line saying how to enable them (tests/conftest.py); under C
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -33,6 +34,20 @@ FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
 def worker(worker_id: str = "w1", **fields: Any) -> ms.WorkerOptions:
     """A consumer's options in a scenario: its id, and the engines' short poll interval."""
     return ms.WorkerOptions(worker_id=worker_id, poll_interval_ms=POLL_MS, **fields)
+
+
+class SkewedClock:
+    """A view of the shared manual clock off by a fixed amount: a worker on another machine."""
+
+    def __init__(self, base: ms.ManualClock, skew_s: float) -> None:
+        self.base = base
+        self.skew = dt.timedelta(seconds=skew_s)
+
+    def now(self) -> dt.datetime:
+        return self.base.now() + self.skew
+
+    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
+        await self.base.wait_until(None if deadline is None else deadline - self.skew, event)
 
 
 # What an engine lacks, named once so every skip says the same thing.

@@ -2,13 +2,13 @@
 that may give it work on its names, into its heap, and its running tasks' changes, into its
 executor; a resync (the hub's stream could not resume, or this consumer fell behind) is a
 full fetch. The hub keeps what the consumer's own stream used to: the resume token, the
-reopening after errors, the polling fallback (one read per interval for the whole process,
+reopening after errors, the polling fallback (one poll per interval for the whole process,
 said once), the stream taken back when the server offers it again.
 
 Besides the hub's events, `poll_loop` is the backstop: a page of claimable tasks every
 ``backstop_interval_ms``, as a stream can stall without an error (a primary that lost its
 majority beside an arbiter; a quiet shard delays a sharded cluster's events), and a poll
-cannot see a write stamped by a clock far behind ours.
+reads only the first page of the tasks due.
 """
 
 from __future__ import annotations

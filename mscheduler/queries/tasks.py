@@ -316,6 +316,22 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
     }
 
 
+def due_filter(names: Sequence[str], now: dt.datetime) -> Document:
+    """Tasks of ``names`` due for a claim now, by any worker: what a poll reads by state, not
+    by the time of the last write (see `discovery.TaskHub` on why both)."""
+    return {
+        "name": {"$in": list(names)},
+        "state": {"$in": CLAIMABLE},
+        "next_claim_at": {"$lte": now},
+        "deps_pending": {"$size": 0},
+    }
+
+
+def terminal_of(keys: Sequence[str]) -> Document:
+    """The tasks of ``keys`` that have ended: what a waiter polls for."""
+    return {"key": {"$in": list(keys)}, "state": {"$in": TERMINAL}}
+
+
 FETCH_SORT: list[tuple[str, int]] = [("next_claim_at", 1)]
 # A task as published: what the size budget of new options is checked against.
 GROWING_FIELDS_EXCLUDED: Document = {"worker_states": 0, "result": 0, "error": 0}

@@ -171,6 +171,29 @@ class StoreBase:
         return sorted(found, key=lambda task: (task.updated_at, str(task.id)))
 
     @driver_errors
+    async def due(self, names: Sequence[str], now: dt.datetime, limit: int) -> list[Task]:
+        """The ``limit`` tasks of ``names`` due soonest for a claim by any worker (payloads
+        left out), one read per group of names: the hub's poll hands these to its consumers."""
+        await self.ready()
+        found: list[Task] = []
+        for group in name_groups(names):
+            cursor = self.collection.find(
+                q.due_filter(group, now), q.FETCH_PROJECTION, sort=q.FETCH_SORT, limit=limit
+            )
+            found += [Task.model_validate(document) async for document in cursor]
+        return found
+
+    @driver_errors
+    async def ended(self, keys: Sequence[str]) -> list[Task]:
+        """The tasks of ``keys`` that have ended, one read per `KEYS_PER_READ` keys."""
+        await self.ready()
+        found: list[Task] = []
+        for start in range(0, len(keys), KEYS_PER_READ):
+            cursor = self.collection.find(q.terminal_of(keys[start : start + KEYS_PER_READ]))
+            found += [Task.model_validate(document) async for document in cursor]
+        return found
+
+    @driver_errors
     async def fetch(
         self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
     ) -> list[Task]:

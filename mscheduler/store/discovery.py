@@ -16,10 +16,13 @@ token, it opens afresh and tells every subscriber to resync (a full read). A ref
 streams (`streams.refuses_streams`) switches the process to polling, logged once, and with
 ``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``.
 
-Poll: one read per interval for the whole process: the tasks of the subscribers' names written
-since the previous read began, less `CLOCK_SKEW` (writers stamp ``updated_at`` with their own
-clocks), plus the keys of waiters whose names are not known yet (not published). Each write
-bumps ``version``, so a task seen twice in the overlap is handed out once.
+Poll: one read per interval for the whole process, and two more while consumers or waiters
+need them (`TaskHub._poll_once`): the tasks of the subscribers' names written since the
+previous read began, less `CLOCK_SKEW` (writers stamp ``updated_at`` with their own clocks);
+and, read by state rather than by that stamp, the consumers' tasks due for a claim and the
+waiters' tasks that ended. A write stamped long before it became visible (a slow transaction)
+escapes the first read, never the others. Each task is handed out once per ``version``, so a
+task read twice is not handed out again.
 
 Invariant: no event is lost without a resync. A subscriber's buffer is bounded; a subscriber
 that falls behind has its buffer dropped and gets `RESYNC` in its place, the same signal as a
@@ -67,8 +70,11 @@ RESYNC: Final = None
 # Events a subscriber may have waiting before it is told to resync instead.
 BUFFER_SIZE = 10_000
 # How far behind the previous poll a poll reads again: writers' clocks within this of ours,
-# and a write in flight across a poll, are seen; the backstop fetch covers the rest.
+# and a write in flight across a poll, are seen there; the reads by state cover the rest.
 CLOCK_SKEW = dt.timedelta(seconds=1)
+# The tasks due soonest that a poll reads for the consumers: a due task the time window missed
+# is found once it is among them, as consumers claim in that order anyway.
+DUE_PAGE = 100
 
 _WRITES = ["insert", "update", "replace"]
 _WHOLE = ["insert", "replace"]
@@ -97,9 +103,7 @@ class Subscription:
         self.states = frozenset(states)
         self.every = frozenset(every)
         self.buffer_size = buffer_size
-        # A waiter's tasks' names, once read: the poll reads their names, not their keys.
-        self.names: set[str] = set()
-        self.named: set[str] = set()  # keys whose name is known
+        self.ended: set[str] = set()  # keys of ``states`` handed out terminal: not read again
         self.resyncs = 0  # times told to resync (fell behind, or the stream lost its place)
         self._buffer: collections.deque[Task | None] = collections.deque()
         self._ready = anyio.Event()
@@ -114,18 +118,15 @@ class Subscription:
             or None in self.every
         )
 
-    def note(self, task: Task) -> None:
-        """A waited-for task was read: from now on the poll finds it by its name."""
-        if task.key in self.states:
-            self.names.add(task.name)
-            self.named.add(task.key)
-
     @property
-    def unnamed(self) -> frozenset[str]:
-        return self.states - self.named
+    def waiting(self) -> frozenset[str]:
+        """Keys of ``states`` not yet handed out terminal: what the poll reads by key."""
+        return self.states - self.ended
 
     def deliver(self, item: Task | None) -> None:
         """Never blocks: past ``buffer_size`` the waiting events are dropped for one RESYNC."""
+        if item is not RESYNC and item.key in self.states and item.state.is_terminal:
+            self.ended.add(item.key)
         if item is RESYNC or len(self._buffer) >= self.buffer_size:
             self._buffer.clear()
             self._buffer.append(RESYNC)
@@ -322,7 +323,6 @@ class TaskHub:
     def _hand_out(self, task: Task, woke: bool) -> None:
         for sub in self._subs:
             if sub.wants(task, woke):
-                sub.note(task)
                 sub.deliver(task)
 
     # ------------------------------------------------------------ the stream
@@ -484,7 +484,7 @@ class TaskHub:
             return
         log.warning(
             "the server refused to open a change stream (%s); polling for tasks every %.1f s "
-            "instead (one read per interval for the whole process), which reacts more slowly; "
+            "instead (one poll per interval for the whole process), which reacts more slowly; "
             "trying the stream again every %.0f s",
             refusal,
             interval,
@@ -541,30 +541,56 @@ class TaskHub:
         return True
 
     async def _poll_once(self) -> None:
-        """The tasks of every subscriber's names written since the previous poll began (less
-        `CLOCK_SKEW`), and the keys of waiters whose tasks were not read yet: one read, two
-        while such waiters wait."""
+        """Three reads at most, each only while someone needs it:
+
+        - the tasks of every subscriber's names written since the previous poll began (less
+          `CLOCK_SKEW`), the fast path, with every kind of write;
+        - the tasks of consumers' names due for a claim now (the first `DUE_PAGE`), and the
+          tasks of waiters' keys that have ended: read by state, not by the time of a write,
+          as a write is stamped before it is sent and may become visible later than the
+          overlap allows (a transaction's, or any write on a server that stalls), and a
+          lease expires without a write at all.
+
+        Each task is handed out once per version: the overlap of two polls, and a due task
+        that stays due (a limit, a pause, a busy consumer), are not handed out again."""
         started = self._clock.now()
         since = self._since or started - CLOCK_SKEW
-        names: set[str] = set()
+        wakes: set[str] = set()
+        every: set[str] = set()
         every_name = False
-        unnamed: set[str] = set()
+        waiting: set[str] = set()
         for sub in self._subs:
-            names |= sub.wakes | sub.names | {name for name in sub.every if name is not None}
+            wakes |= sub.wakes
+            every |= {name for name in sub.every if name is not None}
             every_name = every_name or None in sub.every
-            unnamed |= sub.unnamed
-        found: list[Task] = []
+            waiting |= sub.waiting
         self.polls += 1
-        if names or every_name:
-            found += await self._store.changed_since(since, None if every_name else sorted(names))
-        if unnamed:
-            found += await self._store.get_many(sorted(unnamed))
-        for task in found:
+        written: list[Task] = []
+        if wakes or every or every_name:
+            names = None if every_name else sorted(wakes | every)
+            written = await self._store.changed_since(since, names)
+        due = await self._store.due(sorted(wakes), started, DUE_PAGE) if wakes else []
+        ended = await self._store.ended(sorted(waiting)) if waiting else []
+        handed: dict[str, tuple[Any, int]] = {}
+
+        def fresh(task: Task) -> bool:
             seen = (task.id, task.version)  # a key deleted and published again: a new _id
-            if self._seen.get(task.key) == seen:
-                continue  # in the overlap of two polls: handed out already
-            self._seen[task.key] = seen
-            self._hand_out(task, may_wake(task, started))
+            if self._seen.get(task.key) == seen or handed.get(task.key) == seen:
+                return False
+            handed[task.key] = seen
+            return True
+
+        for task in [*written, *ended]:
+            if fresh(task):
+                self._hand_out(task, may_wake(task, started))
+        for task in due:  # read without the payload: for consumers only, whose heaps need none
+            if fresh(task):
+                for sub in self._subs:
+                    if task.name in sub.wakes:
+                        sub.deliver(task)
         self._since = started - CLOCK_SKEW
-        # What the next poll may read again, and no more.
-        self._seen = {t.key: (t.id, t.version) for t in found if t.updated_at >= self._since}
+        # What the next poll may read again, and no more: the overlap's writes, the due tasks.
+        self._seen = {
+            t.key: (t.id, t.version) for t in [*written, *ended] if t.updated_at >= self._since
+        }
+        self._seen.update((t.key, (t.id, t.version)) for t in due)

@@ -71,13 +71,12 @@ class _Waiter:
                 self.done.set()
 
     async def _read_all(self) -> None:
-        """Take the finished tasks; the poll finds the others by their names from now on."""
+        """Take the finished tasks; the hub hands out the others as they end."""
         found = {task.key: task for task in await self._store.get_many(self.remaining)}
         missing = [key for key in self.remaining if key not in found]
         if missing and not self._missing_ok:
             raise TaskNotFound(f"no task has the key(s) {missing}")
         for task in found.values():
-            self._subscription.note(task)
             self._take(task)
 
     async def follow(self) -> None:

@@ -31,7 +31,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, SkewedClock, settle
 from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
@@ -46,20 +46,6 @@ TOTALS: dict[str, collections.Counter[str]] = collections.defaultdict(collection
 OPTIONS = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
 LIMITED, LIMITED_RUNNING = "lim", 2
 SKEW = dt.timedelta(seconds=0.25)  # the most a worker's clock is off (see `Chaos.start`)
-
-
-class SkewedClock:
-    """A worker's view of the shared manual clock, off by a fixed amount."""
-
-    def __init__(self, base: ms.ManualClock, skew_s: float) -> None:
-        self.base = base
-        self.skew = dt.timedelta(seconds=skew_s)
-
-    def now(self) -> dt.datetime:
-        return self.base.now() + self.skew
-
-    async def wait_until(self, deadline: dt.datetime | None, event: anyio.Event) -> None:
-        await self.base.wait_until(None if deadline is None else deadline - self.skew, event)
 
 
 @dataclasses.dataclass

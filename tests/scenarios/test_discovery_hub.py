@@ -16,7 +16,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.store.discovery import RESYNC, Subscription
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS, needs_change_streams, settle
+from tests.engines import POLL_MS, SkewedClock, needs_change_streams, settle
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -103,11 +103,12 @@ async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, en
     assert streams.most_at_once == 1
 
 
-async def test_a_polling_process_reads_once_per_interval_whatever_its_consumers(
+async def test_a_polling_process_polls_once_per_interval_whatever_its_consumers(
     open_scheduler: OpenScheduler, clock: ms.ManualClock
 ) -> None:
-    """Idle, with 1 and then 6 consumers and a waiter: each poll interval costs one read of
-    the tasks collection for the whole process."""
+    """Idle, with 1 and then 6 consumers and a waiter: each poll interval costs the whole
+    process three reads of the tasks collection (the writes since the previous poll, the
+    consumers' due tasks, the waiter's ended ones), not three per consumer."""
     base = await open_scheduler(changestreams=False)
     counted = CountingCollection(base.collection)
     sched = ms.Scheduler(counted, clock=clock)
@@ -127,7 +128,7 @@ async def test_a_polling_process_reads_once_per_interval_whatever_its_consumers(
                 await settle()
             reads[count] = counted.counts["find"]
             task_group.cancel_scope.cancel()
-    assert reads == {1: 5, 6: 5}
+    assert reads == {1: 3 * 5, 6: 3 * 5}
 
 
 async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
@@ -306,3 +307,51 @@ async def test_a_waiter_beside_the_consumers_holds_back_no_page_of_the_backlog(
     assert sorted(key for key, _ in ran) == sorted(keys)
     # A page of 4 a round: about 10 rounds (and as many polls on the wire engine).
     assert rounds <= 3 * len(keys) // 4, f"{rounds} rounds for {len(keys)} tasks"
+
+
+async def test_a_polling_consumer_finds_a_write_that_showed_long_after_it_was_stamped(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """A write is stamped before it is sent, and a poll reads by that stamp: a slow
+    transaction's writes, or a writer whose clock is behind ours, show up after the poll has
+    moved past their stamp. The consumers find such a task by its state within a poll
+    interval, not at the backstop fetch a minute later."""
+    sched = await open_scheduler(changestreams=False)
+    late = await open_scheduler(changestreams=False, clock=SkewedClock(clock, -30))
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": _runs(ran, "w")}, options=options):
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        await late.publish("late", None, name="job")
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("late", "w")]
+
+
+async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stamped(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """The same for `wait`: a task cancelled by a writer whose clock is behind ours ends the
+    wait within a poll interval, where reading by the time of the write would wait forever."""
+    sched = await open_scheduler(changestreams=False)
+    late = await open_scheduler(changestreams=False, clock=SkewedClock(clock, -30))
+    await sched.publish("k", None, name="job")
+    ended: list[ms.Task] = []
+
+    async def waiting() -> None:
+        ended.append(await sched.wait("k", timeout=3_600, poll_interval_ms=POLL_MS))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(waiting)
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        await late.cancel("k")
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        task_group.cancel_scope.cancel()
+    assert [task.state for task in ended] == [ms.TaskState.CANCELLED]
