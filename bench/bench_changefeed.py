@@ -20,15 +20,15 @@ ROUNDS = 2_000
 
 
 async def per_event_us(history: int) -> float:
-    feed = ChangeFeed("db", "tasks", history=10_000)
+    feed = ChangeFeed("db", history=10_000)
     document = {"_id": 0, "name": "job", "state": "pending", "payload": {"n": list(range(20))}}
     for n in range(history):
-        feed.publish("update", n, {**document, "_id": n})
+        feed.publish("update", n, {**document, "_id": n}, collection="tasks")
     match = [{"$match": {"fullDocument.name": {"$in": ["job"]}}}]
-    streams = [feed.open(match, "updateLookup", None) for _ in range(STREAMS)]
+    streams = [feed.open(match, "updateLookup", None, collection="tasks") for _ in range(STREAMS)]
     started = time.process_time()
     for n in range(ROUNDS):
-        feed.publish("update", n, {**document, "_id": n})
+        feed.publish("update", n, {**document, "_id": n}, collection="tasks")
         for stream in streams:
             assert await stream.try_next() is not None
     return (time.process_time() - started) / (ROUNDS * STREAMS) * 1e6

@@ -91,9 +91,10 @@ async def calls_per_task(uri: str, tasks: int) -> None:
 
 
 async def idle_load(uri: str, consumers: int, seconds: float) -> None:
-    """What idle consumers of one process cost: change streams opened (the process's one on
-    the tasks, shared by its consumers through `TaskHub`, and its one on the control version)
-    and reads per idle minute (without change streams: the process's poll)."""
+    """What idle consumers of one process cost: change streams opened (the process's one, on
+    the database, shared by its consumers and its controls through `TaskHub`; one more on
+    the control version only where the server refuses a stream on the database) and reads
+    per idle minute (without change streams: the process's poll)."""
     sched, counting, connection = await counted_scheduler(uri)
     controls, tasks = sched.store.control_hub, sched.store.task_hub
 
@@ -113,8 +114,9 @@ async def idle_load(uri: str, consumers: int, seconds: float) -> None:
     per_minute = calls * 60 / seconds
     print(
         f"idle load: {consumers} idle consumers in one process: change streams opened "
-        f"{tasks.streams_opened + controls.streams_opened} ({tasks.streams_opened} on the tasks, "
-        f"asked {asked}; {controls.streams_opened} on the controls; polling: {tasks.polling}), "
+        f"{tasks.streams_opened + controls.streams_opened} ({tasks.streams_opened} on the "
+        f"{'database' if tasks.whole_database else 'tasks'}, asked {asked}; "
+        f"{controls.streams_opened} on the controls alone; polling: {tasks.polling}), "
         f"{per_minute:.1f} reads per idle minute beyond the streams"
     )
     await dispose(counting, connection)

@@ -98,6 +98,12 @@ class CountingCollection:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
+    @property
+    def database(self) -> _CountedDatabase:
+        """The collection's database, whose change streams count here: the process's one
+        stream is opened on the database (``db.watch()``), for the tasks and the controls."""
+        return _CountedDatabase(self, self.wrapped.database)
+
     def find(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronous, as on the driver: it returns a cursor, whose iteration (where the query
         runs) is counted in `cpu_seconds` too."""
@@ -120,6 +126,22 @@ class _CountedCursor:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
+
+
+class _CountedDatabase:
+    def __init__(self, counting: CountingCollection, database: Any) -> None:
+        self._counting = counting
+        self._database = database
+
+    async def watch(self, *args: Any, **kwargs: Any) -> Any:
+        self._counting.counts["watch"] += 1
+        stream = self._database.watch(*args, **kwargs)
+        if inspect.isawaitable(stream):
+            stream = await _Timed(self._counting, stream)
+        return _CountedStream(self._counting, stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._database, name)
 
 
 class _CountedStream:

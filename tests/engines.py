@@ -50,6 +50,27 @@ class SkewedClock:
         await self.base.wait_until(None if deadline is None else deadline - self.skew, event)
 
 
+class OpenStreams:
+    """Counts the streams the memory backend's change feed of a scheduler's database opens,
+    and how many are open at once (a stream is open until closed or ended)."""
+
+    def __init__(self, sched: ms.Scheduler) -> None:
+        feed = sched.collection.changes
+        self.opened = 0
+        self._live: list[Any] = []
+        self.most_at_once = 0
+        open_stream = feed.open
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            stream = open_stream(*args, **kwargs)
+            self.opened += 1
+            self._live = [s for s in self._live if s.alive] + [stream]
+            self.most_at_once = max(self.most_at_once, len(self._live))
+            return stream
+
+        feed.open = counted
+
+
 # What an engine lacks, named once so every skip says the same thing.
 NO_CHANGE_STREAMS = "the wire engine (mongoeco) has no change streams over the wire"
 NO_GRAPH_LOOKUP = "the wire engine (mongoeco) has no $graphLookup over the wire"

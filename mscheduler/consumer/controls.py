@@ -131,12 +131,7 @@ class Controls:
     async def serve_hub(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the process's `ControlHub` (or stand by to take it over); started once it
         watches."""
-        await self._hub.serve(
-            self._options.poll_interval_ms,
-            self._options.discovery,
-            self._options.reconnect_delay,
-            task_status=task_status,
-        )
+        await self._hub.serve(self._options, task_status=task_status)
 
     async def _follow(
         self,

@@ -1,14 +1,14 @@
 """What tells a process that a control document changed (a paused name, a limit, a schedule):
 one version, bumped by every control write, in ``<collection>.controls``.
 
-Why one version in a collection of its own, rather than a database-level change stream
-filtered by namespace, or the control documents kept in the tasks collection under their own
-kind: a database-level stream needs the ``changeStream`` privilege on the whole database (a
-user granted it on the tasks collection alone is refused), and control documents among the
-tasks would be seen by every query and index of tasks (listings, counts, the claim index's
-partial scans) that must then leave them out. A version apart costs one small document, one
-stream per process (`ControlHub`) or, without change streams, one read of one document per
-poll interval, and nothing while nothing changes.
+Why one version in a collection of its own, rather than the control documents kept in the
+tasks collection under their own kind: control documents among the tasks would be seen by
+every query and index of tasks (listings, counts, the claim index's partial scans) that must
+then leave them out. A version apart costs one small document. The process's one change
+stream, on the database (`discovery.TaskHub`), carries its writes beside the tasks'; where the
+server grants no stream on the whole database (``changeStream`` on the tasks collection
+alone), `ControlHub` keeps a stream of its own on the version; without change streams it reads
+the version once per poll interval. Nothing is read while nothing changes.
 
 Invariant: a control write is followed by the bump; a process reads its controls again after
 any bump it sees (and once when it starts watching), so a change is in effect there within one
@@ -26,8 +26,9 @@ from pymongo.errors import PyMongoError
 from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
-from ..worker_options import Discovery
+from ..worker_options import Discovery, WorkerOptions
 from .base import BesideTasks, StoreBase
+from .discovery import Subscription, TaskHub
 from .driver import driver_errors
 from .streams import MAX_AWAIT_MS, OneRunner, close_quietly, open_unless_refused
 
@@ -56,14 +57,18 @@ class ControlVersion(BesideTasks):
 
 
 class ControlHub:
-    """One per store (so per `Scheduler`): one change stream on the version, or one read of it
-    per poll interval, for all the process's consumers. Each consumer calls `serve`: one of
-    them runs the watch, the others wait to take over if it stops. `version` counts the
-    changes seen here; `changed` waits for the next."""
+    """One per store (so per `Scheduler`): the control changes from the process's stream
+    (`TaskHub`), or from a stream of its own on the version, or one read of it per poll
+    interval, for all the process's consumers. Each consumer calls `serve`: one of them runs
+    the watch, the others wait to take over if it stops. `version` counts the changes seen
+    here; `changed` waits for the next."""
 
-    def __init__(self, store: StoreBase, version: ControlVersion, clock: Clock) -> None:
+    def __init__(
+        self, store: StoreBase, version: ControlVersion, task_hub: TaskHub, clock: Clock
+    ) -> None:
         self._store = store
         self._version = version
+        self._task_hub = task_hub
         self._clock = clock
         self.version = 0
         self.ready = anyio.Event()  # set while a runner watches (no change can be missed)
@@ -86,9 +91,7 @@ class ControlHub:
 
     async def serve(
         self,
-        poll_interval_ms: int,
-        discovery: Discovery,
-        reconnect_delay: Delay,
+        options: WorkerOptions,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -97,11 +100,36 @@ class ControlHub:
 
         async def watch(started: TaskStatus[None]) -> None:
             try:
-                await self._watch(poll_interval_ms, discovery, reconnect_delay, started)
+                if self._task_hub.carries_controls and not self.polling:
+                    started = await self._ride(options, started)
+                await self._watch(
+                    options.poll_interval_ms, options.discovery, options.reconnect_delay, started
+                )
             finally:
                 self.ready = anyio.Event()
 
         await self._runner.serve(watch, task_status)
+
+    async def _ride(self, options: WorkerOptions, started: TaskStatus[None]) -> TaskStatus[None]:
+        """The changes from the process's stream, while it carries them: a write of the
+        version, or the stream opened afresh, is a change (what happened while nobody watched
+        is read again). Returns, with what is left of ``started``, once the stream no longer
+        carries them (the server refused it on the database, or refused streams: this
+        process polls)."""
+        subscription = Subscription(options, controls=True)
+        async with self._task_hub.subscription(subscription):
+            if not self._task_hub.carries_controls:
+                self.polling = self._task_hub.polling
+                return started
+            self._bump()
+            self.ready.set()
+            started.started()
+            while True:
+                await subscription.next()  # each item: read the controls again
+                if not self._task_hub.carries_controls:
+                    self._bump()
+                    return anyio.TASK_STATUS_IGNORED
+                self._bump()
 
     async def _watch(
         self,

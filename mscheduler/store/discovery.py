@@ -5,8 +5,14 @@ iterator, with `TaskHub.follow`) with what it wants to
 hear of: a consumer the writes that may give it work on its names, a waiter the state changes
 of its keys, a watch every write of its names. The hub hands each subscriber the tasks for it.
 
-Beside it, `controls.ControlHub` follows the control documents: a second stream (or read) per
-process, never per consumer, as one watch covers one collection here (see `controls`).
+The stream is opened on the database (``db.watch()``), filtered on the server to the tasks
+collection and the control version beside it (`controls`): one stream per process carries the
+tasks' changes to the consumers, waiters and watches, and the control changes to the process's
+`controls.ControlHub`, a subscriber like them (``controls=True``). Where the server refuses a
+stream on the whole database (a role granted ``changeStream`` on the tasks collection alone:
+Unauthorized, 13; a server with streams on collections only), the hub watches the tasks
+collection alone and the `ControlHub` keeps a stream of its own on the version: two per
+process, said once. Where the server refuses that too, the process polls (below).
 
 Stream: opened *before* a subscriber's first read, with the union of the subscribers' filters
 (`hub_pipeline`); a subscriber the open stream does not cover reopens it from the resume token
@@ -54,12 +60,14 @@ from .streams import (
     CONSUMER_NEEDLESS,
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
+    UNAUTHORIZED,
     WAITER_NEEDLESS,
     OneRunner,
     ResumePoint,
     close_quietly,
     open_change_stream,
     open_unless_refused,
+    refuses_streams,
     without,
 )
 
@@ -83,7 +91,8 @@ _WHOLE = ["insert", "replace"]
 class Subscription:
     """What one consumer, waiter or watch hears of: ``wakes`` (names: writes that may give
     work), ``states`` (keys: state changes), ``every`` (names, or all names when ``None`` is
-    among them: every write). Read with `next`; `RESYNC` means "read everything again".
+    among them: every write), ``controls`` (each control change, as a `RESYNC`). Read with
+    `next`; `RESYNC` means "read everything again".
     ``options`` say how to discover (``discovery``, ``poll_interval_ms``, the backoff) when
     this subscriber runs the hub."""
 
@@ -96,8 +105,10 @@ class Subscription:
         every: Iterable[str | None] = (),
         buffer_size: int = BUFFER_SIZE,
         holds: Callable[[str], bool] = lambda key: False,
+        controls: bool = False,
     ) -> None:
         self.options = options
+        self.controls = controls  # told (as `RESYNC`) of every write of the control version
         self.holds = holds  # a consumer's running keys: every change of them matters to it
         self.wakes = frozenset(wakes)
         self.states = frozenset(states)
@@ -169,6 +180,10 @@ class _Coverage:
         self.every = {name for sub in subs for name in sub.every}
 
     def covers(self, sub: Subscription) -> bool:
+        if sub.controls:
+            # Every stream on the database carries the controls; one on the collection never
+            # does, and the controls' hub then keeps a stream of its own (`ControlHub`).
+            return True
         if None in self.every:
             return True
         return (
@@ -178,10 +193,16 @@ class _Coverage:
         )
 
 
-def hub_pipeline(subscriptions: Iterable[Subscription]) -> list[dict[str, Any]]:
+def hub_pipeline(
+    subscriptions: Iterable[Subscription], namespaces: tuple[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The stream's pipeline: the union of what the subscribers want. Each part tests the
-    event first (operation, changed fields), which MongoDB checks on the oplog entry before
-    any ``updateLookup``: a ping passes only when a watch wants every write."""
+    event first (operation, changed fields, namespace), which MongoDB checks on the oplog
+    entry before any ``updateLookup``: a ping passes only when a watch wants every write.
+    ``namespaces`` (the tasks collection, the control version's): a stream on the database,
+    whose events of other collections the ``$match`` drops, and that carries the control
+    version's whoever subscribes: those writes are rare, and a consumer joining later then
+    reopens nothing."""
     cover = _Coverage(subscriptions)
     wakes, states = sorted(cover.wakes), sorted(cover.states)
     clauses: list[dict[str, Any]] = []
@@ -200,6 +221,9 @@ def hub_pipeline(subscriptions: Iterable[Subscription]) -> list[dict[str, Any]]:
         match = clauses[0]
     else:
         match = {"$or": clauses}
+    if namespaces is not None:
+        tasks, controls = namespaces
+        match = {"$or": [{"ns.coll": tasks, **match}, {"ns.coll": controls}]}
     # A task's result (what only a waiter or a watch reads) is sent only when one listens.
     needless = CONSUMER_NEEDLESS if not states and not cover.every else WAITER_NEEDLESS
     return [{"$match": match}, without(needless)]
@@ -218,9 +242,12 @@ class TaskHub:
     one of them runs the stream or the poll loop, the others stand by to take over, from the
     kept resume token (or poll time), when it leaves."""
 
-    def __init__(self, store: StoreBase, clock: Clock) -> None:
+    def __init__(self, store: StoreBase, clock: Clock, controls_suffix: str) -> None:
         self._store = store
         self._clock = clock
+        self._controls_suffix = controls_suffix
+        # On the database, with the control version, until the server refuses that.
+        self.whole_database = getattr(store.collection, "database", None) is not None
         self._subs: list[Subscription] = []
         self._runner = OneRunner()
         self._joined = anyio.Event()  # a subscriber joined: is it covered?
@@ -237,7 +264,19 @@ class TaskHub:
 
     @property
     def subscribers(self) -> int:
-        return len(self._subs)
+        """Those of tasks: consumers, waiters, watches (not the controls' `ControlHub`)."""
+        return sum(not sub.controls for sub in self._subs)
+
+    @property
+    def carries_controls(self) -> bool:
+        """Whether the control changes come through this hub's stream (see the module)."""
+        return self.whole_database and not self.polling
+
+    def _pipeline(self) -> list[dict[str, Any]]:
+        if not self.whole_database:
+            return hub_pipeline(self._subs)
+        tasks = self._store.collection.name
+        return hub_pipeline(self._subs, (tasks, tasks + self._controls_suffix))
 
     @contextlib.asynccontextmanager
     async def subscription(self, sub: Subscription) -> AsyncIterator[Subscription]:
@@ -384,12 +423,30 @@ class TaskHub:
             try:
                 stream, refusal = await open_unless_refused(
                     self._store,
-                    hub_pipeline(self._subs),
+                    self._pipeline(),
                     options.discovery,
                     max_await_time_ms=MAX_AWAIT_MS,
+                    whole_database=self.whole_database,
                     **self.position.open_options(),
                 )
             except OperationFailure as exc:
+                if self.whole_database and refuses_streams(exc):
+                    # Unauthorized (13): a role granting streams on some collections only.
+                    # Any other refusal: a stream on the collection is tried before polling.
+                    log.log(
+                        logging.WARNING if exc.code == UNAUTHORIZED else logging.INFO,
+                        "the server refused a change stream on the database (%s); watching the "
+                        "tasks and the control version apart, two streams in this process",
+                        exc,
+                        extra={"action": "stream_per_collection"},
+                    )
+                    self.whole_database = False
+                    if self.position.token is not None:
+                        self._lose_place()  # a database stream's token: not the collection's
+                    for sub in self._subs:  # the controls' hub: to a stream of its own
+                        if sub.controls:
+                            sub.deliver(RESYNC)
+                    continue
                 if self.position.token is not None and exc.code in RESUME_IMPOSSIBLE:
                     log.warning(
                         "change stream cannot resume (%s); re-fetching all tasks",
@@ -455,6 +512,13 @@ class TaskHub:
             event = await stream.try_next()
             self.position.read(stream, event)
             if event is None:
+                continue
+            if self.whole_database and event.get("ns", {}).get("coll") != (
+                self._store.collection.name
+            ):
+                for sub in self._subs:  # the control version: the $match lets no other by
+                    if sub.controls:
+                        sub.deliver(RESYNC)
                 continue
             document = event.get("fullDocument")
             if document is None:
@@ -528,7 +592,10 @@ class TaskHub:
     async def _stream_back(self) -> bool:
         try:
             stream = await open_change_stream(
-                self._store, hub_pipeline(self._subs), max_await_time_ms=MAX_AWAIT_MS
+                self._store,
+                self._pipeline(),
+                max_await_time_ms=MAX_AWAIT_MS,
+                whole_database=self.whole_database,
             )
         except PyMongoError as exc:
             log.debug("change stream still refused: %s", exc, extra={"action": "polling"})

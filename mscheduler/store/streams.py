@@ -34,6 +34,9 @@ RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
 # Any other code (an election's 6, 7, 89, 91, 133, 134, 189, 262, 9001, 10107, 11600...)
 # is transient: retried with backoff, never taken for "no streams here".
 NO_STREAMS_HERE = frozenset({40573, 13, 115, 40324})
+# Refused a stream on the whole database, where one on the tasks collection may still be
+# granted (``changeStream`` and ``find`` given on some collections only).
+UNAUTHORIZED = 13
 # How long a read waits for events before it returns an empty batch (and a new resume
 # token): the server's default for a change stream's getMore, said aloud.
 MAX_AWAIT_MS = 1_000
@@ -157,7 +160,8 @@ class ResumePoint:
 
 
 class Watched(Protocol):
-    """What a stream is opened on: a store part with a ``collection`` (tasks, paused names)."""
+    """What a stream is opened on: a store part with a ``collection`` (the tasks, the control
+    version), or that collection's database."""
 
     @property
     def collection(self) -> Any: ...
@@ -170,9 +174,10 @@ async def open_change_stream(
     *,
     start_after: Any = None,
     max_await_time_ms: int | None = None,
+    whole_database: bool = False,
 ) -> Any:
-    """``watch`` with the document after each write; pymongo's async API returns a coroutine,
-    Motor the stream itself."""
+    """``watch`` with the document after each write, on the collection or (``whole_database``)
+    on its database; pymongo's async API returns a coroutine, Motor the stream itself."""
     kwargs: dict[str, Any] = {"full_document": "updateLookup"}
     if resume_after is not None:
         kwargs["resume_after"] = resume_after
@@ -180,7 +185,8 @@ async def open_change_stream(
         kwargs["start_after"] = start_after
     if max_await_time_ms is not None:
         kwargs["max_await_time_ms"] = max_await_time_ms
-    stream = store.collection.watch(pipeline, **kwargs)
+    watched = store.collection.database if whole_database else store.collection
+    stream = watched.watch(pipeline, **kwargs)
     return await stream if inspect.isawaitable(stream) else stream
 
 
@@ -191,7 +197,9 @@ async def open_unless_refused(
 
     Only a refusal (`refuses_streams`) means "no stream here"; any other error, a transient
     one from a server in an election included, propagates for the caller to retry with
-    backoff. With ``discovery="stream"`` a refusal is a `ConfigurationError`."""
+    backoff. With ``discovery="stream"`` a refusal is a `ConfigurationError`. On the whole
+    database (``whole_database``) a refusal propagates: the caller may still be granted a
+    stream on the collection (a role that grants it there alone refuses with 13)."""
     if discovery == "poll":
         return None, None
     try:
@@ -199,6 +207,8 @@ async def open_unless_refused(
     except OperationFailure as exc:
         if not refuses_streams(exc):
             raise
+        if options.get("whole_database"):
+            raise  # the caller tries the collection before it takes this for "no streams"
         if discovery == "stream":
             raise ConfigurationError(
                 f"discovery: 'stream' was asked for, but the server refused to open a change "

@@ -32,6 +32,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .controls import SUFFIX as CONTROLS_SUFFIX
 from .controls import ControlHub, ControlVersion
 from .discovery import TaskHub
 from .driver import driver_errors
@@ -59,9 +60,10 @@ class TaskStore(StoreBase):
         self.pauses = Pauses(self)
         self.limits = Limits(self)
         self.workers = Workers(self)
+        # The process's one change stream (or poll loop), the controls' changes on it too.
+        self.task_hub = TaskHub(self, clock, controls_suffix=CONTROLS_SUFFIX)
         self.control_version = ControlVersion(self)
-        self.control_hub = ControlHub(self, self.control_version, clock)
-        self.task_hub = TaskHub(self, clock)  # the process's one task stream (or poll loop)
+        self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
         # Finished tasks (keys, or ids where no key was read) whose dependents this process
         # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
         # added.

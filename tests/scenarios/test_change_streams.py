@@ -17,7 +17,7 @@ from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
 from tests.conftest import OpenScheduler
-from tests.engines import needs_change_streams, settle
+from tests.engines import OpenStreams, needs_change_streams, settle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -128,13 +128,19 @@ async def test_watch_goes_on_after_the_collection_is_dropped(
     assert seen == ["before", "after"]
 
 
+@pytest.mark.parametrize("on_database", [True, False], ids=["database-stream", "collection-stream"])
 async def test_a_consumer_goes_on_after_the_collection_is_dropped_without_a_refetch(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str
+    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str, on_database: bool
 ):
-    """The drop's ``invalidate`` ends the stream; it opens again after that event
-    (``startAfter``: ``resumeAfter`` is refused there), so nothing is fetched again."""
+    """A stream on the database reads the drop and goes on. One on the collection (where the
+    server refuses one on the database) ends with the drop's ``invalidate`` and opens again
+    after that event (``startAfter``: ``resumeAfter`` is refused there). Either way nothing
+    is fetched again."""
     needs_change_streams(engine)
     scheduler = await open_scheduler(notablescan=False)
+    if not on_database:
+        refusal = OperationFailure("not authorized on the database", code=13)
+        scheduler.collection.changes.refuse_database_streams(refusal)
     ran: list[str] = []
     async with running(scheduler, ran) as consumer:
         await scheduler.collection.drop()
@@ -143,7 +149,7 @@ async def test_a_consumer_goes_on_after_the_collection_is_dropped_without_a_refe
         clock.advance(0.1)
         await settle()
         assert ran == ["after-drop"]
-        assert consumer._listener.reopened == 1
+        assert consumer._listener.reopened == (0 if on_database else 1)
         assert consumer._listener.resyncs == 0
 
 
@@ -244,3 +250,46 @@ async def test_a_waiter_costs_no_lookup_for_updates_of_other_tasks(
         await scheduler.cancel("awaited")
         await settle()
     assert found[0].state is S.CANCELLED
+
+
+@pytest.mark.parametrize("on_database", [True, False], ids=["database-stream", "collection-stream"])
+async def test_a_process_holds_one_change_stream_and_control_changes_reach_it(
+    open_scheduler: OpenScheduler,
+    engine: str,
+    on_database: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Consumers and a waiter of one process, and their pauses: one stream, on the database,
+    carries the tasks and the control version. Where the server refuses a stream on the
+    database (a role granted ``changeStream`` on the tasks collection alone), the controls
+    take a second stream, said once, and a pause still holds from the next event."""
+    needs_change_streams(engine)
+    scheduler = await open_scheduler()
+    operator = await open_scheduler()  # another process, on the same database
+    if not on_database:
+        refusal = OperationFailure("not authorized on mscheduler to execute command", code=13)
+        scheduler.collection.changes.refuse_database_streams(refusal)
+    streams = OpenStreams(scheduler)
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    await scheduler.publish("waited", None, name="other")
+    consumers = scheduler.consumers({"job": job}, count=3)
+    async with consumers as group, anyio.create_task_group() as task_group:
+        task_group.start_soon(lambda: scheduler.wait("waited", timeout=3_600))
+        await settle()
+        await operator.pause("job")
+        await settle()
+        assert all(consumer.paused == {"job"} for consumer in group)
+        await operator.publish("held", None, name="job")
+        await settle()
+        assert ran == []
+        await operator.resume("job")
+        await settle()
+        assert ran == ["held"]
+        task_group.cancel_scope.cancel()
+    assert streams.most_at_once == (1 if on_database else 2)
+    said = [r for r in caplog.records if getattr(r, "action", "") == "stream_per_collection"]
+    assert len(said) == (0 if on_database else 1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import anyio
 import pytest
@@ -16,32 +15,11 @@ import pytest
 import mscheduler as ms
 from mscheduler.store.discovery import RESYNC, Subscription
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS, SkewedClock, needs_change_streams, settle
+from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 Discover = Callable[[], Awaitable[None]]
-
-
-class _OpenStreams:
-    """Counts the streams the memory backend's change feed opens, and how many are open at
-    once (a stream is open until closed or ended)."""
-
-    def __init__(self, sched: ms.Scheduler) -> None:
-        feed = sched.collection.changes
-        self.opened = 0
-        self._live: list[Any] = []
-        self.most_at_once = 0
-        open_stream = feed.open
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            stream = open_stream(*args, **kwargs)
-            self.opened += 1
-            self._live = [s for s in self._live if s.alive] + [stream]
-            self.most_at_once = max(self.most_at_once, len(self._live))
-            return stream
-
-        feed.open = counted
 
 
 def _runs(into: list[tuple[str, str]], worker: str) -> Callable[[ms.Task], Awaitable[None]]:
@@ -53,7 +31,7 @@ def _runs(into: list[tuple[str, str]], worker: str) -> Callable[[ms.Task], Await
 
 async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engine: str) -> None:
     needs_change_streams(engine)
-    streams = _OpenStreams(scheduler)
+    streams = OpenStreams(scheduler)
     ran: list[tuple[str, str]] = []
     async with scheduler.consumers({"job": _runs(ran, "any")}, count=10) as group:
         assert len(group) == 10
@@ -69,7 +47,7 @@ async def test_consumers_of_different_names_each_get_their_own(
 ) -> None:
     """On memory: never more than one task stream open at once (a consumer of new names
     reopens it, wider, from its resume token); on the wire the one poll covers all names."""
-    streams = _OpenStreams(scheduler) if engine == "memory" else None
+    streams = OpenStreams(scheduler) if engine == "memory" else None
     ran: list[tuple[str, str]] = []
     names = [f"n{n}" for n in range(4)]
     consumers = [
@@ -94,7 +72,7 @@ async def test_consumers_of_different_names_each_get_their_own(
 
 async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, engine: str) -> None:
     needs_change_streams(engine)
-    streams = _OpenStreams(scheduler)
+    streams = OpenStreams(scheduler)
     ran: list[tuple[str, str]] = []
     await scheduler.publish_many(ms.TaskSpec(key=f"k{n}", name="job") for n in range(5))
     async with scheduler.consumers({"job": _runs(ran, "any")}, count=3):
@@ -157,7 +135,7 @@ async def test_a_watch_shares_the_consumers_stream(
     """A watch started while consumers run opens no stream of its own (memory: one open at
     once, the consumers' one, reopened wider), polls with them on the wire, and still shows a
     task published after it started, every change of it in order."""
-    streams = _OpenStreams(scheduler) if engine == "memory" else None
+    streams = OpenStreams(scheduler) if engine == "memory" else None
     hub = scheduler.store.task_hub
     ran: list[tuple[str, str]] = []
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)

@@ -344,3 +344,42 @@ async def test_lookups_count_updates_the_oplog_part_of_a_match_lets_through(
     assert collection.changes.lookups == before + 1, "no part of its $match is on the event"
     assert await on_event.try_next() is None
     assert collection.changes.lookups == before + 1, "dropped before the lookup"
+
+
+async def test_a_database_stream_reads_every_collection_and_a_collection_stream_its_own(
+    collection: MemoryCollection,
+):
+    """As ``db.watch()`` and ``collection.watch()``: one log, in the order written, each event
+    naming its collection; a dropped collection invalidates its own streams only."""
+    beside = collection.database.get_collection(collection.name + ".controls")
+    everything = await collection.database.watch()
+    tasks_only = await collection.watch()
+    await collection.insert_one({"_id": 1})
+    await beside.insert_one({"_id": "version"})
+    await collection.update_one({"_id": 1}, {"$set": {"n": 1}})
+    await beside.drop()
+    await collection.insert_one({"_id": 2})
+    seen = [await everything.next() for _ in range(5)]
+    assert [(e["operationType"], e["ns"]["coll"]) for e in seen] == [
+        ("insert", collection.name),
+        ("insert", beside.name),
+        ("update", collection.name),
+        ("drop", beside.name),
+        ("insert", collection.name),
+    ]
+    assert everything.alive, "a database stream outlives a collection's drop"
+    own = [await tasks_only.next() for _ in range(3)]
+    assert [e["documentKey"]["_id"] for e in own] == [1, 1, 2]
+
+
+async def test_a_database_stream_can_be_refused_where_a_collection_stream_is_not(
+    collection: MemoryCollection,
+):
+    """A user granted ``changeStream`` on the collection alone (Unauthorized, 13)."""
+    collection.changes.refuse_database_streams(OperationFailure("not authorized", code=13))
+    with pytest.raises(OperationFailure) as info:
+        await collection.database.watch()
+    assert info.value.code == 13
+    stream = await collection.watch()
+    await collection.insert_one({"_id": 1})
+    assert (await stream.next())["documentKey"] == {"_id": 1}

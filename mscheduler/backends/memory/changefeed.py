@@ -1,16 +1,20 @@
 """The memory backend's change stream: what MongoDB's ``watch()`` gives, for an in-process store.
 
-Every write of `MemoryCollection` publishes one event (insert, update, replace, delete) with a
-resume token; a `MemoryChangeStream` reads them with the server's semantics that the listener
-relies on: ``$match`` and exclusion ``$project`` pipelines, ``fullDocument: "updateLookup"``,
-``resume_after`` and ``start_after``, a bounded history (an old token raises
+One feed per database, as the oplog is one log for every collection. Every write of a
+`MemoryCollection` publishes one event (insert, update, replace, delete) with a resume token,
+and its namespace; a `MemoryChangeStream` on a collection reads that collection's events, one
+on the database (``db.watch()``) every collection's, with the server's semantics that the
+listener relies on: ``$match`` and exclusion ``$project`` pipelines, ``fullDocument:
+"updateLookup"``, ``resume_after`` and ``start_after``, a bounded history (an old token raises
 ``ChangeStreamHistoryLost``, code 286), and errors that tests inject to exercise the listener's
 recovery. And what only a real server would otherwise show:
 
 - an event over 16 MiB as the pipeline leaves it fails the read with ``BSONObjectTooLarge``
   (10334), and the stream stays before it, so resuming from the same token meets it again;
 - a drop or rename (`ChangeFeed.invalidate`) sends that event and then ``invalidate``, which
-  closes every stream; ``resumeAfter`` that token is refused (260), ``startAfter`` it is not;
+  closes every stream on that collection; ``resumeAfter`` that token is refused (260),
+  ``startAfter`` it is not. A stream on the database reads the drop and goes on (a database
+  stream is invalidated only when the database is dropped);
 - a read that waits (``max_await_time_ms``, a getMore with awaitData) returns None once other
   writes passed by unmatched, its resume token advanced past them (``postBatchResumeToken``);
 - ``lookups`` counts the ``updateLookup`` reads the server would make: the part of a ``$match``
@@ -45,7 +49,7 @@ BSON_OBJECT_TOO_LARGE = 10334
 DEFAULT_HISTORY = 10_000
 
 
-_PRIVATE = frozenset({"_seq", "_verdicts"})  # what an event keeps for the feed alone
+_PRIVATE = frozenset({"_seq", "_verdicts", "_coll"})  # what an event keeps for the feed alone
 
 
 def _token(sequence: int) -> dict[str, str]:
@@ -60,10 +64,11 @@ def _sequence(token: Mapping[str, Any]) -> int:
 
 
 class ChangeFeed:
-    """Events of one collection, kept in a bounded history so streams can resume."""
+    """Events of one database's collections, kept in a bounded history so streams can resume."""
 
-    def __init__(self, database: str, collection: str, history: int = DEFAULT_HISTORY) -> None:
-        self._namespace = {"db": database, "coll": collection}
+    def __init__(self, database: str, history: int = DEFAULT_HISTORY) -> None:
+        self._database = database
+        self._namespaces: dict[str, dict[str, str]] = {}
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self._sequence = 0
         self._forgotten_before = 1  # the oldest sequence a stream may still resume from
@@ -74,6 +79,7 @@ class ChangeFeed:
         self.max_event_bytes = MAX_EVENT_BYTES  # a test may lower it
         self.lookups = 0  # updateLookup reads the server would have made
         self._open_errors: list[PyMongoError] = []
+        self._database_refusal: PyMongoError | None = None
         self.stalled = False  # streams stay open and deliver nothing (`stall`)
 
     @property
@@ -86,25 +92,37 @@ class ChangeFeed:
         document_id: Any,
         full_document: Mapping[str, Any] | None,
         before: Mapping[str, Any] | None = None,
+        *,
+        collection: str,
     ) -> None:
         after = document_copy(full_document) if full_document else None
         event: dict[str, Any] = {"operationType": operation, "documentKey": {"_id": document_id}}
         event["fullDocument"] = after
         if operation == "update" and before is not None and after is not None:
             event["updateDescription"] = update_description(before, after)
-        self._append(event)
+        self._append(event, collection)
 
-    def invalidate(self, operation: str = "drop", to: Mapping[str, str] | None = None) -> None:
-        """The collection was dropped or renamed (``operation``; ``to``: the new namespace):
-        that event, then ``invalidate``, which ends every open stream after it is read."""
+    def invalidate(
+        self, collection: str, operation: str = "drop", to: Mapping[str, str] | None = None
+    ) -> None:
+        """``collection`` was dropped or renamed (``operation``; ``to``: the new namespace):
+        that event, then ``invalidate``, which ends every open stream on it after it is read."""
         event: dict[str, Any] = {"operationType": operation}
         if to is not None:
             event["to"] = dict(to)
-        self._append(event)
-        self._append({"operationType": "invalidate"})
+        self._append(event, collection)
+        self._append({"operationType": "invalidate"}, collection)
         self._invalidated_at.add(self._sequence)
 
-    def _append(self, fields: dict[str, Any]) -> None:
+    def _namespace(self, collection: str) -> dict[str, str]:
+        # One dict per collection for every event: what reads an event copies it first
+        # (`run_pipeline` on write, `document_copy` on delivery), so no one changes it.
+        namespace = self._namespaces.get(collection)
+        if namespace is None:
+            namespace = self._namespaces[collection] = {"db": self._database, "coll": collection}
+        return namespace
+
+    def _append(self, fields: dict[str, Any], collection: str) -> None:
         self._sequence += 1
         if len(self._events) == self._events.maxlen:
             forgotten = self._events[0]["_seq"]
@@ -114,12 +132,11 @@ class ChangeFeed:
             "_seq": self._sequence,
             "_verdicts": {},  # a stream's pipeline output for this event, by its `_kind`
             "_id": _token(self._sequence),
+            "_coll": collection,
             "operationType": fields.pop("operationType"),
         }
         if event["operationType"] != "invalidate":
-            # One dict for every event: what reads an event copies it first (`run_pipeline`
-            # on write, `document_copy` on delivery), so no one changes it.
-            event["ns"] = self._namespace
+            event["ns"] = self._namespace(collection)
         event["wallTime"] = dt.datetime.now(UTC)
         event.update(fields)
         self._events.append(event)
@@ -133,6 +150,11 @@ class ChangeFeed:
     def fail_opens(self, *errors: PyMongoError) -> None:
         """The next opens of a stream raise these, one each (an election, a revoked role)."""
         self._open_errors.extend(errors)
+
+    def refuse_database_streams(self, error: PyMongoError | None) -> None:
+        """Every open of a stream on the whole database raises ``error`` (None: no more), as
+        for a user granted ``changeStream`` on some collections only."""
+        self._database_refusal = error
 
     def stall(self, stalled: bool = True) -> None:
         """Open streams deliver nothing, and raise nothing, until ``stall(False)``: as a
@@ -181,7 +203,11 @@ class ChangeFeed:
         *,
         start_after: Mapping[str, Any] | None = None,
         max_await_time_ms: int | None = None,
+        collection: str | None,
     ) -> MemoryChangeStream:
+        """A stream on ``collection``, or on the whole database when it is None."""
+        if collection is None and self._database_refusal is not None:
+            raise self._database_refusal
         if self._open_errors:
             raise self._open_errors.pop(0)
         stages = parse_pipeline(pipeline)
@@ -197,7 +223,9 @@ class ChangeFeed:
                     code=INVALID_RESUME_TOKEN,
                 )
         self._events_after(start)  # raise now, as the server does, for a lost resume point
-        return MemoryChangeStream(self, stages, full_document, start, max_await_time_ms)
+        return MemoryChangeStream(
+            self, stages, full_document, start, max_await_time_ms, collection=collection
+        )
 
 
 class MemoryChangeStream:
@@ -210,8 +238,11 @@ class MemoryChangeStream:
         full_document: str | None,
         start: int,
         max_await_time_ms: int | None = None,
+        *,
+        collection: str | None,
     ) -> None:
         self._feed = feed
+        self._collection = collection  # None: the whole database
         self._stages = stages
         self._with_full_document = full_document in ("updateLookup", "required", "whenAvailable")
         self._lookup = full_document == "updateLookup"
@@ -226,7 +257,7 @@ class MemoryChangeStream:
         self._closed = False
         # Streams that show events alike and shape them alike (the consumers of one set of
         # names) run each event through the pipeline once between them.
-        self._kind = (self._with_full_document, repr(stages))
+        self._kind = (collection, self._with_full_document, repr(stages))
 
     @property
     def resume_token(self) -> dict[str, str]:
@@ -334,7 +365,13 @@ class MemoryChangeStream:
         """The event through this stream's pipeline (shared with streams of its kind: not to
         be changed), or None when a ``$match`` dropped it. An invalidate passes whatever the
         pipeline says, as the server's does; an update the oplog part of a ``$match`` keeps
-        costs a lookup of the document."""
+        costs a lookup of the document. A stream on one collection reads its events only; one
+        on the database every collection's, but not a collection's invalidate."""
+        if self._collection is None:
+            if event["operationType"] == "invalidate":
+                return None
+        elif event["_coll"] != self._collection:
+            return None
         if (
             self._lookup
             and event["operationType"] == "update"

@@ -3,11 +3,14 @@ of an aggregation, and a database that has no commands."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import OperationFailure
+
+if TYPE_CHECKING:
+    from .changefeed import ChangeFeed, MemoryChangeStream
 
 
 @dataclass
@@ -34,10 +37,36 @@ class AggregateCursor:
 
 
 class MemoryDatabase:
-    """Database commands, as a server that has none of them answers; its collections."""
+    """Database commands, as a server that has none of them answers; its collections; a
+    change stream on all of them (``db.watch()``)."""
 
-    def __init__(self, get_collection: Any) -> None:
+    def __init__(self, get_collection: Any, feed: ChangeFeed, *, change_streams: bool) -> None:
         self.get_collection = get_collection
+        self._feed = feed
+        self._change_streams = change_streams
+
+    async def watch(
+        self,
+        pipeline: Sequence[Mapping[str, Any]] | None = None,
+        full_document: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        *,
+        start_after: Mapping[str, Any] | None = None,
+        max_await_time_ms: int | None = None,
+        **_: Any,
+    ) -> MemoryChangeStream:
+        if not self._change_streams:  # as a standalone mongod answers
+            raise OperationFailure(
+                "The $changeStream stage is only supported on replica sets", code=40573
+            )
+        return self._feed.open(
+            pipeline,
+            full_document,
+            resume_after,
+            start_after=start_after,
+            max_await_time_ms=max_await_time_ms,
+            collection=None,
+        )
 
     async def command(self, command: Mapping[str, Any], **_: Any) -> Any:
         name = next(iter(command))

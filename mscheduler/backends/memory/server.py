@@ -96,7 +96,7 @@ class MemoryCollection:
 
     @property
     def database(self) -> MemoryDatabase:
-        return MemoryDatabase(self._sibling)
+        return MemoryDatabase(self._sibling, self.changes, change_streams=self.change_streams)
 
     def _check_plan(self, query: Mapping[str, Any] | None, sort: Any = None) -> None:
         if not self.notablescan:
@@ -174,6 +174,7 @@ class MemoryCollection:
             resume_after,
             start_after=start_after,
             max_await_time_ms=max_await_time_ms,
+            collection=self.name,
         )
 
     async def drop(self, **_: Any) -> None:
@@ -184,18 +185,18 @@ class MemoryCollection:
         for name, _keys in self._indexes[1:]:
             self._ordered.drop(name)
         del self._indexes[1:]
-        self.changes.invalidate("drop")
+        self.changes.invalidate(self.name, "drop")
 
     # -- writes: each one publishes the change it made
 
     def _emit(self, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
         self._ordered.changed(before, after)
         if after is None and before is not None:
-            self.changes.publish("delete", before["_id"], None)
+            self.changes.publish("delete", before["_id"], None, collection=self.name)
         elif before is None and after is not None:
-            self.changes.publish("insert", after["_id"], after)
+            self.changes.publish("insert", after["_id"], after, collection=self.name)
         elif before is not None and after is not None and before != after:
-            self.changes.publish("update", after["_id"], after, before)
+            self.changes.publish("update", after["_id"], after, before, collection=self.name)
 
     async def insert_one(self, document: dict[str, Any], **_: Any) -> Any:
         refuse_insert(document)
@@ -273,7 +274,7 @@ class MemoryCollection:
         after = await self._inner.find_one({"_id": before["_id"]})
         self._ordered.changed(before, after)
         if before != after:
-            self.changes.publish("replace", before["_id"], after)
+            self.changes.publish("replace", before["_id"], after, collection=self.name)
         return after if return_document else before
 
     async def update_one(
@@ -376,14 +377,16 @@ class MemoryServer:
 
     def __init__(self) -> None:
         self.client: Any = AsyncMongoMockClient(tz_aware=False)
-        self._feeds: dict[tuple[str, str], ChangeFeed] = {}
+        self._feeds: dict[str, ChangeFeed] = {}  # by database: one log for its collections
         self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
         self._ordered: dict[tuple[str, str], IndexSet] = {}
 
     def collection(self, database: str, collection: str, **flags: bool) -> MemoryCollection:
         """``flags``: ``notablescan``, ``change_streams`` (see `MemoryCollection`)."""
         namespace = (database, collection)
-        feed = self._feeds.setdefault(namespace, ChangeFeed(database, collection))
+        feed = self._feeds.get(database)
+        if feed is None:
+            feed = self._feeds[database] = ChangeFeed(database)
         indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
         inner = self.client[database][collection]
         ordered = self._ordered.get(namespace)
