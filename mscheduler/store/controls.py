@@ -100,11 +100,15 @@ class ControlHub:
 
         async def watch(started: TaskStatus[None]) -> None:
             try:
-                if self._task_hub.carries_controls and not self.polling:
-                    started = await self._ride(options, started)
-                await self._watch(
-                    options.poll_interval_ms, options.discovery, options.reconnect_delay, started
-                )
+                while True:
+                    if self._task_hub.carries_controls:
+                        started = await self._ride(options, started)
+                    started = await self._watch(
+                        options.poll_interval_ms,
+                        options.discovery,
+                        options.reconnect_delay,
+                        started,
+                    )
             finally:
                 self.ready = anyio.Event()
 
@@ -117,6 +121,7 @@ class ControlHub:
         carries them (the server refused it on the database, or refused streams: this
         process polls)."""
         subscription = Subscription(options, controls=True)
+        self.polling = False
         async with self._task_hub.subscription(subscription):
             if not self._task_hub.carries_controls:
                 self.polling = self._task_hub.polling
@@ -127,6 +132,7 @@ class ControlHub:
             while True:
                 await subscription.next()  # each item: read the controls again
                 if not self._task_hub.carries_controls:
+                    self.polling = self._task_hub.polling
                     self._bump()
                     return anyio.TASK_STATUS_IGNORED
                 self._bump()
@@ -137,10 +143,10 @@ class ControlHub:
         discovery: Discovery,
         reconnect_delay: Delay,
         task_status: TaskStatus[None],
-    ) -> None:
+    ) -> TaskStatus[None]:
         """The stream on the version (opened before the first read), or a read of it each poll
         interval. Every (re)start counts as a change: what happened while nobody watched is
-        read again."""
+        read again. A poll returns once the process's stream carries the controls again."""
         stream, known = None, None
         backoff = Backoff(self._clock, reconnect_delay)
         try:
@@ -179,6 +185,8 @@ class ControlHub:
                 task_status = anyio.TASK_STATUS_IGNORED
                 if stream is None:
                     await sleep(self._clock, poll_interval_ms / 1000)
+                    if self._task_hub.carries_controls:
+                        return task_status
                     continue
                 try:
                     event = await stream.try_next()

@@ -80,9 +80,13 @@ BUFFER_SIZE = 10_000
 # How far behind the previous poll a poll reads again: writers' clocks within this of ours,
 # and a write in flight across a poll, are seen there; the reads by state cover the rest.
 CLOCK_SKEW = dt.timedelta(seconds=1)
-# The tasks due soonest that a poll reads for the consumers: a due task the time window missed
-# is found once it is among them, as consumers claim in that order anyway.
-DUE_PAGE = 100
+# The tasks due soonest of one name that a poll reads for the consumers: a due task the time
+# window missed is found once it is among them, as consumers claim in that order anyway.
+DUE_PAGE = 20
+# Names whose due tasks one poll reads, and waited keys whose end it reads, taken in turns:
+# the cost of a poll stays bounded whatever the names and keys (the rest wait a few polls).
+DUE_NAMES_PER_POLL = 8
+ENDED_KEYS_PER_POLL = 5_000
 
 _WRITES = ["insert", "update", "replace"]
 _WHOLE = ["insert", "replace"]
@@ -114,7 +118,9 @@ class Subscription:
         self.states = frozenset(states)
         self.every = frozenset(every)
         self.buffer_size = buffer_size
-        self.ended: set[str] = set()  # keys of ``states`` handed out terminal: not read again
+        # A waiter's tasks' names, once read: the poll's read of writes covers them too.
+        self.names: set[str] = set()
+        self.ended: set[str] = set()  # keys of ``states`` seen terminal: not read again
         self.resyncs = 0  # times told to resync (fell behind, or the stream lost its place)
         self._buffer: collections.deque[Task | None] = collections.deque()
         self._ready = anyio.Event()
@@ -129,15 +135,23 @@ class Subscription:
             or None in self.every
         )
 
+    def note(self, task: Task) -> None:
+        """A waited-for task was read (by the hub or by its waiter): its name joins the poll's
+        read of writes, and once it has ended its key is not read again."""
+        if task.key in self.states:
+            self.names.add(task.name)
+            if task.state.is_terminal:
+                self.ended.add(task.key)
+
     @property
     def waiting(self) -> frozenset[str]:
-        """Keys of ``states`` not yet handed out terminal: what the poll reads by key."""
+        """Keys of ``states`` not yet seen terminal: what the poll reads by key."""
         return self.states - self.ended
 
     def deliver(self, item: Task | None) -> None:
         """Never blocks: past ``buffer_size`` the waiting events are dropped for one RESYNC."""
-        if item is not RESYNC and item.key in self.states and item.state.is_terminal:
-            self.ended.add(item.key)
+        if item is not RESYNC:
+            self.note(item)
         if item is RESYNC or len(self._buffer) >= self.buffer_size:
             self._buffer.clear()
             self._buffer.append(RESYNC)
@@ -261,6 +275,9 @@ class TaskHub:
         self.polls = 0
         self._since: dt.datetime | None = None
         self._seen: dict[str, tuple[Any, int]] = {}  # key -> (_id, version) handed out
+        self._due_seen: dict[str, tuple[Any, int, str]] = {}  # ... to consumers, and its name
+        self._due_turn = 0
+        self._ended_turn = 0
 
     @property
     def subscribers(self) -> int:
@@ -355,6 +372,13 @@ class TaskHub:
             if self.polling or self._coverage.covers(sub):
                 sub.covered.set()
 
+    def _tell_controls(self) -> None:
+        """The control changes: every write of the version, and whenever the hub stops
+        carrying them (see `carries_controls`)."""
+        for sub in self._subs:
+            if sub.controls:
+                sub.deliver(RESYNC)
+
     def _resync_all(self) -> None:
         for sub in self._subs:
             sub.deliver(RESYNC)
@@ -443,9 +467,7 @@ class TaskHub:
                     self.whole_database = False
                     if self.position.token is not None:
                         self._lose_place()  # a database stream's token: not the collection's
-                    for sub in self._subs:  # the controls' hub: to a stream of its own
-                        if sub.controls:
-                            sub.deliver(RESYNC)
+                    self._tell_controls()  # the controls' hub: to a stream of its own
                     continue
                 if self.position.token is not None and exc.code in RESUME_IMPOSSIBLE:
                     log.warning(
@@ -516,9 +538,7 @@ class TaskHub:
             if self.whole_database and event.get("ns", {}).get("coll") != (
                 self._store.collection.name
             ):
-                for sub in self._subs:  # the control version: the $match lets no other by
-                    if sub.controls:
-                        sub.deliver(RESYNC)
+                self._tell_controls()  # the control version: the $match lets no other by
                 continue
             document = event.get("fullDocument")
             if document is None:
@@ -538,6 +558,7 @@ class TaskHub:
 
     def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
         self.polling = True
+        self._tell_controls()  # no longer carried here: the controls' hub reads them itself
         interval = self.poll_interval_ms / 1000
         if refusal is None:
             log.info(
@@ -590,74 +611,102 @@ class TaskHub:
             await self._clock.wait_until(wake, anyio.Event())
 
     async def _stream_back(self) -> bool:
-        try:
-            stream = await open_change_stream(
-                self._store,
-                self._pipeline(),
-                max_await_time_ms=MAX_AWAIT_MS,
-                whole_database=self.whole_database,
-            )
-        except PyMongoError as exc:
-            log.debug("change stream still refused: %s", exc, extra={"action": "polling"})
-            return False
-        await close_quietly(stream)
-        log.info("the change stream opened; polling stops", extra={"action": "stream_restored"})
-        self.polling = False
-        self._lose_place()  # opened afresh next: every subscriber reads again after it
-        self._since, self._seen = None, {}
-        return True
+        """Whether the server now grants a stream (on the database, else on the collection:
+        then for good, as in `_open`)."""
+        for whole_database in (True, False) if self.whole_database else (False,):
+            try:
+                stream = await open_change_stream(
+                    self._store,
+                    self._pipeline(),
+                    max_await_time_ms=MAX_AWAIT_MS,
+                    whole_database=whole_database,
+                )
+            except PyMongoError as exc:
+                log.debug("change stream still refused: %s", exc, extra={"action": "polling"})
+                continue
+            await close_quietly(stream)
+            log.info("the change stream opened; polling stops", extra={"action": "stream_restored"})
+            self.whole_database = whole_database
+            self.polling = False
+            self._lose_place()  # opened afresh next: every subscriber reads again after it
+            self._since, self._seen, self._due_seen = None, {}, {}
+            return True
+        return False
 
     async def _poll_once(self) -> None:
-        """Three reads at most, each only while someone needs it:
+        """A read of writes, and reads by state, each only while someone needs it:
 
-        - the tasks of every subscriber's names written since the previous poll began (less
-          `CLOCK_SKEW`), the fast path, with every kind of write;
-        - the tasks of consumers' names due for a claim now (the first `DUE_PAGE`), and the
-          tasks of waiters' keys that have ended: read by state, not by the time of a write,
-          as a write is stamped before it is sent and may become visible later than the
-          overlap allows (a transaction's, or any write on a server that stalls), and a
-          lease expires without a write at all.
+        - the tasks of every subscriber's names (a waiter's, once read) written since the
+          previous poll began (less `CLOCK_SKEW`): the fast path, every kind of write, for
+          every subscriber;
+        - the end of waited keys, and the due tasks of consumers' names (the first
+          `DUE_PAGE` of a name), a few names and keys a poll, in turns: read by state, not by
+          the time of a write, as a write is stamped before it is sent and may become visible
+          after the poll passed its stamp (a transaction's, any write on a server that
+          stalls), and a lease expires without a write at all. Due tasks, read without their
+          payload, go to consumers alone.
 
-        Each task is handed out once per version: the overlap of two polls, and a due task
-        that stays due (a limit, a pause, a busy consumer), are not handed out again."""
+        Each version of a task is handed out once: not again in the overlap of two polls, nor
+        while it stays due (a limit, a pause, a busy consumer); an older version never after
+        a newer one."""
         started = self._clock.now()
         since = self._since or started - CLOCK_SKEW
         wakes: set[str] = set()
-        every: set[str] = set()
+        named: set[str] = set()
         every_name = False
         waiting: set[str] = set()
         for sub in self._subs:
             wakes |= sub.wakes
-            every |= {name for name in sub.every if name is not None}
+            named |= sub.names | {name for name in sub.every if name is not None}
             every_name = every_name or None in sub.every
             waiting |= sub.waiting
         self.polls += 1
         written: list[Task] = []
-        if wakes or every or every_name:
-            names = None if every_name else sorted(wakes | every)
+        if wakes or named or every_name:
+            names = None if every_name else sorted(wakes | named)
             written = await self._store.changed_since(since, names)
-        due = await self._store.due(sorted(wakes), started, DUE_PAGE) if wakes else []
-        ended = await self._store.ended(sorted(waiting)) if waiting else []
+        keys, self._ended_turn = _in_turn(sorted(waiting), self._ended_turn, ENDED_KEYS_PER_POLL)
+        ended = await self._store.ended(keys) if keys else []
+        due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
+        due: list[Task] = []
+        for name in due_names:
+            due += await self._store.due([name], started, DUE_PAGE)
         handed: dict[str, tuple[Any, int]] = {}
-
-        def fresh(task: Task) -> bool:
-            seen = (task.id, task.version)  # a key deleted and published again: a new _id
-            if self._seen.get(task.key) == seen or handed.get(task.key) == seen:
-                return False
-            handed[task.key] = seen
-            return True
-
         for task in [*written, *ended]:
-            if fresh(task):
+            if _newer(task, self._seen, handed):
+                handed[task.key] = (task.id, task.version)
                 self._hand_out(task, may_wake(task, started))
-        for task in due:  # read without the payload: for consumers only, whose heaps need none
-            if fresh(task):
+        for task in due:
+            if _newer(task, self._seen, handed, self._due_seen):
+                handed[task.key] = (task.id, task.version)
                 for sub in self._subs:
                     if task.name in sub.wakes:
                         sub.deliver(task)
         self._since = started - CLOCK_SKEW
-        # What the next poll may read again, and no more: the overlap's writes, the due tasks.
-        self._seen = {
-            t.key: (t.id, t.version) for t in [*written, *ended] if t.updated_at >= self._since
-        }
-        self._seen.update((t.key, (t.id, t.version)) for t in due)
+        # What the next poll may read again, and no more: the overlap's writes for everyone;
+        # the due tasks, for the consumers, of this poll's names and of those not read now.
+        self._seen = {}
+        for task in [*written, *ended]:
+            if task.updated_at >= self._since and _newer(task, self._seen):
+                self._seen[task.key] = (task.id, task.version)
+        read = set(due_names)
+        self._due_seen = {key: seen for key, seen in self._due_seen.items() if seen[2] not in read}
+        self._due_seen.update((t.key, (t.id, t.version, t.name)) for t in due)
+
+
+def _newer(task: Task, *handed_out: dict[str, Any]) -> bool:
+    """Whether ``task`` is a later version than any of ``handed_out`` (by key: ``(_id,
+    version, ...)``) holds; a key deleted and published again has a new ``_id``."""
+    for seen in handed_out:
+        was = seen.get(task.key)
+        if was is not None and was[0] == task.id and was[1] >= task.version:
+            return False
+    return True
+
+
+def _in_turn(items: list[str], turn: int, count: int) -> tuple[list[str], int]:
+    """``count`` of ``items`` from position ``turn`` on, wrapping; and the next turn."""
+    if len(items) <= count:
+        return items, 0
+    turn %= len(items)
+    return (items[turn:] + items[:turn])[:count], turn + count

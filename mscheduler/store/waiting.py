@@ -71,12 +71,14 @@ class _Waiter:
                 self.done.set()
 
     async def _read_all(self) -> None:
-        """Take the finished tasks; the hub hands out the others as they end."""
+        """Take the finished tasks; the hub hands out the others as they end (the poll reads
+        their names' writes from now on, and their keys in turns)."""
         found = {task.key: task for task in await self._store.get_many(self.remaining)}
         missing = [key for key in self.remaining if key not in found]
         if missing and not self._missing_ok:
             raise TaskNotFound(f"no task has the key(s) {missing}")
         for task in found.values():
+            self._subscription.note(task)
             self._take(task)
 
     async def follow(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -333,3 +334,68 @@ async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stampe
             await settle()
         task_group.cancel_scope.cancel()
     assert [task.state for task in ended] == [ms.TaskState.CANCELLED]
+
+
+async def test_a_missed_write_is_found_whatever_the_backlog_of_another_name(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """The poll reads the due tasks name by name: a paused name's backlog, due for ever, does
+    not hide a task of another name that the read of writes missed (stamped by a clock
+    behind ours)."""
+    sched = await open_scheduler(changestreams=False)
+    operator = await open_scheduler(changestreams=False)
+    late = await open_scheduler(changestreams=False, clock=SkewedClock(clock, -30))
+    await operator.pause("paused")
+    await operator.publish_many(ms.TaskSpec(key=f"p{n}", name="paused") for n in range(150))
+    clock.advance(60)  # the backlog is due before the late task: first in the claim order
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    handlers = {"paused": _runs(ran, "w"), "job": _runs(ran, "w")}
+    async with sched.consumer(handlers, options=options):
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        await late.publish("late", None, name="job")
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("late", "w")]
+
+
+async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """A task published after the poll read the writes but before it read the due tasks goes
+    to the consumers at once (read as due); the watch beside them still shows it, from the
+    next poll's read of writes."""
+    sched = await open_scheduler(changestreams=False)
+    operator = await open_scheduler(changestreams=False)
+    await operator.pause("job")  # so the task stays as published
+    read_due = sched.store.due
+    race = {"armed": False}
+
+    async def due_after_a_publish(*args: Any) -> list[ms.Task]:
+        if race["armed"]:
+            race["armed"] = False
+            await operator.publish("raced", None, name="job")
+        return await read_due(*args)
+
+    sched.store.due = due_after_a_publish  # type: ignore[method-assign]
+    shown: list[str] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": _runs([], "w")}, options=options):
+        await settle()
+
+        async def watching() -> None:
+            async for task in sched.watch(names=["job"]):
+                shown.append(task.key)
+
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(watching)
+            await settle()
+            race["armed"] = True
+            for _ in range(4):
+                clock.advance(POLL_MS / 1000)
+                await settle()
+            task_group.cancel_scope.cancel()
+    assert shown == ["raced"]

@@ -383,3 +383,22 @@ async def test_a_database_stream_can_be_refused_where_a_collection_stream_is_not
     stream = await collection.watch()
     await collection.insert_one({"_id": 1})
     assert (await stream.next())["documentKey"] == {"_id": 1}
+
+
+async def test_another_collections_drop_leaves_every_stream_resumable(
+    collection: MemoryCollection,
+):
+    """Only the streams on the dropped collection are invalidated: one on another collection,
+    or on the database (which reads the drop), resumes after it with ``resumeAfter``."""
+    other = collection.database.get_collection("audit_log")
+    on_tasks = await collection.watch()
+    on_database = await collection.database.watch()
+    await other.insert_one({"_id": 1})
+    await other.drop()
+    assert await on_tasks.try_next() is None
+    assert [(await on_database.next())["operationType"] for _ in range(2)] == ["insert", "drop"]
+    for watched, stream in ((collection, on_tasks), (collection.database, on_database)):
+        resumed = await watched.watch(resume_after=stream.resume_token)
+        await collection.insert_one({"n": 1})
+        assert (await resumed.next())["fullDocument"]["n"] == 1
+        await collection.delete_many({})

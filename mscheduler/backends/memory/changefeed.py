@@ -75,7 +75,8 @@ class ChangeFeed:
         self._changed = anyio.Event()
         self._pending_errors: list[PyMongoError] = []
         self._generation = 0  # bumped by end_streams(): older streams stop
-        self._invalidated_at: set[int] = set()  # sequences of invalidate events
+        # Sequences of invalidate events, and the collection each ended the streams of.
+        self._invalidated_at: dict[int, str] = {}
         self.max_event_bytes = MAX_EVENT_BYTES  # a test may lower it
         self.lookups = 0  # updateLookup reads the server would have made
         self._open_errors: list[PyMongoError] = []
@@ -112,7 +113,7 @@ class ChangeFeed:
             event["to"] = dict(to)
         self._append(event, collection)
         self._append({"operationType": "invalidate"}, collection)
-        self._invalidated_at.add(self._sequence)
+        self._invalidated_at[self._sequence] = collection
 
     def _namespace(self, collection: str) -> dict[str, str]:
         # One dict per collection for every event: what reads an event copies it first
@@ -127,7 +128,7 @@ class ChangeFeed:
         if len(self._events) == self._events.maxlen:
             forgotten = self._events[0]["_seq"]
             self._forgotten_before = forgotten + 1
-            self._invalidated_at.discard(forgotten)
+            self._invalidated_at.pop(forgotten, None)
         event = {
             "_seq": self._sequence,
             "_verdicts": {},  # a stream's pipeline output for this event, by its `_kind`
@@ -216,7 +217,10 @@ class ChangeFeed:
         start = self._sequence
         if resume_after is not None or start_after is not None:
             start = _sequence(resume_after or start_after or {})
-            if resume_after is not None and start in self._invalidated_at:
+            # Only a stream on that collection was invalidated there; one on the database, or
+            # on another collection, passed over that event and resumes after it.
+            invalidated = self._invalidated_at.get(start)
+            if resume_after is not None and invalidated is not None and invalidated == collection:
                 raise OperationFailure(
                     "Attempting to resume a change stream using 'resumeAfter' is not allowed "
                     "from an invalidate notification.",
@@ -330,8 +334,8 @@ class MemoryChangeStream:
                 self._scanned = event["_seq"]
                 if shaped is not None:  # copy only what the stream delivers
                     self._buffer.append(document_copy(shaped))
-                if event["operationType"] == "invalidate":
-                    break
+                    if event["operationType"] == "invalidate":
+                        break  # its last event: the server closes the cursor after it
         if not self._buffer:
             # Like the server's post-batch resume token: skip past events the $match dropped.
             self._position = self._scanned
