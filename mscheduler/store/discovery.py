@@ -22,13 +22,12 @@ token, it opens afresh and tells every subscriber to resync (a full read). A ref
 streams (`streams.refuses_streams`) switches the process to polling, logged once, and with
 ``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``.
 
-Poll: one read per interval for the whole process, and two more while consumers or waiters
-need them (`TaskHub._poll_once`): the tasks of the subscribers' names written since the
-previous read began, less `CLOCK_SKEW` (writers stamp ``updated_at`` with their own clocks);
-and, read by state rather than by that stamp, the consumers' tasks due for a claim and the
-waiters' tasks that ended. A write stamped long before it became visible (a slow transaction)
-escapes the first read, never the others. Each task is handed out once per ``version``, so a
-task read twice is not handed out again.
+Poll: one read per interval for the whole process (`TaskHub._poll_once`): the tasks of the
+subscribers' names written since the previous read began, less `CLOCK_SKEW` (writers stamp
+``updated_at`` with their own clocks); and every `STATE_READ_INTERVAL` at most, read by state
+rather than by that stamp, the consumers' tasks due for a claim and the waiters' tasks that
+ended. A write stamped long before it became visible (a slow transaction) escapes the first
+read, never the others. Each version of a task is handed out once.
 
 Invariant: no event is lost without a resync. A subscriber's buffer is bounded; a subscriber
 that falls behind has its buffer dropped and gets `RESYNC` in its place, the same signal as a
@@ -87,6 +86,9 @@ DUE_PAGE = 20
 # the cost of a poll stays bounded whatever the names and keys (the rest wait a few polls).
 DUE_NAMES_PER_POLL = 8
 ENDED_KEYS_PER_POLL = 5_000
+# How often the poll reads by state, at most: a write that showed up late is rare (a slow
+# transaction, a clock behind), and this bounds what catching it costs a busy process.
+STATE_READ_INTERVAL = dt.timedelta(seconds=5)
 
 _WRITES = ["insert", "update", "replace"]
 _WHOLE = ["insert", "replace"]
@@ -120,6 +122,7 @@ class Subscription:
         self.buffer_size = buffer_size
         # A waiter's tasks' names, once read: the poll's read of writes covers them too.
         self.names: set[str] = set()
+        self.named: set[str] = set()  # keys of ``states`` read at least once
         self.ended: set[str] = set()  # keys of ``states`` seen terminal: not read again
         self.resyncs = 0  # times told to resync (fell behind, or the stream lost its place)
         self._buffer: collections.deque[Task | None] = collections.deque()
@@ -140,6 +143,7 @@ class Subscription:
         read of writes, and once it has ended its key is not read again."""
         if task.key in self.states:
             self.names.add(task.name)
+            self.named.add(task.key)
             if task.state.is_terminal:
                 self.ended.add(task.key)
 
@@ -147,6 +151,12 @@ class Subscription:
     def waiting(self) -> frozenset[str]:
         """Keys of ``states`` not yet seen terminal: what the poll reads by key."""
         return self.states - self.ended
+
+    @property
+    def unnamed(self) -> frozenset[str]:
+        """Keys of ``states`` never read (not published yet): read by key every poll, as no
+        read of writes by name covers them."""
+        return self.states - self.named
 
     def deliver(self, item: Task | None) -> None:
         """Never blocks: past ``buffer_size`` the waiting events are dropped for one RESYNC."""
@@ -278,6 +288,7 @@ class TaskHub:
         self._due_seen: dict[str, tuple[Any, int, str]] = {}  # ... to consumers, and its name
         self._due_turn = 0
         self._ended_turn = 0
+        self._read_by_state_at: dt.datetime | None = None
 
     @property
     def subscribers(self) -> int:
@@ -630,6 +641,7 @@ class TaskHub:
             self.polling = False
             self._lose_place()  # opened afresh next: every subscriber reads again after it
             self._since, self._seen, self._due_seen = None, {}, {}
+            self._read_by_state_at = None
             return True
         return False
 
@@ -638,9 +650,10 @@ class TaskHub:
 
         - the tasks of every subscriber's names (a waiter's, once read) written since the
           previous poll began (less `CLOCK_SKEW`): the fast path, every kind of write, for
-          every subscriber;
-        - the end of waited keys, and the due tasks of consumers' names (the first
-          `DUE_PAGE` of a name), a few names and keys a poll, in turns: read by state, not by
+          every subscriber; and the waited keys never read yet (a task a flow will publish);
+        - at most every `STATE_READ_INTERVAL`, the end of waited keys, and the due tasks of
+          consumers' names (the first `DUE_PAGE` of a name), a few names and keys a time, in
+          turns: read by state, not by
           the time of a write, as a write is stamped before it is sent and may become visible
           after the poll passed its stamp (a transaction's, any write on a server that
           stalls), and a lease expires without a write at all. Due tasks, read without their
@@ -655,22 +668,33 @@ class TaskHub:
         named: set[str] = set()
         every_name = False
         waiting: set[str] = set()
+        unnamed: set[str] = set()
         for sub in self._subs:
             wakes |= sub.wakes
             named |= sub.names | {name for name in sub.every if name is not None}
             every_name = every_name or None in sub.every
             waiting |= sub.waiting
+            unnamed |= sub.unnamed
         self.polls += 1
         written: list[Task] = []
         if wakes or named or every_name:
             names = None if every_name else sorted(wakes | named)
             written = await self._store.changed_since(since, names)
-        keys, self._ended_turn = _in_turn(sorted(waiting), self._ended_turn, ENDED_KEYS_PER_POLL)
-        ended = await self._store.ended(keys) if keys else []
-        due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
+        if unnamed:
+            written += await self._store.get_many(sorted(unnamed))
+        ended: list[Task] = []
         due: list[Task] = []
-        for name in due_names:
-            due += await self._store.due([name], started, DUE_PAGE)
+        due_names: list[str] = []
+        last = self._read_by_state_at
+        if last is None or started - last >= STATE_READ_INTERVAL:
+            self._read_by_state_at = started
+            keys, self._ended_turn = _in_turn(
+                sorted(waiting - unnamed), self._ended_turn, ENDED_KEYS_PER_POLL
+            )
+            ended = await self._store.ended(keys) if keys else []
+            due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
+            for name in due_names:
+                due += await self._store.due([name], started, DUE_PAGE)
         handed: dict[str, tuple[Any, int]] = {}
         for task in [*written, *ended]:
             if _newer(task, self._seen, handed):

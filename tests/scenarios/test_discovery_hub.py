@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.discovery import RESYNC, Subscription
+from mscheduler.store.discovery import RESYNC, STATE_READ_INTERVAL, Subscription
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 
@@ -85,9 +85,10 @@ async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, en
 async def test_a_polling_process_polls_once_per_interval_whatever_its_consumers(
     open_scheduler: OpenScheduler, clock: ms.ManualClock
 ) -> None:
-    """Idle, with 1 and then 6 consumers and a waiter: each poll interval costs the whole
-    process three reads of the tasks collection (the writes since the previous poll, the
-    consumers' due tasks, the waiter's ended ones), not three per consumer."""
+    """Idle, with 1 and then 6 consumers and a waiter, for five intervals of a second: one
+    read of the tasks collection each interval for the whole process (the writes since the
+    previous poll), and once in those five seconds two reads by state (the consumers' due
+    tasks, the waiter's ended one); not per consumer."""
     base = await open_scheduler(changestreams=False)
     counted = CountingCollection(base.collection)
     sched = ms.Scheduler(counted, clock=clock)
@@ -107,7 +108,7 @@ async def test_a_polling_process_polls_once_per_interval_whatever_its_consumers(
                 await settle()
             reads[count] = counted.counts["find"]
             task_group.cancel_scope.cancel()
-    assert reads == {1: 3 * 5, 6: 3 * 5}
+    assert reads == {1: 5 + 2, 6: 5 + 2}
 
 
 async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
@@ -304,9 +305,7 @@ async def test_a_polling_consumer_finds_a_write_that_showed_long_after_it_was_st
             clock.advance(POLL_MS / 1000)
             await settle()
         await late.publish("late", None, name="job")
-        for _ in range(3):
-            clock.advance(POLL_MS / 1000)
-            await settle()
+        await _read_by_state(clock)
         assert ran == [("late", "w")]
 
 
@@ -329,9 +328,7 @@ async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stampe
             clock.advance(POLL_MS / 1000)
             await settle()
         await late.cancel("k")
-        for _ in range(3):
-            clock.advance(POLL_MS / 1000)
-            await settle()
+        await _read_by_state(clock)
         task_group.cancel_scope.cancel()
     assert [task.state for task in ended] == [ms.TaskState.CANCELLED]
 
@@ -356,9 +353,7 @@ async def test_a_missed_write_is_found_whatever_the_backlog_of_another_name(
             clock.advance(POLL_MS / 1000)
             await settle()
         await late.publish("late", None, name="job")
-        for _ in range(3):
-            clock.advance(POLL_MS / 1000)
-            await settle()
+        await _read_by_state(clock)
         assert ran == [("late", "w")]
 
 
@@ -394,8 +389,17 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
             task_group.start_soon(watching)
             await settle()
             race["armed"] = True
-            for _ in range(4):
+            await _read_by_state(clock)
+            for _ in range(2):
                 clock.advance(POLL_MS / 1000)
                 await settle()
             task_group.cancel_scope.cancel()
     assert shown == ["raced"]
+
+
+async def _read_by_state(clock: ms.ManualClock) -> None:
+    """Time for the poll's next read by state (and a poll after it)."""
+    clock.advance(STATE_READ_INTERVAL.total_seconds())
+    await settle()
+    clock.advance(POLL_MS / 1000)
+    await settle()
