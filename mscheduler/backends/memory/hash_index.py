@@ -37,12 +37,14 @@ class HashIndex:
         self._values_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its values, when any
 
     def _values(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
-        if len(self._path) == 1:  # a top-level scalar (a task's key): no walk
-            value = document.get(self.field, MISSING)
-            if type(value) in _HASHED:
-                return (value,)
-            if value is MISSING:
-                return ()
+        # The first part of the path read directly: a top-level scalar (a task's key) needs no
+        # walk, and neither does an empty array on the way (a new task's ``depends_on`` and
+        # ``worker_states``: no value).
+        value = document.get(self._path[0], MISSING)
+        if value is MISSING or (type(value) is list and not value):
+            return ()
+        if len(self._path) == 1 and type(value) in _HASHED:
+            return (value,)
         leaves = _leaves(document, self._path)
         return tuple(dict.fromkeys(v for v in leaves if type(v) in _HASHED))
 

@@ -38,6 +38,7 @@ from bson import ObjectId
 from .hash_index import MISSING, HashIndex, equality_values
 
 MAX_PREFIX_COMBINATIONS = 10_000  # $in values multiplied out over the prefix fields
+_NOTHING = object()  # no value seen yet
 
 
 class _Descending:
@@ -134,6 +135,10 @@ class OrderedIndex:
         # (its name, state, priority; a batch's shared times) and equal key are these very
         # objects, not copies (a key part is 56 bytes, and a task is in several indexes).
         self._latest_parts: list[Any] = [None] * len(self.keys)
+        # The values those parts were made of: the very same object again (a batch's name,
+        # state and dates) is that part, with no test of its type and no new tuple. Only
+        # values that made a part are kept, never an array or a document (those raise).
+        self._latest_values: list[Any] = [_NOTHING] * len(self.keys)
         self._latest_key: tuple[Any, ...] = ()
         # Top-level fields only: a write that leaves each of them as it was (`_same`) leaves
         # the entry where it is, and its key need not be made again.
@@ -149,9 +154,13 @@ class OrderedIndex:
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
         latest = self._latest_parts
+        seen = self._latest_values
         for position, (path, direction) in enumerate(self._paths):
             # A top-level field needs no walk.
             value = document.get(path[0], MISSING) if len(path) == 1 else _field(document, path)
+            if value is seen[position]:
+                parts.append(latest[position])
+                continue
             rank = _PLAIN_KEYS.get(type(value))
             if rank is not None and direction > 0 and (rank != 9 or value.tzinfo is None):
                 part = (rank, value)  # the common case, without `_ordered`'s tests
@@ -163,6 +172,7 @@ class OrderedIndex:
                 part = latest[position]
             else:
                 latest[position] = part
+            seen[position] = value
             parts.append(part)
         key = tuple(parts)
         if key == self._latest_key:
@@ -242,9 +252,9 @@ class OrderedIndex:
         # Ranked by the keys it seeks on: an index whose bounds apply beats one as deep without.
         rank = depth + len({position for position, *_ in bounded})
         if len(ranges) == 1 or not sort:  # one range, or no order asked: one after another
-            return rank, (entry[1][-1] for entry in itertools.chain(*ranges))
+            return rank, (_entry_id(entry[1]) for entry in itertools.chain(*ranges))
         merged = heapq.merge(*ranges, key=lambda entry: (entry[0][depth:], entry[1]))
-        return rank, (entry[1][-1] for entry in merged)
+        return rank, (_entry_id(entry[1]) for entry in merged)
 
     def _range(
         self, prefix: tuple[Any, ...], adjacent: Sequence[tuple[int, int, Any, Any]] = ()
@@ -334,10 +344,20 @@ def _within(
 def _id_key(document_id: Any) -> tuple[Any, ...]:
     """An ``_id`` in an entry, the id itself last: ties of equal keys are ordered by it, as an
     index's are (a batch published at once shares every other key)."""
+    if type(document_id) is ObjectId:
+        # The usual _id, as its bytes alone: an entry of strings, numbers, dates and bytes is
+        # one the garbage collector stops tracking, where an ObjectId in it (an object with
+        # slots) would have each full collection walk every entry of every index.
+        return (7, document_id.binary)
     try:
         return (*_ordered(document_id), document_id)
     except _Unorderable:
         return (99, repr(document_id), document_id)
+
+
+def _entry_id(id_key: tuple[Any, ...]) -> Any:
+    """The ``_id`` of an entry's `_id_key`."""
+    return ObjectId(id_key[1]) if len(id_key) == 2 else id_key[-1]
 
 
 class IndexSet:
