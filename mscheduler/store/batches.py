@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
@@ -30,6 +30,7 @@ from ..models import (
     Lease,
     PublishResult,
     Task,
+    TaskOptions,
     TaskState,
     WorkerStateKind,
     check_key,
@@ -167,12 +168,28 @@ async def _publish_flat(
         found.update((task.key, task) for task in await store.get_many(raced))
     if created:
         log.info("tasks published", extra={"action": "tasks_published", "count": len(created)})
+    new = _new_tasks(documents[spec.key] for spec in specs if spec.key in created)
     return [
-        PublishResult(task=Task.model_validate(documents[spec.key]), created=True)
+        PublishResult(task=next(new), created=True)
         if spec.key in created
         else PublishResult(task=found[spec.key], created=False)
         for spec in specs
     ]
+
+
+def _new_tasks(documents: Iterable[Document]) -> Iterator[Task]:
+    """Each document as a `Task`, its options validated once for a run of documents that
+    share them (a batch's usually all do): `TaskOptions` is frozen, so the tasks may share
+    one, and each task is what validating its whole document gives."""
+    shared: tuple[Any, Any, TaskOptions] | None = None  # options, not_before, validated
+    for document in documents:
+        options, not_before = document["options"], document["not_before"]
+        if shared is not None and shared[0] == options and shared[1] == not_before:
+            yield Task.model_validate({**document, "options": shared[2]})
+            continue
+        task = Task.model_validate(document)
+        shared = (options, not_before, task.options)
+        yield task
 
 
 def _planned_documents(
