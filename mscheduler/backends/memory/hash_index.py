@@ -64,7 +64,8 @@ class HashIndex:
             elif held != document_id:
                 ids[value] = _IdSet((held, document_id))
 
-    def remove(self, document_id: Any, _id_key: object = None) -> None:
+    def remove(self, document: Mapping[str, Any], _id_key: object = None) -> None:
+        document_id = document["_id"]
         ids = self._ids
         for value in self._values_of.pop(document_id, ()):
             held = ids.get(value, MISSING)
@@ -75,11 +76,13 @@ class HashIndex:
             elif held is not MISSING and held == document_id:
                 del ids[value]
 
-    def replace(self, document: Mapping[str, Any], _id_key: object = None) -> None:
-        if self._values_of.get(document["_id"], ()) == self._values(document):
+    def replace(
+        self, before: Mapping[str, Any], after: Mapping[str, Any], _id_key: object = None
+    ) -> None:
+        if self._values_of.get(after["_id"], ()) == self._values(after):
             return
-        self.remove(document["_id"])
-        self.add(document)
+        self.remove(after)
+        self.add(after)
 
     def holds(self, value: Any) -> bool | None:
         if type(value) not in _HASHED:
