@@ -295,7 +295,7 @@ def cell(compared: Compared | None) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="500,5000,20000")
+    parser.add_argument("--tasks", default="500,5000,20000", help="jobs per run ('' for none)")
     parser.add_argument("--workers", default="1,3")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each queue (median)")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds per peer run")
@@ -316,7 +316,7 @@ async def main() -> None:
                 line += f"; {name} {cell(compared[name])}"
             print(line, flush=True)
     rows = []
-    for tasks in (int(n) for n in args.tasks.split(",")):
+    for tasks in (int(n) for n in args.tasks.split(",") if n):
         for workers in (int(n) for n in args.workers.split(",")):
             measured = await measure(tasks, workers, args.rounds, args.deadline)
             rows.append((tasks, workers, measured))
@@ -328,7 +328,7 @@ async def main() -> None:
                     if name in measured:
                         line += f"; {name} {cell(measured[name])}"
                 print(line, flush=True)
-    if args.markdown:
+    if args.markdown and rows:
         names = [name for name in PEERS if any(name in row[2] for row in rows)]
         print(
             f"{dt.date.today().isoformat()}, {platform.machine()} with "

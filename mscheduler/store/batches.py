@@ -15,9 +15,10 @@ a commit's completions may then be recorded without its publishes.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
@@ -29,6 +30,7 @@ from ..models import (
     Lease,
     PublishResult,
     Task,
+    TaskOptions,
     TaskState,
     WorkerStateKind,
     check_key,
@@ -49,15 +51,22 @@ Completion = Lease | tuple[Lease, Any]
 Document = dict[str, Any]
 
 
-def _checked_specs(specs: Step | Iterable[Step], allow_missing: bool) -> list[PublishSpec]:
-    """The specs in dependency order, each checked (its fields and its document's size)."""
+def _checked_specs(
+    specs: Step | Iterable[Step], allow_missing: bool, now: dt.datetime | None = None
+) -> tuple[list[PublishSpec], dict[str, Document]]:
+    """The specs in dependency order, each checked (its fields and its document's size), and
+    the documents checked of those without dependencies, by key: what `_planned_documents`
+    writes for them at ``now``, not built a second time."""
     ordered = [
         PublishSpec.of_task(spec, allow_missing=allow_missing)
         for spec in dependency_order(flatten(specs))
     ]
+    drafts: dict[str, Document] = {}
     for spec in ordered:
-        check_fits(spec)
-    return ordered
+        document = check_fits(spec, now)
+        if not spec.depends_on:
+            drafts[spec.key] = document
+    return ordered, drafts
 
 
 async def _check_names(
@@ -109,7 +118,8 @@ async def _publish_all(
 async def _publish_many(
     store: TaskStore, specs: Step | Iterable[Step], allow_missing: bool
 ) -> list[PublishResult]:
-    ordered = _checked_specs(specs, allow_missing)
+    now = store.clock.now()  # one time for the batch: its documents share their dates
+    ordered, drafts = _checked_specs(specs, allow_missing, now)
     if not ordered:
         return []
     # One PRODUCER span for the batch: each of its tasks carries this span's context.
@@ -121,8 +131,8 @@ async def _publish_many(
         async def write(collection: Any) -> list[PublishResult]:
             view = store.bound_to(collection)
             if any(spec.depends_on for spec in ordered):
-                return await _publish_flow(view, ordered)
-            return await _publish_flat(view, ordered, existing)
+                return await _publish_flow(view, ordered, now, drafts)
+            return await _publish_flat(view, ordered, existing, now, drafts)
 
         return await run_atomically(store.collection, write)
 
@@ -140,13 +150,17 @@ async def _upsert(store: TaskStore, documents: Mapping[str, Document]) -> set[st
 
 
 async def _publish_flat(
-    store: TaskStore, specs: Sequence[PublishSpec], existing: Mapping[str, Task]
+    store: TaskStore,
+    specs: Sequence[PublishSpec],
+    existing: Mapping[str, Task],
+    now: dt.datetime,
+    drafts: Mapping[str, Document],
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
     idempotent upserts (one round trip per task would make a large ``publish_many`` wait
     on the network once per task). A key a concurrent publish inserted in between is read
     back as existing."""
-    documents = _planned_documents(store, specs, existing)
+    documents = _planned_documents(specs, existing, now, drafts)
     created = await _upsert(store, documents)
     raced = [key for key in documents if key not in created]
     found = dict(existing)
@@ -154,21 +168,40 @@ async def _publish_flat(
         found.update((task.key, task) for task in await store.get_many(raced))
     if created:
         log.info("tasks published", extra={"action": "tasks_published", "count": len(created)})
+    new = _new_tasks(documents[spec.key] for spec in specs if spec.key in created)
     return [
-        PublishResult(task=Task.model_validate(documents[spec.key]), created=True)
+        PublishResult(task=next(new), created=True)
         if spec.key in created
         else PublishResult(task=found[spec.key], created=False)
         for spec in specs
     ]
 
 
+def _new_tasks(documents: Iterable[Document]) -> Iterator[Task]:
+    """Each document as a `Task`, its options validated once for a run of documents that
+    share them (a batch's usually all do): `TaskOptions` is frozen, so the tasks may share
+    one, and each task is what validating its whole document gives."""
+    shared: tuple[Any, Any, TaskOptions] | None = None  # options, not_before, validated
+    for document in documents:
+        options, not_before = document["options"], document["not_before"]
+        if shared is not None and shared[0] == options and shared[1] == not_before:
+            yield Task.model_validate({**document, "options": shared[2]})
+            continue
+        task = Task.model_validate(document)
+        shared = (options, not_before, task.options)
+        yield task
+
+
 def _planned_documents(
-    store: TaskStore, specs: Sequence[PublishSpec], found: Mapping[str, Task]
+    specs: Sequence[PublishSpec],
+    found: Mapping[str, Task],
+    now: dt.datetime,
+    drafts: Mapping[str, Document],
 ) -> dict[str, Document]:
     """The documents of the keys that do not exist yet, decided in memory from one read:
     each spec sees its in-batch dependencies as they will be written (the specs come in
-    dependency order), as publishing them one at a time would have read them."""
-    now = store.clock.now()
+    dependency order), as publishing them one at a time would have read them. A spec
+    without dependencies is written as its size was checked (``drafts``, made at ``now``)."""
     trace_context = tracing.carrier()  # the batch's span: one for every task of it
     states = {key: task.state for key, task in found.items()}
     documents: dict[str, Document] = {}
@@ -179,6 +212,12 @@ def _planned_documents(
                     f"key {spec.key!r} already names a task of name "
                     f"{found[spec.key].name!r}, not {spec.name!r}"
                 )
+            continue
+        draft = drafts.get(spec.key)
+        if draft is not None:  # no dependency: nothing to resolve
+            draft["trace_context"] = dict(trace_context) if trace_context else None
+            documents[spec.key] = draft
+            states[spec.key] = TaskState(draft["state"])
             continue
         missing = [dependency for dependency in spec.depends_on if dependency not in states]
         if missing and not spec.allow_missing:
@@ -201,7 +240,12 @@ def _planned_documents(
     return documents
 
 
-async def _publish_flow(store: TaskStore, specs: Sequence[PublishSpec]) -> list[PublishResult]:
+async def _publish_flow(
+    store: TaskStore,
+    specs: Sequence[PublishSpec],
+    now: dt.datetime,
+    drafts: Mapping[str, Document],
+) -> list[PublishResult]:
     """A batch with dependencies in a number of round trips that does not grow with it (one
     per task would keep a transaction open past MongoDB's limit for a large flow): one read of
     every key the batch names, the documents decided in memory, one bulk write of upserts, one
@@ -216,7 +260,7 @@ async def _publish_flow(store: TaskStore, specs: Sequence[PublishSpec]) -> list[
     transaction is retried from the read)."""
     named = {spec.key for spec in specs} | {d for spec in specs for d in spec.depends_on}
     found = {task.key: task for task in await store.get_many(sorted(named))}
-    documents = _planned_documents(store, specs, found)
+    documents = _planned_documents(specs, found, now, drafts)
     created = await _upsert(store, documents)
     counts = Counter(d for key in created for d in documents[key]["depends_on"])
     if counts:
@@ -259,7 +303,7 @@ async def _commit(
     naming it, unless published with ``on_dependency_failure="run"``)."""
     completions = [c if isinstance(c, tuple) else (c, None) for c in complete]
     results = [(lease, check_result(result, lease.task.options)) for lease, result in completions]
-    ordered = _checked_specs(publish, allow_missing=False)
+    ordered, _ = _checked_specs(publish, allow_missing=False)
     deletions = [checked(check_key, key) for key in delete]
     required = {checked(check_key, key): version for key, version in (require or {}).items()}
     replacing = frozenset(deletions) & {spec.key for spec in ordered}

@@ -58,14 +58,18 @@ def task_document(
     )
 
 
-def check_fits(spec: PublishSpec) -> None:
+def check_fits(spec: PublishSpec, now: dt.datetime | None = None) -> dict[str, Any]:
     """The whole document of ``spec`` fits its options' budget: checked before the first
-    write, with every dependency still pending (the largest the document starts as)."""
+    write, with every dependency still pending (the largest the document starts as).
+    Returns the document checked: for a spec without dependencies it is the document a
+    publish at ``now`` writes, but for its trace context (a batch writes it as it is, rather
+    than build it again)."""
     deps = spec.depends_on
     document = task_document(
-        spec, dt.datetime.now(dt.timezone.utc), depends_on=deps, deps_pending=deps
+        spec, now or dt.datetime.now(dt.timezone.utc), depends_on=deps, deps_pending=deps
     )
     check_document_size(document, spec.options)
+    return document
 
 
 class Publisher:

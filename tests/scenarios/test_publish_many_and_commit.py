@@ -3,6 +3,7 @@ publish_many, replace, and commit (finish, publish and delete together)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import anyio
@@ -247,6 +248,25 @@ async def test_publish_many_without_dependencies_costs_two_calls_whatever_its_si
     assert len(stored) == 300 and stored["k7"].payload == {"n": 7}
     assert stored["k7"].state is ms.TaskState.PENDING
     assert results[7].task.id == stored["k7"].id
+
+
+async def test_publish_many_returns_each_new_task_as_it_is_stored(scheduler: ms.Scheduler, clock):
+    """Tasks of a batch share the options they have in common, never those they do not: runs
+    of equal options, a different one between them, and a start or an expiry of their own."""
+    later = clock.now() + dt.timedelta(minutes=5, microseconds=1234)
+    default, specific = ms.TaskOptions(), ms.TaskOptions(priority=7, specific_worker_ids=["w1"])
+    options = [default, default, specific, default, ms.TaskOptions(not_before=later), specific]
+    options += [ms.TaskOptions(expires_at=later), ms.TaskOptions(expires_at=later), default]
+    results = await scheduler.publish_many(
+        spec(f"k{n}", payload={"n": n}, options=one) for n, one in enumerate(options)
+    )
+    stored = {
+        task.key: task for task in await scheduler.store.get_many([f"k{n}" for n in range(9)])
+    }
+    assert [r.task for r in results] == [stored[f"k{n}"] for n in range(9)]
+    assert results[4].task.options.not_before == stored["k4"].not_before
+    assert results[2].task.options.specific_worker_ids == ["w1"]
+    assert results[3].task.options.priority == ms.TaskOptions().priority
 
 
 async def test_publish_many_counts_a_key_published_meanwhile_as_existing(scheduler: ms.Scheduler):

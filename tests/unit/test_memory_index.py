@@ -172,3 +172,18 @@ def test_a_write_leaves_the_index_as_one_built_from_the_new_document(old: Any, n
     assert list(written.candidates(query, keys[1:]) or []) == list(
         rebuilt.candidates(query, keys[1:]) or []
     )
+
+
+def test_a_write_given_another_before_than_was_indexed_still_leaves_no_stale_entry():
+    """An entry is found by the key of the document as it was; one given otherwise (a caller's
+    mistake) is still removed, by its _id, so no query is ever answered with a stale id."""
+    keys = [("state", 1), ("next_claim_at", 1)]
+    index = IndexSet()
+    index.declare("claim", keys, [])
+    ids = [ObjectId() for _ in range(3)]
+    for n, document_id in enumerate(ids):
+        index.changed(None, {"_id": document_id, "state": "pending", "next_claim_at": n})
+    index.changed({"_id": ids[1], "state": "pending", "next_claim_at": 99}, None)
+    written = {"_id": ids[2], "state": "pending", "next_claim_at": 7}
+    index.changed({"_id": ids[2], "state": "blocked", "next_claim_at": 2}, written)
+    assert list(index.candidates({"state": "pending"}, keys[1:]) or []) == [ids[0], ids[2]]

@@ -37,12 +37,14 @@ class HashIndex:
         self._values_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its values, when any
 
     def _values(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
-        if len(self._path) == 1:  # a top-level scalar (a task's key): no walk
-            value = document.get(self.field, MISSING)
-            if type(value) in _HASHED:
-                return (value,)
-            if value is MISSING:
-                return ()
+        # The first part of the path read directly: a top-level scalar (a task's key) needs no
+        # walk, and neither does an empty array on the way (a new task's ``depends_on`` and
+        # ``worker_states``: no value).
+        value = document.get(self._path[0], MISSING)
+        if value is MISSING or (type(value) is list and not value):
+            return ()
+        if len(self._path) == 1 and type(value) in _HASHED:
+            return (value,)
         leaves = _leaves(document, self._path)
         return tuple(dict.fromkeys(v for v in leaves if type(v) in _HASHED))
 
@@ -62,7 +64,8 @@ class HashIndex:
             elif held != document_id:
                 ids[value] = _IdSet((held, document_id))
 
-    def remove(self, document_id: Any, _id_key: object = None) -> None:
+    def remove(self, document: Mapping[str, Any], _id_key: object = None) -> None:
+        document_id = document["_id"]
         ids = self._ids
         for value in self._values_of.pop(document_id, ()):
             held = ids.get(value, MISSING)
@@ -73,11 +76,13 @@ class HashIndex:
             elif held is not MISSING and held == document_id:
                 del ids[value]
 
-    def replace(self, document: Mapping[str, Any], _id_key: object = None) -> None:
-        if self._values_of.get(document["_id"], ()) == self._values(document):
+    def replace(
+        self, before: Mapping[str, Any], after: Mapping[str, Any], _id_key: object = None
+    ) -> None:
+        if self._values_of.get(after["_id"], ()) == self._values(after):
             return
-        self.remove(document["_id"])
-        self.add(document)
+        self.remove(after)
+        self.add(after)
 
     def holds(self, value: Any) -> bool | None:
         if type(value) not in _HASHED:

@@ -13,6 +13,7 @@ from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
 from . import fast_paths
+from .compact import compact
 from .document_size import refuse_insert
 
 
@@ -56,7 +57,8 @@ async def insert_new(collection: Any, document: dict[str, Any]) -> Any:
                 11000,
                 {"keyPattern": {field: 1}, "keyValue": {field: value}},
             )
-    stored = fast_paths.datetimes_as_stored(document)  # a copy, dates as BSON keeps them
+    # A copy, dates as BSON keeps them, in a dict that shares its keys with the others'.
+    stored = compact(fast_paths.datetimes_as_stored(document))
     store[document["_id"]] = stored
     collection._emit(None, stored)  # read, and copied by the change feed: never changed
     return document["_id"]

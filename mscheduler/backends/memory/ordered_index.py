@@ -38,6 +38,7 @@ from bson import ObjectId
 from .hash_index import MISSING, HashIndex, equality_values
 
 MAX_PREFIX_COMBINATIONS = 10_000  # $in values multiplied out over the prefix fields
+_NOTHING = object()  # no value seen yet
 
 
 class _Descending:
@@ -86,7 +87,7 @@ def _ordered(value: Any) -> tuple[int, Any]:
     if isinstance(value, str):
         return (2, value)
     if isinstance(value, ObjectId):  # ordered by its bytes, compared in C
-        return (7, value.binary)
+        return _object_id_part(value)
     if isinstance(value, dt.datetime):  # naive UTC, as BSON stores it
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -127,13 +128,18 @@ class OrderedIndex:
         self.keys = list(keys)
         self.fields = [field for field, _ in self.keys]
         self._paths = [(field.split("."), direction) for field, direction in self.keys]
+        # No map from each _id to its key (a dict entry per document and index): a write
+        # gives the document as it was (`IndexSet.changed`), whose key is that of its entry.
         self._entries: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
-        self._key_of: dict[Any, tuple[Any, ...]] = {}  # _id -> its key, when indexed
         self.unindexed: set[Any] = set()  # ids of documents this index cannot order
         # The parts of the latest key made, and that key: the next document's equal parts
         # (its name, state, priority; a batch's shared times) and equal key are these very
         # objects, not copies (a key part is 56 bytes, and a task is in several indexes).
         self._latest_parts: list[Any] = [None] * len(self.keys)
+        # The values those parts were made of: the very same object again (a batch's name,
+        # state and dates) is that part, with no test of its type and no new tuple. Only
+        # values that made a part are kept, never an array or a document (those raise).
+        self._latest_values: list[Any] = [_NOTHING] * len(self.keys)
         self._latest_key: tuple[Any, ...] = ()
         # Top-level fields only: a write that leaves each of them as it was (`_same`) leaves
         # the entry where it is, and its key need not be made again.
@@ -149,9 +155,13 @@ class OrderedIndex:
     def _key(self, document: Mapping[str, Any]) -> tuple[Any, ...]:
         parts: list[Any] = []
         latest = self._latest_parts
+        seen = self._latest_values
         for position, (path, direction) in enumerate(self._paths):
             # A top-level field needs no walk.
             value = document.get(path[0], MISSING) if len(path) == 1 else _field(document, path)
+            if value is seen[position]:
+                parts.append(latest[position])
+                continue
             rank = _PLAIN_KEYS.get(type(value))
             if rank is not None and direction > 0 and (rank != 9 or value.tzinfo is None):
                 part = (rank, value)  # the common case, without `_ordered`'s tests
@@ -163,6 +173,7 @@ class OrderedIndex:
                 part = latest[position]
             else:
                 latest[position] = part
+            seen[position] = value
             parts.append(part)
         key = tuple(parts)
         if key == self._latest_key:
@@ -170,26 +181,44 @@ class OrderedIndex:
         self._latest_key = key
         return key
 
-    def remove(self, document_id: Any, id_key: tuple[Any, ...] | None = None) -> None:
-        self.unindexed.discard(document_id)
-        key = self._key_of.pop(document_id, None)
-        if key is None:
+    def remove(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
+        """``document``: as it was when last indexed (its entry is found by its key)."""
+        document_id = document["_id"]
+        if document_id in self.unindexed:
+            self.unindexed.discard(document_id)
             return
-        entry = (key, id_key or _id_key(document_id))
-        position = bisect.bisect_left(self._entries, entry)
-        if position < len(self._entries) and self._entries[position] == entry:
-            del self._entries[position]
+        id_key = id_key or _id_key(document_id)
+        entries = self._entries
+        try:
+            entry = (self._key(document), id_key)
+        except _Unorderable:
+            pass
+        else:
+            position = bisect.bisect_left(entries, entry)
+            if position < len(entries) and entries[position] == entry:
+                del entries[position]
+                return
+        # Not where its key says (not as it was indexed): found by its _id, whatever it costs.
+        for position, (_, held) in enumerate(entries):
+            if held == id_key:
+                del entries[position]
+                return
 
-    def replace(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
-        """``document`` written again: moved only if its key changed (most writes change no
+    def replace(
+        self,
+        before: Mapping[str, Any],
+        after: Mapping[str, Any],
+        id_key: tuple[Any, ...] | None = None,
+    ) -> None:
+        """A document written again: moved only if its key changed (most writes change no
         field of most indexes)."""
         try:
-            if self._key_of.get(document["_id"]) == self._key(document):
+            if before["_id"] not in self.unindexed and self._key(before) == self._key(after):
                 return
         except _Unorderable:
             pass
-        self.remove(document["_id"], id_key)
-        self.add(document, id_key)
+        self.remove(before, id_key)
+        self.add(after, id_key)
 
     def add(self, document: Mapping[str, Any], id_key: tuple[Any, ...] | None = None) -> None:
         """``id_key``: the document's `_id_key`, made once for all the indexes of a write."""
@@ -199,7 +228,6 @@ class OrderedIndex:
         except _Unorderable:
             self.unindexed.add(document_id)
             return
-        self._key_of[document_id] = key
         bisect.insort(self._entries, (key, id_key or _id_key(document_id)))
 
     def scan(
@@ -242,9 +270,9 @@ class OrderedIndex:
         # Ranked by the keys it seeks on: an index whose bounds apply beats one as deep without.
         rank = depth + len({position for position, *_ in bounded})
         if len(ranges) == 1 or not sort:  # one range, or no order asked: one after another
-            return rank, (entry[1][-1] for entry in itertools.chain(*ranges))
+            return rank, (_entry_id(entry[1]) for entry in itertools.chain(*ranges))
         merged = heapq.merge(*ranges, key=lambda entry: (entry[0][depth:], entry[1]))
-        return rank, (entry[1][-1] for entry in merged)
+        return rank, (_entry_id(entry[1]) for entry in merged)
 
     def _range(
         self, prefix: tuple[Any, ...], adjacent: Sequence[tuple[int, int, Any, Any]] = ()
@@ -334,10 +362,34 @@ def _within(
 def _id_key(document_id: Any) -> tuple[Any, ...]:
     """An ``_id`` in an entry, the id itself last: ties of equal keys are ordered by it, as an
     index's are (a batch published at once shares every other key)."""
+    if type(document_id) is ObjectId:
+        # The usual _id, as its bytes alone: an entry of strings, numbers, dates and bytes is
+        # one the garbage collector stops tracking, where an ObjectId in it (an object with
+        # slots) would have each full collection walk every entry of every index.
+        return _object_id_part(document_id)
     try:
         return (*_ordered(document_id), document_id)
     except _Unorderable:
         return (99, repr(document_id), document_id)
+
+
+def _object_id_part(value: ObjectId) -> tuple[int, bytes]:
+    """An ObjectId's place in the order; the one of the latest ObjectId is that very tuple
+    (a write's _id is its entries' tie-breaker and a key part of the indexes that hold it)."""
+    global _latest_object_id
+    if _latest_object_id[0] is value:
+        return _latest_object_id[1]
+    part = (7, value.binary)
+    _latest_object_id = (value, part)
+    return part
+
+
+_latest_object_id: tuple[Any, tuple[int, bytes]] = (None, (7, b""))
+
+
+def _entry_id(id_key: tuple[Any, ...]) -> Any:
+    """The ``_id`` of an entry's `_id_key`."""
+    return ObjectId(id_key[1]) if len(id_key) == 2 else id_key[-1]
 
 
 class IndexSet:
@@ -375,10 +427,10 @@ class IndexSet:
             if before is not None and after is not None:
                 if isinstance(index, OrderedIndex) and index.keeps_place(before, after):
                     continue
-                index.replace(after, id_key)
+                index.replace(before, after, id_key)
                 continue
             if before is not None:
-                index.remove(before["_id"], id_key)
+                index.remove(before, id_key)
             if after is not None:
                 index.add(after, id_key)
 
