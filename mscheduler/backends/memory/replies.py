@@ -53,8 +53,11 @@ class MemoryDatabase:
         *,
         start_after: Mapping[str, Any] | None = None,
         max_await_time_ms: int | None = None,
+        collection: str | None = None,
         **_: Any,
     ) -> MemoryChangeStream:
+        """A stream on the database, or (``collection``: what a collection's own ``watch``
+        asks) on one of its collections."""
         if not self._change_streams:  # as a standalone mongod answers
             raise OperationFailure(
                 "The $changeStream stage is only supported on replica sets", code=40573
@@ -65,7 +68,7 @@ class MemoryDatabase:
             resume_after,
             start_after=start_after,
             max_await_time_ms=max_await_time_ms,
-            collection=None,
+            collection=collection,
         )
 
     async def command(self, command: Mapping[str, Any], **_: Any) -> Any:

@@ -159,22 +159,10 @@ class MemoryCollection:
         pipeline: Sequence[Mapping[str, Any]] | None = None,
         full_document: str | None = None,
         resume_after: Mapping[str, Any] | None = None,
-        *,
-        start_after: Mapping[str, Any] | None = None,
-        max_await_time_ms: int | None = None,
-        **_: Any,
+        **options: Any,
     ) -> MemoryChangeStream:
-        if not self.change_streams:  # as a standalone mongod answers
-            raise OperationFailure(
-                "The $changeStream stage is only supported on replica sets", code=40573
-            )
-        return self.changes.open(
-            pipeline,
-            full_document,
-            resume_after,
-            start_after=start_after,
-            max_await_time_ms=max_await_time_ms,
-            collection=self.name,
+        return await self.database.watch(
+            pipeline, full_document, resume_after, collection=self.name, **options
         )
 
     async def drop(self, **_: Any) -> None:
