@@ -55,18 +55,26 @@ class _Timed:
                 thrown = exc
 
 
+async def _call(
+    counting: CountingCollection, target: Any, name: str, *args: Any, **kwargs: Any
+) -> Any:
+    """``target.name(...)``, counted and timed in ``counting`` (the collection, or its
+    database's change stream)."""
+    counting.counts[name] += 1
+    started = time.process_time()
+    try:
+        result = getattr(target, name)(*args, **kwargs)
+    finally:
+        counting.cpu_seconds += time.process_time() - started
+    # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
+    if inspect.isawaitable(result):
+        result = await _Timed(counting, result)
+    return _CountedStream(counting, result) if name == "watch" else result
+
+
 def _counted(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def method(self: CountingCollection, *args: Any, **kwargs: Any) -> Any:
-        self.counts[name] += 1
-        started = time.process_time()
-        try:
-            result = getattr(self.wrapped, name)(*args, **kwargs)
-        finally:
-            self.cpu_seconds += time.process_time() - started
-        # pymongo's async aggregate/watch are coroutines; Motor's return the cursor itself.
-        if inspect.isawaitable(result):
-            result = await _Timed(self, result)
-        return _CountedStream(self, result) if name == "watch" else result
+        return await _call(self, self.wrapped, name, *args, **kwargs)
 
     method.__name__ = name
     return method
@@ -134,11 +142,7 @@ class _CountedDatabase:
         self._database = database
 
     async def watch(self, *args: Any, **kwargs: Any) -> Any:
-        self._counting.counts["watch"] += 1
-        stream = self._database.watch(*args, **kwargs)
-        if inspect.isawaitable(stream):
-            stream = await _Timed(self._counting, stream)
-        return _CountedStream(self._counting, stream)
+        return await _call(self._counting, self._database, "watch", *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._database, name)

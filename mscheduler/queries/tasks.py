@@ -316,11 +316,11 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
     }
 
 
-def due_filter(names: Sequence[str], now: dt.datetime) -> Document:
-    """Tasks of ``names`` due for a claim now, by any worker: what a poll reads by state, not
+def due_filter(name: str, now: dt.datetime) -> Document:
+    """Tasks of ``name`` due for a claim now, by any worker: what a poll reads by state, not
     by the time of the last write (see `discovery.TaskHub` on why both)."""
     return {
-        "name": {"$in": list(names)},
+        "name": name,
         "state": {"$in": CLAIMABLE},
         "next_claim_at": {"$lte": now},
         "deps_pending": {"$size": 0},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -147,10 +147,15 @@ class StoreBase:
         """One read per `KEYS_PER_READ` keys: the filter of a large flow's keys stays far
         below MongoDB's 16 MiB command limit, whatever the keys' length."""
         await self.ready()
-        checked_keys = [checked(check_key, k) for k in keys]
+        return await self._by_keys([checked(check_key, k) for k in keys], q.by_keys)
+
+    async def _by_keys(
+        self, keys: Sequence[str], query: Callable[[Sequence[str]], Mapping[str, Any]]
+    ) -> list[Task]:
+        """The tasks ``query`` finds of ``keys``, one read per `KEYS_PER_READ` of them."""
         found: list[Task] = []
-        for start in range(0, len(checked_keys), KEYS_PER_READ):
-            cursor = self.collection.find(q.by_keys(checked_keys[start : start + KEYS_PER_READ]))
+        for start in range(0, len(keys), KEYS_PER_READ):
+            cursor = self.collection.find(query(keys[start : start + KEYS_PER_READ]))
             found.extend([Task.model_validate(document) async for document in cursor])
         return found
 
@@ -171,27 +176,20 @@ class StoreBase:
         return sorted(found, key=lambda task: (task.updated_at, str(task.id)))
 
     @driver_errors
-    async def due(self, names: Sequence[str], now: dt.datetime, limit: int) -> list[Task]:
-        """The ``limit`` tasks of ``names`` due soonest for a claim by any worker (payloads
-        left out), one read per group of names: the hub's poll hands these to its consumers."""
+    async def due(self, name: str, now: dt.datetime, limit: int) -> list[Task]:
+        """The ``limit`` tasks of ``name`` due soonest for a claim by any worker (payloads left
+        out): what the hub's poll hands its consumers."""
         await self.ready()
-        found: list[Task] = []
-        for group in name_groups(names):
-            cursor = self.collection.find(
-                q.due_filter(group, now), q.FETCH_PROJECTION, sort=q.FETCH_SORT, limit=limit
-            )
-            found += [Task.model_validate(document) async for document in cursor]
-        return found
+        cursor = self.collection.find(
+            q.due_filter(name, now), q.FETCH_PROJECTION, sort=q.FETCH_SORT, limit=limit
+        )
+        return [Task.model_validate(document) async for document in cursor]
 
     @driver_errors
     async def ended(self, keys: Sequence[str]) -> list[Task]:
-        """The tasks of ``keys`` that have ended, one read per `KEYS_PER_READ` keys."""
+        """The tasks of ``keys`` that have ended."""
         await self.ready()
-        found: list[Task] = []
-        for start in range(0, len(keys), KEYS_PER_READ):
-            cursor = self.collection.find(q.terminal_of(keys[start : start + KEYS_PER_READ]))
-            found += [Task.model_validate(document) async for document in cursor]
-        return found
+        return await self._by_keys(keys, q.terminal_of)
 
     @driver_errors
     async def fetch(

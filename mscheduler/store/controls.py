@@ -131,11 +131,10 @@ class ControlHub:
             started.started()
             while True:
                 await subscription.next()  # each item: read the controls again
+                self._bump()
                 if not self._task_hub.carries_controls:
                     self.polling = self._task_hub.polling
-                    self._bump()
                     return anyio.TASK_STATUS_IGNORED
-                self._bump()
 
     async def _watch(
         self,

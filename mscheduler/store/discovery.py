@@ -54,7 +54,7 @@ from ..clock import Clock
 from ..errors import BackendUnavailable, ConfigurationError
 from ..models import Task, TaskState
 from ..worker_options import WorkerOptions
-from .base import StoreBase
+from .base import KEYS_PER_READ, StoreBase
 from .streams import (
     CONSUMER_NEEDLESS,
     MAX_AWAIT_MS,
@@ -85,7 +85,7 @@ DUE_PAGE = 20
 # Names whose due tasks one poll reads, and waited keys whose end it reads, taken in turns:
 # the cost of a poll stays bounded whatever the names and keys (the rest wait a few polls).
 DUE_NAMES_PER_POLL = 8
-ENDED_KEYS_PER_POLL = 5_000
+ENDED_KEYS_PER_POLL = KEYS_PER_READ  # one read
 # How often the poll reads by state, at most: a write that showed up late is rare (a slow
 # transaction, a clock behind), and this bounds what catching it costs a busy process.
 STATE_READ_INTERVAL = dt.timedelta(seconds=5)
@@ -694,7 +694,7 @@ class TaskHub:
             ended = await self._store.ended(keys) if keys else []
             due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
             for name in due_names:
-                due += await self._store.due([name], started, DUE_PAGE)
+                due += await self._store.due(name, started, DUE_PAGE)
         handed: dict[str, tuple[Any, int]] = {}
         for task in [*written, *ended]:
             if _newer(task, self._seen, handed):
