@@ -258,7 +258,7 @@ class Executor:
             try:
                 if outcome.error is None:
                     try:
-                        await self._store.succeed(lease, outcome.result)
+                        await self._store.record_success(lease, outcome.result)
                         break
                     except PayloadError as exc:
                         outcome = _Outcome(error=exc, seconds=outcome.seconds)  # unstorable

@@ -1,18 +1,28 @@
 """Group commit of finishes: outcomes written while another write of them is in flight go
-out together, as one unordered bulk write and one read, instead of one round trip each (at
-saturation, round trips are what limits the rate).
+out together, as one unordered bulk write (and at most one read), instead of one round trip
+each (at saturation, round trips are what limits the rate).
 
 No timer: a finish that finds nothing in flight is sent at once, alone, as the single fenced
 ``find_one_and_update`` it always was (so a lone task's latency is unchanged); finishes that
 arrive meanwhile wait for it and are then sent together, by the first of their writers. No
-writer waits on more than the batch in flight and its own: a finish returns within two
-round trips, however busy the other consumers of the store are. Under load the batches grow by
-themselves; idle, nothing waits.
+writer waits on more than the batch in flight and its own (and, rarely, its own write sent
+again alone, below), however busy the other consumers of the store are. Under load the
+batches grow by themselves; idle, nothing waits.
 
 Each write in a batch is the same fenced update (``key + worker_id + run_id`` of a live
-lease, `queries.lease.lease_filter`), so fencing holds per task as before. The read after the
-bulk returns every document, for the callers (who tell dependents, as after a single write)
-and to tell, per task, whether its write landed: a batch reports lease loss per task.
+lease, `queries.lease.lease_filter`), so fencing holds per task as before. A batch reports
+lease loss per task, but a bulk write reports only how many of its writes matched: so a read
+after it returns the documents, for the callers that want them (who tell dependents, as after
+a single write), and tells, per task, whether its write landed.
+
+A caller that wants no document back (the consumer's success of a task claimed without
+dependents) is *quiet*: its write also requires ``dependent_count: 0``, so a quiet write that
+lands leaves no dependents to tell. When every write of a batch matched, the quiet ones are
+settled without that read. Otherwise the read tells which landed; a quiet write that missed
+while its lease lives missed on dependents added while the task ran, and its writer sends it
+again alone, as the plain fenced write, once the batch is out. (Its ``now`` is the one its
+caller took: as for any write delayed in flight, a lease that expired meanwhile but was not
+taken over still accepts it; a takeover sweeps it with the claim's own time and fences it.)
 """
 
 from __future__ import annotations
@@ -42,11 +52,14 @@ class _Finish:
     update: list[Document]
     now: Any
     wrote: WorkerStateKind
+    quiet: bool
     done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     # Set when done, or when this finish's writer is to send the queue (`FinishBatcher`).
     wake: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     document: Document | None = None
     error: BaseException | None = None
+    # Set with done: the batch did not write it, its writer sends it alone (`FinishBatcher._many`).
+    alone: bool = False
 
     def settle(self, document: Document | None = None, error: BaseException | None = None) -> None:
         self.document, self.error = document, error
@@ -73,13 +86,20 @@ class FinishBatcher:
         self._busy = False
 
     async def write(
-        self, lease: Lease, update: list[Document], now: Any, wrote: WorkerStateKind
-    ) -> Document:
+        self,
+        lease: Lease,
+        update: list[Document],
+        now: Any,
+        wrote: WorkerStateKind,
+        *,
+        quiet: bool = False,
+    ) -> Document | None:
         """The document after this finish (``wrote``: the state it gives the run), or
-        `LeaseLost`; driver errors as from the write itself."""
+        `LeaseLost`; driver errors as from the write itself. ``quiet``: the caller reads
+        nothing back, and gets None where the batch landed without a read."""
         if self._alone:
             return await self._write_one(lease, update, now)
-        finish = _Finish(lease, update, now, wrote)
+        finish = _Finish(lease, update, now, wrote, quiet)
         self._queue.append(finish)
         try:
             while not finish.done.is_set():
@@ -105,7 +125,9 @@ class FinishBatcher:
         # late, and split the next batches).
         if finish.error is not None:
             raise finish.error
-        assert finish.document is not None
+        if finish.alone:  # by its own writer, once the batch is out: nobody waits on it
+            return await self._write_one(lease, update, now)
+        assert finish.document is not None or finish.quiet
         return finish.document
 
     def _hand_over(self) -> None:
@@ -134,27 +156,47 @@ class FinishBatcher:
                 raise
 
     async def _many(self, batch: list[_Finish]) -> None:
-        requests = [
-            UpdateOne(
-                lq.lease_filter(f.lease.key, f.lease.worker_id, f.lease.run_id, f.now), f.update
-            )
-            for f in batch
-        ]
-        refused: dict[int, BaseException] = {}
+        requests = [UpdateOne(_fence(f), f.update) for f in batch]
+        refused: dict[str, BaseException] = {}  # by run_id
+        matched = 0
         try:
-            await self._store.collection.bulk_write(requests, ordered=False)
+            matched = (
+                await self._store.collection.bulk_write(requests, ordered=False)
+            ).matched_count
         except BulkWriteError as exc:  # the server refused some; the others stand
             for error in exc.details.get("writeErrors", []):
-                refused[error["index"]] = BulkWriteError({**exc.details, "writeErrors": [error]})
+                run_id = batch[error["index"]].lease.run_id
+                refused[run_id] = BulkWriteError({**exc.details, "writeErrors": [error]})
+        if matched == len(batch):  # every write landed
+            for finish in batch:
+                if finish.quiet:
+                    finish.settle()
+            batch = [finish for finish in batch if not finish.quiet]
+            if not batch:
+                return
         cursor = self._store.collection.find(q.by_keys([f.lease.key for f in batch]))
         documents = {document["key"]: document async for document in cursor}
-        for index, finish in enumerate(batch):
-            if index in refused:
-                finish.settle(error=refused[index])
-            elif _landed(documents.get(finish.lease.key), finish):
-                finish.settle(documents[finish.lease.key])
+        for finish in batch:
+            document = documents.get(finish.lease.key)
+            if finish.lease.run_id in refused:
+                finish.settle(error=refused[finish.lease.run_id])
+            elif _landed(document, finish):
+                finish.settle(document)
+            elif finish.quiet and _live(document, finish):
+                # It missed on dependents added while it ran: its writer sends it alone, as
+                # the plain fenced write, which returns the document that tells them.
+                finish.alone = True
+                finish.settle()
             else:  # the read above already tells how it was lost
-                finish.settle(error=lease_lost(finish.lease, documents.get(finish.lease.key)))
+                finish.settle(error=lease_lost(finish.lease, document))
+
+
+def _fence(finish: _Finish) -> Document:
+    """The lease filter; a quiet finish's also requires no dependents (the module's doc)."""
+    fence = lq.lease_filter(
+        finish.lease.key, finish.lease.worker_id, finish.lease.run_id, finish.now
+    )
+    return {**fence, "dependent_count": 0} if finish.quiet else fence
 
 
 def _interrupted() -> BackendUnavailable:
@@ -173,6 +215,20 @@ def _landed(document: Document | None, finish: _Finish) -> bool:
                 return False
             return finish.wrote is not WorkerStateKind.RELEASED or state.get("error") is not None
     return False
+
+
+def _live(document: Document | None, finish: _Finish) -> bool:
+    """Whether the lease of this finish is live in ``document``: what `_fence` asks of it
+    but the quiet part (so a quiet write that missed, missed on dependents)."""
+    if document is None:
+        return False
+    lease = finish.lease
+    return any(
+        state.run_id == lease.run_id
+        and state.worker_id == lease.worker_id
+        and state.is_live(finish.now)
+        for state in Task.model_validate(document).worker_states
+    )
 
 
 def lease_lost(lease: Lease, document: Document | None) -> LeaseLost:

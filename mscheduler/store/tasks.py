@@ -286,6 +286,7 @@ class TaskStore(StoreBase):
     ) -> Task:
         """A fenced write that ends the run: sent with the finishes in flight (`finishes`)."""
         found = await self._finishes.write(lease, update, now, wrote)
+        assert found is not None
         return await self.after_write(Task.model_validate(found))
 
     async def _lost(self, lease: Lease) -> LeaseLost:
@@ -327,18 +328,30 @@ class TaskStore(StoreBase):
 
     @driver_errors
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
+        task = await self._succeed(lease, result, quiet=False)
+        assert task is not None  # only a quiet write may come back without its document
+        return task
+
+    @driver_errors
+    async def record_success(self, lease: Lease, result: Any = None) -> None:
+        """`succeed` for a caller that reads nothing back (the consumer): in a batch of
+        finishes, its write then needs no read after it (`finishes`: quiet)."""
+        # Quiet only where the task had no dependents when claimed: one that had would miss
+        # and be sent again alone (`finishes`), a round trip more than the plain write's read.
+        await self._succeed(lease, result, quiet=lease.task.dependent_count == 0)
+
+    async def _succeed(self, lease: Lease, result: Any, *, quiet: bool) -> Task | None:
         stored = check_result(result, lease.task.options)
         now = self.clock.now()
-        task = await self._finish_write(
-            lease,
-            lq.success_update(lease.worker_id, lease.run_id, stored, now),
-            now,
-            WorkerStateKind.SUCCESS,
-        )
-        log.debug(  # the consumer logs the finished task at INFO, with its worker and time
-            "attempt succeeded",
-            extra={"action": "success_recorded", "key": lease.key, "state": task.state.value},
-        )
+        update = lq.success_update(lease.worker_id, lease.run_id, stored, now)
+        found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=quiet)
+        # A quiet write that came back without its document left no dependents to tell.
+        task = None if found is None else await self.after_write(Task.model_validate(found))
+        extra = {"action": "success_recorded", "key": lease.key}
+        if task is not None:
+            extra["state"] = task.state.value
+        # the consumer logs the finished task at INFO, with its worker and time
+        log.debug("attempt succeeded", extra=extra)
         return task
 
     @driver_errors

@@ -59,6 +59,131 @@ async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler)
     assert stored["t2"].retry_at is not None
 
 
+async def test_a_consumers_successes_written_together_cost_one_call(scheduler: ms.Scheduler):
+    """The consumer reads nothing back after a success: a batch of them that all landed is
+    one bulk write, and nothing read after it."""
+    leases = await _claimed(scheduler, 5)
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    async with anyio.create_task_group() as group:
+        for lease in leases:
+            group.start_soon(sched.store.record_success, lease, {"key": lease.key})
+    assert counting.counts == {"bulk_write": 1}, counting.counts
+    stored = await scheduler.store.get_many([lease.key for lease in leases])
+    assert [(t.state, t.result) for t in stored] == [
+        (ms.TaskState.SUCCESS, {"key": lease.key}) for lease in leases
+    ]
+
+
+async def _counting(scheduler: ms.Scheduler) -> tuple[ms.Scheduler, CountingCollection]:
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    return sched, counting
+
+
+async def _record_successes(sched: ms.Scheduler, leases: list[ms.Lease]) -> dict[str, Any]:
+    outcomes: dict[str, Any] = {}
+
+    async def finish(lease: ms.Lease) -> None:
+        try:
+            outcomes[lease.key] = await sched.store.record_success(lease, lease.key)
+        except ms.LeaseLost as exc:
+            outcomes[lease.key] = exc
+
+    async with anyio.create_task_group() as group:
+        for lease in leases:
+            group.start_soon(finish, lease)
+    return outcomes
+
+
+async def test_a_success_written_unread_still_tells_dependents_published_while_it_ran(
+    scheduler: ms.Scheduler,
+):
+    """A dependent published after its dependency was claimed (the lease's copy of the task
+    knows nothing of it): the batch's success must still find it and tell it."""
+    leases = await _claimed(scheduler, 3)
+    await scheduler.publish("after-t1", None, name="job", depends_on=["t1"])
+    sched, counting = await _counting(scheduler)
+    outcomes = await _record_successes(sched, leases)
+    assert outcomes == {"t0": None, "t1": None, "t2": None}
+    stored = {t.key: t for t in await scheduler.store.get_many(["t0", "t1", "t2", "after-t1"])}
+    assert [stored[key].state for key in ("t0", "t1", "t2")] == [ms.TaskState.SUCCESS] * 3
+    assert stored["t1"].dependents_notified is True
+    assert stored["after-t1"].state is ms.TaskState.PENDING, "its dependency's success was lost"
+    # The one that missed is written again alone: a round trip more, for it only.
+    assert counting.counts["bulk_write"] == 1 and counting.counts["find_one_and_update"] == 1
+
+
+async def test_a_task_claimed_with_dependents_is_read_back_with_its_batch(
+    scheduler: ms.Scheduler,
+):
+    leases = await _claimed(scheduler, 3)
+    await scheduler.store.release(leases[1])
+    await scheduler.publish("after-t1", None, name="job", depends_on=["t1"])
+    again = await scheduler.store.claim("w1", key="t1")
+    assert again is not None and again.task.dependent_count == 1
+    sched, counting = await _counting(scheduler)
+    outcomes = await _record_successes(sched, [leases[0], again, leases[2]])
+    assert outcomes == {"t0": None, "t1": None, "t2": None}
+    assert counting.counts["bulk_write"] == 1 and counting.counts["find"] == 1, counting.counts
+    assert counting.counts["find_one_and_update"] == 0, "written twice: it could be read once"
+    assert (await scheduler.get("after-t1")).state is ms.TaskState.PENDING  # type: ignore[union-attr]
+
+
+async def test_a_success_written_unread_still_reports_its_lost_lease(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """Lost to a cancel, or to its lease's expiry before anyone took it over: told by the read
+    after the batch, never by writing again."""
+    leases = await _claimed(scheduler, 4)
+    await scheduler.cancel("t1")
+    expiring = leases[3]
+    assert expiring.ping_expire_at is not None
+    clock.advance((expiring.ping_expire_at - clock.now()).total_seconds() - 1)
+    await scheduler.store.ping_many([leases[0], leases[2]])  # they outlive it
+    clock.advance(2)
+    sched, counting = await _counting(scheduler)
+    outcomes = await _record_successes(sched, leases)
+    assert "cancelled" in str(outcomes.pop("t1")) and "expired" in str(outcomes.pop("t3"))
+    assert outcomes == {"t0": None, "t2": None}
+    assert counting.counts == {"bulk_write": 1, "find": 1}, counting.counts
+
+
+async def test_a_success_returns_without_waiting_for_another_written_again(
+    scheduler: ms.Scheduler,
+):
+    leases = await _claimed(scheduler, 3)
+    await scheduler.publish("after-t2", None, name="job", depends_on=["t2"])
+    held = HeldWrites(scheduler.collection)
+    sched = ms.Scheduler(held, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    returned: list[str] = []
+
+    async def finish(lease: ms.Lease) -> None:
+        await sched.store.record_success(lease, lease.key)
+        returned.append(lease.key)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(finish, leases[0])
+        await settle()
+        group.start_soon(finish, leases[1])  # these two go together, after t0's write
+        group.start_soon(finish, leases[2])
+        await settle()
+        held.held[0].set()
+        await settle()
+        held.held[1].set()  # the bulk write, sent by t1's writer: t2 misses on its dependent
+        await settle()
+        assert sorted(returned) == ["t0", "t1"], "t1 waited on t2's write"
+        assert len(held.held) == 3  # t2's, alone
+        held.held[2].set()
+    assert sorted(returned) == ["t0", "t1", "t2"]
+    assert (await scheduler.get("after-t2")).state is ms.TaskState.PENDING  # type: ignore[union-attr]
+
+
 async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     (lease,) = await _claimed(scheduler, 1)
     counting = CountingCollection(scheduler.collection)
