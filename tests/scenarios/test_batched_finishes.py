@@ -23,13 +23,40 @@ async def _claimed(sched: ms.Scheduler, count: int) -> list[ms.Lease]:
     return [lease for lease in leases if lease is not None]
 
 
-async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler):
-    leases = await _claimed(scheduler, 5)
-    await scheduler.cancel("t3")  # its holder's finish must be reported lost, the others not
+async def _counting(scheduler: ms.Scheduler) -> tuple[ms.Scheduler, CountingCollection]:
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
     await sched.ensure_indexes()
     counting.reset()
+    return sched, counting
+
+
+async def _held(scheduler: ms.Scheduler) -> tuple[ms.Scheduler, HeldWrites]:
+    held = HeldWrites(scheduler.collection)
+    sched = ms.Scheduler(held, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    return sched, held
+
+
+async def _record_successes(sched: ms.Scheduler, leases: list[ms.Lease]) -> dict[str, Any]:
+    outcomes: dict[str, Any] = {}
+
+    async def finish(lease: ms.Lease) -> None:
+        try:
+            outcomes[lease.key] = await sched.store.record_success(lease, lease.key)
+        except ms.LeaseLost as exc:
+            outcomes[lease.key] = exc
+
+    async with anyio.create_task_group() as group:
+        for lease in leases:
+            group.start_soon(finish, lease)
+    return outcomes
+
+
+async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler):
+    leases = await _claimed(scheduler, 5)
+    await scheduler.cancel("t3")  # its holder's finish must be reported lost, the others not
+    sched, counting = await _counting(scheduler)
     outcomes: dict[str, Any] = {}
 
     async def finish(lease: ms.Lease) -> None:
@@ -63,10 +90,7 @@ async def test_a_consumers_successes_written_together_cost_one_call(scheduler: m
     """The consumer reads nothing back after a success: a batch of them that all landed is
     one bulk write, and nothing read after it."""
     leases = await _claimed(scheduler, 5)
-    counting = CountingCollection(scheduler.collection)
-    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
-    await sched.ensure_indexes()
-    counting.reset()
+    sched, counting = await _counting(scheduler)
     async with anyio.create_task_group() as group:
         for lease in leases:
             group.start_soon(sched.store.record_success, lease, {"key": lease.key})
@@ -75,29 +99,6 @@ async def test_a_consumers_successes_written_together_cost_one_call(scheduler: m
     assert [(t.state, t.result) for t in stored] == [
         (ms.TaskState.SUCCESS, {"key": lease.key}) for lease in leases
     ]
-
-
-async def _counting(scheduler: ms.Scheduler) -> tuple[ms.Scheduler, CountingCollection]:
-    counting = CountingCollection(scheduler.collection)
-    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
-    await sched.ensure_indexes()
-    counting.reset()
-    return sched, counting
-
-
-async def _record_successes(sched: ms.Scheduler, leases: list[ms.Lease]) -> dict[str, Any]:
-    outcomes: dict[str, Any] = {}
-
-    async def finish(lease: ms.Lease) -> None:
-        try:
-            outcomes[lease.key] = await sched.store.record_success(lease, lease.key)
-        except ms.LeaseLost as exc:
-            outcomes[lease.key] = exc
-
-    async with anyio.create_task_group() as group:
-        for lease in leases:
-            group.start_soon(finish, lease)
-    return outcomes
 
 
 async def test_a_success_written_unread_still_tells_dependents_published_while_it_ran(
@@ -158,9 +159,7 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
 ):
     leases = await _claimed(scheduler, 3)
     await scheduler.publish("after-t2", None, name="job", depends_on=["t2"])
-    held = HeldWrites(scheduler.collection)
-    sched = ms.Scheduler(held, clock=scheduler.store.clock)
-    await sched.ensure_indexes()
+    sched, held = await _held(scheduler)
     returned: list[str] = []
 
     async def finish(lease: ms.Lease) -> None:
@@ -186,10 +185,7 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
 
 async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     (lease,) = await _claimed(scheduler, 1)
-    counting = CountingCollection(scheduler.collection)
-    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
-    await sched.ensure_indexes()
-    counting.reset()
+    sched, counting = await _counting(scheduler)
     task = await sched.store.succeed(lease, 1)
     assert task.state is ms.TaskState.SUCCESS and counting.calls == 1, counting.counts
 
@@ -200,9 +196,7 @@ async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_ot
     """Consumers of one store share the sends of their finishes; a stopping consumer waits on
     its own outcome, never on the outcomes others keep finishing meanwhile."""
     leases = await _claimed(scheduler, 3)
-    held = HeldWrites(scheduler.collection)
-    sched = ms.Scheduler(held, clock=scheduler.store.clock)
-    await sched.ensure_indexes()
+    sched, held = await _held(scheduler)
     returned: list[str] = []
 
     async def finish(lease: ms.Lease) -> None:
