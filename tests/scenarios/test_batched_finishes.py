@@ -1,5 +1,6 @@
-"""Group commit of finishes: outcomes written together go out as one bulk write and
-one read; a lone finish is the single fenced write it always was; lease loss is per task."""
+"""Group commit of finishes: outcomes written together go out as one bulk write, and one read
+where a caller wants its document or a write missed; a lone finish is the single fenced
+write it always was; lease loss, and a write the server refuses, are per task."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from typing import Any
 
 import anyio
 import pytest
+from pymongo import UpdateOne
+from pymongo.errors import BulkWriteError
 
 import mscheduler as ms
+from mscheduler.errors import StoreError
 from mscheduler.testing import CountingCollection
 from tests.engines import settle
 from tests.faults import HeldWrites
+
+S = ms.TaskState.SUCCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +187,55 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
         held.held[2].set()
     assert sorted(returned) == ["t0", "t1", "t2"]
     assert (await scheduler.get("after-t2")).state is ms.TaskState.PENDING  # type: ignore[union-attr]
+
+
+class _RefusesOneOfABulk:
+    """A bulk write whose write of ``key`` the server refuses (as it would one whose document
+    outgrew 16 MiB); the others land, as in an unordered bulk write."""
+
+    def __init__(self, collection: Any, key: str) -> None:
+        self.wrapped = collection
+        self.key = key
+        self.bulks = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def bulk_write(self, requests: list[UpdateOne], **kwargs: Any) -> Any:
+        self.bulks += 1
+        index = next(n for n, r in enumerate(requests) if r._filter["key"] == self.key)
+        kept = requests[:index] + requests[index + 1 :]
+        result = await self.wrapped.bulk_write(kept, **kwargs)
+        error = {"index": index, "code": 10334, "errmsg": "BSONObj size is invalid"}
+        raise BulkWriteError({"writeErrors": [error], "nMatched": result.matched_count})
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["succeed", "record_success"])
+async def test_a_write_the_server_refuses_in_a_batch_fails_alone(
+    scheduler: ms.Scheduler, quiet: bool
+):
+    leases = await _claimed(scheduler, 4)
+    refusing = _RefusesOneOfABulk(scheduler.collection, "t2")
+    sched = ms.Scheduler(refusing, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    outcomes: dict[str, Any] = {}
+
+    async def finish(lease: ms.Lease) -> None:
+        write = sched.store.record_success if quiet else sched.store.succeed
+        try:
+            await write(lease, lease.key)
+            outcomes[lease.key] = "written"
+        except StoreError as exc:
+            outcomes[lease.key] = exc
+
+    async with anyio.create_task_group() as group:
+        for lease in leases:
+            group.start_soon(finish, lease)
+    assert refusing.bulks == 1
+    assert isinstance(outcomes.pop("t2"), StoreError)
+    assert outcomes == {"t0": "written", "t1": "written", "t3": "written"}
+    stored = {t.key: t.state for t in await scheduler.store.get_many(["t0", "t1", "t2", "t3"])}
+    assert stored == {"t0": S, "t1": S, "t2": ms.TaskState.RUNNING, "t3": S}
 
 
 async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
