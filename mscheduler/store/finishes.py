@@ -157,30 +157,26 @@ class FinishBatcher:
 
     async def _many(self, batch: list[_Finish]) -> None:
         requests = [UpdateOne(_fence(f), f.update) for f in batch]
-        refused: dict[str, BaseException] = {}  # by run_id
         matched = 0
         try:
-            matched = (
-                await self._store.collection.bulk_write(requests, ordered=False)
-            ).matched_count
+            result = await self._store.collection.bulk_write(requests, ordered=False)
+            matched = result.matched_count
         except BulkWriteError as exc:  # the server refused some; the others stand
             for error in exc.details.get("writeErrors", []):
-                run_id = batch[error["index"]].lease.run_id
-                refused[run_id] = BulkWriteError({**exc.details, "writeErrors": [error]})
+                refused = BulkWriteError({**exc.details, "writeErrors": [error]})
+                batch[error["index"]].settle(error=refused)
         if matched == len(batch):  # every write landed
             for finish in batch:
                 if finish.quiet:
                     finish.settle()
-            batch = [finish for finish in batch if not finish.quiet]
-            if not batch:
-                return
-        cursor = self._store.collection.find(q.by_keys([f.lease.key for f in batch]))
+        unsettled = [finish for finish in batch if not finish.done.is_set()]
+        if not unsettled:
+            return
+        cursor = self._store.collection.find(q.by_keys([f.lease.key for f in unsettled]))
         documents = {document["key"]: document async for document in cursor}
-        for finish in batch:
+        for finish in unsettled:
             document = documents.get(finish.lease.key)
-            if finish.lease.run_id in refused:
-                finish.settle(error=refused[finish.lease.run_id])
-            elif _landed(document, finish):
+            if _landed(document, finish):
                 finish.settle(document)
             elif finish.quiet and _live(document, finish):
                 # It missed on dependents added while it ran: its writer sends it alone, as
