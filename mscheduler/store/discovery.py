@@ -653,11 +653,10 @@ class TaskHub:
           every subscriber; and the waited keys never read yet (a task a flow will publish);
         - at most every `STATE_READ_INTERVAL`, the end of waited keys, and the due tasks of
           consumers' names (the first `DUE_PAGE` of a name), a few names and keys a time, in
-          turns: read by state, not by
-          the time of a write, as a write is stamped before it is sent and may become visible
-          after the poll passed its stamp (a transaction's, any write on a server that
-          stalls), and a lease expires without a write at all. Due tasks, read without their
-          payload, go to consumers alone.
+          turns: read by state, not by the time of a write, as a write is stamped before it
+          is sent and may become visible after the poll passed its stamp (a transaction's, any
+          write on a server that stalls), and a lease expires without a write at all. Due
+          tasks, read without their payload, go to consumers alone.
 
         Each version of a task is handed out once: not again in the overlap of two polls, nor
         while it stays due (a limit, a pause, a busy consumer); an older version never after
