@@ -459,9 +459,9 @@ def test_commands_say_when_their_database_is_private_to_the_process():
 @pytest.mark.parametrize(
     ("module", "message"),
     [
-        ("def broken(:\n", "raised SyntaxError: invalid syntax"),
+        ("def broken(:\n", "raised SyntaxError"),
         ("raise RuntimeError('no config')\n", "raised RuntimeError: no config"),
-        ("import no_such_dependency\n", "raised ModuleNotFoundError: No module named"),
+        ("import no_such_dependency\n", "raised ModuleNotFoundError"),
         ("other = {}\n", "module badapp has no 'handlers'"),
     ],
 )
@@ -481,8 +481,11 @@ def test_a_handlers_module_that_cannot_be_imported_is_one_line(
     [
         (["--log-level", "bogus", "stats"], "error: log-level: 'bogus' is not one of debug,"),
         (["--log-format", "xml", "stats"], "error: log-format: 'xml' is not one of text, json"),
-        (["publish", "k", "--name", "n", "--priority", "high"], "error: Invalid value for '--pri"),
-        (["nosuchcommand"], "error: No such command 'nosuchcommand'."),
+        (["publish", "k", "--name", "n", "--priority", "high"], "error: --priority: must be an"),
+        (["nosuchcommand"], "error: 'nosuchcommand' is not a command of mscheduler"),
+        (["limit", "nosuch"], "error: 'nosuch' is not a command of mscheduler limit"),
+        (["stats", "--bogus"], "error: --bogus: no such option"),
+        (["publish", "k"], "error: --name: is required"),
         (["worker", "x:y", "--metrics-port", "70000"], "error: metrics-port: 70000 is not a TCP"),
         (["worker", "x:y", "--metrics-port", "-1"], "error: metrics-port: -1 is not a TCP port"),
         (["publish", "k", "--name", "n", "--payload", "NaN"], "error: payload: not valid JSON"),

@@ -68,8 +68,8 @@ async def test_bad_progress_names_the_field(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await scheduler.store.claim("w", key="k")
     assert lease is not None
-    with pytest.raises(ms.ConfigurationError, match="progress: fraction: Input should be less"):
+    with pytest.raises(ms.ConfigurationError, match="progress: fraction: must be at most 1"):
         await lease.progress(1.5)
-    with pytest.raises(ms.ConfigurationError, match="progress: message: String should have"):
+    with pytest.raises(ms.ConfigurationError, match="progress: message: must have at most 1000"):
         await lease.progress(0.5, "x" * 1001)
     assert lease.reported_progress is None
