@@ -134,7 +134,7 @@ class TaskOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    priority: int = Field(default=c.DEFAULT_PRIORITY, ge=-(2**31), le=2**31 - 1)
+    priority: int = Field(default=c.DEFAULT_PRIORITY, ge=c.MIN_PRIORITY, le=c.MAX_PRIORITY)
     concurrent_worker_cnt: int = Field(
         default=c.DEFAULT_CONCURRENT_WORKER_CNT, ge=1, le=c.MAX_CONCURRENT_WORKER_CNT
     )

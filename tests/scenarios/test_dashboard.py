@@ -254,6 +254,25 @@ async def test_the_task_list_pages_in_the_browser_and_refuses_a_forged_position(
     assert forged.status_code == 400 and "not a position in this list" in forged.text
 
 
+async def test_a_position_out_of_range_is_refused_naming_the_parameter(
+    scheduler: ms.Scheduler,
+):
+    """A forged claim-order position whose numbers no task can have (a priority past int32,
+    past int64, a time past any date) is refused, not sent to the server to fail there."""
+    task_id = "0" * 24
+    forged = [
+        f"c:{2**63}:0:{task_id}",
+        f"c:{-(2**63) - 1}:0:{task_id}",
+        f"c:{2**31}:0:{task_id}",
+        f"c:0:{10**20}:{task_id}",
+    ]
+    await scheduler.publish("job:0", None, name="job")
+    async with client(create_app(scheduler)) as http:
+        answers = [await http.get("/tasks", params={"name": "job", "after": a}) for a in forged]
+    assert [answer.status_code for answer in answers] == [400] * len(forged)
+    assert all("after" in text_of(answer.text) for answer in answers)
+
+
 # ------------------------------------------------------------------------ actions
 
 
