@@ -101,6 +101,7 @@ class HostGuard:
                 "status": status,
                 "headers": [
                     (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"x-content-type-options", b"nosniff"),  # it repeats the Host sent
                     (b"content-length", str(len(body)).encode()),
                 ],
             }
