@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 # Keys in one read: at most 512 characters of up to 4 bytes each, about 10 MiB of filter.
 KEYS_PER_READ = 5_000
 
-# The lock each store's first `ensure_indexes` holds, one per event loop. A store can serve
+# The lock a store's `ensure_indexes` holds, one per event loop. A store can serve
 # several event loops at once (`SyncScheduler` runs each call in a loop of the calling
 # thread), and an anyio lock is of one loop: released on another thread, it never wakes the
 # tasks of this loop that wait for it. So the callers of one loop wait for each other, and
