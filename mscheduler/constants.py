@@ -25,6 +25,8 @@ MAX_SPECIFIC_WORKERS: Final = 1_000
 MAX_CONCURRENT_WORKER_CNT: Final = 1_000
 MAX_UNEXPECTED_RETRIES: Final = 1_000
 MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, never multiplied
+MIN_PRIORITY: Final = -(2**31)  # an int32 in BSON
+MAX_PRIORITY: Final = 2**31 - 1
 
 # Size budget of one task document. MongoDB refuses documents over 16 MiB; a task grows after
 # publish (worker states, results, errors), so publish keeps room for all it can grow by

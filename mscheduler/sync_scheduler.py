@@ -61,7 +61,9 @@ class SyncScheduler:
     process's embedded database of that name, shared with the async schedulers of the same
     URI (that backend is not thread-safe: use it from one thread at a time). Use it as a
     context manager, or call `close`. ``SyncScheduler(collection)`` wraps a pymongo
-    ``Collection`` you already have (its client stays yours to close).
+    ``Collection`` you already have (its client stays yours to close). Over pymongo, one
+    `SyncScheduler` serves every thread at once: each call runs in an event loop of its
+    own thread, and what these calls reach in the store is bound to no one loop.
     """
 
     def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:

@@ -7,9 +7,11 @@ stops exactly that handler. What a worker writes for a task is always fenced by 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -169,7 +171,7 @@ class Executor:
             ping_interval_ms=options.ping_interval_ms,
             worker_timeout_ms=options.worker_timeout_ms,
         )
-        lease.on_progress(lambda: self.progress_reported(lease.key))
+        lease.on_progress(self._progress_callback(lease.key))
         self._ping_wake.set()
         otel_metrics.claimed(lease)  # claim latency
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
@@ -376,6 +378,25 @@ class Executor:
             entry.worker_timeout_ms = task.options.worker_timeout_ms
 
     # ------------------------------------------------------------ pinging
+
+    def _progress_callback(self, key: str) -> Callable[[], None]:
+        """What the lease of ``key`` calls on each report: `progress_reported`, always on this
+        event loop (it moves the ping loop's schedule, which only this loop may touch). From
+        another thread, a sync handler's, the report is handed to the loop without waiting;
+        if the loop is closed, the attempt ended long ago and the report has nowhere to go."""
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def reported() -> None:
+            if threading.get_ident() == loop_thread:
+                self.progress_reported(key)
+                return
+            try:
+                loop.call_soon_threadsafe(self.progress_reported, key)
+            except RuntimeError:  # the event loop is closed
+                log.debug("progress of %s reported after its worker stopped", key)
+
+        return reported
 
     def progress_reported(self, key: str) -> None:
         """A handler reported progress: its ping comes at once, or a second after the last

@@ -25,6 +25,7 @@ FOUNDATION = {
     "delays",
     "encoding",
     "errors",
+    "host_guard",
     "models",
     "periodic",
     "specs",
