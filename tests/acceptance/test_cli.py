@@ -485,7 +485,6 @@ def test_a_handlers_module_that_cannot_be_imported_is_one_line(
         (["nosuchcommand"], "error: 'nosuchcommand' is not a command of mscheduler"),
         (["limit", "nosuch"], "error: 'nosuch' is not a command of mscheduler limit"),
         (["stats", "--bogus"], "error: --bogus: no such option"),
-        (["publish", "k"], "error: --name: is required"),
         (["worker", "x:y", "--metrics-port", "70000"], "error: metrics-port: 70000 is not a TCP"),
         (["worker", "x:y", "--metrics-port", "-1"], "error: metrics-port: -1 is not a TCP port"),
         (["publish", "k", "--name", "n", "--payload", "NaN"], "error: payload: not valid JSON"),
