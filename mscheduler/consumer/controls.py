@@ -3,7 +3,10 @@ due occurrences, ending expired tasks), which of its names are paused, and their
 
 All three are read again on each change the process's `ControlHub` sees (one stream, or one
 read of a version per poll interval, for all the consumers of a `Scheduler`), so a pause, a
-limit or a schedule set while consumers run holds within one change event or poll interval.
+limit or a schedule set while consumers run holds within one change event or poll interval;
+and again every ``schedule_refresh_ms`` whatever the hub saw, so a change whose signal (the
+version's bump, a write of its own) was lost on the network holds by then, not only at the
+next change.
 """
 
 from __future__ import annotations
@@ -139,9 +142,11 @@ class Controls:
         action: str,
         task_status: TaskStatus[None],
     ) -> None:
-        """``read`` at start and after each change the hub sees (it watches before the first
-        read, so no change is missed). Started once the first read is done."""
+        """``read`` at start, after each change the hub sees (it watches before the first
+        read, so no change is missed), and ``schedule_refresh_ms`` after the last read at the
+        latest (a change whose signal was lost). Started once the first read is done."""
         seen = self._hub.version
+        refresh = dt.timedelta(milliseconds=self._options.schedule_refresh_ms)
         while True:
             await retrying(
                 read,
@@ -152,4 +157,4 @@ class Controls:
             )
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
-            seen = await self._hub.changed(seen)
+            seen = await self._until_change(seen, self._clock.now() + refresh)

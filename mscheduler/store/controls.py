@@ -12,7 +12,11 @@ the version once per poll interval. Nothing is read while nothing changes.
 
 Invariant: a control write is followed by the bump; a process reads its controls again after
 any bump it sees (and once when it starts watching), so a change is in effect there within one
-event, or one poll interval, after the call that made it returned.
+event, or one poll interval, after the call that made it returned. The bump is a second write,
+and may be lost on the network after the change landed; so a call that finds its change made
+already (the retry of one whose bump was lost: a name paused, a limit or schedule gone) bumps
+all the same, and each consumer reads its controls again every ``schedule_refresh_ms``
+whatever it was told (`consumer.controls`): a change whose bump was lost holds by then.
 """
 
 from __future__ import annotations

@@ -116,10 +116,10 @@ class Limits(BesideTasks):
     @driver_errors
     async def remove(self, name: str) -> bool:
         """True if ``name`` had a limit. The document stays, with the slots of the runs that
-        still hold them (`queries.limits.remove_limit`): a limit set again counts them."""
+        still hold them (`queries.limits.remove_limit`): a limit set again counts them. The
+        control version is bumped either way (`store.controls`)."""
         result = await self.collection.update_one(*lq.remove_limit(checked(check_name, name)))
-        if result.matched_count:
-            await self._tasks.control_changed()
+        await self._tasks.control_changed()
         return bool(result.matched_count)
 
     @driver_errors

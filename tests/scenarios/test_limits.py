@@ -16,7 +16,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.store.limits import Limit
 from tests.engines import POLL_MS, settle
-from tests.faults import LosesClaimAndLookUp
+from tests.faults import LosesBesideWrites, LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
 
@@ -273,6 +273,36 @@ async def test_a_dead_holders_slot_outlives_its_limit_removed_and_set_again(
     assert not isinstance(await scheduler.store.limits.acquire("render", until), str)
     clock.advance(5.001)
     assert isinstance(await scheduler.store.limits.acquire("render", until), str)
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
+async def test_a_limit_removed_while_its_signal_is_lost_frees_the_waiting_tasks(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, retried: bool
+):
+    """The removal is written and the version bump that tells the consumers of it is lost on
+    the network: retried (it finds the limit gone), the call tells them at once; not
+    retried, they read their limits again within ``schedule_refresh_ms``, not an hour on."""
+    await scheduler.set_limit("render", rate=1, per=dt.timedelta(hours=1))
+    for n in range(2):
+        await scheduler.publish(f"r{n}", n, name="render")
+    runs = _Concurrency()
+    operator = ms.Scheduler(LosesBesideWrites(scheduler.collection, ".controls"), clock=clock)
+    options = worker(max_running=4, schedule_refresh_ms=5_000)
+    async with scheduler.consumer({"render": runs.handler}, options=options):
+        await discover()
+        assert runs.started == ["r0"]
+        with pytest.raises(ms.BackendUnavailable):
+            await operator.remove_limit("render")
+        if retried:
+            assert not await operator.remove_limit("render")  # removed already
+        else:
+            for _ in range(5):  # the running task's lease kept alive meanwhile
+                await discover()
+                clock.advance(1)
+        await discover()
+        assert runs.started == ["r0", "r1"], "the removal was not seen"
+        for gate in list(runs.gates.values()):
+            gate.set()
 
 
 async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(
