@@ -137,10 +137,9 @@ def limited(names: Sequence[str] | None) -> Document:
     return {"_id": {"$in": list(names)}, **_HAS_LIMIT}
 
 
-def remove_limit(name: str) -> tuple[Document, Document]:
-    """``name`` limited no more: its limits null, its window of starts emptied, its slots kept
-    for the runs that hold them (each frees its own, or expires), so that a limit set again
-    counts them."""
-    return {"_id": name, **_HAS_LIMIT}, {
-        "$set": {"rate": None, "per_ms": None, "max_running": None, "starts": []}
-    }
+def remove_limit(name: str, now: dt.datetime) -> tuple[Document, Pipeline]:
+    """``name`` limited no more: its limits null, its window of starts emptied, its live slots
+    kept for the runs that hold them (each frees its own, or expires: a dead holder's too),
+    so that a limit set again counts them."""
+    unlimited = {"rate": None, "per_ms": None, "max_running": None, "starts": literal([])}
+    return {"_id": name, **_HAS_LIMIT}, [{"$set": {**unlimited, "slots": _live("slots", now)}}]

@@ -118,7 +118,8 @@ class Limits(BesideTasks):
         """True if ``name`` had a limit. The document stays, with the slots of the runs that
         still hold them (`queries.limits.remove_limit`): a limit set again counts them. The
         control version is bumped either way (`store.controls`)."""
-        result = await self.collection.update_one(*lq.remove_limit(checked(check_name, name)))
+        removal = lq.remove_limit(checked(check_name, name), self._tasks.clock.now())
+        result = await self.collection.update_one(*removal)
         await self._tasks.control_changed()
         return bool(result.matched_count)
 
