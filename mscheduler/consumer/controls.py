@@ -80,7 +80,7 @@ class Controls:
                 milliseconds=self._options.schedule_refresh_ms
             )
             deadline = refresh if upcoming is None else min(upcoming, refresh)
-            seen = await self._until_change(seen, deadline)
+            seen = await self._hub.changed(seen, deadline)
 
     async def _publish_due(self) -> dt.datetime | None:
         """The due occurrences published, the expired tasks ended; when the next one comes."""
@@ -88,21 +88,6 @@ class Controls:
         await self._store.expiry.expire_due(self._names)  # housekeeping, as often
         await refresh_task_counts(self._store)
         return await self._store.schedules.next_due(self._names)
-
-    async def _until_change(self, seen: int, deadline: dt.datetime) -> int:
-        """Sleep until ``deadline`` or a change after ``seen``; the version seen then. (Not
-        the hub's event on the clock: a clock sets the events it times out.)"""
-        wake = anyio.Event()
-        async with anyio.create_task_group() as task_group:
-
-            async def on_change() -> None:
-                await self._hub.changed(seen)
-                wake.set()
-
-            task_group.start_soon(on_change)
-            await self._clock.wait_until(deadline, wake)
-            task_group.cancel_scope.cancel()
-        return self._hub.version
 
     async def pause_loop(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -157,4 +142,4 @@ class Controls:
             )
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
-            seen = await self._until_change(seen, self._clock.now() + refresh)
+            seen = await self._hub.changed(seen, self._clock.now() + refresh)

@@ -21,6 +21,7 @@ whatever it was told (`consumer.controls`): a change whose bump was lost holds b
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import anyio
@@ -65,7 +66,7 @@ class ControlHub:
     (`TaskHub`), or from a stream of its own on the version, or one read of it per poll
     interval, for all the process's consumers. Each consumer calls `serve`: one of them runs
     the watch, the others wait to take over if it stops. `version` counts the changes seen
-    here; `changed` waits for the next."""
+    here; `changed` waits for the next (or a deadline)."""
 
     def __init__(
         self, store: StoreBase, version: ControlVersion, task_hub: TaskHub, clock: Clock
@@ -76,22 +77,31 @@ class ControlHub:
         self._clock = clock
         self.version = 0
         self.ready = anyio.Event()  # set while a runner watches (no change can be missed)
-        self._changed = anyio.Event()
+        self._waiting: set[anyio.Event] = set()  # each waiter's own: the clock sets it too
         self._runner = OneRunner()
         self.streams_opened = 0
         self.reads = 0
         self.polling = False
 
-    async def changed(self, seen: int) -> int:
-        """Once a change after ``seen`` (a value of `version`) is known: the new version."""
+    async def changed(self, seen: int, deadline: dt.datetime | None = None) -> int:
+        """Once a change after ``seen`` (a value of `version`) is known, or at ``deadline``
+        (on the clock), whichever comes first: the version then."""
         while self.version <= seen:
-            await self._changed.wait()
+            if deadline is not None and self._clock.now() >= deadline:
+                break
+            wake = anyio.Event()
+            self._waiting.add(wake)
+            try:
+                await self._clock.wait_until(deadline, wake)
+            finally:
+                self._waiting.discard(wake)
         return self.version
 
     def _bump(self) -> None:
         self.version += 1
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        waiting, self._waiting = self._waiting, set()
+        for wake in waiting:
+            wake.set()
 
     async def serve(
         self,
