@@ -8,7 +8,8 @@ then leave them out. A version apart costs one small document. The process's one
 stream, on the database (`discovery.TaskHub`), carries its writes beside the tasks'; where the
 server grants no stream on the whole database (``changeStream`` on the tasks collection
 alone), `ControlHub` keeps a stream of its own on the version; without change streams it reads
-the version once per poll interval. Nothing is read while nothing changes.
+the version once per poll interval. Nothing else is read while nothing changes, but for the
+consumers' read of their controls every ``schedule_refresh_ms`` (below).
 
 Invariant: a control write is followed by the bump; a process reads its controls again after
 any bump it sees (and once when it starts watching), so a change is in effect there within one
@@ -95,6 +96,8 @@ class ControlHub:
                 await self._clock.wait_until(deadline, wake)
             finally:
                 self._waiting.discard(wake)
+            if not wake.is_set():  # timed out (a manual clock sets the event it times out)
+                break
         return self.version
 
     def _bump(self) -> None:
