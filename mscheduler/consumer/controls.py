@@ -3,7 +3,10 @@ due occurrences, ending expired tasks), which of its names are paused, and their
 
 All three are read again on each change the process's `ControlHub` sees (one stream, or one
 read of a version per poll interval, for all the consumers of a `Scheduler`), so a pause, a
-limit or a schedule set while consumers run holds within one change event or poll interval.
+limit or a schedule set while consumers run holds within one change event or poll interval;
+and again every ``schedule_refresh_ms`` whatever the hub saw, so a change whose signal (the
+version's bump, a write of its own) was lost on the network holds by then, not only at the
+next change.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class Controls:
                 milliseconds=self._options.schedule_refresh_ms
             )
             deadline = refresh if upcoming is None else min(upcoming, refresh)
-            seen = await self._until_change(seen, deadline)
+            seen = await self._hub.changed(seen, deadline)
 
     async def _publish_due(self) -> dt.datetime | None:
         """The due occurrences published, the expired tasks ended; when the next one comes."""
@@ -85,21 +88,6 @@ class Controls:
         await self._store.expiry.expire_due(self._names)  # housekeeping, as often
         await refresh_task_counts(self._store)
         return await self._store.schedules.next_due(self._names)
-
-    async def _until_change(self, seen: int, deadline: dt.datetime) -> int:
-        """Sleep until ``deadline`` or a change after ``seen``; the version seen then. (Not
-        the hub's event on the clock: a clock sets the events it times out.)"""
-        wake = anyio.Event()
-        async with anyio.create_task_group() as task_group:
-
-            async def on_change() -> None:
-                await self._hub.changed(seen)
-                wake.set()
-
-            task_group.start_soon(on_change)
-            await self._clock.wait_until(deadline, wake)
-            task_group.cancel_scope.cancel()
-        return self._hub.version
 
     async def pause_loop(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -139,9 +127,11 @@ class Controls:
         action: str,
         task_status: TaskStatus[None],
     ) -> None:
-        """``read`` at start and after each change the hub sees (it watches before the first
-        read, so no change is missed). Started once the first read is done."""
+        """``read`` at start, after each change the hub sees (it watches before the first
+        read, so no change is missed), and ``schedule_refresh_ms`` after the last read at the
+        latest (a change whose signal was lost). Started once the first read is done."""
         seen = self._hub.version
+        refresh = dt.timedelta(milliseconds=self._options.schedule_refresh_ms)
         while True:
             await retrying(
                 read,
@@ -152,4 +142,4 @@ class Controls:
             )
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
-            seen = await self._hub.changed(seen)
+            seen = await self._hub.changed(seen, self._clock.now() + refresh)
