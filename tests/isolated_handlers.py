@@ -70,8 +70,4 @@ def reports(task: ms.Task) -> int:
     return os.getpid()
 
 
-def async_handler_placeholder(task: ms.Task) -> None:  # pragma: no cover - never isolated
-    return None
-
-
 handlers = {"pid": pid, "exit_3": exit_3, "stuck": stuck}

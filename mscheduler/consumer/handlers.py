@@ -67,17 +67,17 @@ def isolated(
             f"{where}: expected a plain def function (task) -> result, got "
             f"{'an async function' if _is_async(function) else type(function).__name__}"
         )
-    if function.__module__ == "__main__" or "<locals>" in function.__qualname__:
-        raise ConfigurationError(
-            f"{where}: the handler's process imports it by name: define it at the top level "
-            f"of an importable module (it is in {function.__module__})"
-        )
+    name = f"{function.__module__}.{function.__qualname__}"
     try:
-        pickle.dumps(function)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        importable = function.__module__ != "__main__" and "<" not in function.__qualname__
+        importable = importable and pickle.loads(pickle.dumps(function)) is function
+    except (pickle.PicklingError, AttributeError, TypeError, ImportError):
+        importable = False
+    if not importable:  # a lambda, a nested function, a script's own function, a rebound name
         raise ConfigurationError(
-            f"{where}: the handler's process cannot import it by name: {exc}"
-        ) from None
+            f"{where}: the handler's process imports it by name, and {name} names no "
+            f"function of an importable module: define it at the top level of one"
+        )
     if max_tasks_per_child is not None and (
         isinstance(max_tasks_per_child, bool)
         or not isinstance(max_tasks_per_child, int)
