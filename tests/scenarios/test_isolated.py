@@ -175,6 +175,37 @@ async def test_a_child_past_timeout_ms_is_killed_and_its_slot_reused_at_once(
     assert not (tmp_path / "stuck.pid.woke").exists()
 
 
+async def test_a_remote_cancel_kills_the_child_running_the_task(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, tmp_path: pathlib.Path
+):
+    pid_file = tmp_path / "stuck.pid"
+    await scheduler.publish("stuck", str(pid_file), name="stuck")
+    async with scheduler.consumer({"stuck": ms.isolated(h.stuck)}, options=worker()) as consumer:
+        await until(pid_file.exists)
+        pid = int(pid_file.read_text())
+        assert await scheduler.cancel("stuck")
+        await discover()
+        await until(lambda: not alive(pid))
+        await until(lambda: not consumer.running)
+    task = await scheduler.get("stuck")
+    assert task is not None and task.state is S.CANCELLED
+
+
+async def test_a_stopping_worker_kills_the_child_still_running_past_its_grace(
+    scheduler: ms.Scheduler, tmp_path: pathlib.Path
+):
+    pid_file = tmp_path / "stuck.pid"
+    await scheduler.publish("stuck", str(pid_file), name="stuck")
+    options = worker(shutdown_grace_ms=0)
+    async with scheduler.consumer({"stuck": ms.isolated(h.stuck)}, options=options):
+        await until(pid_file.exists)
+        pid = int(pid_file.read_text())
+    assert not alive(pid)
+    task = await scheduler.get("stuck")
+    assert task is not None and task.state is S.PENDING  # released for another worker
+    assert task.worker_states[-1].state is ms.WorkerStateKind.RELEASED
+
+
 # ------------------------------------------------------------------------ the pool
 
 
