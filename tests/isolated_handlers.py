@@ -32,6 +32,14 @@ def exit_3(task: ms.Task) -> None:
     os._exit(3)
 
 
+def exits(task: ms.Task) -> None:
+    raise SystemExit(5)
+
+
+def interrupted(task: ms.Task) -> None:
+    raise KeyboardInterrupt
+
+
 def fails(task: ms.Task) -> None:
     raise ValueError(f"bad payload {task.payload!r}")
 

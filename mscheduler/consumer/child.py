@@ -104,7 +104,11 @@ class _Replies:
 
 
 def _crossing(error: BaseException) -> BaseException:
-    """``error`` if it survives pickling both ways, else a RuntimeError that names it."""
+    """``error`` if it is an `Exception` that survives pickling both ways, else a
+    RuntimeError that names it: the worker raises what it receives where a failed attempt is
+    expected, and a ``KeyboardInterrupt`` there would end the worker, not the attempt."""
+    if not isinstance(error, Exception):
+        return RuntimeError(f"the handler raised {type(error).__qualname__}: {error}")
     try:
         pickle.loads(pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL))
         return error
@@ -123,6 +127,8 @@ async def _run(function: Callable[[Task], Any], lease: Lease, replies: _Replies)
     token = context.enter(context.Run(lease))
     try:
         result = await anyio.to_thread.run_sync(function, lease.task)
+    except SystemExit as exc:  # sys.exit() in the handler: this process ends, as it asked
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
     except BaseException as exc:
         text = "".join(traceback.format_exception(exc))
         replies.send(("raise", _crossing(exc), text, resident_bytes()))

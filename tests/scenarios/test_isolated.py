@@ -150,6 +150,23 @@ async def test_a_child_that_exits_fails_its_attempt_and_the_next_task_runs_on_th
     assert after.state is S.SUCCESS and after.worker_states[-1].worker_id == "w1"
 
 
+async def test_sys_exit_ends_the_child_and_keyboard_interrupt_fails_the_attempt_alone(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    await scheduler.publish("exit", None, name="exits", options=NO_RETRY)
+    await scheduler.publish("interrupt", None, name="interrupted", options=NO_RETRY)
+    handlers = {"exits": ms.isolated(h.exits), "interrupted": ms.isolated(h.interrupted)}
+    async with scheduler.consumer(handlers, options=worker()) as consumer:
+        exited = await finished(scheduler, "exit", clock)
+        interrupted = await finished(scheduler, "interrupt", clock)
+        assert not consumer.stop_requested
+    assert exited.error is not None and exited.error.type == "HandlerProcessDied"
+    assert "exited with code 5" in exited.error.message
+    assert interrupted.state is S.FAIL and interrupted.error is not None
+    assert interrupted.error.type == "RuntimeError"
+    assert "KeyboardInterrupt" in interrupted.error.message
+
+
 # ------------------------------------------------------------------------ timeout_ms
 
 
