@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 import time
 from typing import Any
 
@@ -38,6 +39,10 @@ def exits(task: ms.Task) -> None:
 
 def interrupted(task: ms.Task) -> None:
     raise KeyboardInterrupt
+
+
+def returns_a_lock(task: ms.Task) -> object:
+    return threading.Lock()  # cannot be pickled
 
 
 def fails(task: ms.Task) -> None:

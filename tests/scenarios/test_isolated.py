@@ -93,13 +93,15 @@ async def test_progress_reported_in_the_child_is_written_by_the_worker(
     assert task.state is S.SUCCESS and task.progress is None
 
 
-async def test_the_handlers_exceptions_and_signals_cross_as_raised(
+async def test_the_handlers_exceptions_and_signals_cross_as_raised_and_a_bad_result_fails(
     scheduler: ms.Scheduler, clock: ms.ManualClock
 ):
     await scheduler.publish("bad", 7, name="fails", options=NO_RETRY)
     await scheduler.publish("abort", None, name="aborts")
     await scheduler.publish("later", None, name="later")
+    await scheduler.publish("lock", None, name="lock", options=NO_RETRY)
     handlers = {
+        "lock": ms.isolated(h.returns_a_lock),
         "fails": ms.isolated(h.fails),
         "aborts": ms.isolated(h.aborts),
         "later": ms.isolated(h.retries_later),
@@ -107,6 +109,7 @@ async def test_the_handlers_exceptions_and_signals_cross_as_raised(
     async with scheduler.consumer(handlers, options=worker()):
         bad = await finished(scheduler, "bad", clock)
         aborted = await finished(scheduler, "abort", clock)
+        lock = await finished(scheduler, "lock", clock)
 
         async def deferred() -> ms.Task | None:
             task = await scheduler.get("later")
@@ -117,6 +120,7 @@ async def test_the_handlers_exceptions_and_signals_cross_as_raised(
     assert (bad.error.type, bad.error.message) == ("ValueError", "bad payload 7")
     assert aborted.state is S.FAIL and aborted.error is not None
     assert aborted.error.type == "Abort" and len(aborted.worker_states) == 1  # no retry
+    assert lock.state is S.FAIL and lock.error is not None and lock.error.type == "TypeError"
     assert later.state is S.PENDING and later.unexpected_failures == 0
     assert later.retry_at is not None and later.retry_at >= clock.now()
 
