@@ -31,7 +31,7 @@ import logging
 import pickle
 import signal
 import subprocess
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
@@ -118,10 +118,16 @@ class _Child:
             body = await self._replies.receive_exactly(protocol.HEADER.unpack(header)[0])
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
             await self._died()
-        message: tuple[Any, ...] = pickle.loads(body)
+        try:
+            message: tuple[Any, ...] = pickle.loads(body)
+        except Exception as exc:  # a class the handler's module defines but the worker lacks
+            raise TypeError(
+                f"the reply of the handler's process cannot be unpickled in the worker: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         return message
 
-    async def _died(self) -> Any:
+    async def _died(self) -> NoReturn:
         returncode = await self.process.wait()
         raise HandlerProcessDied(
             f"the handler's process (pid {self.pid}) died: {death(returncode)}"
