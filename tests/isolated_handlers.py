@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import threading
 import time
 from typing import Any
@@ -31,6 +32,10 @@ def pid(task: ms.Task) -> dict[str, Any]:
 
 def exit_3(task: ms.Task) -> None:
     os._exit(3)
+
+
+def killed(task: ms.Task) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def exits(task: ms.Task) -> None:

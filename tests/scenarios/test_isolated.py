@@ -154,6 +154,16 @@ async def test_a_child_that_exits_fails_its_attempt_and_the_next_task_runs_on_th
     assert after.state is S.SUCCESS and after.worker_states[-1].worker_id == "w1"
 
 
+async def test_a_child_killed_by_a_signal_fails_its_attempt_naming_the_signal(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    await scheduler.publish("k", None, name="killed", options=NO_RETRY)
+    async with scheduler.consumer({"killed": ms.isolated(h.killed)}, options=worker()):
+        task = await finished(scheduler, "k", clock)
+    assert task.state is S.FAIL and task.error is not None
+    assert task.error.type == "HandlerProcessDied" and "killed by SIGKILL" in task.error.message
+
+
 async def test_sys_exit_ends_the_child_and_keyboard_interrupt_fails_the_attempt_alone(
     scheduler: ms.Scheduler, clock: ms.ManualClock
 ):
