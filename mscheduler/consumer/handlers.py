@@ -56,6 +56,11 @@ def isolated(
 
     ``function`` must be a module-level ``def`` of an importable module (not ``__main__``):
     the child imports it by name, and the task and the result cross by pickling.
+    ``ms.current_lease()`` works in the child, and progress is reported as from a thread:
+    ``anyio.from_thread.run(ms.current_lease().progress, fraction, message)``; the worker
+    keeps the lease and writes the outcome. A child that dies fails the attempt with
+    `HandlerProcessDied`.
+
     ``max_tasks_per_child``: a child is replaced after running that many tasks;
     ``max_memory_mb``: a child whose resident memory passed this bound after a task is
     replaced (checked between tasks)."""
