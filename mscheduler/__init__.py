@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .api import Scheduler
     from .clock import Clock, ManualClock, SystemClock
     from .consumer.consumer import Consumer
-    from .consumer.handlers import Handlers
+    from .consumer.handlers import Handlers, Isolated, isolated
     from .consumer.stats import ConsumerStats
     from .context import current_lease
     from .errors import (
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         BackendUnavailable,
         ConfigurationError,
         DependencyError,
+        HandlerProcessDied,
         HandlerSignal,
         LeaseLost,
         MSchedulerError,
@@ -60,7 +61,7 @@ _HOMES = {
     "ManualClock": "clock",
     "SystemClock": "clock",
     "Consumer": "consumer.consumer",
-    "Handlers": "consumer.handlers",
+    **dict.fromkeys(("Handlers", "Isolated", "isolated"), "consumer.handlers"),
     "ConsumerStats": "consumer.stats",
     "current_lease": "context",
     **dict.fromkeys(
@@ -69,6 +70,7 @@ _HOMES = {
             "BackendUnavailable",
             "ConfigurationError",
             "DependencyError",
+            "HandlerProcessDied",
             "HandlerSignal",
             "LeaseLost",
             "MSchedulerError",
@@ -133,8 +135,10 @@ __all__ = [
     "DependencyError",
     "ErrorInfo",
     "Flow",
+    "HandlerProcessDied",
     "HandlerSignal",
     "Handlers",
+    "Isolated",
     "Lease",
     "LeaseLost",
     "Limit",
@@ -167,4 +171,5 @@ __all__ = [
     "chord",
     "current_lease",
     "group",
+    "isolated",
 ]

@@ -100,6 +100,14 @@ class TaskTimeout(MSchedulerError):
     `HandlerSignal`; list it in ``retry_on`` for timed-out attempts to be retried."""
 
 
+class HandlerProcessDied(MSchedulerError):
+    """Recorded as the error of an attempt whose isolated handler's process (`isolated`) died
+    before it answered: it exited (``os._exit``, a crash of the interpreter) or was killed by
+    a signal (a segfault, the out-of-memory killer). The message names the exit code or the
+    signal. The attempt counts as an unexpected failure, retried by the task's rules; the
+    worker and its other tasks go on."""
+
+
 class HandlerSignal(Exception):
     """Raised by a handler to decide its task's outcome, caught by the consumer running it.
 
@@ -134,6 +142,11 @@ class RetryLater(HandlerSignal):
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type[RetryLater], tuple[float, str]]:
+        """Pickled with its own arguments: an isolated handler's signal crosses from its
+        process by pickling, and ``args`` holds the reason alone."""
+        return (type(self), (self.delay, self.reason))
 
 
 def field_errors(exc: ValidationError, whole: str = "value") -> str:

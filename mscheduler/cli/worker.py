@@ -74,13 +74,23 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        isolate: Annotated[
+            bool,
+            typer.Option(
+                "--isolate",
+                envvar="MSCHEDULER_ISOLATE",
+                help="Run every plain def handler in a child process (as ms.isolated does): "
+                "one that crashes or outlives timeout_ms is killed, not the worker.",
+            ),
+        ] = False,
     ) -> None:
         """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
         --grace, then releases the rest; a second cancels them and releases them at once.
 
         TARGET is module:attribute, imported from the current directory: a mapping of task name
         to handler (async or plain functions), an ms.Handlers registry, or an object with
-        .handlers."""
+        .handlers. With --isolate, its plain def handlers run in child processes, up to
+        --max-running of them at once."""
         from pydantic import ValidationError
 
         from ..errors import MSchedulerError
@@ -119,6 +129,10 @@ def register(app: typer.Typer) -> None:
             handlers = load_handlers(target)
             if names:
                 handlers = only(handlers, names, target)
+            if isolate:
+                from ..consumer.handlers import isolate_plain
+
+                handlers = isolate_plain(handlers)
             if metrics_port is not None:
                 from ..metrics import require_prometheus
 
@@ -212,6 +226,7 @@ async def serve_worker(
     from anyio.abc import TaskStatus
 
     from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
+    from ..consumer.handlers import Isolated
     from ..errors import ConfigurationError
 
     metrics = None
@@ -248,7 +263,12 @@ async def serve_worker(
 
                 consumer.stats.observers.append(metrics)
                 tg.start_soon(refresh_task_counts, sched, metrics)
-            typer.echo(f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True)
+            isolated = [n for n in consumer.names if isinstance(consumer.handlers[n], Isolated)]
+            in_children = f" (in child processes: {', '.join(isolated)})" if isolated else ""
+            typer.echo(
+                f"worker {consumer.worker_id} running {', '.join(consumer.names)}{in_children}",
+                err=True,
+            )
             async for signum in signals:
                 said = signal.Signals(signum).name
                 if consumer.stop_requested and stopping_now:

@@ -190,31 +190,34 @@ class Consumer:
             "consumer starting",
             extra={"action": "consumer_start", "worker_id": self.worker_id, "names": self.names},
         )
-        async with anyio.create_task_group() as task_group:
-            self._executor.bind(task_group)
-            self._limiter.bind(task_group)
-            await task_group.start(self._listener.run)  # the stream is open before the fetch
-            await task_group.start(self._controls.serve_hub)  # controls watched before read
-            await task_group.start(self._controls.limit_loop)  # limits known before the fetch
-            await self._fetch()
-            self._fetched = True
-            task_group.start_soon(self._limiter.extend_loop)
-            task_group.start_soon(self._executor.ping_loop)
-            task_group.start_soon(self._recovery_loop)
-            task_group.start_soon(self._controls.schedule_loop)
-            await task_group.start(self._controls.pause_loop)
-            claiming = anyio.CancelScope()
-            claimed = anyio.Event()
-            task_group.start_soon(self._claim_and_poll, claiming, claimed)
-            await self._presence.start(task_group)  # listed among the live workers
-            task_status.started()
-            await self._stop_requested.wait()
-            claiming.cancel()
-            await claimed.wait()  # a claim in flight has ended, its leases started
-            await self._claimer.start_uncertain_claims()  # they too run or are released below
-            await self._executor.shutdown()
-            await self._limiter.drain()  # the slots of the runs that just ended are released
-            task_group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._executor.bind(task_group)
+                self._limiter.bind(task_group)
+                await task_group.start(self._listener.run)  # the stream is open before the fetch
+                await task_group.start(self._controls.serve_hub)  # controls watched before read
+                await task_group.start(self._controls.limit_loop)  # limits known before the fetch
+                await self._fetch()
+                self._fetched = True
+                task_group.start_soon(self._limiter.extend_loop)
+                task_group.start_soon(self._executor.ping_loop)
+                task_group.start_soon(self._recovery_loop)
+                task_group.start_soon(self._controls.schedule_loop)
+                await task_group.start(self._controls.pause_loop)
+                claiming = anyio.CancelScope()
+                claimed = anyio.Event()
+                task_group.start_soon(self._claim_and_poll, claiming, claimed)
+                await self._presence.start(task_group)  # listed among the live workers
+                task_status.started()
+                await self._stop_requested.wait()
+                claiming.cancel()
+                await claimed.wait()  # a claim in flight has ended, its leases started
+                await self._claimer.start_uncertain_claims()  # they too run or are released below
+                await self._executor.shutdown()
+                await self._limiter.drain()  # the slots of the runs that just ended are released
+                task_group.cancel_scope.cancel()
+        finally:
+            await self._executor.stop_children()  # shielded: also when cancelled
         await self._presence.leave()
         log.info(
             "consumer stopped",

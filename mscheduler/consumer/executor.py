@@ -486,6 +486,11 @@ class Executor:
                     entry.writing.cancel()
             await idle.wait()
 
+    async def stop_children(self) -> None:
+        """Stop the isolated handlers' children: the consumer's run is over (or cancelled),
+        and none may be left behind."""
+        await self._calls.children.aclose()
+
     def hurry(self) -> None:
         """Stop now: end the grace period, cancel every handler and release its lease at once
         (a release not done within `HURRIED_RELEASE_TIMEOUT_S` leaves the lease to expire).

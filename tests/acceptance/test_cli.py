@@ -393,6 +393,54 @@ def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireSer
         assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@needs_bin
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_worker_isolate_runs_plain_handlers_in_children_that_end_with_a_killed_worker(
+    wire_server: WireServer, tmp_path: pathlib.Path
+):
+    """``--isolate``: the plain def handlers run in child processes; one that exits fails its
+    own task alone; after a ``kill -9`` of the worker, its child running a handler ends too."""
+    import time
+
+    uri = wire_db(wire_server)
+    pid_file = tmp_path / "stuck.pid"
+    publish(uri, ("p", "pid", 1), ("d", "exit_3", None))
+    process = start_worker(uri, "worker", "tests.isolated_handlers:handlers", "--isolate", cwd=ROOT)
+    try:
+        said = read_until(process, " running ")
+        assert "(in child processes: exit_3, pid, stuck)" in said[-1]
+        done = wait_for_tasks(uri, ["p", "d"])
+        publish(uri, ("s", "stuck", str(pid_file)))
+        deadline = time.monotonic() + 30
+        while not pid_file.exists():
+            assert time.monotonic() < deadline, "the stuck handler never started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert child != process.pid and process_alive(child)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while process_alive(child):
+            assert time.monotonic() < deadline, "the child outlived its killed worker"
+            time.sleep(0.05)
+    finally:
+        process.kill()
+    assert done["p"].state is ms.TaskState.SUCCESS
+    assert done["p"].result["pid"] not in (process.pid, os.getpid())
+    assert done["d"].state is ms.TaskState.FAIL and done["d"].error is not None
+    assert done["d"].error.type == "HandlerProcessDied"
+    assert "exited with code 3" in done["d"].error.message
+
+
 @needs_bin
 def test_watch_polls_a_server_without_change_streams(wire_server: WireServer):
     """The wire engine has no change streams: ``watch`` says once that it polls, and prints a
