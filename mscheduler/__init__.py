@@ -14,6 +14,7 @@ from .__about__ import __version__
 if TYPE_CHECKING:
     from .api import Scheduler
     from .clock import Clock, ManualClock, SystemClock
+    from .consumer.batching import Batch, batch
     from .consumer.consumer import Consumer
     from .consumer.handlers import Handlers
     from .consumer.stats import ConsumerStats
@@ -59,6 +60,8 @@ _HOMES = {
     "Clock": "clock",
     "ManualClock": "clock",
     "SystemClock": "clock",
+    "Batch": "consumer.batching",
+    "batch": "consumer.batching",
     "Consumer": "consumer.consumer",
     "Handlers": "consumer.handlers",
     "ConsumerStats": "consumer.stats",
@@ -126,6 +129,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 __all__ = [
     "Abort",
     "BackendUnavailable",
+    "Batch",
     "Clock",
     "ConfigurationError",
     "Consumer",
@@ -163,6 +167,7 @@ __all__ = [
     "WorkerState",
     "WorkerStateKind",
     "__version__",
+    "batch",
     "chain",
     "chord",
     "current_lease",
