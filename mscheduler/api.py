@@ -380,11 +380,15 @@ class Scheduler:
     async def pause(self, name: str, reason: str = "") -> bool:
         """Consumers stop claiming tasks of ``name`` (within a moment on a change stream, one
         poll interval otherwise); running ones finish. False if it was paused already."""
-        return await self.store.pauses.pause(name, reason)
+        changed = await self.store.pauses.pause(name, reason)
+        self._owner.controls.forget()
+        return changed
 
     async def resume(self, name: str) -> bool:
         """Claiming ``name`` again; False if it was not paused."""
-        return await self.store.pauses.resume(name)
+        changed = await self.store.pauses.resume(name)
+        self._owner.controls.forget()
+        return changed
 
     async def paused(self) -> dict[str, dt.datetime]:
         """The paused names, with when each was paused."""
@@ -402,12 +406,16 @@ class Scheduler:
         ``per`` (a sliding window), and at most ``max_running`` running at once. Enforced at
         claim time by a token taken atomically before each claim of the name; a consumer at
         the limit sleeps until the window frees. Setting it again replaces the limits."""
-        return await self.store.limits.set(
+        limit = await self.store.limits.set(
             limit_spec(name, rate=rate, per=per, max_running=max_running)
         )
+        self._owner.controls.forget()
+        return limit
 
     async def remove_limit(self, name: str) -> bool:
-        return await self.store.limits.remove(name)
+        changed = await self.store.limits.remove(name)
+        self._owner.controls.forget()
+        return changed
 
     async def limits(self) -> dict[str, Limit]:
         return await self.store.limits.of()

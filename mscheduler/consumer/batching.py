@@ -66,10 +66,6 @@ class Batch:
             "batch: a batch handler runs in a consumer (sched.consumer({name: ms.batch(...)}))"
         )
 
-    def bound(self, clock: Clock, task_group: Callable[[], TaskGroup | None]) -> Batcher:
-        """The groups of one consumer (its clock, its task group)."""
-        return Batcher(self, clock, task_group)
-
 
 def batch(
     handler: BatchFunction,
@@ -96,7 +92,8 @@ class _Group:
 
 
 class Batcher:
-    """The open group of each name, and the calls of the closed ones."""
+    """A batch handler as one consumer runs it (its clock, its task group): the open group
+    of each name, and the calls of the closed ones."""
 
     def __init__(
         self, batch: Batch, clock: Clock, task_group: Callable[[], TaskGroup | None]

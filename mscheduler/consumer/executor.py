@@ -32,7 +32,7 @@ from ..errors import (
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
-from .batching import Batch
+from .batching import Batch, Batcher
 from .calls import HandlerCalls, log_failure, log_finished
 from .handlers import HandlerSpec
 from .stats import ConsumerStats
@@ -108,7 +108,7 @@ class Executor:
         # A batch handler's groups are this consumer's: its clock, its task group.
         handlers = {
             name: dataclasses.replace(
-                spec, function=spec.function.bound(clock, lambda: self._task_group)
+                spec, function=Batcher(spec.function, clock, lambda: self._task_group)
             )
             if isinstance(spec.function, Batch)
             else spec

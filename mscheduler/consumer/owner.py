@@ -58,6 +58,13 @@ class ControlView:
         self._paused: dict[str, bool] = {}
         self._limits: dict[str, Limit | None] = {}
 
+    def forget(self) -> None:
+        """This process wrote a control: read them again at the next call, not at the hub's
+        event (a claim right after a pause made here must see it)."""
+        self._version = -1
+        self._paused.clear()
+        self._limits.clear()
+
     def _current(self) -> bool:
         """Whether what is kept is still true: the hub watches and saw no change since."""
         if not self._hub.ready.is_set():
