@@ -5,6 +5,8 @@ lease is fenced by its run_id. Every engine, the manual clock."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -254,3 +256,41 @@ async def test_owning_n_costs_the_round_trips_of_the_consumers_batched_claim(
         owned = await sched.own(["job"], worker_id="owner", max_tasks=n)
         assert len(owned) == len(baseline) == n
         assert counting.calls == claim_calls == (1 if n == 1 else 3), counting.counts
+
+
+async def test_while_the_control_hub_watches_own_reads_no_controls(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
+    discover: Callable[[], Awaitable[None]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A consumer of the process runs the control hub: `own` then takes the paused names and
+    limits it keeps, as the consumer does, and reads them again after a change (one made
+    here at once, one made elsewhere once the hub sees it)."""
+    sched = await open_scheduler(collection="shared")
+    elsewhere = await open_scheduler(collection="shared")
+    await _publish(sched, 10)
+
+    async def other(task: ms.Task) -> None: ...
+
+    async with sched.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")):
+        await discover()  # the consumer has read its controls: what is read now is own's
+        reads: list[str] = []
+        for part, method in ((sched.store.pauses, "paused"), (sched.store.limits, "of")):
+            original = getattr(part, method)
+
+            async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
+                reads.append(_name)
+                return await _original(*args)
+
+            monkeypatch.setattr(part, method, counted)
+        assert len(await sched.own(["job"], worker_id="w")) == 1
+        assert reads == ["paused", "of"]
+        reads.clear()
+        assert len(await sched.own(["job"], worker_id="w")) == 1
+        assert reads == []  # kept: the hub saw no change
+        await sched.pause("job")  # a change made here: read again at once
+        assert await sched.own(["job"], worker_id="w") == []
+        await sched.resume("job")
+        await elsewhere.pause("job")  # made elsewhere: seen once the hub hears of it
+        await discover()
+        assert await sched.own(["job"], worker_id="w") == []
