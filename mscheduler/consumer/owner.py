@@ -215,6 +215,8 @@ class Owner:
                     exclude_keys=[lease.key for lease in leases],
                     until=until,
                 )
+                for lease in won:
+                    lease._slot = ""  # a name without a limit: no slot taken
                 leases += won
                 # Fewer than three are claimed one per round trip (`claim_many`): go on
                 # while each wins one; a batch that won fewer found no more.
@@ -265,6 +267,7 @@ class Owner:
                 if token is not None:
                     await self._store.limits.give_back(name, run_id)
                 return None
+            lease._slot = "" if token is None else name
             leases.append(lease)
             expires = lease.ping_expire_at
             if token is not None and expires is not None and expires > slot_until:
@@ -280,10 +283,20 @@ class Owner:
             until = self._clock.now() + _timedelta(length, "lease", minimum=_MIN_LEASE)
         task = await self._store.ping(lease, until)
         extended = Lease(key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=task)
+        extended._slot = slot = await self._slot_of(lease)
         expires = extended.ping_expire_at
-        if expires is not None and await self.controls.limits([task.name]):
-            await self._store.limits.extend(task.name, [lease.run_id], expires)
+        if slot and expires is not None:
+            await self._store.limits.extend(slot, [lease.run_id], expires)
         return extended
+
+    async def _slot_of(self, lease: Lease) -> str:
+        """The name whose limit slot ``lease`` holds ("" for none): known for a lease owned
+        in this process; else a slot may be held if the name has a limit now (its token is
+        the run_id, so extending or freeing it touches no one else's)."""
+        if lease._slot is not None:
+            return lease._slot
+        limited = await self.controls.limits([lease.task.name])
+        return lease.task.name if limited else ""
 
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         try:
@@ -313,8 +326,9 @@ class Owner:
         Its token is its run_id, so this frees nothing of anyone else's."""
         with anyio.CancelScope(shield=True):
             try:
-                if await self.controls.limits([lease.task.name]):
-                    await self._store.limits.release(lease.task.name, lease.run_id)
+                slot = await self._slot_of(lease)
+                if slot:
+                    await self._store.limits.release(slot, lease.run_id)
             except BackendUnavailable as exc:  # the slot lapses with the lease
                 log.warning(str(exc), extra={"action": "slot_release_failed"})
 

@@ -294,3 +294,27 @@ async def test_while_the_control_hub_watches_own_reads_no_controls(
         await elsewhere.pause("job")  # made elsewhere: seen once the hub hears of it
         await discover()
         assert await sched.own(["job"], worker_id="w") == []
+
+
+async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """A lease owned here knows it holds no limit slot: no read of the limits, whether or not
+    a hub keeps them."""
+    await _publish(scheduler, 2)
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    first, second = await sched.own(["job"], worker_id="w", max_tasks=2)
+
+    async def no_read(*args: Any) -> Any:
+        raise AssertionError("the limits were read")
+
+    monkeypatch.setattr(sched.store.limits, "of", no_read)
+    counting.reset()
+    first = await sched.extend(first, 30 * SECONDS)
+    assert counting.calls == 1, counting.counts
+    for end in (sched.succeed(first), sched.release(second)):
+        counting.reset()
+        await end
+        assert counting.calls == 1, counting.counts
