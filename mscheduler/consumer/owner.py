@@ -153,12 +153,15 @@ class Owner:
         deadline: dt.datetime,
     ) -> list[Lease]:
         """Claim again on each write the process's hub says may give work on ``names`` (as
-        a consumer hears of it), and at the times nothing announces: the soonest task's next
-        claim time, and when a full limit frees; ``[]`` at ``deadline``. Subscribed before the
-        first claim of the wait, so a task published after the first try is not missed."""
+        a consumer hears of it), on each control change its control hub sees while one runs
+        (a resume, a limit raised), and at the times nothing announces: the soonest task's
+        next claim time, and when a full limit frees; ``[]`` at ``deadline``. Subscribed
+        before the first claim of the wait, so a task published after the first try is not
+        missed."""
         subscription = Subscription(WorkerOptions(), wakes=names)
         async with self._store.task_hub.subscription(subscription):
             while True:
+                seen = self._store.control_hub.version  # before the claim: no change missed
                 leases, wake_at = await self._claim(names, worker_id, max_tasks, length)
                 if leases:
                     return leases
@@ -167,7 +170,7 @@ class Owner:
                     return []
                 soonest = await self._soonest(names, worker_id, now)
                 wake_at = min(t for t in (deadline, wake_at, soonest) if t is not None)
-                await self._until_event(subscription, wake_at)
+                await self._until_event(subscription, seen, wake_at)
 
     async def _soonest(
         self, names: list[str], worker_id: str, now: dt.datetime
@@ -180,7 +183,7 @@ class Owner:
                 return when
         return None
 
-    async def _until_event(self, subscription: Subscription, until: dt.datetime) -> None:
+    async def _until_event(self, subscription: Subscription, seen: int, until: dt.datetime) -> None:
         wake = anyio.Event()
         async with anyio.create_task_group() as task_group:
 
@@ -190,7 +193,12 @@ class Owner:
                     await subscription.next()
                 wake.set()
 
+            async def controls_changed() -> None:
+                await self._store.control_hub.changed(seen)
+                wake.set()
+
             task_group.start_soon(heard)
+            task_group.start_soon(controls_changed)
             await self._clock.wait_until(until, wake)
             task_group.cancel_scope.cancel()
 

@@ -318,3 +318,32 @@ async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
         counting.reset()
         await end
         assert counting.calls == 1, counting.counts
+
+
+async def test_a_waiting_owner_wakes_when_its_name_is_resumed(
+    scheduler: ms.Scheduler, discover: Callable[[], Awaitable[None]], clock: ms.ManualClock
+):
+    """A resume writes no task: a consumer of the process runs the control hub, whose change
+    wakes the owner."""
+    await _publish(scheduler, 1)
+    await scheduler.pause("job")
+    found: list[ms.Lease] = []
+
+    async def other(task: ms.Task) -> None: ...
+
+    async def owner() -> None:
+        found.extend(await scheduler.own(["job"], worker_id="w", wait=60 * SECONDS))
+
+    async with (
+        scheduler.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")),
+        anyio.create_task_group() as task_group,
+    ):
+        task_group.start_soon(owner)
+        await discover()
+        assert not found
+        await scheduler.resume("job")
+        with anyio.fail_after(10):
+            while not found:
+                await discover()
+    assert [lease.key for lease in found] == ["t0"]
+    assert clock.now() < found[0].task.created_at + 30 * SECONDS
