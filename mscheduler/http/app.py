@@ -239,7 +239,7 @@ def create_app(
     # ------------------------------------------------------------ leases
 
     @v1.post("/own")
-    async def own(body: b.OwnBody) -> b.Leases:
+    async def own(body: b.OwnBody, request: Request) -> b.Leases:
         """Own up to max_tasks tasks of names for worker_id, best first, for lease_ms (the
         task's worker_timeout_ms by default); with wait_ms, wait that long for one."""
         leases = await scheduler.own(
@@ -249,6 +249,14 @@ def create_app(
             lease=_ms(body.lease_ms),
             wait=_ms(body.wait_ms),
         )
+        if leases and await request.is_disconnected():
+            # The worker left while this request waited (it stopped): nobody would run them.
+            # Released, they are claimable at once and count no attempt; left, they would
+            # expire and count one each.
+            for lease in leases:
+                with contextlib.suppress(LeaseLost):
+                    await scheduler.release(lease)
+            return b.Leases(leases=[])
         for lease in leases:
             known.keep(lease)
         return b.Leases(leases=[_lease_out(lease) for lease in leases])

@@ -4,6 +4,7 @@ httpx's ASGI transport (no socket), the manual clock."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -247,3 +248,38 @@ async def test_the_openapi_document_validates_and_lists_every_route(client: http
         served = await client.request(method, concrete, json={})
         assert served.json().get("error") not in ("no_route", "method_not_allowed"), path
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+async def test_leases_won_for_a_worker_that_left_are_released(scheduler: ms.Scheduler):
+    """A worker that stops while its own request waits has closed the connection: what the
+    request then wins is handed back (claimable at once, no attempt), not left to expire."""
+    await scheduler.publish("t", None, name="job")
+    app = create_app(scheduler)
+    body = json.dumps({"names": ["job"], "worker_id": "w", "wait_ms": 1000}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/own",
+        "raw_path": b"/v1/own",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8700),
+    }
+    await app(scope, receive, send)
+    task = await scheduler.get("t")
+    assert task is not None and task.state is ms.TaskState.PENDING
+    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
