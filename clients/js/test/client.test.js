@@ -94,10 +94,10 @@ test("work runs each task once, extends long ones, and records the outcome", asy
     async (task) => {
       ran.push(task.key);
       if (task.payload === "bad") throw new Error("no");
-      if (task.key === "work:0") await sleep(400); // outlives its first lease: extended
+      if (task.key === "work:0") await sleep(2_500); // outlives its first lease: extended
       return { echoed: task.payload };
     },
-    { concurrency: 4, leaseMs: 150, waitMs: 200, signal: stop.signal },
+    { concurrency: 4, leaseMs: 1_000, waitMs: 200, signal: stop.signal },
   );
   for (let tries = 0; tries < 200; tries += 1) {
     const tasks = await Promise.all([...keys, "work:bad"].map((key) => client.get(key)));
