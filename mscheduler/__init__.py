@@ -14,6 +14,7 @@ from .__about__ import __version__
 if TYPE_CHECKING:
     from .api import Scheduler
     from .clock import Clock, ManualClock, SystemClock
+    from .consumer.batching import Batch, batch
     from .consumer.consumer import Consumer
     from .consumer.handlers import Handlers, Isolated, isolated
     from .consumer.stats import ConsumerStats
@@ -60,6 +61,8 @@ _HOMES = {
     "Clock": "clock",
     "ManualClock": "clock",
     "SystemClock": "clock",
+    "Batch": "consumer.batching",
+    "batch": "consumer.batching",
     "Consumer": "consumer.consumer",
     **dict.fromkeys(("Handlers", "Isolated", "isolated"), "consumer.handlers"),
     "ConsumerStats": "consumer.stats",
@@ -128,6 +131,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 __all__ = [
     "Abort",
     "BackendUnavailable",
+    "Batch",
     "Clock",
     "ConfigurationError",
     "Consumer",
@@ -167,6 +171,7 @@ __all__ = [
     "WorkerState",
     "WorkerStateKind",
     "__version__",
+    "batch",
     "chain",
     "chord",
     "current_lease",

@@ -414,6 +414,9 @@ class Lease(BaseModel):
     _progress: Progress | None = PrivateAttr(default=None)
     # The executor's: brings the lease's ping forward (`Executor.progress_reported`).
     _on_progress: Callable[[], None] | None = PrivateAttr(default=None)
+    # The pull API's (`consumer.owner`): the name whose limit slot this lease holds, "" for
+    # none; None where this process does not know (then it reads the name's limit).
+    _slot: str | None = PrivateAttr(default=None)
 
     def progress(self, fraction: float, message: str = "") -> Awaitable[None]:
         """Report how far the handler is, from 0 to 1, with a short message: written within a

@@ -13,7 +13,7 @@ import typer
 
 from .. import constants as c
 from ..__about__ import __version__
-from . import dashboard, limits, logs, observe, pauses, schedules, tasks, worker
+from . import dashboard, limits, logs, observe, pauses, schedules, serve, tasks, worker
 from .common import Commands, Settings, fail, run, usage_error
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(schedules.app, name="schedule")
 limits.register(app)
 pauses.register(app)
 dashboard.register(app)
+serve.register(app)
 tasks.register(app)
 observe.register(app)
 

@@ -34,6 +34,7 @@ from ..errors import (
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .batching import Batch, Batcher
 from .calls import HandlerCalls, log_failure, log_finished
 from .handlers import HandlerSpec
 from .stats import ConsumerStats
@@ -105,6 +106,16 @@ class Executor:
         at_start: Callable[[Task], Awaitable[None]],
     ) -> None:
         self._store = store
+        self._task_group: TaskGroup | None = None
+        # A batch handler's groups are this consumer's: its clock, its task group.
+        handlers = {
+            name: dataclasses.replace(
+                spec, function=Batcher(spec.function, clock, lambda: self._task_group)
+            )
+            if isinstance(spec.function, Batch)
+            else spec
+            for name, spec in handlers.items()
+        }
         self._handlers = handlers
         self._options = options
         self._clock = clock
@@ -117,7 +128,6 @@ class Executor:
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
         self._hurried = anyio.Event()
-        self._task_group: TaskGroup | None = None
 
     @property
     def free_slots(self) -> int:

@@ -130,11 +130,13 @@ class Limits(BesideTasks):
         return {d["_id"]: Limit.model_validate(d) async for d in cursor}
 
     @driver_errors
-    async def acquire(self, name: str, until: dt.datetime) -> str | dt.datetime | None:
-        """A token for one claim of ``name``; or when one may be had (its limit is reached);
-        or None: ``name`` was never limited. A removed limit's document gives a token always
-        (its slot counts if the limit is set again)."""
-        token, now = uuid.uuid4().hex, self._tasks.clock.now()
+    async def acquire(
+        self, name: str, until: dt.datetime, token: str | None = None
+    ) -> str | dt.datetime | None:
+        """A token for one claim of ``name`` (``token`` if given, else a fresh one); or when
+        one may be had (its limit is reached); or None: ``name`` was never limited. A removed
+        limit's document gives a token always (its slot counts if the limit is set again)."""
+        token, now = token or uuid.uuid4().hex, self._tasks.clock.now()
         try:
             taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
         except ConnectionFailure:

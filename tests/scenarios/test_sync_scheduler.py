@@ -221,3 +221,20 @@ def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch) -
         "uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
         "Authentication failed."
     )
+
+
+def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None:
+    clock = ms.ManualClock()
+    with target.sync(clock) as sync:
+        sync.publish("a", name="job")
+        sync.publish("b", name="job")
+        first, second = sync.own(["job"], worker_id="w", max_tasks=2, lease=10)
+        first = sync.extend(first, 20)
+        assert sync.succeed(first, {"ok": 1}).state is ms.TaskState.SUCCESS
+        assert sync.release(second).state is ms.TaskState.PENDING
+        [again] = sync.own(["job"], worker_id="w")
+        found = sync.find_lease(again.key, worker_id="w", run_id=again.run_id)
+        sync.fail(found, "broken")
+        clock.advance(60)
+        with pytest.raises(ms.LeaseLost):
+            sync.succeed(found)
