@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         TaskNotFound,
         TaskRunning,
         TaskTimeout,
+        WorkerNotLive,
     )
     from .models import (
         ErrorInfo,
@@ -81,6 +82,7 @@ _HOMES = {
             "TaskNotFound",
             "TaskRunning",
             "TaskTimeout",
+            "WorkerNotLive",
         ),
         "errors",
     ),
@@ -163,6 +165,7 @@ __all__ = [
     "TaskState",
     "TaskTimeout",
     "WorkerInfo",
+    "WorkerNotLive",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",
