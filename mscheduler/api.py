@@ -383,10 +383,15 @@ class Scheduler:
         ``schedule_refresh_ms``; calling again is safe (``drain=False`` hurries a draining
         stop). The stop is for the worker as it runs now: one that restarts later under the
         same id is not stopped. Returns the entry of the worker told to stop; raises
-        `WorkerNotLive`, changing nothing, when no live worker has the id."""
+        `WorkerNotLive`, changing nothing, when no live worker has the id (and
+        `ConfigurationError` for a worker of a release that reads no stop)."""
         worker = await self.store.workers.get(worker_id)
         if worker is None or not worker.alive:
             raise WorkerNotLive(f"no live worker has the id {worker_id!r}")
+        if not worker.instance:  # its entry names no run: it reads no stop (an older release)
+            raise ConfigurationError(
+                f"worker {worker_id!r} runs a release of mscheduler without remote stop"
+            )
         await self.store.stops.request(worker, drain)
         return worker
 

@@ -153,6 +153,26 @@ async def test_a_stop_for_a_worker_that_is_not_live_says_so_and_changes_nothing(
     assert await scheduler.store.stops.of("dead") is None
 
 
+async def test_a_stop_for_a_worker_of_a_release_without_remote_stop_is_refused(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """Its entry names no run (``instance``): it would never read the stop."""
+    older = ms.WorkerInfo(
+        worker_id="old-1",
+        host="h",
+        pid=1,
+        names=["email"],
+        max_running=1,
+        started_at=clock.now(),
+        last_seen_at=clock.now(),
+        heartbeat_ms=30_000,
+    )
+    await scheduler.store.workers.beat(older)
+    with pytest.raises(ms.ConfigurationError):
+        await scheduler.stop_worker("old-1")
+    assert await scheduler.store.stops.of("old-1") is None
+
+
 async def test_a_stop_meant_for_an_earlier_run_of_an_id_does_not_stop_a_later_one(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
 ):
