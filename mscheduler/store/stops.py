@@ -13,6 +13,8 @@ Invariants:
   stop written meanwhile, say ``drain=False`` after ``drain=True``, is not deleted unread), or
   by the next instance of the id when it was requested before that instance started (it was
   for an earlier one), or by a TTL index `FORGET_AFTER` later (a worker that died unstopped).
+  "Before" compares the requester's clock with the worker's: with clocks far apart a stale
+  request may outlive a quick restart, ignored (its instance is not this run's) until the TTL.
 """
 
 from __future__ import annotations
