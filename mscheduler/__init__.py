@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         TaskNotFound,
         TaskRunning,
         TaskTimeout,
+        WorkerNotLive,
     )
     from .models import (
         ErrorInfo,
@@ -84,6 +85,7 @@ _HOMES = {
             "TaskNotFound",
             "TaskRunning",
             "TaskTimeout",
+            "WorkerNotLive",
         ),
         "errors",
     ),
@@ -167,6 +169,7 @@ __all__ = [
     "TaskState",
     "TaskTimeout",
     "WorkerInfo",
+    "WorkerNotLive",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",

@@ -22,7 +22,7 @@ from .consumer.group import numbered
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .consumer.owner import Owner
-from .errors import ConfigurationError
+from .errors import ConfigurationError, WorkerNotLive
 from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import PublishSpec, Step, publish_spec
@@ -429,6 +429,27 @@ class Scheduler:
         """The consumers registered (serving any of ``names``), live ones first; one that
         died without stopping is listed with ``alive=False`` until a day later."""
         return await self.store.workers.all(names)
+
+    async def stop_worker(self, worker_id: str, *, drain: bool = True) -> WorkerInfo:
+        """Ask the live worker ``worker_id`` to stop, wherever it runs: it claims nothing more
+        (within a moment on a change stream, one poll interval otherwise), then with ``drain``
+        lets its running tasks finish within its ``shutdown_grace_ms``, without it releases
+        them for other workers at once; then its run ends (`Consumer.wait_stopped` returns,
+        ``mscheduler worker`` exits 0). Carried like a pause, so a lost signal arrives within
+        ``schedule_refresh_ms``; calling again is safe (``drain=False`` hurries a draining
+        stop). The stop is for the worker as it runs now: one that restarts later under the
+        same id is not stopped. Returns the entry of the worker told to stop; raises
+        `WorkerNotLive`, changing nothing, when no live worker has the id (and
+        `ConfigurationError` for a worker of a release that reads no stop)."""
+        worker = await self.store.workers.get(worker_id)
+        if worker is None or not worker.alive:
+            raise WorkerNotLive(f"no live worker has the id {worker_id!r}")
+        if not worker.instance:  # its entry names no run: it reads no stop (an older release)
+            raise ConfigurationError(
+                f"worker {worker_id!r} runs a release of mscheduler without remote stop"
+            )
+        await self.store.stops.request(worker, drain)
+        return worker
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
         """Every change to a task (of ``names``) as it happens: through the process's

@@ -7,7 +7,7 @@ from typing import Final
 DEFAULT_DATABASE: Final = "mscheduler"
 DEFAULT_COLLECTION: Final = "tasks"
 # The collections beside the tasks (``tasks.schedules``...): each store module names its own.
-BESIDE_SUFFIXES: Final = (".schedules", ".paused", ".limits", ".workers")
+BESIDE_SUFFIXES: Final = (".schedules", ".paused", ".limits", ".workers", ".stops")
 
 # Task option defaults, as in the original mscheduler.
 DEFAULT_PRIORITY: Final = 0

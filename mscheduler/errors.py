@@ -63,6 +63,10 @@ class TaskNotFound(MSchedulerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class WorkerNotLive(MSchedulerError):
+    """No live worker has this id (none registered, or it missed its heartbeats: stale)."""
+
+
 class TaskRunning(MSchedulerError):
     """The task is running, so it cannot be replaced or have its payload changed."""
 

@@ -86,6 +86,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
         --grace, then releases the rest; a second cancels them and releases them at once.
+        `mscheduler workers stop ID [--now]` stops it the same way from anywhere (exit 0).
 
         TARGET is module:attribute, imported from the current directory: a mapping of task name
         to handler (async or plain functions), an ms.Handlers registry, or an object with
@@ -221,7 +222,9 @@ async def serve_worker(
 ) -> None:
     """Run one consumer. The first SIGINT/SIGTERM stops it gracefully (running handlers get
     the grace period); a second cancels them and releases their leases at once, so another
-    worker claims them and no failure is counted; a third exits without waiting."""
+    worker claims them and no failure is counted; a third exits without waiting. A remote
+    stop (`Scheduler.stop_worker`, ``mscheduler workers stop``) ends it the same way, and the
+    process exits 0 once the consumer stopped."""
     import anyio
     from anyio.abc import TaskStatus
 
@@ -255,6 +258,12 @@ async def serve_worker(
                 async with consumer:  # returns once the change stream is open
                     task_status.started()
                     await consumer.wait_stopped()
+                    if consumer.stopped_remotely:
+                        typer.echo(
+                            f"stop requested (mscheduler workers stop): "
+                            f"{len(consumer.running)} running task(s) to finish or release",
+                            err=True,
+                        )
                 tg.cancel_scope.cancel()
 
             await tg.start(serve)

@@ -1,7 +1,8 @@
 """What a consumer keeps up besides its tasks: the schedules of its names (publishing their
-due occurrences, ending expired tasks), which of its names are paused, and their limits.
+due occurrences, ending expired tasks), which of its names are paused, their limits, and
+whether it was asked to stop (`Scheduler.stop_worker`).
 
-All three are read again on each change the process's `ControlHub` sees (one stream, or one
+All four are read again on each change the process's `ControlHub` sees (one stream, or one
 read of a version per poll interval, for all the consumers of a `Scheduler`), so a pause, a
 limit or a schedule set while consumers run holds within one change event or poll interval;
 and again every ``schedule_refresh_ms`` whatever the hub saw, so a change whose signal (the
@@ -25,6 +26,7 @@ from ..errors import MSchedulerError
 from ..store.operations import Operations
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .presence import Presence
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,32 @@ class Controls:
         """Keep the limits of our names current: re-read on each change of the controls, so
         a set, lowered, raised or removed limit holds within one event (or poll interval)."""
         await self._follow(self._read_limits, "limit_retry", task_status)
+
+    async def stop_loop(
+        self,
+        presence: Presence,
+        stop: Callable[[bool], None],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Apply a stop requested of this worker (`store.stops`): re-read on each change of
+        the controls, so it holds within one event (or poll interval). ``stop(drain)`` is
+        called for a request naming this run (``presence.instance``), which is then deleted;
+        a request made before this run started was for an earlier one, and is deleted
+        unapplied. Start it once the worker is listed (``presence`` started): a stop can only
+        be requested of a listed worker."""
+
+        async def read() -> None:
+            found = await self._store.stops.of(self._options.worker_id)
+            if found is None:
+                return
+            if found.instance == presence.instance:
+                stop(found.drain)
+                await self._store.stops.clear(found)
+            elif presence.started_at is not None and found.requested_at < presence.started_at:
+                await self._store.stops.clear(found)
+
+        await self._follow(read, "stop_retry", task_status)
 
     async def _read_pauses(self) -> None:
         now_paused = set(await self._store.pauses.paused(self._names))

@@ -279,6 +279,11 @@ def create_app(
         await scheduler.resume(request.path_params["name"])
         return "/"
 
+    async def stop_worker(request: Request, form: dict[str, str]) -> str:
+        """The worker stops (`Scheduler.stop_worker`): draining, or at once with ``now``."""
+        await scheduler.stop_worker(request.path_params["worker_id"], drain=not form.get("now"))
+        return "/"
+
     async def retry_failed(request: Request, form: dict[str, str]) -> str:
         await scheduler.retry_failed(name=request.path_params["name"])
         return "/"
@@ -296,6 +301,7 @@ def create_app(
             Route("/names/{name}/pause", action(pause), methods=["POST"]),
             Route("/names/{name}/resume", action(resume), methods=["POST"]),
             Route("/names/{name}/retry-failed", action(retry_failed), methods=["POST"]),
+            Route("/workers/{worker_id:path}/stop", action(stop_worker), methods=["POST"]),
         ]
     routes += [
         Route("/tasks/{key:path}", task, name="task"),

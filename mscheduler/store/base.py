@@ -150,7 +150,8 @@ class StoreBase:
     @driver_errors
     async def in_use(self) -> bool:
         """Whether anything was ever written here: a task, or a document beside the tasks
-        (schedules, paused names, limits, live workers). One read when there are tasks."""
+        (schedules, paused names, limits, live workers, remote stops). One read when there are
+        tasks."""
         if await self.collection.find_one({}, {"_id": 1}) is not None:
             return True
         for suffix in c.BESIDE_SUFFIXES:

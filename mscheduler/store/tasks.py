@@ -43,6 +43,7 @@ from .limits import Limits
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
+from .stops import Stops
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class TaskStore(StoreBase):
         self.pauses = Pauses(self)
         self.limits = Limits(self)
         self.workers = Workers(self)
+        self.stops = Stops(self)
         # The process's one change stream (or poll loop), the controls' changes on it too.
         self.task_hub = TaskHub(self, clock, controls_suffix=CONTROLS_SUFFIX)
         self.control_version = ControlVersion(self)

@@ -22,6 +22,7 @@ import mscheduler as ms
 from mscheduler.cli.dashboard import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
+from tests.engines import worker
 
 pytestmark = pytest.mark.anyio
 
@@ -315,6 +316,40 @@ async def test_actions_with_the_page_token_cancel_retry_pause_and_resume(filled:
     assert (await filled.get("email:broken")).state is ms.TaskState.PENDING
     assert bad_retry.status_code == 400 and "only failed or cancelled" in text_of(bad_retry.text)
     assert offsite.headers["location"] == "/tasks/email%3A2"  # never a redirect elsewhere
+
+
+async def test_the_stop_button_of_a_live_worker_stops_it_behind_the_token_and_a_confirmation(
+    filled: ms.Scheduler, discover: Any
+):
+    """Each live worker has Stop (draining) and Stop now, each asking for a confirmation in
+    the page; without the page's token nothing is stopped; a worker that is not live is a
+    400 that says so."""
+
+    async def job(task: ms.Task) -> None:
+        pass
+
+    app = create_app(filled)
+    consumer = filled.consumer({"other": job}, options=worker("mailer-1"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(consumer.run)
+        async with client(app) as http:
+            page = (await http.get("/")).text
+            row = re.search(r'<tr data-worker="mailer-1">(.*?)</tr>', page, re.S)
+            assert row, "no row for the live worker"
+            forms = re.findall(r'<form method="post" action="([^"]+)"[^>]*data-confirm="', row[1])
+            assert forms == ["/workers/mailer-1/stop", "/workers/mailer-1/stop"]
+            assert 'name="now" value="1"' in row[1]
+            refused = await http.post("/workers/mailer-1/stop", data={"csrf": "forged"})
+            await discover()
+            assert refused.status_code == 403 and not consumer.stop_requested
+            token = csrf_of(page)
+            unknown = await http.post("/workers/nobody/stop", data={"csrf": token})
+            assert unknown.status_code == 400 and "no live worker" in text_of(unknown.text)
+            stopped = await http.post("/workers/mailer-1/stop", data={"csrf": token, "now": "1"})
+            assert stopped.status_code == 303 and stopped.headers["location"] == "/"
+            await discover()
+    assert consumer.stop_requested and consumer.stopped_remotely
+    assert await filled.workers() == []
 
 
 async def test_a_read_only_dashboard_offers_no_action_and_accepts_none(filled: ms.Scheduler):
