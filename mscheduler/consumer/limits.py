@@ -76,7 +76,6 @@ class Limiter:
         self.blocked: dict[str, dt.datetime] = {}  # name -> when its limit frees
         self._held: dict[str, _Slot] = {}  # key -> the slot its run holds
         self._uncertain: dict[str, tuple[str, str]] = {}  # run_id -> (name, token)
-        self._names: dict[str, str] = {}  # key -> name, for the keys of limited names only
         self._wake = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._releasing = 0
@@ -115,31 +114,12 @@ class Limiter:
             for lease, token in zip(leases, tokens, strict=True):
                 self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
 
-    def keys_of(self, names: Sequence[str]) -> list[str]:
-        """The keys noted (by `offered`) for these names."""
-        wanted = set(names)
-        return [key for key, name in self._names.items() if name in wanted]
-
     def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None:
         """When the consumer may try ``task`` (claimable from ``when``): a limited name's
-        key is noted, and not tried before the name's window frees (a fetch must not undo
-        that)."""
-        if task.name not in self.limited:
+        key not before the name's window frees (a fetch must not undo that)."""
+        if task.name not in self.limited or when is None:
             return when
-        if when is None:
-            self._names.pop(task.key, None)
-            return None
-        self._names[task.key] = task.name
         return max(when, self.blocked_until(task.name, when) or when)
-
-    def name_of(self, key: str) -> str | None:
-        """The name of a key noted by `offered` (so of a limited name), else None."""
-        return self._names.get(key)
-
-    def forget(self, keys: Sequence[str]) -> None:
-        """These keys left the consumer's heap (claimed, or found not claimable)."""
-        for key in keys:
-            self._names.pop(key, None)
 
     def blocked_until(self, name: str, now: dt.datetime) -> dt.datetime | None:
         until = self.blocked.get(name)

@@ -498,3 +498,73 @@ async def test_no_window_holds_more_than_rate_handler_starts_across_three_consum
         sum(1 for s in starts[i:] if s < start + window) for i, start in enumerate(starts)
     )
     assert busiest <= 4, busiest
+
+
+def _busiest(starts: list[dt.datetime], per: dt.timedelta) -> int:
+    """The most handler starts in any window of ``per`` (a window opens at each start)."""
+    starts = sorted(starts)
+    return max(
+        (sum(1 for s in starts[i:] if s < start + per) for i, start in enumerate(starts)),
+        default=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "per_ms", "max_running"),
+    [(1, 50, 1), (5, 1000, 3), (1, 200, 2)],
+)
+async def test_a_consumer_at_its_rate_claims_again_as_its_window_frees(
+    scheduler: ms.Scheduler,
+    clock: ms.ManualClock,
+    discover: Any,
+    rate: int,
+    per_ms: int,
+    max_running: int,
+):
+    """More tasks due than free slots: the keys not tried while the window was full wait for
+    it in the heap (no write would bring them back), so the next window's starts come as it
+    frees, not at the backstop a minute later."""
+    per = dt.timedelta(milliseconds=per_ms)
+    await scheduler.set_limit("nv", rate=rate, per=per)
+    starts: list[dt.datetime] = []
+
+    async def nv(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    tasks = 3 * rate + 1
+    for n in range(tasks):
+        await scheduler.publish(f"n{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=max_running)):
+        for _ in range(4 * per_ms // 10):  # four windows, in steps of 10 ms
+            await discover()
+            clock.advance(0.01)
+            if len(starts) == tasks:
+                break
+    assert len(starts) == tasks, starts
+    assert _busiest(starts, per) <= rate
+
+
+async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Keys of a limited name beyond ``heap_size`` are dropped from the heap, and their names
+    with them: nothing the consumer keeps per key outlives the heap's bound."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(hours=1))
+    started: list[str] = []
+
+    async def nv(task: ms.Task) -> None:
+        started.append(task.key)
+
+    consumer = scheduler.consumer({"nv": nv}, options=worker(heap_size=4))
+    async with consumer:
+        for n in range(40):
+            await scheduler.publish(f"n{n}", n, name="nv")
+            await discover()
+        assert len(started) == 1  # the rest wait for the window
+        assert len(consumer._heap) <= 4
+        assert len(consumer._heap.keys_of(["nv"])) <= 4
+        for n in range(40):
+            await scheduler.cancel(f"n{n}")
+        clock.advance(3600)
+        await discover()
+        assert consumer._heap.keys_of(["nv"]) == []
