@@ -568,3 +568,41 @@ async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
         clock.advance(3600)
         await discover()
         assert consumer._heap.keys_of(["nv"]) == []
+
+
+async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Three consumers, 5 per second: one's claim replies come 30 ms late, so its handlers
+    start after their starts were taken. No window of ``per`` holds more than ``rate``
+    handler starts, measured at the handlers."""
+    per = dt.timedelta(seconds=1)
+    await scheduler.set_limit("nv", rate=5, per=per)
+    starts: list[dt.datetime] = []
+
+    async def nv(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    slow = ms.Scheduler(scheduler.collection, clock=clock)
+    claim = slow.store.claim
+
+    async def late_reply(*args: Any, **kwargs: Any) -> Any:
+        lease = await claim(*args, **kwargs)
+        clock.advance(0.03)
+        return lease
+
+    slow.store.claim = late_reply  # type: ignore[method-assign]
+    async with contextlib.AsyncExitStack() as stack:
+        for n in range(3):
+            options = ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)
+            consumer = (slow if n == 0 else scheduler).consumer({"nv": nv}, options=options)
+            await stack.enter_async_context(consumer)
+        for n in range(12):
+            await scheduler.publish(f"n{n}", n, name="nv")
+        for _ in range(400):
+            await discover()
+            clock.advance(0.01)
+            if len(starts) == 12:
+                break
+    assert len(starts) == 12
+    assert _busiest(starts, per) <= 5, sorted(starts)
