@@ -606,3 +606,53 @@ async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
                 break
     assert len(starts) == 12
     assert _busiest(starts, per) <= 5, sorted(starts)
+
+
+async def test_a_task_that_never_completes_does_not_block_the_rate(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """A rate without ``max_running``: a handler still running holds no start beyond its
+    window, so the next windows' tasks start as they free."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(seconds=1))
+    runs = _Concurrency()
+    starts: dict[str, dt.datetime] = {}
+
+    async def nv(task: ms.Task) -> None:
+        starts[task.key] = clock.now()
+        if task.key != "n0":
+            runs.gates[task.key].set()
+        await runs.handler(task)
+
+    for n in range(3):
+        await scheduler.publish(f"n{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=4)):
+        for _ in range(40):
+            await discover()
+            clock.advance(0.1)
+        assert sorted(starts) == ["n0", "n1", "n2"] and runs.running == 1  # n0 still runs
+        runs.gates["n0"].set()
+    assert _busiest(list(starts.values()), dt.timedelta(seconds=1)) == 1
+
+
+async def test_rate_limited_tasks_still_start_by_priority(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Tasks that wait for the window start in priority order, whenever they were published."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(seconds=1))
+    started: list[str] = []
+
+    async def nv(task: ms.Task) -> None:
+        started.append(task.key)
+
+    for n in range(3):
+        await scheduler.publish(f"low{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=4)):
+        await discover()
+        assert started == ["low0"]
+        urgent = ms.TaskOptions(priority=10)
+        for n in range(3):
+            await scheduler.publish(f"high{n}", n, name="nv", options=urgent)
+        for _ in range(60):
+            await discover()
+            clock.advance(0.1)
+    assert started == ["low0", "high0", "high1", "high2", "low1", "low2"]
