@@ -93,7 +93,6 @@ class Consumer:
             self._clock,
             self._on_event,
             self._fetch,
-            lambda: bool(self._limiter.limited),
             self._executor.holds,
         )
         self._own_task_group: TaskGroup | None = None
