@@ -656,3 +656,16 @@ async def test_rate_limited_tasks_still_start_by_priority(
             await discover()
             clock.advance(0.1)
     assert started == ["low0", "high0", "high1", "high2", "low1", "low2"]
+
+
+def test_a_window_full_of_held_starts_is_asked_again_after_per_not_after_the_hold():
+    """A start whose handler has not confirmed it yet counts beyond ``per`` (held): a consumer
+    it refuses asks again after ``per``, when the start will likely have been confirmed, not
+    after the hold (no write would tell it sooner)."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    held = {"id": "a", "until": now + dt.timedelta(seconds=11)}
+    limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [held]})
+    assert limit.free_at(now) == now + dt.timedelta(seconds=1)
+    confirmed = {"id": "a", "until": now + dt.timedelta(milliseconds=300)}
+    limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [confirmed]})
+    assert limit.free_at(now) == now + dt.timedelta(milliseconds=300)
