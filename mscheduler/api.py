@@ -403,9 +403,10 @@ class Scheduler:
         max_running: int | None = None,
     ) -> Limit:
         """Limit ``name`` across every worker: at most ``rate`` starts in any window of
-        ``per`` (a sliding window), and at most ``max_running`` running at once. Enforced at
-        claim time by a token taken atomically before each claim of the name; a consumer at
-        the limit sleeps until the window frees. Setting it again replaces the limits."""
+        ``per`` (a sliding window, of handler starts), and at most ``max_running`` running
+        at once. A token taken atomically before each claim of the name holds its start
+        until the handler starts, from when it counts; a consumer at the limit sleeps until
+        the window frees. Setting it again replaces the limits."""
         limit = await self.store.limits.set(
             limit_spec(name, rate=rate, per=per, max_running=max_running)
         )

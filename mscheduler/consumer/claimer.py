@@ -114,7 +114,7 @@ class Claimer:
             due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
             limited: dict[str, list[str]] = {}
             for key in due:
-                name = self._limiter.name_of(key)
+                name = self._heap.name_of(key)
                 if name in names and name in self._limiter.limited:
                     limited.setdefault(name, []).append(key)
             plain = [name for name in names if name not in self._limiter.limited]
@@ -135,9 +135,12 @@ class Claimer:
                 blocked = await self._limiter.claim_up_to(
                     self._worker_id, name, room, running, leases
                 )
-                if blocked is not None:  # its due keys wait until the window frees
+                if blocked is not None:
+                    # All its keys wait in the heap until the window frees, the due ones that
+                    # found no free slot to be tried included: they are claimable, and with a
+                    # change stream no write would bring them back if they left the heap.
                     self._stats.record("limited", name)
-                    self._heap.postpone_all(keys, blocked)
+                    self._heap.postpone_all(self._heap.keys_of([name]), blocked)
         except ClaimUncertain as exc:
             self._uncertain_runs.extend(exc.run_ids)  # looked up before any other claim
             log.warning(str(exc), extra={"action": "claim_uncertain"})
@@ -170,7 +173,6 @@ class Claimer:
                 self._heap.nudge(key, self._clock.now())
             return True
         now = self._clock.now()
-        self._limiter.forget(keys)  # `_offer` notes again those that go back in the heap
         held = self._executor.held_runs
         for task in tasks:
             when = task.next_claim_for(self._worker_id, now, held)
@@ -184,7 +186,6 @@ class Claimer:
 
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
-        self._limiter.forget([lease.key])
         self._stats.record("claimed", lease.task.name)
         self._executor.start(lease)
 

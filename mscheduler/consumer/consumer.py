@@ -95,7 +95,6 @@ class Consumer:
             self._clock,
             self._on_event,
             self._fetch,
-            lambda: bool(self._limiter.limited),
             self._executor.holds,
         )
         self._own_task_group: TaskGroup | None = None
@@ -276,7 +275,7 @@ class Consumer:
         when = self._limiter.offered(
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
         )
-        if self._heap.offer(task.key, when, task.version, task.id):
+        if self._heap.offer(task.key, when, task.version, task.id, task.name):
             self._claimer.wake()
 
     async def _fetch(self) -> None:
@@ -354,7 +353,7 @@ class Consumer:
         if not changed:
             return
         now = self._clock.now()
-        for key in self._limiter.keys_of(changed):
+        for key in self._heap.keys_of(changed):
             self._heap.nudge(key, now)
         self._claimer.wake()
         if self._fetched:
@@ -364,7 +363,7 @@ class Consumer:
         now = self._clock.now()
         name = self._limiter.ended(key)
         if name is not None:  # a slot of its limit frees: its waiting keys may start at once
-            for waiting in self._limiter.keys_of([name]):
+            for waiting in self._heap.keys_of([name]):
                 self._heap.nudge(waiting, now)
         if not written:
             self._heap.nudge(key, now)

@@ -122,7 +122,7 @@ class Executor:
         self._stats = stats
         self._on_slot_freed = on_slot_freed
         self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
-        self._at_start = at_start  # a start counted long before the handler's is counted again
+        self._at_start = at_start  # a start counts from its handler's start (its name's rate)
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()

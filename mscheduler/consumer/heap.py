@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import heapq
+from collections.abc import Collection
 
 
 class ClaimHeap:
@@ -18,12 +19,16 @@ class ClaimHeap:
       is always taken in (compared with the old incarnation's versions, it could be hidden).
     - Never more than ``bound`` entries: past it the latest are dropped and ``overflowed`` is
       set, so the fetcher knows to look again once the heap drains.
+    - The name of each key offered with one is kept exactly as long as its entry (`name_of`,
+      `keys_of`: a limited name's keys are claimed under its limit and wait for its window),
+      so what the heap knows of names is bounded by it too, whatever leaves it and how.
     """
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
         self.overflowed = False
         self._entries: dict[str, dt.datetime] = {}
+        self._names: dict[str, str] = {}  # key -> its task's name, for keys in ``_entries``
         self._heap: list[tuple[dt.datetime, str]] = []
         # (incarnation, version) of keys seen lately, kept after removal so stale snapshots
         # stay ignored.
@@ -46,20 +51,35 @@ class ClaimHeap:
         return True
 
     def offer(
-        self, key: str, when: dt.datetime | None, version: int, incarnation: object = None
+        self,
+        key: str,
+        when: dt.datetime | None,
+        version: int,
+        incarnation: object = None,
+        name: str | None = None,
     ) -> bool:
-        """Record that ``key`` is claimable from ``when`` (None: not by us). True if the
-        earliest time moved earlier, i.e. the claimer should wake."""
+        """Record that ``key`` (of the task name ``name``) is claimable from ``when`` (None:
+        not by us). True if the earliest time moved earlier, i.e. the claimer should wake."""
         if not self._newer(key, version, incarnation):
             return False
         if when is None:
-            self._entries.pop(key, None)
+            self.discard(key)
             return False
+        if name is not None and key in self._entries:
+            self._names[key] = name
         if self._entries.get(key) == when:
             return False
         earliest = self.earliest()
-        self._put(key, when)
+        self._put(key, when, name)
         return key in self._entries and (earliest is None or when < earliest)
+
+    def name_of(self, key: str) -> str | None:
+        """The task name ``key`` was offered with, while it is in the heap."""
+        return self._names.get(key)
+
+    def keys_of(self, names: Collection[str]) -> list[str]:
+        """The keys in the heap offered with one of ``names``."""
+        return [key for key, name in self._names.items() if name in names]
 
     def nudge(self, key: str, when: dt.datetime) -> None:
         """Try ``key`` at ``when`` whatever its version: after a run of ours ended without a
@@ -67,8 +87,10 @@ class ClaimHeap:
         if key not in self._entries or when < self._entries[key]:
             self._put(key, when)
 
-    def _put(self, key: str, when: dt.datetime) -> None:
+    def _put(self, key: str, when: dt.datetime, name: str | None = None) -> None:
         self._entries[key] = when
+        if name is not None:
+            self._names[key] = name
         heapq.heappush(self._heap, (when, key))
         if len(self._entries) > self.bound:
             self._shrink()
@@ -77,6 +99,7 @@ class ClaimHeap:
 
     def discard(self, key: str) -> None:
         self._entries.pop(key, None)
+        self._names.pop(key, None)
 
     @property
     def stored_pairs(self) -> int:
@@ -107,9 +130,10 @@ class ClaimHeap:
         return keys
 
     def postpone_all(self, keys: list[str], when: dt.datetime) -> None:
-        """Try ``keys`` at ``when`` and not before (their name's limit frees then)."""
+        """Try ``keys`` at ``when`` and not before (their name's limit frees then); a key due
+        later already keeps its time."""
         for key in keys:
-            if key in self._entries:
+            if key in self._entries and self._entries[key] < when:
                 self._put(key, when)
 
     def pop_due(self, now: dt.datetime) -> list[str]:
@@ -117,7 +141,7 @@ class ClaimHeap:
         due: list[str] = []
         while (earliest := self.earliest()) is not None and earliest <= now:
             _, key = heapq.heappop(self._heap)
-            del self._entries[key]
+            self.discard(key)
             due.append(key)
         return due
 
@@ -136,6 +160,7 @@ class ClaimHeap:
     def _shrink(self) -> None:
         keep = heapq.nsmallest(self.bound, self._entries.items(), key=lambda item: item[1])
         self._entries = dict(keep)
+        self._names = {key: self._names[key] for key in self._entries if key in self._names}
         self._heap = [(when, key) for key, when in keep]
         heapq.heapify(self._heap)
         self.overflowed = True

@@ -1,17 +1,21 @@
 """Limits per task name, as a consumer keeps them (`Scheduler.set_limit`): a claim of a
 limited name takes a token first (`store.limits`), a name at its limit is not tried again
-before its window frees, and the slot of a running task lives exactly as long as its run.
+before its window frees, a start counts from its handler's start, and the slot of a running
+task lives exactly as long as its run.
 
 Invariant: every token taken is held by a lease this consumer runs (`_held`), waits on an
 uncertain claim's look-up (`_uncertain`), or is given back; a held slot is extended before
 it lapses for as long as its run lives (an abandoned handler's included) and released when
-the run ends.
+the run ends. Every handler start of a name with a rate (a local retry's included) comes
+within half of `START_HOLD` after a start taken for it alone, and confirms it as it starts
+(`at_start`, `restart`): the start counts ``per`` from then (`queries.limits`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +26,7 @@ from anyio.abc import TaskGroup
 from ..backoff import Backoff
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease, Task
-from ..store.limits import Limit
+from ..store.limits import START_HOLD, Limit
 from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -39,12 +43,9 @@ FIRST_SLOT_LIFE = dt.timedelta(seconds=60)
 # Extensions are never closer than this, even when one failed and the slot nears its end.
 _MIN_EXTENSION_GAP = dt.timedelta(milliseconds=100)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
-_Release = Callable[[str, str], Awaitable[None]]  # `Limiter._give_back`, `Limiter._release`
-
-
-# How long after its token a handler may start and still count at the token's time; a later
-# start takes a start of its own, at the handler's start (`Limiter.at_start`).
-START_SLACK = dt.timedelta(milliseconds=50)
+# A handler that starts later than this after its start was taken takes a start of its own:
+# the one taken for it is held for `START_HOLD` only.
+_LATE_START = START_HOLD / 2
 
 
 @dataclasses.dataclass
@@ -54,7 +55,8 @@ class _Slot:
     lease: Lease
     until: dt.datetime  # when the slot lapses unless extended
     extend_at: dt.datetime
-    taken_at: dt.datetime  # when its start was counted in the rate's window
+    start: str | None  # the start taken for its handler, held until the handler starts
+    taken_at: dt.datetime  # when that start was taken
 
     def next_extension(self, now: dt.datetime) -> dt.datetime:
         """A ping interval on, and before half the slot's life is left."""
@@ -76,11 +78,11 @@ class Limiter:
         self.blocked: dict[str, dt.datetime] = {}  # name -> when its limit frees
         self._held: dict[str, _Slot] = {}  # key -> the slot its run holds
         self._uncertain: dict[str, tuple[str, str]] = {}  # run_id -> (name, token)
-        self._names: dict[str, str] = {}  # key -> name, for the keys of limited names only
         self._wake = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._releasing = 0
         self._released = anyio.Event()
+        self._confirming: dict[str, list[str]] = {}  # name -> starts to confirm in one write
 
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
@@ -115,33 +117,14 @@ class Limiter:
             tokens = [uuid.uuid4().hex for _ in leases]
             await self._store.limits.adopt(name, tokens, now + FIRST_SLOT_LIFE)
             for lease, token in zip(leases, tokens, strict=True):
-                self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
-
-    def keys_of(self, names: Sequence[str]) -> list[str]:
-        """The keys noted (by `offered`) for these names."""
-        wanted = set(names)
-        return [key for key, name in self._names.items() if name in wanted]
+                self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE, start=None)
 
     def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None:
         """When the consumer may try ``task`` (claimable from ``when``): a limited name's
-        key is noted, and not tried before the name's window frees (a fetch must not undo
-        that)."""
-        if task.name not in self.limited:
+        key not before the name's window frees (a fetch must not undo that)."""
+        if task.name not in self.limited or when is None:
             return when
-        if when is None:
-            self._names.pop(task.key, None)
-            return None
-        self._names[task.key] = task.name
         return max(when, self.blocked_until(task.name, when) or when)
-
-    def name_of(self, key: str) -> str | None:
-        """The name of a key noted by `offered` (so of a limited name), else None."""
-        return self._names.get(key)
-
-    def forget(self, keys: Sequence[str]) -> None:
-        """These keys left the consumer's heap (claimed, or found not claimable)."""
-        for key in keys:
-            self._names.pop(key, None)
 
     def blocked_until(self, name: str, now: dt.datetime) -> dt.datetime | None:
         until = self.blocked.get(name)
@@ -177,13 +160,20 @@ class Limiter:
         if lease is None:
             await self._give_back(name, token)
             return None
-        self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE)
+        self._hold(lease, name, token, now, now + FIRST_SLOT_LIFE, start=token)
         return lease
 
     def _hold(
-        self, lease: Lease, name: str, token: str, now: dt.datetime, until: dt.datetime
+        self,
+        lease: Lease,
+        name: str,
+        token: str,
+        now: dt.datetime,
+        until: dt.datetime,
+        *,
+        start: str | None,
     ) -> None:
-        slot = _Slot(name, token, lease, until, now, now)
+        slot = _Slot(name, token, lease, until, now, start, now)
         slot.extend_at = slot.next_extension(now)
         self._held[lease.key] = slot
         self._wake.set()  # its first extension may be the earliest
@@ -221,11 +211,12 @@ class Limiter:
             name, token = pending
             lease = found.get(run_id)
             if lease is not None:
-                # Its slot's first life began before the look-up: extend it at once.
+                # Its slot's first life began before the look-up: extend it at once. Its
+                # start was taken before the look-up too: its handler takes one of its own.
                 now = self._clock.now()
-                self._hold(lease, name, token, now, now)
+                self._hold(lease, name, token, now, now, start=None)
             elif token not in (t for _, t in self._uncertain.values()):
-                self._spawn(self._give_back, name, token)
+                self._spawn(functools.partial(self._give_back, name, token))
 
     async def _give_back(self, name: str, token: str) -> None:
         try:
@@ -235,34 +226,62 @@ class Limiter:
 
     async def restart(self, task: Task) -> None:
         """Before a local retry of a handler: a start counts against the rate like the first
-        (its slot is held already); waits while the window is full."""
-        backoff = Backoff(self._clock, _token_retry_delay)
-        while task.name in self.limited and self.limited[task.name].rate is not None:
-            try:
-                free = await self._store.limits.start(task.name)
-            except BackendUnavailable as exc:
-                log.warning(str(exc), extra={"action": "token_retry"})
-                await backoff.wait()  # the limit is read again meanwhile: it may be gone
-                continue
-            if free is None:
-                return
-            log.debug("rate of %r reached until %s", task.name, free, extra={"action": "limited"})
-            await self._clock.wait_until(free, anyio.Event())
+        (its slot is held already); waits while the window is full, and confirms the start
+        as the retry begins."""
+        token = await self._take_start(task)
+        if token is not None:
+            self._confirm(task.name, token)
 
     async def at_start(self, task: Task) -> None:
-        """As a limited task's handler is about to start: the window is measured at handler
-        starts, and a start counted more than `START_SLACK` before (a claim whose reply came
-        late, a busy loop) could crowd a window of them. Such a start takes a start of its
-        own now, waiting while the window is full, so no window of ``per - START_SLACK``
-        holds more than ``rate`` handler starts (the first start still counts too: the
-        limit may be under-used, never exceeded)."""
+        """As a limited task's handler is about to start: the start taken for it is confirmed
+        (it counts ``per`` from now). One taken too long ago (held no longer than `START_HOLD`,
+        so the handler's window could outlast it), or before a lost reply's look-up, is not
+        the handler's: it takes a start of its own, waiting while the window is full (the
+        earlier one still counts until it expires: under-used, never exceeded)."""
         slot = self._held.get(task.key)
         limit = self.limited.get(task.name)
         if slot is None or limit is None or limit.rate is None:
             return
-        if self._clock.now() - slot.taken_at <= START_SLACK:
+        start, slot.start = slot.start, None
+        if start is None or self._clock.now() - slot.taken_at > _LATE_START:
+            start = await self._take_start(task)
+        if start is not None:
+            self._confirm(task.name, start)
+
+    async def _take_start(self, task: Task) -> str | None:
+        """A start of the task's name for its handler alone, taken once its window has room;
+        None when the name has no rate (any more)."""
+        backoff = Backoff(self._clock, _token_retry_delay)
+        while task.name in self.limited and self.limited[task.name].rate is not None:
+            try:
+                taken = await self._store.limits.start(task.name)
+            except BackendUnavailable as exc:
+                log.warning(str(exc), extra={"action": "token_retry"})
+                await backoff.wait()  # the limit is read again meanwhile: it may be gone
+                continue
+            if not isinstance(taken, dt.datetime):
+                return taken
+            log.debug("rate of %r reached until %s", task.name, taken, extra={"action": "limited"})
+            await self._clock.wait_until(taken, anyio.Event())
+        return None
+
+    def _confirm(self, name: str, token: str) -> None:
+        """The handler of this start starts now: confirmed by one write per name for the
+        starts of one moment (the handlers a claim started run their first steps together)."""
+        waiting = self._confirming.get(name)
+        if waiting is not None:
+            waiting.append(token)
             return
-        await self.restart(task)
+        self._confirming[name] = [token]
+        if not self._spawn(functools.partial(self._send_confirmations, name)):
+            del self._confirming[name]  # held until it expires: under-used
+
+    async def _send_confirmations(self, name: str) -> None:
+        tokens = self._confirming.pop(name, [])
+        try:
+            await self._store.limits.confirm(name, tokens)
+        except (BackendUnavailable, StoreError) as exc:  # held until they expire: under-used
+            log.warning(str(exc), extra={"action": "start_unconfirmed"})
 
     def ended(self, key: str) -> str | None:
         """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its
@@ -271,24 +290,29 @@ class Limiter:
         if slot is None:
             return None
         self.blocked.pop(slot.name, None)  # a slot of ours frees: worth asking at once
-        self._spawn(self._release, slot.name, slot.token)
+        self._spawn(functools.partial(self._release, slot.name, slot.token))
         return slot.name
 
-    def _spawn(self, release: _Release, name: str, token: str) -> None:
+    def _spawn(self, write: Callable[[], Awaitable[None]]) -> bool:
+        """A write of the limit's document (a release, a token given back, confirmations)
+        that nothing waits for, done in the background; False if the consumer has stopped
+        (the entries expire by themselves)."""
         if self._task_group is None:
-            return
+            return False
         self._releasing += 1
         try:
-            self._task_group.start_soon(self._shielded, release, name, token)
-        except RuntimeError:  # the consumer has stopped: the slot expires with its lease
+            self._task_group.start_soon(self._shielded, write)
+        except RuntimeError:
             self._releasing -= 1
+            return False
+        return True
 
-    async def _shielded(self, release: _Release, name: str, token: str) -> None:
-        """Shielded: a release started as the consumer stops must not be cancelled with it
+    async def _shielded(self, write: Callable[[], Awaitable[None]]) -> None:
+        """Shielded: a write started as the consumer stops must not be cancelled with it
         (`drain` waits for it)."""
         try:
             with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
-                await release(name, token)
+                await write()
         finally:
             self._releasing -= 1
             if not self._releasing:

@@ -38,7 +38,6 @@ class ChangeListener:
         clock: Clock,
         on_change: Callable[[Task], None],
         on_resync: Callable[[], Awaitable[None]],
-        fetch_each_poll: Callable[[], bool] = lambda: False,
         holds: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._hub = store.task_hub
@@ -46,7 +45,6 @@ class ChangeListener:
         self._clock = clock
         self._on_change = on_change
         self._on_resync = on_resync
-        self._fetch_each_poll = fetch_each_poll
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
         # And every change of a task we run (its options, a cancel), whatever woke.
         self.subscription = Subscription(options, wakes=names, holds=holds)
@@ -80,19 +78,11 @@ class ChangeListener:
                     self._on_change(item)
 
     async def poll_loop(self) -> None:
-        """The backstop: one page of claimable tasks every ``backstop_interval_ms``; no call
-        on the ticks in between. While the process polls, a consumer of limited names
-        (``fetch_each_poll``) fetches every poll interval, as every consumer once did: a key
-        its limit kept from a claim leaves its heap, and without a stream no later write is
-        sure to bring it back."""
+        """The backstop: one page of claimable tasks every ``backstop_interval_ms``, streaming
+        or polling alike (a key a limit holds back waits in the heap for its window: no
+        write need bring it back)."""
         backstop_s = self._options.backstop_interval_ms / 1000
-        poll_s = self._options.poll_interval_ms / 1000
-        last = self._clock.now()
         while True:
-            await sleep(self._clock, min(poll_s, backstop_s))
-            now = self._clock.now()
-            each_poll = self._hub.polling and self._fetch_each_poll()
-            if each_poll or (now - last).total_seconds() >= backstop_s:
-                last = now
-                self.backstops += 1
-                await self._on_resync()  # one page, as every fetch
+            await sleep(self._clock, backstop_s)
+            self.backstops += 1
+            await self._on_resync()  # one page, as every fetch

@@ -277,6 +277,10 @@ class Owner:
                 return None
             lease._slot = "" if token is None else name
             leases.append(lease)
+            if token is not None:
+                # The caller starts its work as the lease comes back: the start its token
+                # took, held until now, counts ``per`` from here (as a handler's start does).
+                await self._store.limits.confirm(name, [run_id])
             expires = lease.ping_expire_at
             if token is not None and expires is not None and expires > slot_until:
                 # The task's own timeout outlasts the first slot life: the slot lasts as long.

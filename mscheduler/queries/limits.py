@@ -1,18 +1,27 @@
 """Limits per task name (``<collection>.limits``, one document per name): the updates, pure.
 
 A document ``{_id: name, rate, per_ms, max_running, starts: [{id, until}], slots: [{id,
-until}]}``: a start counts until ``per_ms`` after it (``until``), a slot until its lease ends.
-A claim of that name first takes a token here, in one conditional update that is atomic on
-this document: it succeeds only while fewer than ``rate`` starts lie within the last
-``per_ms`` (a sliding window, exact) and fewer than ``max_running`` slots are live. Expired
-entries are pruned by the same write, so both arrays stay bounded by the limits themselves.
+until}]}``: a start counts until ``until``, a slot until its lease ends. A claim of that name
+first takes a token here, in one conditional update that is atomic on this document: it
+succeeds only while fewer than ``rate`` starts are live (``until`` still ahead) and fewer than
+``max_running`` slots are. Expired entries are pruned by the same write, so both arrays stay
+bounded by the limits themselves.
 
-Invariant: a handler of a limited name starts only under a start counted here (a claim's
-token, or `start` for a local retry), so in any window of ``per_ms`` at most ``rate``
-handlers start, and at most ``max_running`` run at once (a slot lives while its run does:
-the holder extends it, a crashed holder's expires with its lease). A token whose claim found
-nothing is given back; a worker that dies in between leaves it unused: the limit errs on the
-safe side.
+A start is taken before its handler starts (a claim's reply and the hand-over to the handler
+come between), so it is taken *held*: it counts for ``per_ms`` plus ``hold_ms``, and a handler
+starting within ``hold_ms`` of it lies inside it whatever the delay. As the handler starts,
+its worker `confirm`s it: the start then counts until ``per_ms`` after the confirmation (never
+longer than held), which is after the handler's start.
+
+Invariant: a handler of a limited name starts only under a start taken here (a claim's
+token, or `start` for a local retry or a late handler) no earlier than the start was taken
+and no later than ``hold_ms`` after it, and each start counts from when it was taken until
+``per_ms`` after its handler started; so in any window of ``per_ms`` at most ``rate`` handlers
+start (the last start taken among ``rate + 1`` in one window would have found the others
+counting), and at most ``max_running`` run at once (a slot lives while its run does: the
+holder extends it, a crashed holder's expires with its lease). A token whose claim found
+nothing is given back; a worker that dies in between, or before its confirmation, leaves it
+counting until it expires: the limit errs on the safe side.
 
 A slot leaves the document only with its run (released, given back) or by expiring (pruned by
 a later write): removing a limit keeps the document, its limits null (`remove_limit`), so a
@@ -54,13 +63,24 @@ def _within(limit: str, field: str, now: dt.datetime) -> Document:
     }
 
 
+def _held_start(token: str, now: dt.datetime, hold_ms: int) -> Document:
+    """A start taken at ``now``, held: it counts for ``per_ms`` and ``hold_ms`` more, until
+    its handler's start confirms it. A name without a rate counts none (its entry is born
+    expired, and pruned by the next write)."""
+    counts = {"$cond": [{"$eq": [{"$ifNull": ["$per_ms", None]}, None]}, 0, hold_ms]}
+    return {
+        "id": literal(token),
+        "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}, counts]},
+    }
+
+
 def acquire(
-    name: str, token: str, now: dt.datetime, until: dt.datetime
+    name: str, token: str, now: dt.datetime, until: dt.datetime, hold_ms: int
 ) -> tuple[Document, Pipeline]:
-    """Take a start and a slot for ``name``, if its limits allow one now; the slot lives
+    """Take a held start and a slot for ``name``, if its limits allow one now; the slot lives
     until ``until`` (the lease's expiry) unless extended."""
     allowed = {"$and": [_within("rate", "starts", now), _within("max_running", "slots", now)]}
-    start = {"id": literal(token), "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}}
+    start = _held_start(token, now, hold_ms)
     update = {
         "$set": {
             "starts": {"$concatArrays": [_live("starts", now), [start]]},
@@ -72,12 +92,33 @@ def acquire(
     return {"_id": name, "$expr": allowed}, [update]
 
 
-def start(name: str, token: str, now: dt.datetime) -> tuple[Document, Pipeline]:
-    """Count one more start for ``name`` (a local retry of a handler whose slot is held), if
-    its rate allows one now; a name without a rate takes it always."""
-    entry = {"id": literal(token), "until": {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}}
+def start(name: str, token: str, now: dt.datetime, hold_ms: int) -> tuple[Document, Pipeline]:
+    """Take one more held start for ``name`` (a local retry of a handler whose slot is held,
+    or a handler that starts too late for its claim's), if its rate allows one now."""
+    entry = _held_start(token, now, hold_ms)
     update = {"$set": {"starts": {"$concatArrays": [_live("starts", now), [entry]]}}}
     return {"_id": name, "$expr": _within("rate", "starts", now)}, [update]
+
+
+def confirm(name: str, tokens: Sequence[str], now: dt.datetime) -> tuple[Document, Pipeline]:
+    """The handlers of these held starts have started (by ``now``): each counts until
+    ``per_ms`` from ``now``, never longer than it was held."""
+    confirmed = {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}
+    until = {"$cond": [{"$lt": [confirmed, "$$s.until"]}, confirmed, "$$s.until"]}
+    starts = {
+        "$map": {
+            "input": {"$ifNull": ["$starts", []]},
+            "as": "s",
+            "in": {
+                "$cond": [
+                    {"$in": ["$$s.id", literal(list(tokens))]},
+                    {"id": "$$s.id", "until": until},
+                    "$$s",
+                ]
+            },
+        }
+    }
+    return {"_id": name}, [{"$set": {"starts": starts}}]
 
 
 def give_back(name: str, token: str) -> tuple[Document, Document]:

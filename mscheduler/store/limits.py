@@ -23,6 +23,12 @@ SUFFIX = ".limits"
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
 # which no write tells it of (a consumer of the same process is told at once).
 RUNNING_RECHECK = dt.timedelta(seconds=1)
+# How long a start is held beyond its window until its handler's start confirms it
+# (`queries.limits`): a handler that starts later than this after it takes a start of its own.
+START_HOLD = dt.timedelta(seconds=10)
+# A full window whose freeing start is still held (its handler about to start) is asked again
+# after ``per``, as that start will likely count until then, and never sooner than this.
+_HELD_RECHECK = dt.timedelta(milliseconds=50)
 
 
 class _Entry(BaseModel):
@@ -46,15 +52,26 @@ class Limit(BaseModel):
         """When to ask for a token again: for a full window, when its oldest start leaves it
         (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
         from now, whichever is first (a task may end, and free its slot, at any moment)."""
+        # A start counting beyond ``per`` from now is held: no write tells us when its
+        # handler's start confirms it (which ends it sooner), so it is looked at again then.
+        held = now + max(dt.timedelta(milliseconds=self.per_ms or 0), _HELD_RECHECK)
         times = []
         for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
-            live = sorted(e.until for e in entries if e.until is not None and e.until > now)
+            live = sorted(
+                min(e.until, held) if entries is self.starts else e.until
+                for e in entries
+                if e.until is not None and e.until > now
+            )
             if limit is not None and len(live) >= limit:
                 free = live[len(live) - limit]
                 times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
         # Not full when read: a slot freed between the refused write and this read. Asked
         # again after the recheck, never at once (a loop of requests), never dropped.
         return max(times, default=now + RUNNING_RECHECK)
+
+
+def _ms(duration: dt.timedelta) -> int:
+    return round(duration.total_seconds() * 1000)
 
 
 def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
@@ -133,12 +150,14 @@ class Limits(BesideTasks):
     async def acquire(
         self, name: str, until: dt.datetime, token: str | None = None
     ) -> str | dt.datetime | None:
-        """A token for one claim of ``name`` (``token`` if given, else a fresh one); or when
-        one may be had (its limit is reached); or None: ``name`` was never limited. A removed
-        limit's document gives a token always (its slot counts if the limit is set again)."""
+        """A token for one claim of ``name`` (``token`` if given, else a fresh one; its start
+        held, `confirm` it as the handler starts); or when one may be had (its limit is
+        reached); or None: ``name`` was never limited. A removed limit's document gives a
+        token always (its slot counts if the limit is set again)."""
         token, now = token or uuid.uuid4().hex, self._tasks.clock.now()
+        update = lq.acquire(name, token, now, until, _ms(START_HOLD))
         try:
-            taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
+            taken = await self.collection.find_one_and_update(*update)
         except ConnectionFailure:
             # The token may have been taken with the reply lost: nobody would hold its slot.
             with contextlib.suppress(ConnectionFailure):
@@ -150,18 +169,25 @@ class Limits(BesideTasks):
         return None if found is None else Limit.model_validate(found).free_at(now)
 
     @driver_errors
-    async def start(self, name: str) -> dt.datetime | None:
-        """Count a start of ``name`` (a slot held already): None when counted (or ``name``
-        has no limit), else when its rate window frees."""
+    async def start(self, name: str) -> str | dt.datetime | None:
+        """Take a start of ``name`` (a slot held already): its token when taken (held,
+        `confirm` it as the handler starts), when its rate window frees if full, or None:
+        ``name`` has no limit."""
         token, now = uuid.uuid4().hex, self._tasks.clock.now()
-        taken = await self.collection.find_one_and_update(*lq.start(name, token, now))
+        update = lq.start(name, token, now, _ms(START_HOLD))
+        taken = await self.collection.find_one_and_update(*update)
         if taken is not None:
-            return None
+            return token
         found = await self.collection.find_one({"_id": name})
         if found is None:
             return None
         limit = Limit.model_validate(found)
         return limit.model_copy(update={"max_running": None}).free_at(now)
+
+    @driver_errors
+    async def confirm(self, name: str, tokens: Sequence[str]) -> None:
+        """The handlers of these held starts have started: each counts ``per`` from now."""
+        await self.collection.update_one(*lq.confirm(name, tokens, self._tasks.clock.now()))
 
     @driver_errors
     async def give_back(self, name: str, token: str) -> None:

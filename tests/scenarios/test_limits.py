@@ -589,3 +589,174 @@ async def test_no_window_holds_more_than_rate_handler_starts_across_three_consum
         sum(1 for s in starts[i:] if s < start + window) for i, start in enumerate(starts)
     )
     assert busiest <= 4, busiest
+
+
+def _busiest(starts: list[dt.datetime], per: dt.timedelta) -> int:
+    """The most handler starts in any window of ``per`` (a window opens at each start)."""
+    starts = sorted(starts)
+    return max(
+        (sum(1 for s in starts[i:] if s < start + per) for i, start in enumerate(starts)),
+        default=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "per_ms", "max_running"),
+    [(1, 50, 1), (5, 1000, 3), (1, 200, 2)],
+)
+async def test_a_consumer_at_its_rate_claims_again_as_its_window_frees(
+    scheduler: ms.Scheduler,
+    clock: ms.ManualClock,
+    discover: Any,
+    rate: int,
+    per_ms: int,
+    max_running: int,
+):
+    """More tasks due than free slots: the keys not tried while the window was full wait for
+    it in the heap (no write would bring them back), so the next window's starts come as it
+    frees, not at the backstop a minute later."""
+    per = dt.timedelta(milliseconds=per_ms)
+    await scheduler.set_limit("nv", rate=rate, per=per)
+    starts: list[dt.datetime] = []
+
+    async def nv(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    tasks = 3 * rate + 1
+    for n in range(tasks):
+        await scheduler.publish(f"n{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=max_running)):
+        for _ in range(4 * per_ms // 10):  # four windows, in steps of 10 ms
+            await discover()
+            clock.advance(0.01)
+            if len(starts) == tasks:
+                break
+    assert len(starts) == tasks, starts
+    assert _busiest(starts, per) <= rate
+
+
+async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Keys of a limited name beyond ``heap_size`` are dropped from the heap, and their names
+    with them: nothing the consumer keeps per key outlives the heap's bound."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(hours=1))
+    started: list[str] = []
+
+    async def nv(task: ms.Task) -> None:
+        started.append(task.key)
+
+    consumer = scheduler.consumer({"nv": nv}, options=worker(heap_size=4))
+    async with consumer:
+        for n in range(40):
+            await scheduler.publish(f"n{n}", n, name="nv")
+            await discover()
+        assert len(started) == 1  # the rest wait for the window
+        assert len(consumer._heap) <= 4
+        assert len(consumer._heap.keys_of(["nv"])) <= 4
+        for n in range(40):
+            await scheduler.cancel(f"n{n}")
+        clock.advance(3600)
+        await discover()
+        assert consumer._heap.keys_of(["nv"]) == []
+
+
+async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Three consumers, 5 per second: one's claim replies come 30 ms late, so its handlers
+    start after their starts were taken. No window of ``per`` holds more than ``rate``
+    handler starts, measured at the handlers."""
+    per = dt.timedelta(seconds=1)
+    await scheduler.set_limit("nv", rate=5, per=per)
+    starts: list[dt.datetime] = []
+
+    async def nv(task: ms.Task) -> None:
+        starts.append(clock.now())
+
+    slow = ms.Scheduler(scheduler.collection, clock=clock)
+    claim = slow.store.claim
+
+    async def late_reply(*args: Any, **kwargs: Any) -> Any:
+        lease = await claim(*args, **kwargs)
+        clock.advance(0.03)
+        return lease
+
+    slow.store.claim = late_reply  # type: ignore[method-assign]
+    async with contextlib.AsyncExitStack() as stack:
+        for n in range(3):
+            options = ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)
+            consumer = (slow if n == 0 else scheduler).consumer({"nv": nv}, options=options)
+            await stack.enter_async_context(consumer)
+        for n in range(12):
+            await scheduler.publish(f"n{n}", n, name="nv")
+        for _ in range(400):
+            await discover()
+            clock.advance(0.01)
+            if len(starts) == 12:
+                break
+    assert len(starts) == 12
+    assert _busiest(starts, per) <= 5, sorted(starts)
+
+
+async def test_a_task_that_never_completes_does_not_block_the_rate(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """A rate without ``max_running``: a handler still running holds no start beyond its
+    window, so the next windows' tasks start as they free."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(seconds=1))
+    runs = _Concurrency()
+    starts: dict[str, dt.datetime] = {}
+
+    async def nv(task: ms.Task) -> None:
+        starts[task.key] = clock.now()
+        if task.key != "n0":
+            runs.gates[task.key].set()
+        await runs.handler(task)
+
+    for n in range(3):
+        await scheduler.publish(f"n{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=4)):
+        for _ in range(40):
+            await discover()
+            clock.advance(0.1)
+        assert sorted(starts) == ["n0", "n1", "n2"] and runs.running == 1  # n0 still runs
+        runs.gates["n0"].set()
+    assert _busiest(list(starts.values()), dt.timedelta(seconds=1)) == 1
+
+
+async def test_rate_limited_tasks_still_start_by_priority(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """Tasks that wait for the window start in priority order, whenever they were published."""
+    await scheduler.set_limit("nv", rate=1, per=dt.timedelta(seconds=1))
+    started: list[str] = []
+
+    async def nv(task: ms.Task) -> None:
+        started.append(task.key)
+
+    for n in range(3):
+        await scheduler.publish(f"low{n}", n, name="nv")
+    async with scheduler.consumer({"nv": nv}, options=worker(max_running=4)):
+        await discover()
+        assert started == ["low0"]
+        urgent = ms.TaskOptions(priority=10)
+        for n in range(3):
+            await scheduler.publish(f"high{n}", n, name="nv", options=urgent)
+        for _ in range(60):
+            await discover()
+            clock.advance(0.1)
+    assert started == ["low0", "high0", "high1", "high2", "low1", "low2"]
+
+
+def test_a_window_full_of_held_starts_is_asked_again_after_per_not_after_the_hold():
+    """A start whose handler has not confirmed it yet counts beyond ``per`` (held): a consumer
+    it refuses asks again after ``per``, when the start will likely have been confirmed, not
+    after the hold (no write would tell it sooner)."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    held = {"id": "a", "until": now + dt.timedelta(seconds=11)}
+    limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [held]})
+    assert limit.free_at(now) == now + dt.timedelta(seconds=1)
+    confirmed = {"id": "a", "until": now + dt.timedelta(milliseconds=300)}
+    limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [confirmed]})
+    assert limit.free_at(now) == now + dt.timedelta(milliseconds=300)

@@ -82,6 +82,7 @@ SAMPLES: dict[str, Any] = {
     "until": NOW + dt.timedelta(seconds=60),
     "rate": 10,
     "per_ms": 60_000,
+    "hold_ms": 10_000,
     "max_running": 2,
     "limit": "rate",
     "schedule_id": "nightly",
