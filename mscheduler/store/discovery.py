@@ -264,7 +264,8 @@ def _changed(field: str, where: dict[str, Any]) -> dict[str, Any]:
 class TaskHub:
     """One per store. Each subscriber's task group calls `_serve` (through `subscription`):
     one of them runs the stream or the poll loop, the others stand by to take over, from the
-    kept resume token (or poll time), when it leaves."""
+    kept resume token (or poll time), when it leaves; the last to leave forgets it
+    (`_leave`)."""
 
     def __init__(self, store: StoreBase, clock: Clock, controls_suffix: str) -> None:
         self._store = store
@@ -344,7 +345,7 @@ class TaskHub:
             if failed is not None:
                 raise failed
         finally:
-            self._subs.remove(sub)
+            self._leave(sub)
 
     async def follow(self, sub: Subscription) -> AsyncGenerator[Task | None, None]:
         """A subscription for an async iterator (a watch), which cannot hold a task group
@@ -359,7 +360,21 @@ class TaskHub:
             while True:
                 yield await self._next_serving(sub)
         finally:
-            self._subs.remove(sub)
+            self._leave(sub)
+
+    def _leave(self, sub: Subscription) -> None:
+        """Unsubscribed; the last subscriber to leave takes the hub's place with it.
+
+        Invariant: a position (the stream's resume token, the poll's time and the versions it
+        handed out) lives only while a subscriber does. Kept, it lets a subscriber take over
+        from another, or a watch serve again after a yield, without losing an event. Kept
+        past the last subscriber, it would make the next one replay the writes made while
+        nobody listened, each older than what that subscriber reads first (a failure before
+        the retry it waits on). A subscriber that finds the hub empty opens it afresh, before
+        its first read, as the first one did."""
+        self._subs.remove(sub)
+        if not self._subs:
+            self._forget_place()
 
     async def _next_serving(self, sub: Subscription) -> Task | None:
         if sub.covered.is_set() and sub.pending:
@@ -446,6 +461,15 @@ class TaskHub:
     def _lose_place(self) -> None:
         self.position = ResumePoint()
         self._lost = True
+
+    def _forget_place(self) -> None:
+        """Nobody subscribes: the next subscriber starts from its own first read (see
+        `_leave`), so there is nothing to resync."""
+        self.position = ResumePoint()
+        self._lost = False
+        self._coverage = _Coverage(())
+        self._since, self._seen, self._due_seen = None, {}, {}
+        self._read_by_state_at = None
 
     async def _open(self, options: WorkerOptions, attempt: int) -> Any:
         """The stream from the kept place (afresh when there is none, or the server cannot
