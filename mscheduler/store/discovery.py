@@ -182,16 +182,24 @@ class Subscription:
 
 
 def may_wake(task: Task, now: dt.datetime) -> bool:
-    """Whether a write may give a consumer work, where the hub cannot see if it bumped
-    ``wakes`` (`queries.derived.wakes_consumers`): a poll, or a stream widened for waiters
-    or watches, which also carries claims. A task not running (pending, a retry, ended with
-    dependents to tell) may; a running one only with a claim open now. Handing consumers
-    every claim would fill their heaps with running tasks due when the lease expires, and a
-    consumer whose heap never drains reads no next page of the backlog. A running task whose
-    next claim comes later is found by the next fetch."""
+    """Whether the write that left ``task`` may give a consumer work, where the hub cannot
+    see if it bumped ``wakes`` (`queries.derived.wakes_consumers`): a poll, or a stream
+    widened for waiters or watches, which also carries claims and pings. Decided from what
+    the write left, by the same rule: a task not running (pending, a retry, ended with
+    dependents to tell) may; a running one when a claim is open (its next claim time at or
+    before the write's ``updated_at``, or now), or when an attempt ended in this very write
+    (a worker state finished at the write's ``updated_at``, which every write stamps with one
+    time): the failure or `RetryLater` of one slot, whose retry comes later and which nobody
+    else would hear of. A claim or a ping ends no attempt and moves the next claim time later:
+    handing those to consumers would fill their heaps with running tasks due when the lease
+    expires, and a consumer whose heap never drains reads no next page of the backlog."""
     if task.state is not TaskState.RUNNING:
         return True
-    return task.next_claim_at is not None and task.next_claim_at <= now
+    if task.next_claim_at is None:
+        return False
+    if task.next_claim_at <= max(now, task.updated_at):
+        return True
+    return any(state.finished_at == task.updated_at for state in task.worker_states)
 
 
 class _Coverage:

@@ -403,3 +403,36 @@ async def _read_by_state(clock: ms.ManualClock) -> None:
     await settle()
     clock.advance(POLL_MS / 1000)
     await settle()
+
+
+async def test_a_waiter_hides_no_slot_freed_for_a_later_retry(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+) -> None:
+    """One slot of a task run by two workers at once fails: the task stays running, its
+    free slot claimable once the retry delay passes, and the failure's write wakes the
+    consumers. A waiter beside them widens the process's stream (or poll) to every state
+    change of the task; the consumer still hears of that write, and claims the slot when
+    its retry is due, not at its backstop fetch a minute later."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, unexpected_retry_delay_ms=300)
+    await scheduler.publish("k", None, name="job", options=options)
+    held = await scheduler.store.claim("other", key="k")  # the other slot, for the test's span
+    assert held is not None
+    runs: list[str] = []
+
+    async def fails_once(task: ms.Task) -> None:
+        runs.append(task.key)
+        if len(runs) == 1:
+            raise RuntimeError("this slot fails")
+
+    worker = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(functools.partial(scheduler.wait, "k", poll_interval_ms=POLL_MS))
+        await discover()
+        async with scheduler.consumer({"job": fails_once}, options=worker):
+            await discover()
+            assert runs == ["k"]
+            clock.advance(0.3)
+            for _ in range(3):
+                await discover()
+            assert runs == ["k", "k"]
+        task_group.cancel_scope.cancel()
