@@ -42,7 +42,7 @@ import contextlib
 import datetime as dt
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import anyio
 from anyio.abc import TaskStatus
@@ -293,8 +293,8 @@ class TaskHub:
         self.resyncs = 0  # fresh streams after a lost place
         self.polls = 0
         self._since: dt.datetime | None = None
-        self._seen: dict[str, tuple[Any, int]] = {}  # key -> (_id, version) handed out
-        self._due_seen: dict[str, tuple[Any, int, str]] = {}  # ... to consumers, and its name
+        self._seen: dict[str, _Version] = {}  # key -> the version handed out
+        self._due_seen: dict[str, _Version] = {}  # ... to consumers, read as due
         self._due_turn = 0
         self._ended_turn = 0
         self._read_by_state_at: dt.datetime | None = None
@@ -690,9 +690,10 @@ class TaskHub:
           write on a server that stalls), and a lease expires without a write at all. Due
           tasks, read without their payload, go to consumers alone.
 
-        Each version of a task is handed out once: not again in the overlap of two polls, nor
-        while it stays due (a limit, a pause, a busy consumer); an older version never after
-        a newer one."""
+        Each version of a task is handed out once to each subscriber: not again in the
+        overlap of two polls, nor while it stays due (a limit, a pause, a busy consumer); an
+        older version never after a newer one. A version the consumers were not handed (a
+        claim, read by the read of writes) goes to them once read as due (`_Version`)."""
         started = self._clock.now()
         since = self._since or started - CLOCK_SKEW
         wakes: set[str] = set()
@@ -726,35 +727,72 @@ class TaskHub:
             due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
             for name in due_names:
                 due += await self._store.due(name, started, DUE_PAGE)
-        handed: dict[str, tuple[Any, int]] = {}
+        handed: dict[str, _Version] = {}
         for task in [*written, *ended]:
             if _newer(task, self._seen, handed):
-                handed[task.key] = (task.id, task.version)
-                self._hand_out(task, may_wake(task, started))
+                woke = may_wake(task, started)
+                handed[task.key] = _Version(task.id, task.version, woke, task.name)
+                self._hand_out(task, woke)
         for task in due:
-            if _newer(task, self._seen, handed, self._due_seen):
-                handed[task.key] = (task.id, task.version)
+            if _new_to_consumers(task, self._seen, handed, self._due_seen):
+                handed[task.key] = _Version(task.id, task.version, True, task.name)
                 for sub in self._subs:
                     if task.name in sub.wakes:
                         sub.deliver(task)
         self._since = started - CLOCK_SKEW
-        # What the next poll may read again, and no more: the overlap's writes for everyone;
-        # the due tasks, for the consumers, of this poll's names and of those not read now.
+        # What the next poll may read again, and no more: the overlap's writes for everyone,
+        # each as it went out (to the consumers or not); the due tasks, for the consumers, of
+        # this poll's names and of those not read now. Every due task read here went to the
+        # consumers, now or before, unless a newer version of it was read.
+        known = {**self._seen, **handed}
         self._seen = {}
         for task in [*written, *ended]:
-            if task.updated_at >= self._since and _newer(task, self._seen):
-                self._seen[task.key] = (task.id, task.version)
+            was = known.get(task.key)
+            if (
+                task.updated_at >= self._since
+                and was is not None
+                and not _newer(task, {task.key: was})
+            ):
+                self._seen[task.key] = was
         read = set(due_names)
-        self._due_seen = {key: seen for key, seen in self._due_seen.items() if seen[2] not in read}
-        self._due_seen.update((t.key, (t.id, t.version, t.name)) for t in due)
+        self._due_seen = {
+            key: seen for key, seen in self._due_seen.items() if seen.name not in read
+        }
+        self._due_seen.update((t.key, _Version(t.id, t.version, True, t.name)) for t in due)
 
 
-def _newer(task: Task, *handed_out: dict[str, Any]) -> bool:
-    """Whether ``task`` is a later version than any of ``handed_out`` (by key: ``(_id,
-    version, ...)``) holds; a key deleted and published again has a new ``_id``."""
+class _Version(NamedTuple):
+    """A version of a task the poll handed out, and whether the consumers had it: a due
+    task always goes to them, a write only when it may give them work (`may_wake`).
+
+    Invariant: each version of a task goes to each subscriber once, and a version the
+    consumers did not get counts as handed out to everyone but them: read again as due
+    (its lease expired, its retry came), it goes to the consumers then."""
+
+    id: Any
+    version: int
+    to_consumers: bool
+    name: str
+
+
+def _newer(task: Task, *handed_out: dict[str, _Version]) -> bool:
+    """Whether ``task`` is a later version than any of ``handed_out`` holds; a key deleted
+    and published again has a new ``_id``."""
     for seen in handed_out:
         was = seen.get(task.key)
-        if was is not None and was[0] == task.id and was[1] >= task.version:
+        if was is not None and was.id == task.id and was.version >= task.version:
+            return False
+    return True
+
+
+def _new_to_consumers(task: Task, *handed_out: dict[str, _Version]) -> bool:
+    """Whether the consumers have had neither this version of ``task`` nor a newer one
+    (a newer one handed to anyone makes this one stale)."""
+    for seen in handed_out:
+        was = seen.get(task.key)
+        if was is None or was.id != task.id:
+            continue
+        if was.version > task.version or (was.version == task.version and was.to_consumers):
             return False
     return True
 

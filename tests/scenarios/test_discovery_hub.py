@@ -397,6 +397,34 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
     assert shown == ["raced"]
 
 
+async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """Another process claims a task with a short lease: the poll reads that claim (which
+    gives no consumer work) and, its lease expired a moment later, reads the task as due.
+    The consumers get it then: the claim's version was handed out, but not to them."""
+    sched = await open_scheduler(changestreams=False)
+    other = await open_scheduler(changestreams=False)
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
+    async with sched.consumer({"job": _runs(ran, "w")}, options=options):
+        await settle()  # the first poll, and its read by state
+        clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
+        await settle()
+        await other.publish("k", None, name="job", options=short)
+        assert await other.store.claim("gone", key="k") is not None  # never pings
+        clock.advance(POLL_MS / 1000)
+        await settle()  # the poll reads the claim: nothing for the consumers
+        assert ran == []
+        clock.advance(0.6)
+        await settle()  # the lease expired: the read by state finds the task due
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("k", "w")]
+
+
 async def _read_by_state(clock: ms.ManualClock) -> None:
     """Time for the poll's next read by state (and a poll after it)."""
     clock.advance(STATE_READ_INTERVAL.total_seconds())
