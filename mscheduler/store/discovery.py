@@ -53,7 +53,7 @@ from ..backoff import Backoff
 from ..clock import Clock
 from ..errors import BackendUnavailable, ConfigurationError
 from ..models import Task, TaskState
-from ..worker_options import WorkerOptions
+from ..worker_options import Discovery, WorkerOptions
 from .base import KEYS_PER_READ, StoreBase
 from .streams import (
     CONSUMER_NEEDLESS,
@@ -288,6 +288,9 @@ class TaskHub:
         self._lost = False  # the stream's place was lost: every subscriber resyncs
         self.position = ResumePoint()
         self.polling = False
+        # Polling because every subscriber asked to (``discovery="poll"``), not because the
+        # server refused a stream: it lasts only while that holds (`_discovery`).
+        self.polling_by_choice = False
         self.streams_opened = 0
         self.reopened = 0  # stream reopened after an error or an end
         self.resyncs = 0  # fresh streams after a lost place
@@ -332,11 +335,14 @@ class TaskHub:
                     task_group.cancel_scope.cancel()
                 else:
                     refused = None
-                    if self.polling and sub.options.discovery == "stream":
+                    if (
+                        self.polling
+                        and not self.polling_by_choice
+                        and sub.options.discovery == "stream"
+                    ):
                         refused = ConfigurationError(
                             "discovery: 'stream' was asked for, but this process polls for "
-                            "tasks (the server refused a change stream, or a consumer asked "
-                            "to poll)"
+                            "tasks (the server refused a change stream)"
                         )
                         task_group.cancel_scope.cancel()
                 failed: Exception | None = refused
@@ -478,6 +484,8 @@ class TaskHub:
         self._coverage = _Coverage(())
         self._since, self._seen, self._due_seen = None, {}, {}
         self._read_by_state_at = None
+        if self.polling_by_choice:  # the next subscriber's rule decides
+            self.polling = self.polling_by_choice = False
 
     async def _open(self, options: WorkerOptions, attempt: int) -> Any:
         """The stream from the kept place (afresh when there is none, or the server cannot
@@ -491,7 +499,7 @@ class TaskHub:
                 stream, refusal = await open_unless_refused(
                     self._store,
                     self._pipeline(),
-                    options.discovery,
+                    self._discovery(options),
                     max_await_time_ms=MAX_AWAIT_MS,
                     whole_database=self.whole_database,
                     **self.position.open_options(),
@@ -599,8 +607,21 @@ class TaskHub:
             widened = bool(self._coverage.states or self._coverage.every)
             self._hand_out(task, not widened or may_wake(task, self._clock.now()))
 
+    def _discovery(self, options: WorkerOptions) -> Discovery:
+        """How the runner discovers: its own rule, but a hub polls by choice only while
+        every subscriber asked to poll. One that asked for a stream, or for ``auto``, has
+        the process stream (or try to) whoever runs the hub: a waiter that asked to poll does
+        not make the consumers beside it poll, nor fail one that asked for a stream."""
+        if options.discovery == "poll" and self._wants_stream():
+            return "auto"
+        return options.discovery
+
+    def _wants_stream(self) -> bool:
+        return any(sub.options.discovery != "poll" for sub in self._subs)
+
     def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
         self.polling = True
+        self.polling_by_choice = refusal is None
         self._tell_controls()  # no longer carried here: the controls' hub reads them itself
         interval = self.poll_interval_ms / 1000
         if refusal is None:
@@ -632,9 +653,17 @@ class TaskHub:
         self._cover()
         backoff = Backoff(self._clock, options.reconnect_delay)  # while the poll fails
         retry = dt.timedelta(milliseconds=options.stream_retry_interval_ms)
-        retry_at = self._clock.now() + retry if options.discovery == "auto" else None
+        auto = self._discovery(options) == "auto"
+        retry_at = self._clock.now() + retry if auto else None
         next_poll = self._clock.now()
         while True:
+            if self.polling_by_choice and self._wants_stream():
+                log.info(
+                    "a subscriber wants a change stream: polling stops",
+                    extra={"action": "stream_restored"},
+                )
+                self._stop_polling()
+                return
             now = self._clock.now()
             if now >= next_poll:
                 try:
@@ -651,7 +680,8 @@ class TaskHub:
                 if await self._stream_back():
                     return
             wake = min(next_poll, retry_at) if retry_at is not None else next_poll
-            await self._clock.wait_until(wake, anyio.Event())
+            self._joined = anyio.Event()  # a subscriber that joins may want a stream
+            await self._clock.wait_until(wake, self._joined)
 
     async def _stream_back(self) -> bool:
         """Whether the server now grants a stream (on the database, else on the collection:
@@ -670,12 +700,15 @@ class TaskHub:
             await close_quietly(stream)
             log.info("the change stream opened; polling stops", extra={"action": "stream_restored"})
             self.whole_database = whole_database
-            self.polling = False
-            self._lose_place()  # opened afresh next: every subscriber reads again after it
-            self._since, self._seen, self._due_seen = None, {}, {}
-            self._read_by_state_at = None
+            self._stop_polling()
             return True
         return False
+
+    def _stop_polling(self) -> None:
+        self.polling = self.polling_by_choice = False
+        self._lose_place()  # opened afresh next: every subscriber reads again after it
+        self._since, self._seen, self._due_seen = None, {}, {}
+        self._read_by_state_at = None
 
     async def _poll_once(self) -> None:
         """A read of writes, and reads by state, each only while someone needs it:

@@ -7,7 +7,9 @@ state changes of its keys only, tested on the event before any look-up of a docu
 pings cost it nothing. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`)
 when this waiter is the one that runs the hub: a server that refuses a change stream is
 polled every ``poll_interval_ms`` (``auto``), or the refusal is an error (``stream``);
-``poll`` never opens one. Joining a hub that already runs, it shares what the hub does.
+``poll`` never opens one, unless another subscriber of the process wants one (the hub polls
+by choice only while every subscriber asked to). Joining a hub that already runs, it shares
+what the hub does.
 A watch shares the hub when it runs, and otherwise keeps its own stream (see `watch_tasks`).
 """
 
