@@ -55,7 +55,9 @@ class ChangeListener:
         self._fetch_each_poll = fetch_each_poll
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
         # And every change of a task we run (its options, a cancel), whatever woke.
-        self.subscription = Subscription(options, wakes=names, holds=holds)
+        self.subscription = Subscription(
+            options, wakes=names, holds=holds, worker_id=options.worker_id
+        )
         self.backstops = 0
 
     @property

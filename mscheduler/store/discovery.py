@@ -112,8 +112,12 @@ class Subscription:
         buffer_size: int = BUFFER_SIZE,
         holds: Callable[[str], bool] = lambda key: False,
         controls: bool = False,
+        worker_id: str | None = None,
     ) -> None:
         self.options = options
+        # A consumer's worker: the poll reads for it the due tasks it may claim (not those
+        # pinned to other workers). None: any worker's.
+        self.worker_id = worker_id
         self.controls = controls  # told (as `RESYNC`) of every write of the control version
         self.holds = holds  # a consumer's running keys: every change of them matters to it
         self.wakes = frozenset(wakes)
@@ -750,6 +754,10 @@ class TaskHub:
         ended: list[Task] = []
         due: list[Task] = []
         due_names: list[str] = []
+        workers: set[str] | None = set()
+        for sub in self._subs:
+            if sub.wakes and workers is not None:
+                workers = None if sub.worker_id is None else workers | {sub.worker_id}
         last = self._read_by_state_at
         if last is None or started - last >= STATE_READ_INTERVAL:
             self._read_by_state_at = started
@@ -759,7 +767,9 @@ class TaskHub:
             ended = await self._store.ended(keys) if keys else []
             due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
             for name in due_names:
-                due += await self._store.due(name, started, DUE_PAGE)
+                due += await self._store.due(
+                    name, started, DUE_PAGE, None if workers is None else sorted(workers)
+                )
         handed: dict[str, _Version] = {}
         for task in [*written, *ended]:
             if _newer(task, self._seen, handed):

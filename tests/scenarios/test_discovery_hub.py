@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.discovery import RESYNC, STATE_READ_INTERVAL, Subscription
+from mscheduler.store.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 
@@ -417,6 +417,38 @@ async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody
         clock.advance(POLL_MS / 1000)
         await settle()  # the poll reads the claim: nothing for the consumers
         assert ran == []
+        clock.advance(0.6)
+        await settle()  # the lease expired: the read by state finds the task due
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("k", "w")]
+
+
+async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_elsewhere(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """The poll reads a page of each name's due tasks: tasks pinned to workers of other
+    processes, due sooner and more than a page of them, do not hide a lease that expired
+    behind them (found otherwise only by the consumer's backstop fetch a minute later)."""
+    sched = await open_scheduler(changestreams=False)
+    other = await open_scheduler(changestreams=False)
+    pinned = ms.TaskOptions(specific_worker_ids=["elsewhere"])
+    await other.publish_many(
+        ms.TaskSpec(key=f"p{n}", name="job", options=pinned) for n in range(DUE_PAGE + 5)
+    )
+    clock.advance(1)
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
+    async with sched.consumer({"job": _runs(ran, "w")}, options=options):
+        await settle()  # the first poll, and its read by state
+        clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
+        await settle()
+        await other.publish("k", None, name="job", options=short)
+        assert await other.store.claim("gone", key="k") is not None  # never pings
+        clock.advance(POLL_MS / 1000)
+        await settle()  # the poll reads the claim: nothing for the consumers
         clock.advance(0.6)
         await settle()  # the lease expired: the read by state finds the task due
         for _ in range(3):
