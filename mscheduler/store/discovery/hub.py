@@ -1,276 +1,42 @@
-"""The discovery hub: one task change stream per process (per `TaskStore`, so per `Scheduler`),
-or on a server without change streams one poll loop, shared by every consumer, waiter and
-watch of that process. Each of them subscribes (`TaskHub.subscription`; a watch, an async
-iterator, with `TaskHub.follow`) with what it wants to
-hear of: a consumer the writes that may give it work on its names, a waiter the state changes
-of its keys, a watch every write of its names. The hub hands each subscriber the tasks for it.
-
-The stream is opened on the database (``db.watch()``), filtered on the server to the tasks
-collection and the control version beside it (`controls`): one stream per process carries the
-tasks' changes to the consumers, waiters and watches, and the control changes to the process's
-`controls.ControlHub`, a subscriber like them (``controls=True``). Where the server refuses a
-stream on the whole database (a role granted ``changeStream`` on the tasks collection alone:
-Unauthorized, 13; a server with streams on collections only), the hub watches the tasks
-collection alone and the `ControlHub` keeps a stream of its own on the version: two per
-process, said once. Where the server refuses that too, the process polls (below).
-
-Stream: opened *before* a subscriber's first read, with the union of the subscribers' filters
-(`hub_pipeline`); a subscriber the open stream does not cover reopens it from the resume token
-with the wider filter, so nobody loses an event. On error it reopens from the token (after an
-``invalidate``, with ``startAfter`` it); when the server cannot resume, or keeps failing at one
-token, it opens afresh and tells every subscriber to resync (a full read). A refusal of change
-streams (`streams.refuses_streams`) switches the process to polling, logged once, and with
-``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``.
-
-Poll: one read per interval for the whole process (`TaskHub._poll_once`): the tasks of the
-subscribers' names written since the previous read began, less `CLOCK_SKEW` (writers stamp
-``updated_at`` with their own clocks); and every `STATE_READ_INTERVAL` at most, read by state
-rather than by that stamp, the consumers' tasks due for a claim and the waiters' tasks that
-ended. A write stamped long before it became visible (a slow transaction) escapes the first
-read, never the others. Each version of a task is handed out once.
-
-Invariant: no event is lost without a resync. A subscriber's buffer is bounded; a subscriber
-that falls behind has its buffer dropped and gets `RESYNC` in its place, the same signal as a
-stream that could not resume: it reads everything it needs again, so a slow one never blocks
-the others and never silently misses a change.
+"""The discovery hub: its subscriptions, and who runs its stream or its poll (see the
+package's docstring for the design and its invariants).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from typing import Any, Final, NamedTuple
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ..backoff import Backoff
-from ..clock import Clock
-from ..errors import BackendUnavailable, ConfigurationError
-from ..models import Task, TaskState
-from ..worker_options import Discovery, WorkerOptions
-from .base import KEYS_PER_READ, StoreBase
-from .streams import (
-    CONSUMER_NEEDLESS,
+from ...backoff import Backoff
+from ...clock import Clock
+from ...errors import BackendUnavailable, ConfigurationError
+from ...models import Task
+from ...worker_options import Discovery, WorkerOptions
+from ..base import StoreBase
+from ..streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
     UNAUTHORIZED,
-    WAITER_NEEDLESS,
     OneRunner,
     ResumePoint,
     close_quietly,
     open_change_stream,
     open_unless_refused,
     refuses_streams,
-    without,
 )
+from .filters import Coverage, hub_pipeline, may_wake
+from .poller import Poller
+from .subscriptions import RESYNC, Subscription
 
 log = logging.getLogger(__name__)
-
-# Handed to a subscriber in place of the events it lost: read everything you need again.
-RESYNC: Final = None
-# Events a subscriber may have waiting before it is told to resync instead.
-BUFFER_SIZE = 10_000
-# How far behind the previous poll a poll reads again: writers' clocks within this of ours,
-# and a write in flight across a poll, are seen there; the reads by state cover the rest.
-CLOCK_SKEW = dt.timedelta(seconds=1)
-# The tasks due soonest of one name that a poll reads for the consumers: a due task the time
-# window missed is found once it is among them, as consumers claim in that order anyway.
-DUE_PAGE = 20
-# Names whose due tasks one poll reads, and waited keys whose end it reads, taken in turns:
-# the cost of a poll stays bounded whatever the names and keys (the rest wait a few polls).
-DUE_NAMES_PER_POLL = 8
-ENDED_KEYS_PER_POLL = KEYS_PER_READ  # one read
-# How often the poll reads by state, at most: a write that showed up late is rare (a slow
-# transaction, a clock behind), and this bounds what catching it costs a busy process.
-STATE_READ_INTERVAL = dt.timedelta(seconds=5)
-
-_WRITES = ["insert", "update", "replace"]
-_WHOLE = ["insert", "replace"]
-
-
-class Subscription:
-    """What one consumer, waiter or watch hears of: ``wakes`` (names: writes that may give
-    work), ``states`` (keys: state changes), ``every`` (names, or all names when ``None`` is
-    among them: every write), ``controls`` (each control change, as a `RESYNC`). Read with
-    `next`; `RESYNC` means "read everything again".
-    ``options`` say how to discover (``discovery``, ``poll_interval_ms``, the backoff) when
-    this subscriber runs the hub."""
-
-    def __init__(
-        self,
-        options: WorkerOptions,
-        *,
-        wakes: Iterable[str] = (),
-        states: Iterable[str] = (),
-        every: Iterable[str | None] = (),
-        buffer_size: int = BUFFER_SIZE,
-        holds: Callable[[str], bool] = lambda key: False,
-        controls: bool = False,
-        worker_id: str | None = None,
-    ) -> None:
-        self.options = options
-        # A consumer's worker: the poll reads for it the due tasks it may claim (not those
-        # pinned to other workers). None: any worker's.
-        self.worker_id = worker_id
-        self.controls = controls  # told (as `RESYNC`) of every write of the control version
-        self.holds = holds  # a consumer's running keys: every change of them matters to it
-        self.wakes = frozenset(wakes)
-        self.states = frozenset(states)
-        self.every = frozenset(every)
-        self.buffer_size = buffer_size
-        # A waiter's tasks' names, once read: the poll's read of writes covers them too.
-        self.names: set[str] = set()
-        self.named: set[str] = set()  # keys of ``states`` read at least once
-        self.ended: set[str] = set()  # keys of ``states`` seen terminal: not read again
-        self.resyncs = 0  # times told to resync (fell behind, or the stream lost its place)
-        self._buffer: collections.deque[Task | None] = collections.deque()
-        self._ready = anyio.Event()
-        self.covered = anyio.Event()  # the hub's stream (or poll) covers this subscription
-
-    def wants(self, task: Task, woke: bool) -> bool:
-        """``woke``: the write may give a consumer work (see `may_wake`)."""
-        return (
-            (task.name in self.wakes and (woke or self.holds(task.key)))
-            or task.key in self.states
-            or task.name in self.every
-            or None in self.every
-        )
-
-    def note(self, task: Task) -> None:
-        """A waited-for task was read (by the hub or by its waiter): its name joins the poll's
-        read of writes, and once it has ended its key is not read again."""
-        if task.key in self.states:
-            self.names.add(task.name)
-            self.named.add(task.key)
-            if task.state.is_terminal:
-                self.ended.add(task.key)
-
-    @property
-    def waiting(self) -> frozenset[str]:
-        """Keys of ``states`` not yet seen terminal: what the poll reads by key."""
-        return self.states - self.ended
-
-    @property
-    def unnamed(self) -> frozenset[str]:
-        """Keys of ``states`` never read (not published yet): read by key every poll, as no
-        read of writes by name covers them."""
-        return self.states - self.named
-
-    def deliver(self, item: Task | None) -> None:
-        """Never blocks: past ``buffer_size`` the waiting events are dropped for one RESYNC."""
-        if item is not RESYNC:
-            self.note(item)
-        if item is RESYNC or len(self._buffer) >= self.buffer_size:
-            self._buffer.clear()
-            self._buffer.append(RESYNC)
-            self.resyncs += 1
-        else:
-            self._buffer.append(item)
-        self._ready.set()
-
-    @property
-    def pending(self) -> int:
-        return len(self._buffer)
-
-    async def next(self) -> Task | None:
-        while not self._buffer:
-            self._ready = anyio.Event()
-            await self._ready.wait()
-        return self._buffer.popleft()
-
-
-def may_wake(task: Task, now: dt.datetime) -> bool:
-    """Whether the write that left ``task`` may give a consumer work, where the hub cannot
-    see if it bumped ``wakes`` (`queries.derived.wakes_consumers`): a poll, or a stream
-    widened for waiters or watches, which also carries claims and pings. Decided from what
-    the write left, by the same rule: a task not running (pending, a retry, ended with
-    dependents to tell) may; a running one when a claim is open (its next claim time at or
-    before the write's ``updated_at``, or now), or when an attempt ended in this very write
-    (a worker state finished at the write's ``updated_at``, which every write stamps with one
-    time): the failure or `RetryLater` of one slot, whose retry comes later and which nobody
-    else would hear of. A claim or a ping ends no attempt and moves the next claim time later:
-    handing those to consumers would fill their heaps with running tasks due when the lease
-    expires, and a consumer whose heap never drains reads no next page of the backlog."""
-    if task.state is not TaskState.RUNNING:
-        return True
-    if task.next_claim_at is None:
-        return False
-    if task.next_claim_at <= max(now, task.updated_at):
-        return True
-    return any(state.finished_at == task.updated_at for state in task.worker_states)
-
-
-class _Coverage:
-    """What an open stream's filter lets through."""
-
-    def __init__(self, subs: Iterable[Subscription]) -> None:
-        subs = list(subs)
-        self.wakes = {name for sub in subs for name in sub.wakes}
-        self.states = {key for sub in subs for key in sub.states}
-        self.every = {name for sub in subs for name in sub.every}
-
-    def covers(self, sub: Subscription) -> bool:
-        if sub.controls:
-            # Every stream on the database carries the controls; one on the collection never
-            # does, and the controls' hub then keeps a stream of its own (`ControlHub`).
-            return True
-        if None in self.every:
-            return True
-        return (
-            sub.wakes <= self.wakes | self.every
-            and sub.states <= self.states
-            and sub.every <= self.every
-        )
-
-
-def hub_pipeline(
-    subscriptions: Iterable[Subscription], namespaces: tuple[str, str] | None = None
-) -> list[dict[str, Any]]:
-    """The stream's pipeline: the union of what the subscribers want. Each part tests the
-    event first (operation, changed fields, namespace), which MongoDB checks on the oplog
-    entry before any ``updateLookup``: a ping passes only when a watch wants every write.
-    ``namespaces`` (the tasks collection, the control version's): a stream on the database,
-    whose events of other collections the ``$match`` drops, and that carries the control
-    version's whoever subscribes: those writes are rare, and a consumer joining later then
-    reopens nothing."""
-    cover = _Coverage(subscriptions)
-    wakes, states = sorted(cover.wakes), sorted(cover.states)
-    clauses: list[dict[str, Any]] = []
-    if wakes:
-        clauses.append(_changed("wakes", {"fullDocument.name": {"$in": wakes}}))
-    if states:
-        clauses.append(_changed("state", {"fullDocument.key": {"$in": states}}))
-    if None in cover.every:
-        clauses.append({"operationType": {"$in": _WRITES}})
-    elif cover.every:
-        named = sorted(name for name in cover.every if name is not None)
-        clauses.append({"operationType": {"$in": _WRITES}, "fullDocument.name": {"$in": named}})
-    if not clauses:
-        match: dict[str, Any] = {"operationType": "none"}  # nobody listens (yet)
-    elif len(clauses) == 1:
-        match = clauses[0]
-    else:
-        match = {"$or": clauses}
-    if namespaces is not None:
-        tasks, controls = namespaces
-        match = {"$or": [{"ns.coll": tasks, **match}, {"ns.coll": controls}]}
-    # A task's result (what only a waiter or a watch reads) is sent only when one listens.
-    needless = CONSUMER_NEEDLESS if not states and not cover.every else WAITER_NEEDLESS
-    return [{"$match": match}, without(needless)]
-
-
-def _changed(field: str, where: dict[str, Any]) -> dict[str, Any]:
-    updated = {
-        "operationType": "update",
-        f"updateDescription.updatedFields.{field}": {"$exists": True},
-    }
-    return {"$or": [{"operationType": {"$in": _WHOLE}}, updated], **where}
 
 
 class TaskHub:
@@ -288,7 +54,7 @@ class TaskHub:
         self._subs: list[Subscription] = []
         self._runner = OneRunner()
         self._joined = anyio.Event()  # a subscriber joined: is it covered?
-        self._coverage = _Coverage(())
+        self._coverage = Coverage(())
         self._lost = False  # the stream's place was lost: every subscriber resyncs
         self.position = ResumePoint()
         self.polling = False
@@ -299,12 +65,7 @@ class TaskHub:
         self.reopened = 0  # stream reopened after an error or an end
         self.resyncs = 0  # fresh streams after a lost place
         self.polls = 0
-        self._since: dt.datetime | None = None
-        self._seen: dict[str, _Version] = {}  # key -> the version handed out
-        self._due_seen: dict[str, _Version] = {}  # ... to consumers, read as due
-        self._due_turn = 0
-        self._ended_turn = 0
-        self._read_by_state_at: dt.datetime | None = None
+        self._poller = Poller(store, clock)
 
     @property
     def subscribers(self) -> int:
@@ -485,9 +246,8 @@ class TaskHub:
         `_leave`), so there is nothing to resync."""
         self.position = ResumePoint()
         self._lost = False
-        self._coverage = _Coverage(())
-        self._since, self._seen, self._due_seen = None, {}, {}
-        self._read_by_state_at = None
+        self._coverage = Coverage(())
+        self._poller = Poller(self._store, self._clock)
         if self.polling_by_choice:  # the next subscriber's rule decides
             self.polling = self.polling_by_choice = False
 
@@ -498,7 +258,7 @@ class TaskHub:
         backoff = Backoff(self._clock, options.reconnect_delay, attempt=attempt)
         while True:
             self._joined = anyio.Event()
-            coverage = _Coverage(self._subs)
+            coverage = Coverage(self._subs)
             try:
                 stream, refusal = await open_unless_refused(
                     self._store,
@@ -671,7 +431,8 @@ class TaskHub:
             now = self._clock.now()
             if now >= next_poll:
                 try:
-                    await self._poll_once()
+                    self.polls += 1
+                    await self._poller.poll_once(self._subs, self._hand_out)
                 except (PyMongoError, BackendUnavailable) as exc:
                     log.warning("poll failed: %s", exc, extra={"action": "poll_retry"})
                     await backoff.wait()
@@ -711,138 +472,4 @@ class TaskHub:
     def _stop_polling(self) -> None:
         self.polling = self.polling_by_choice = False
         self._lose_place()  # opened afresh next: every subscriber reads again after it
-        self._since, self._seen, self._due_seen = None, {}, {}
-        self._read_by_state_at = None
-
-    async def _poll_once(self) -> None:
-        """A read of writes, and reads by state, each only while someone needs it:
-
-        - the tasks of every subscriber's names (a waiter's, once read) written since the
-          previous poll began (less `CLOCK_SKEW`): the fast path, every kind of write, for
-          every subscriber; and the waited keys never read yet (a task a flow will publish);
-        - at most every `STATE_READ_INTERVAL`, the end of waited keys, and the due tasks of
-          consumers' names (the first `DUE_PAGE` of a name), a few names and keys a time, in
-          turns: read by state, not by the time of a write, as a write is stamped before it
-          is sent and may become visible after the poll passed its stamp (a transaction's, any
-          write on a server that stalls), and a lease expires without a write at all. Due
-          tasks, read without their payload, go to consumers alone.
-
-        Each version of a task is handed out once to each subscriber: not again in the
-        overlap of two polls, nor while it stays due (a limit, a pause, a busy consumer); an
-        older version never after a newer one. A version the consumers were not handed (a
-        claim, read by the read of writes) goes to them once read as due (`_Version`)."""
-        started = self._clock.now()
-        since = self._since or started - CLOCK_SKEW
-        wakes: set[str] = set()
-        named: set[str] = set()
-        every_name = False
-        waiting: set[str] = set()
-        unnamed: set[str] = set()
-        for sub in self._subs:
-            wakes |= sub.wakes
-            named |= sub.names | {name for name in sub.every if name is not None}
-            every_name = every_name or None in sub.every
-            waiting |= sub.waiting
-            unnamed |= sub.unnamed
-        self.polls += 1
-        written: list[Task] = []
-        if wakes or named or every_name:
-            names = None if every_name else sorted(wakes | named)
-            written = await self._store.changed_since(since, names)
-        if unnamed:
-            written += await self._store.get_many(sorted(unnamed))
-        ended: list[Task] = []
-        due: list[Task] = []
-        due_names: list[str] = []
-        workers: set[str] | None = set()
-        for sub in self._subs:
-            if sub.wakes and workers is not None:
-                workers = None if sub.worker_id is None else workers | {sub.worker_id}
-        last = self._read_by_state_at
-        if last is None or started - last >= STATE_READ_INTERVAL:
-            self._read_by_state_at = started
-            keys, self._ended_turn = _in_turn(
-                sorted(waiting - unnamed), self._ended_turn, ENDED_KEYS_PER_POLL
-            )
-            ended = await self._store.ended(keys) if keys else []
-            due_names, self._due_turn = _in_turn(sorted(wakes), self._due_turn, DUE_NAMES_PER_POLL)
-            for name in due_names:
-                due += await self._store.due(
-                    name, started, DUE_PAGE, None if workers is None else sorted(workers)
-                )
-        handed: dict[str, _Version] = {}
-        for task in [*written, *ended]:
-            if _newer(task, self._seen, handed):
-                woke = may_wake(task, started)
-                handed[task.key] = _Version(task.id, task.version, woke, task.name)
-                self._hand_out(task, woke)
-        for task in due:
-            if _new_to_consumers(task, self._seen, handed, self._due_seen):
-                handed[task.key] = _Version(task.id, task.version, True, task.name)
-                for sub in self._subs:
-                    if task.name in sub.wakes:
-                        sub.deliver(task)
-        self._since = started - CLOCK_SKEW
-        # What the next poll may read again, and no more: the overlap's writes for everyone,
-        # each as it went out (to the consumers or not); the due tasks, for the consumers, of
-        # this poll's names and of those not read now. Every due task read here went to the
-        # consumers, now or before, unless a newer version of it was read.
-        known = {**self._seen, **handed}
-        self._seen = {}
-        for task in [*written, *ended]:
-            was = known.get(task.key)
-            if (
-                task.updated_at >= self._since
-                and was is not None
-                and not _newer(task, {task.key: was})
-            ):
-                self._seen[task.key] = was
-        read = set(due_names)
-        self._due_seen = {
-            key: seen for key, seen in self._due_seen.items() if seen.name not in read
-        }
-        self._due_seen.update((t.key, _Version(t.id, t.version, True, t.name)) for t in due)
-
-
-class _Version(NamedTuple):
-    """A version of a task the poll handed out, and whether the consumers had it: a due
-    task always goes to them, a write only when it may give them work (`may_wake`).
-
-    Invariant: each version of a task goes to each subscriber once, and a version the
-    consumers did not get counts as handed out to everyone but them: read again as due
-    (its lease expired, its retry came), it goes to the consumers then."""
-
-    id: Any
-    version: int
-    to_consumers: bool
-    name: str
-
-
-def _newer(task: Task, *handed_out: dict[str, _Version]) -> bool:
-    """Whether ``task`` is a later version than any of ``handed_out`` holds; a key deleted
-    and published again has a new ``_id``."""
-    for seen in handed_out:
-        was = seen.get(task.key)
-        if was is not None and was.id == task.id and was.version >= task.version:
-            return False
-    return True
-
-
-def _new_to_consumers(task: Task, *handed_out: dict[str, _Version]) -> bool:
-    """Whether the consumers have had neither this version of ``task`` nor a newer one
-    (a newer one handed to anyone makes this one stale)."""
-    for seen in handed_out:
-        was = seen.get(task.key)
-        if was is None or was.id != task.id:
-            continue
-        if was.version > task.version or (was.version == task.version and was.to_consumers):
-            return False
-    return True
-
-
-def _in_turn(items: list[str], turn: int, count: int) -> tuple[list[str], int]:
-    """``count`` of ``items`` from position ``turn`` on, wrapping; and the next turn."""
-    if len(items) <= count:
-        return items, 0
-    turn %= len(items)
-    return (items[turn:] + items[:turn])[:count], turn + count
+        self._poller = Poller(self._store, self._clock)
