@@ -103,8 +103,9 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
     ("finished", (("state", 1), ("finished_at", 1)), {}),
     # Without change streams, a process (its discovery hub, a watch) reads the writes since its
     # last poll each interval: seeking on the write time examines that interval's writes, not
-    # every task of the names. Pings do not stamp ``updated_at``, so an entry moves on publish,
-    # claim, finish and option changes only.
+    # every task of the names. Every write stamps ``updated_at``, pings included (their
+    # pipeline recomputes it, and a progress report rides on them): each running task's entry
+    # moves once per ping interval, and the poll reads it again then.
     ("changes", (("updated_at", 1), ("_id", 1)), {}),
 )
 

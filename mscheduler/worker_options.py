@@ -63,7 +63,8 @@ class WorkerOptions(BaseModel):
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every
     ``stream_retry_interval_ms``; ``stream`` fails loudly when it is refused; ``poll`` never
-    opens one."""
+    opens one. The process's consumers and waiters share one stream or poll: it polls by
+    choice only while every one of them asked to poll."""
     stream_retry_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     backstop_interval_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     """While the change stream is open, one page of the tasks claimable soonest (a read of up

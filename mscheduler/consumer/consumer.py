@@ -94,6 +94,7 @@ class Consumer:
             self.options,
             self._clock,
             self._on_event,
+            self._resync,
             self._fetch,
             self._executor.holds,
         )
@@ -297,6 +298,27 @@ class Consumer:
         page = min(self.options.heap_size, self.options.fetch_batch_size)
         self._heap.overflowed = len(tasks) >= page and len(self._heap) > 0
         self._claimer.wake()
+
+    async def _resync(self) -> None:
+        """Told by the hub that events for this consumer were lost (it fell behind, or the
+        stream lost its place): a page of the claimable tasks, and the tasks it runs, read by
+        key. Invariant: every change of a running task reaches its executor, lost events
+        included: a cancel, or new options that exclude this worker, is among them, and a
+        page of the claimable tasks need not reach a running one (a backlog due sooner
+        fills it)."""
+        await self._fetch()
+        keys = self._executor.running_keys
+        if not keys:
+            return
+        tasks = await retrying(
+            lambda: self._store.get_many(keys),
+            clock=self._clock,
+            delay=self.options.reconnect_delay,
+            logger=log,
+            action="fetch_retry",
+        )
+        for task in tasks:
+            self._executor.on_change(task)
 
     async def _read_claimable(self) -> list[Task]:
         tasks = await self._claimable_soonest()

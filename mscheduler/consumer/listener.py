@@ -1,9 +1,10 @@
 """A consumer's view of the process's discovery hub (`store.discovery.TaskHub`): the writes
 that may give it work on its names, into its heap, and its running tasks' changes, into its
-executor; a resync (the hub's stream could not resume, or this consumer fell behind) is a
-full fetch. The hub keeps what the consumer's own stream used to: the resume token, the
-reopening after errors, the polling fallback (one poll per interval for the whole process,
-said once), the stream taken back when the server offers it again.
+executor; a resync (the hub's stream could not resume, or this consumer fell behind) reads
+both again: a page of the claimable tasks and the running ones. The hub keeps what the
+consumer's own stream used to: the resume token, the reopening after errors, the polling
+fallback (one poll per interval for the whole process, said once), the stream taken back
+when the server offers it again.
 
 Besides the hub's events, `poll_loop` is the backstop: a page of claimable tasks every
 ``backstop_interval_ms``, as a stream can stall without an error (a primary that lost its
@@ -38,16 +39,23 @@ class ChangeListener:
         clock: Clock,
         on_change: Callable[[Task], None],
         on_resync: Callable[[], Awaitable[None]],
+        fetch: Callable[[], Awaitable[None]],
         holds: Callable[[str], bool] = lambda key: False,
     ) -> None:
+        """``on_resync``: read again everything the hub may have lost for this consumer (its
+        claimable tasks and its running ones); ``fetch``: a page of the claimable tasks,
+        the backstop's read."""
         self._hub = store.task_hub
         self._options = options
         self._clock = clock
         self._on_change = on_change
         self._on_resync = on_resync
+        self._fetch = fetch
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
         # And every change of a task we run (its options, a cancel), whatever woke.
-        self.subscription = Subscription(options, wakes=names, holds=holds)
+        self.subscription = Subscription(
+            options, wakes=names, holds=holds, worker_id=options.worker_id
+        )
         self.backstops = 0
 
     @property
@@ -85,4 +93,4 @@ class ChangeListener:
         while True:
             await sleep(self._clock, backstop_s)
             self.backstops += 1
-            await self._on_resync()  # one page, as every fetch
+            await self._fetch()  # one page, as every fetch

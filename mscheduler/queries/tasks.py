@@ -336,15 +336,23 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
     }
 
 
-def due_filter(name: str, now: dt.datetime) -> Document:
-    """Tasks of ``name`` due for a claim now, by any worker: what a poll reads by state, not
-    by the time of the last write (see `discovery.TaskHub` on why both)."""
-    return {
+def due_filter(name: str, now: dt.datetime, worker_ids: Sequence[str] | None) -> Document:
+    """Tasks of ``name`` due for a claim now, by one of ``worker_ids`` (None: by any worker):
+    what a poll reads by state, not by the time of the last write (see `discovery.TaskHub`
+    on why both). Tasks pinned to other workers are left out on the server: due for ever
+    to this process's consumers, a page of them would hide every task due after them."""
+    found: Document = {
         "name": name,
         "state": {"$in": CLAIMABLE},
         "next_claim_at": {"$lte": now},
         "deps_pending": {"$size": 0},
     }
+    if worker_ids is not None:
+        found["$or"] = [
+            {"options.specific_worker_ids": {"$size": 0}},
+            {"options.specific_worker_ids": {"$in": list(worker_ids)}},
+        ]
+    return found
 
 
 def terminal_of(keys: Sequence[str]) -> Document:

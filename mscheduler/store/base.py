@@ -199,12 +199,14 @@ class StoreBase:
         return sorted(found, key=lambda task: (task.updated_at, str(task.id)))
 
     @driver_errors
-    async def due(self, name: str, now: dt.datetime, limit: int) -> list[Task]:
-        """The ``limit`` tasks of ``name`` due soonest for a claim by any worker (payloads left
-        out): what the hub's poll hands its consumers."""
+    async def due(
+        self, name: str, now: dt.datetime, limit: int, worker_ids: Sequence[str] | None = None
+    ) -> list[Task]:
+        """The ``limit`` tasks of ``name`` due soonest for a claim by one of ``worker_ids``
+        (None: any worker; payloads left out): what the hub's poll hands its consumers."""
         await self.ready()
         cursor = self.collection.find(
-            q.due_filter(name, now), q.FETCH_PROJECTION, sort=q.FETCH_SORT, limit=limit
+            q.due_filter(name, now, worker_ids), q.FETCH_PROJECTION, sort=q.FETCH_SORT, limit=limit
         )
         return [Task.model_validate(document) async for document in cursor]
 

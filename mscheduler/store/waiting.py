@@ -7,7 +7,9 @@ state changes of its keys only, tested on the event before any look-up of a docu
 pings cost it nothing. ``discovery`` follows the consumer's rule (`WorkerOptions.discovery`)
 when this waiter is the one that runs the hub: a server that refuses a change stream is
 polled every ``poll_interval_ms`` (``auto``), or the refusal is an error (``stream``);
-``poll`` never opens one. Joining a hub that already runs, it shares what the hub does.
+``poll`` never opens one, unless another subscriber of the process wants one (the hub polls
+by choice only while every subscriber asked to). Joining a hub that already runs, it shares
+what the hub does.
 A watch shares the hub when it runs, and otherwise keeps its own stream (see `watch_tasks`).
 """
 
@@ -17,6 +19,7 @@ import contextlib
 import datetime as dt
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
 import anyio
 from pymongo.errors import OperationFailure
@@ -57,6 +60,8 @@ class _Waiter:
         options = WorkerOptions(discovery=discovery, poll_interval_ms=poll_interval_ms)
         self._subscription = Subscription(options, states=self._keys)
         self.finished: dict[str, Task] = {}
+        # The newest version of each key known here (``(_id, version)``), read or handed out.
+        self._known: dict[str, tuple[Any, int]] = {}
         self.error: BaseException | None = None
         self.done = anyio.Event()
 
@@ -65,7 +70,17 @@ class _Waiter:
         return [key for key in self._keys if key not in self.finished]
 
     def _take(self, task: Task) -> None:
-        if task.key in self._wanted and task.state.is_terminal:
+        """Invariant: a waiter never takes a version older than one it knows of the same
+        task (same ``_id``). The hub may hand out a write made before the waiter's own read
+        (a stream reopened wider from a place behind it replays what came since): a failure
+        before the retry the waiter read as pending is not the end it waits for."""
+        if task.key not in self._wanted:
+            return
+        known = self._known.get(task.key)
+        if known is not None and known[0] == task.id and known[1] > task.version:
+            return
+        self._known[task.key] = (task.id, task.version)
+        if task.state.is_terminal:
             self.finished[task.key] = task
             if len(self.finished) == len(self._wanted):
                 self.done.set()

@@ -298,75 +298,57 @@ async def test_a_process_holds_one_change_stream_and_control_changes_reach_it(
 async def test_a_pause_holds_when_the_process_turns_to_polling_under_its_controls(
     open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str
 ):
-    """The controls ride on the process's stream; a waiter that asked to poll takes the hub
-    over when the stream's runner leaves. The controls are told, and read the version
-    themselves: a pause made then still holds."""
+    """The controls ride on the process's stream; the server then refuses change streams
+    (a role that lost ``changeStream``), and the process polls. The controls are told, and
+    read the version themselves: a pause made then still holds."""
     needs_change_streams(engine)
     scheduler = await open_scheduler()
     operator = await open_scheduler()
     hub = scheduler.store.task_hub
-    await scheduler.publish("first", None, name="other")
-    await scheduler.publish("second", None, name="other")
     ran: list[str] = []
 
     async def job(task: ms.Task) -> None:
         ran.append(task.key)
 
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10)
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(lambda: scheduler.wait("first", timeout=3_600))
+    async with scheduler.consumer({"job": job}, options=options) as consumer:
         await settle()
-        task_group.start_soon(lambda: scheduler.wait("second", timeout=3_600, discovery="poll"))
-        await settle()
-        async with scheduler.consumer({"job": job}, options=options) as consumer:
+        assert hub.carries_controls
+        scheduler.collection.change_streams = False
+        scheduler.collection.changes.end_streams()  # reopened: refused
+        for _ in range(5):  # the reconnect's backoff
+            clock.advance(1)
             await settle()
-            assert hub.carries_controls
-            await operator.cancel("first")  # its waiter leaves; the polling one runs the hub
-            await settle()
+        assert hub.polling and not hub.carries_controls
+        await operator.pause("job")
+        await operator.publish("held", None, name="job")
+        for _ in range(10):
             clock.advance(0.05)
             await settle()
-            assert hub.polling and not hub.carries_controls
-            await operator.pause("job")
-            await operator.publish("held", None, name="job")
-            for _ in range(10):
-                clock.advance(0.05)
-                await settle()
-            assert consumer.paused == {"job"} and ran == []
-            task_group.cancel_scope.cancel()
+        assert consumer.paused == {"job"} and ran == []
 
 
 async def test_polling_gives_way_to_a_collection_stream_where_the_database_is_refused(
     open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str
 ):
-    """A process that polls (its first waiter asked to) tries the stream again every
-    ``stream_retry_interval_ms``: refused on the database (13), it takes one on the tasks
-    collection."""
+    """A process that polls (the server refused change streams) tries the stream again
+    every ``stream_retry_interval_ms``: refused on the database (13), it takes one on the
+    tasks collection."""
     needs_change_streams(engine)
-    scheduler = await open_scheduler()
-    refusal = OperationFailure("not authorized on the database", code=13)
-    scheduler.collection.changes.refuse_database_streams(refusal)
+    scheduler = await open_scheduler(changestreams=False)
     hub = scheduler.store.task_hub
-    await scheduler.publish("waited", None, name="other")
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10, stream_retry_interval_ms=1_000)
-    waiting = anyio.CancelScope()
-
-    async def waiter() -> None:
-        with waiting:
-            await scheduler.wait("waited", timeout=3_600, discovery="poll")
-
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(waiter)
+    async with scheduler.consumer({"job": _done_handler}, options=options):
         await settle()
         assert hub.polling
-        async with scheduler.consumer({"job": _done_handler}, options=options):
+        scheduler.collection.change_streams = True
+        refusal = OperationFailure("not authorized on the database", code=13)
+        scheduler.collection.changes.refuse_database_streams(refusal)
+        for _ in range(3):
+            clock.advance(1)
             await settle()
-            waiting.cancel()  # the consumer's listener runs the hub from now on
-            await settle()
-            for _ in range(3):
-                clock.advance(1)
-                await settle()
-            assert not hub.polling and not hub.whole_database
-            assert hub.streams_opened == 1
+        assert not hub.polling and not hub.whole_database
+        assert hub.streams_opened == 1
 
 
 async def _done_handler(task: ms.Task) -> None:

@@ -252,6 +252,33 @@ async def test_excluded_worker_stops_and_gives_the_task_back(
     assert task.unexpected_failures == 0
 
 
+async def test_a_consumer_told_to_resync_still_hears_of_its_running_tasks(
+    scheduler: ms.Scheduler, discover: Discover
+):
+    """A consumer that falls behind the process's hub is told to resync in place of the
+    events it lost: among them, the write that removed it from a running task's
+    ``specific_worker_ids``. Its resync reads its running tasks too, not only a page of
+    the claimable ones (here a backlog it has no slot for fills that page), so it still
+    stops that handler and gives the task back."""
+    await scheduler.publish("k", None, name="job")
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    async with consumers(scheduler, recorder, max_running=1, fetch_batch_size=4) as (consumer,):
+        await settle()
+        assert recorder.runs == [("k", "w0")]
+        await scheduler.publish_many(ms.TaskSpec(key=f"b{n}", name="job") for n in range(8))
+        await discover()
+        consumer._listener.subscription.buffer_size = 0  # every event lost: a resync
+        await scheduler.set_options("k", ms.TaskOptions(specific_worker_ids=["w9"]))
+        await discover()
+        assert consumer._listener.subscription.resyncs >= 1
+        assert recorder.cancelled == ["k"]
+        gate.set()  # the backlog's handlers end
+        await discover()
+    task = await scheduler.get("k")
+    assert task is not None and [ws.state for ws in task.worker_states] == [K.RELEASED]
+
+
 async def test_handler_errors_retry_locally_then_fail(scheduler: ms.Scheduler, clock):
     opts = ms.TaskOptions(max_unexpected_retries=0)
     await scheduler.publish("k", None, name="job", options=opts)

@@ -7,10 +7,12 @@ takes the stream back when the server offers it again.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pytest
 from pymongo import AsyncMongoClient
 
@@ -123,3 +125,25 @@ def test_transactions_are_decided_from_the_collection_type():
     assert not supports_transactions(memory)
     assert supports_transactions(CountingCollection(real))
     assert not supports_transactions(FaultyCollection(memory, rate=0))
+
+
+async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ms.ManualClock) -> None:
+    """A waiter that asked to poll runs the process's hub when a consumer joins it: the
+    consumer, which asked for a stream, gets one (the hub streams as soon as one of its
+    subscribers wants to), rather than polling while the waiter waits, or failing."""
+    sched = await ms.Scheduler.connect("memory://", clock=clock)
+    await sched.publish("waited", None, name="other")
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(
+            functools.partial(sched.wait, "waited", discovery="poll", poll_interval_ms=3_600_000)
+        )
+        await settle()
+        assert sched.store.task_hub.polling
+        options = _options(discovery="stream", poll_interval_ms=3_600_000)
+        async with sched.consumer({"job": _done}, options=options) as consumer:
+            await settle()
+            assert not consumer.polling
+            await sched.publish("k", None, name="job")
+            await settle()  # no poll for an hour: the stream delivered it
+            assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
+        task_group.cancel_scope.cancel()

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.discovery import RESYNC, STATE_READ_INTERVAL, Subscription
+from mscheduler.store.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 
@@ -400,9 +400,102 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
     assert shown == ["raced"]
 
 
+async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """Another process claims a task with a short lease: the poll reads that claim (which
+    gives no consumer work) and, its lease expired a moment later, reads the task as due.
+    The consumers get it then: the claim's version was handed out, but not to them."""
+    sched = await open_scheduler(changestreams=False)
+    other = await open_scheduler(changestreams=False)
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
+    async with sched.consumer({"job": _runs(ran, "w")}, options=options):
+        await settle()  # the first poll, and its read by state
+        clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
+        await settle()
+        await other.publish("k", None, name="job", options=short)
+        assert await other.store.claim("gone", key="k") is not None  # never pings
+        clock.advance(POLL_MS / 1000)
+        await settle()  # the poll reads the claim: nothing for the consumers
+        assert ran == []
+        clock.advance(0.6)
+        await settle()  # the lease expired: the read by state finds the task due
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("k", "w")]
+
+
+async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_elsewhere(
+    open_scheduler: OpenScheduler, clock: ms.ManualClock
+) -> None:
+    """The poll reads a page of each name's due tasks: tasks pinned to workers of other
+    processes, due sooner and more than a page of them, do not hide a lease that expired
+    behind them (found otherwise only by the consumer's backstop fetch a minute later)."""
+    sched = await open_scheduler(changestreams=False)
+    other = await open_scheduler(changestreams=False)
+    pinned = ms.TaskOptions(specific_worker_ids=["elsewhere"])
+    await other.publish_many(
+        ms.TaskSpec(key=f"p{n}", name="job", options=pinned) for n in range(DUE_PAGE + 5)
+    )
+    clock.advance(1)
+    ran: list[tuple[str, str]] = []
+    options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
+    short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
+    async with sched.consumer({"job": _runs(ran, "w")}, options=options):
+        await settle()  # the first poll, and its read by state
+        clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
+        await settle()
+        await other.publish("k", None, name="job", options=short)
+        assert await other.store.claim("gone", key="k") is not None  # never pings
+        clock.advance(POLL_MS / 1000)
+        await settle()  # the poll reads the claim: nothing for the consumers
+        clock.advance(0.6)
+        await settle()  # the lease expired: the read by state finds the task due
+        for _ in range(3):
+            clock.advance(POLL_MS / 1000)
+            await settle()
+        assert ran == [("k", "w")]
+
+
 async def _read_by_state(clock: ms.ManualClock) -> None:
     """Time for the poll's next read by state (and a poll after it)."""
     clock.advance(STATE_READ_INTERVAL.total_seconds())
     await settle()
     clock.advance(POLL_MS / 1000)
     await settle()
+
+
+async def test_a_waiter_hides_no_slot_freed_for_a_later_retry(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+) -> None:
+    """One slot of a task run by two workers at once fails: the task stays running, its
+    free slot claimable once the retry delay passes, and the failure's write wakes the
+    consumers. A waiter beside them widens the process's stream (or poll) to every state
+    change of the task; the consumer still hears of that write, and claims the slot when
+    its retry is due, not at its backstop fetch a minute later."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, unexpected_retry_delay_ms=300)
+    await scheduler.publish("k", None, name="job", options=options)
+    held = await scheduler.store.claim("other", key="k")  # the other slot, for the test's span
+    assert held is not None
+    runs: list[str] = []
+
+    async def fails_once(task: ms.Task) -> None:
+        runs.append(task.key)
+        if len(runs) == 1:
+            raise RuntimeError("this slot fails")
+
+    worker = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(functools.partial(scheduler.wait, "k", poll_interval_ms=POLL_MS))
+        await discover()
+        async with scheduler.consumer({"job": fails_once}, options=worker):
+            await discover()
+            assert runs == ["k"]
+            clock.advance(0.3)
+            for _ in range(3):
+                await discover()
+            assert runs == ["k", "k"]
+        task_group.cancel_scope.cancel()

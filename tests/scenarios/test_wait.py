@@ -9,11 +9,15 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, needs_change_streams, settle
+from tests.engines import POLL_MS, needs_change_streams, settle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
 Discover = Callable[[], Awaitable[None]]
+
+
+async def _done_handler(task: ms.Task) -> None:
+    return None
 
 
 async def _finish_later(sched: ms.Scheduler, key: str, outcome: str, discover: Discover) -> None:
@@ -175,3 +179,57 @@ async def test_watch_polls_a_server_without_change_streams(caplog: pytest.LogCap
     assert seen == [("a", "pending"), ("a", "cancelled"), ("b", "pending")]
     said = [r for r in caplog.records if "polling every" in r.getMessage()]
     assert len(said) == 1
+
+
+async def test_wait_after_a_retry_waits_for_the_new_run(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """A consumer came and went (the process's stream was open, then nobody listened); the
+    task failed, and was retried: `wait` returns the retried run's end, never the failure
+    before it (the version it read first is pending)."""
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0))
+    async with scheduler.consumer({"other": _done_handler}, options=worker("w0")):
+        await discover()
+    lease = await scheduler.store.claim("w1", key="k")
+    assert lease is not None
+    await scheduler.store.fail(lease, RuntimeError("broken"))
+    await scheduler.retry("k")
+    found: list[ms.Task] = []
+
+    async def waiter() -> None:
+        found.append(await scheduler.wait("k", poll_interval_ms=POLL_MS))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await discover()
+        assert found == [], f"returned {found[0].state} while the retried task is pending"
+        await _finish_later(scheduler, "k", "success", discover)
+    assert [task.state for task in found] == [S.SUCCESS]
+
+
+async def test_wait_never_returns_a_version_older_than_it_read(
+    scheduler: ms.Scheduler, discover: Discover
+) -> None:
+    """The hub hands a waiter a task's failure after the waiter read the task retried (a
+    stream reopened wider from a place behind both writes replays them): the waiter keeps
+    the newer, pending version, and waits on."""
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0))
+    lease = await scheduler.store.claim("w1", key="k")
+    assert lease is not None
+    await scheduler.store.fail(lease, RuntimeError("broken"))
+    failed = await scheduler.get("k")
+    assert failed is not None and failed.state is S.FAIL
+    await scheduler.retry("k")
+    found: list[ms.Task] = []
+
+    async def waiter() -> None:
+        found.append(await scheduler.wait("k", poll_interval_ms=POLL_MS))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await discover()
+        scheduler.store.task_hub._hand_out(failed, True)  # late, as a replay
+        await discover()
+        assert found == [], f"returned {found[0].state} while the retried task is pending"
+        await _finish_later(scheduler, "k", "success", discover)
+    assert [task.state for task in found] == [S.SUCCESS]

@@ -37,7 +37,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     "cancel": (q.cancel_filter("k"), None),
     "get many, lost leases": (q.by_keys(["a", "b"]), None),
     "consumer fetch": (q.fetch_filter(["a", "b"], "w1"), q.FETCH_SORT),
-    "poll, due tasks of a name": (q.due_filter("a", NOW), q.FETCH_SORT),
+    "poll, due tasks of a name": (q.due_filter("a", NOW, ["w1"]), q.FETCH_SORT),
     "poll, waited keys that ended": (q.terminal_of(["a", "b"]), None),
     "set options": (q.options_filter("k"), None),
     "dependents waiting": (fq.dependents_waiting_on("k"), None),

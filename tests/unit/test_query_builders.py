@@ -54,6 +54,7 @@ SAMPLES: dict[str, Any] = {
     "state": "pending",
     "states": ["success", "fail"],
     "worker_id": "w1",
+    "worker_ids": ["w1", "w2"],
     "run_id": "run-of-w1",
     "now": NOW,
     "finished_before": NOW,
