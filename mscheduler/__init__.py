@@ -14,8 +14,9 @@ from .__about__ import __version__
 if TYPE_CHECKING:
     from .api import Scheduler
     from .clock import Clock, ManualClock, SystemClock
+    from .consumer.batching import Batch, batch
     from .consumer.consumer import Consumer
-    from .consumer.handlers import Handlers
+    from .consumer.handlers import Handlers, Isolated, isolated
     from .consumer.stats import ConsumerStats
     from .context import current_lease
     from .errors import (
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
         BackendUnavailable,
         ConfigurationError,
         DependencyError,
+        HandlerProcessDied,
         HandlerSignal,
         LeaseLost,
         MSchedulerError,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
         TaskNotFound,
         TaskRunning,
         TaskTimeout,
+        WorkerNotLive,
     )
     from .models import (
         ErrorInfo,
@@ -59,8 +62,10 @@ _HOMES = {
     "Clock": "clock",
     "ManualClock": "clock",
     "SystemClock": "clock",
+    "Batch": "consumer.batching",
+    "batch": "consumer.batching",
     "Consumer": "consumer.consumer",
-    "Handlers": "consumer.handlers",
+    **dict.fromkeys(("Handlers", "Isolated", "isolated"), "consumer.handlers"),
     "ConsumerStats": "consumer.stats",
     "current_lease": "context",
     **dict.fromkeys(
@@ -69,6 +74,7 @@ _HOMES = {
             "BackendUnavailable",
             "ConfigurationError",
             "DependencyError",
+            "HandlerProcessDied",
             "HandlerSignal",
             "LeaseLost",
             "MSchedulerError",
@@ -79,6 +85,7 @@ _HOMES = {
             "TaskNotFound",
             "TaskRunning",
             "TaskTimeout",
+            "WorkerNotLive",
         ),
         "errors",
     ),
@@ -126,6 +133,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 __all__ = [
     "Abort",
     "BackendUnavailable",
+    "Batch",
     "Clock",
     "ConfigurationError",
     "Consumer",
@@ -133,8 +141,10 @@ __all__ = [
     "DependencyError",
     "ErrorInfo",
     "Flow",
+    "HandlerProcessDied",
     "HandlerSignal",
     "Handlers",
+    "Isolated",
     "Lease",
     "LeaseLost",
     "Limit",
@@ -159,12 +169,15 @@ __all__ = [
     "TaskState",
     "TaskTimeout",
     "WorkerInfo",
+    "WorkerNotLive",
     "WorkerOptions",
     "WorkerState",
     "WorkerStateKind",
     "__version__",
+    "batch",
     "chain",
     "chord",
     "current_lease",
     "group",
+    "isolated",
 ]

@@ -21,8 +21,9 @@ from .consumer.consumer import Consumer
 from .consumer.group import numbered
 from .consumer.group import running as group_running
 from .consumer.handlers import Handler
-from .errors import ConfigurationError
-from .models import Lease, PublishResult, StatsRow, Task, TaskOptions
+from .consumer.owner import Owner
+from .errors import ConfigurationError, WorkerNotLive
+from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import PublishSpec, Step, publish_spec
 from .store.components import Store
@@ -43,6 +44,7 @@ class Scheduler:
         check_collection(collection)
         self.clock: Clock = clock or SystemClock()
         self.store = Store(collection, self.clock)
+        self._owner = Owner(self.store)
         self._connection: Connection | None = None
 
     @classmethod
@@ -206,6 +208,52 @@ class Scheduler:
     async def get(self, key: str) -> Task | None:
         return await self.store.operations.get(key)
 
+    async def own(
+        self,
+        names: Sequence[str],
+        *,
+        worker_id: str,
+        max_tasks: int = 1,
+        lease: dt.timedelta | float | None = None,
+        wait: dt.timedelta | float | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``max_tasks`` tasks of ``names`` for ``worker_id``, best first (priority,
+        then age), under every rule a consumer's claim follows (``not_before``, dependencies,
+        ``specific_worker_ids``, ``concurrent_worker_cnt``, retries, paused names, ``rate``
+        and ``max_running`` limits), in one batched claim. Each lease lasts ``lease`` (a
+        timedelta or seconds; the task's ``worker_timeout_ms`` by default) unless extended,
+        and holds its name's limit slot until it ends or expires. End each with `succeed`,
+        `fail` or `release`. ``wait``: when none is claimable, wait up to that long for one
+        (woken by the process's discovery hub); ``[]`` after it."""
+        return await self._owner.own(
+            names, worker_id=worker_id, max_tasks=max_tasks, lease=lease, wait=wait
+        )
+
+    async def extend(self, lease: Lease, length: dt.timedelta | float | None = None) -> Lease:
+        """The lease extended to ``length`` from now (the task's ``worker_timeout_ms`` by
+        default), with its limit slot; `LeaseLost` when it expired, was taken over, or the
+        task ended. Use the lease returned from then on."""
+        return await self._owner.extend(lease, length)
+
+    async def succeed(self, lease: Lease, result: Any = None) -> Task:
+        """The attempt succeeded, with ``result`` stored (fenced by the run_id: `LeaseLost`)."""
+        return await self._owner.succeed(lease, result)
+
+    async def fail(self, lease: Lease, error: BaseException | ErrorInfo | str) -> Task:
+        """The attempt failed: the task is retried by its rules (``max_unexpected_retries``,
+        after ``unexpected_retry_delay_ms``), else fails. Fenced: `LeaseLost`."""
+        return await self._owner.fail(lease, error)
+
+    async def release(self, lease: Lease) -> Task:
+        """Hand the task back unrun: claimable at once, and no attempt counted. Fenced:
+        `LeaseLost`."""
+        return await self._owner.release(lease)
+
+    async def find_lease(self, key: str, *, worker_id: str, run_id: str) -> Lease:
+        """The live lease ``worker_id`` holds on ``key`` under ``run_id`` (one read), for a
+        worker that kept only those three; `LeaseLost` when it is gone."""
+        return await self._owner.find(key, worker_id=worker_id, run_id=run_id)
+
     def consumer(
         self, handlers: Mapping[str, Handler], *, options: WorkerOptions | None = None
     ) -> Consumer:
@@ -332,11 +380,15 @@ class Scheduler:
     async def pause(self, name: str, reason: str = "") -> bool:
         """Consumers stop claiming tasks of ``name`` (within a moment on a change stream, one
         poll interval otherwise); running ones finish. False if it was paused already."""
-        return await self.store.pauses.pause(name, reason)
+        changed = await self.store.pauses.pause(name, reason)
+        self._owner.controls.forget()
+        return changed
 
     async def resume(self, name: str) -> bool:
         """Claiming ``name`` again; False if it was not paused."""
-        return await self.store.pauses.resume(name)
+        changed = await self.store.pauses.resume(name)
+        self._owner.controls.forget()
+        return changed
 
     async def paused(self) -> dict[str, dt.datetime]:
         """The paused names, with when each was paused."""
@@ -354,12 +406,16 @@ class Scheduler:
         ``per`` (a sliding window), and at most ``max_running`` running at once. Enforced at
         claim time by a token taken atomically before each claim of the name; a consumer at
         the limit sleeps until the window frees. Setting it again replaces the limits."""
-        return await self.store.limits.set(
+        limit = await self.store.limits.set(
             limit_spec(name, rate=rate, per=per, max_running=max_running)
         )
+        self._owner.controls.forget()
+        return limit
 
     async def remove_limit(self, name: str) -> bool:
-        return await self.store.limits.remove(name)
+        changed = await self.store.limits.remove(name)
+        self._owner.controls.forget()
+        return changed
 
     async def limits(self) -> dict[str, Limit]:
         return await self.store.limits.of()
@@ -373,6 +429,27 @@ class Scheduler:
         """The consumers registered (serving any of ``names``), live ones first; one that
         died without stopping is listed with ``alive=False`` until a day later."""
         return await self.store.workers.all(names)
+
+    async def stop_worker(self, worker_id: str, *, drain: bool = True) -> WorkerInfo:
+        """Ask the live worker ``worker_id`` to stop, wherever it runs: it claims nothing more
+        (within a moment on a change stream, one poll interval otherwise), then with ``drain``
+        lets its running tasks finish within its ``shutdown_grace_ms``, without it releases
+        them for other workers at once; then its run ends (`Consumer.wait_stopped` returns,
+        ``mscheduler worker`` exits 0). Carried like a pause, so a lost signal arrives within
+        ``schedule_refresh_ms``; calling again is safe (``drain=False`` hurries a draining
+        stop). The stop is for the worker as it runs now: one that restarts later under the
+        same id is not stopped. Returns the entry of the worker told to stop; raises
+        `WorkerNotLive`, changing nothing, when no live worker has the id (and
+        `ConfigurationError` for a worker of a release that reads no stop)."""
+        worker = await self.store.workers.get(worker_id)
+        if worker is None or not worker.alive:
+            raise WorkerNotLive(f"no live worker has the id {worker_id!r}")
+        if not worker.instance:  # its entry names no run: it reads no stop (an older release)
+            raise ConfigurationError(
+                f"worker {worker_id!r} runs a release of mscheduler without remote stop"
+            )
+        await self.store.stops.request(worker, drain)
+        return worker
 
     def watch(self, *, names: Sequence[str] | None = None) -> AsyncIterator[Task]:
         """Every change to a task (of ``names``) as it happens: through the process's

@@ -7,7 +7,7 @@ from typing import Final
 DEFAULT_DATABASE: Final = "mscheduler"
 DEFAULT_COLLECTION: Final = "tasks"
 # The collections beside the tasks (``tasks.schedules``...): each store module names its own.
-BESIDE_SUFFIXES: Final = (".schedules", ".paused", ".limits", ".workers")
+BESIDE_SUFFIXES: Final = (".schedules", ".paused", ".limits", ".workers", ".stops")
 
 # Task option defaults, as in the original mscheduler.
 DEFAULT_PRIORITY: Final = 0
@@ -25,6 +25,8 @@ MAX_SPECIFIC_WORKERS: Final = 1_000
 MAX_CONCURRENT_WORKER_CNT: Final = 1_000
 MAX_UNEXPECTED_RETRIES: Final = 1_000
 MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, never multiplied
+MIN_PRIORITY: Final = -(2**31)  # an int32 in BSON
+MAX_PRIORITY: Final = 2**31 - 1
 
 # Size budget of one task document. MongoDB refuses documents over 16 MiB; a task grows after
 # publish (worker states, results, errors), so publish keeps room for all it can grow by

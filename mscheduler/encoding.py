@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import bson
+from bson import json_util
 from bson.errors import InvalidDocument
 from pydantic import BaseModel
 
 from . import constants as c
 from .errors import PayloadError
-from .models import TaskOptions
+from .models import Task, TaskOptions
 
 # Levels of the task document above a value (the document itself is level 1): ``payload`` is
 # a field of the task; a worker's result is worker_states -> one state -> result.
@@ -183,3 +185,25 @@ def check_result(result: Any, options: TaskOptions) -> Any:
             )
         )
     return result
+
+
+def extended(value: Any) -> Any:
+    """``value`` as JSON-ready data: plain JSON as is, any other BSON value as relaxed
+    extended JSON (``{"$binary": ...}``, ``{"$oid": ...}``, ``{"$date": ...}``)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return json.loads(json_util.dumps(value, json_options=json_util.RELAXED_JSON_OPTIONS))
+
+
+def task_json(task: Task) -> dict[str, Any]:
+    """The task as `Task.model_dump` gives it in JSON mode (times as ISO 8601 strings), with
+    its payload and results, which may hold any BSON value, as extended JSON: what the CLI's
+    ``--json`` and the HTTP API return."""
+    data = task.model_dump(mode="json", exclude={"payload", "result", "worker_states"})
+    data["payload"] = extended(task.payload)
+    data["result"] = extended(task.result)
+    data["worker_states"] = [
+        {**ws.model_dump(mode="json", exclude={"result"}), "result": extended(ws.result)}
+        for ws in task.worker_states
+    ]
+    return {name: data[name] for name in type(task).model_fields if name in data}

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -62,6 +63,10 @@ class TaskNotFound(MSchedulerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class WorkerNotLive(MSchedulerError):
+    """No live worker has this id (none registered, or it missed its heartbeats: stale)."""
+
+
 class TaskRunning(MSchedulerError):
     """The task is running, so it cannot be replaced or have its payload changed."""
 
@@ -99,6 +104,14 @@ class TaskTimeout(MSchedulerError):
     `HandlerSignal`; list it in ``retry_on`` for timed-out attempts to be retried."""
 
 
+class HandlerProcessDied(MSchedulerError):
+    """Recorded as the error of an attempt whose isolated handler's process (`isolated`) died
+    before it answered: it exited (``os._exit``, a crash of the interpreter) or was killed by
+    a signal (a segfault, the out-of-memory killer). The message names the exit code or the
+    signal. The attempt counts as an unexpected failure, retried by the task's rules; the
+    worker and its other tasks go on."""
+
+
 class HandlerSignal(Exception):
     """Raised by a handler to decide its task's outcome, caught by the consumer running it.
 
@@ -134,19 +147,69 @@ class RetryLater(HandlerSignal):
         self.delay = delay
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[RetryLater], tuple[float, str]]:
+        """Pickled with its own arguments: an isolated handler's signal crosses from its
+        process by pickling, and ``args`` holds the reason alone."""
+        return (type(self), (self.delay, self.reason))
+
 
 def field_errors(exc: ValidationError, whole: str = "value") -> str:
     """Pydantic's errors on one line, each naming its field (``whole`` when it is about the
-    model itself): ``per_ms: Input should be ...; timezone: ...``."""
+    model itself) and phrased in our words: ``priority: must be an integer; ...``. The
+    wording is ours so that it stays the same whichever pydantic is installed; a kind of error
+    we have no words for keeps pydantic's."""
     return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or whole}: {_said(error['msg'])}"
+        f"{'.'.join(str(part) for part in error['loc']) or whole}: {phrase(error)}"
         for error in exc.errors()
     )
 
 
-def _said(message: str) -> str:
-    """Pydantic prefixes a validator's own message with its kind; the message is the point."""
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            return message[len(prefix) :]
-    return message
+# What each kind of pydantic error means, in our words (``{name}`` from the error's context).
+_PHRASES = {
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "multiple_of": "must be a multiple of {multiple_of}",
+    "finite_number": "must be a finite number",
+    "string_too_short": "must have at least {min_length} characters",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+    "string_type": "must be a string",
+    "string_pattern_mismatch": "must match {pattern}",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "missing": "is required",
+    "extra_forbidden": "is not an option here",
+    "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}",
+    "datetime_type": "must be a date and time",
+    "datetime_parsing": "must be a date and time (ISO 8601)",
+    "datetime_from_date_parsing": "must be a date and time (ISO 8601)",
+    "timezone_aware": "must have a timezone",
+    "timedelta_type": "must be a duration",
+    "timedelta_parsing": "must be a duration",
+}
+
+
+def phrase(error: Any) -> str:
+    """One of pydantic's ``errors()``, without its field: a validator's own message as it
+    raised it, a built-in check's in our words."""
+    context = error.get("ctx") or {}
+    if error["type"] in ("value_error", "assertion_error") and "error" in context:
+        return str(context["error"])
+    phrase = _PHRASES.get(error["type"])
+    if phrase is not None:
+        try:
+            return phrase.format(**context)
+        except (KeyError, IndexError):  # a context without the value we name: say less
+            return phrase.split(" {", 1)[0]
+    return str(error["msg"])

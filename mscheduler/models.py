@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Generator
 from typing import Annotated, Any, Literal
 
 from bson import ObjectId
@@ -134,7 +134,7 @@ class TaskOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    priority: int = Field(default=c.DEFAULT_PRIORITY, ge=-(2**31), le=2**31 - 1)
+    priority: int = Field(default=c.DEFAULT_PRIORITY, ge=c.MIN_PRIORITY, le=c.MAX_PRIORITY)
     concurrent_worker_cnt: int = Field(
         default=c.DEFAULT_CONCURRENT_WORKER_CNT, ge=1, le=c.MAX_CONCURRENT_WORKER_CNT
     )
@@ -390,6 +390,18 @@ class PublishResult(BaseModel):
     payload_updated: bool = False
 
 
+class _Reported:
+    """What `Lease.progress` returns: the report is made, so awaiting this returns at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_REPORTED = _Reported()
+
+
 class Lease(BaseModel):
     """A worker's fenced hold on a task: every write for it matches ``key + worker_id + run_id``."""
 
@@ -402,21 +414,31 @@ class Lease(BaseModel):
     _progress: Progress | None = PrivateAttr(default=None)
     # The executor's: brings the lease's ping forward (`Executor.progress_reported`).
     _on_progress: Callable[[], None] | None = PrivateAttr(default=None)
+    # The pull API's (`consumer.owner`): the name whose limit slot this lease holds, "" for
+    # none; None where this process does not know (then it reads the name's limit).
+    _slot: str | None = PrivateAttr(default=None)
 
-    async def progress(self, fraction: float, message: str = "") -> None:
+    def progress(self, fraction: float, message: str = "") -> Awaitable[None]:
         """Report how far the handler is, from 0 to 1, with a short message: written within a
         second by the lease's ping, brought forward (at most one write a second per task, and
         one for all the tasks of a worker with progress to write), shown by ``get``, ``show``
         and ``watch``, and cleared when the attempt ends. A bad value raises at once, naming
-        the field."""
+        the field.
+
+        The call itself reports, from an async handler (``await lease.progress(...)``) or a
+        sync one's thread (``lease.progress(...)``, no ``await``): it returns an awaitable
+        already done, not a coroutine, so nothing is lost or warned about when it is dropped."""
         try:
             self._progress = Progress(fraction=fraction, message=message)
         except ValidationError as exc:
             raise ConfigurationError(f"progress: {field_errors(exc)}") from None
         if self._on_progress is not None:
             self._on_progress()
+        return _REPORTED
 
     def on_progress(self, callback: Callable[[], None]) -> None:
+        """``callback`` runs on each report, in the thread that reports (a sync handler's
+        worker thread too): the executor's hands the report to its event loop."""
         self._on_progress = callback
 
     @property

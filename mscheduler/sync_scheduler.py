@@ -28,7 +28,7 @@ from .backends.sync import AwaitableCollection, open_sync_collection, open_task_
 from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
 from .clock import Clock
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
-from .models import PublishResult, Task, TaskOptions
+from .models import ErrorInfo, Lease, PublishResult, Task, TaskOptions
 from .specs import Step, publish_spec
 from .store.streams import task_changes
 from .worker_options import Discovery
@@ -61,7 +61,9 @@ class SyncScheduler:
     process's embedded database of that name, shared with the async schedulers of the same
     URI (that backend is not thread-safe: use it from one thread at a time). Use it as a
     context manager, or call `close`. ``SyncScheduler(collection)`` wraps a pymongo
-    ``Collection`` you already have (its client stays yours to close).
+    ``Collection`` you already have (its client stays yours to close). Over pymongo, one
+    `SyncScheduler` serves every thread at once: each call runs in an event loop of its
+    own thread, and what these calls reach in the store is bound to no one loop.
     """
 
     def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
@@ -185,6 +187,45 @@ class SyncScheduler:
     def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished: `Scheduler.cancel`."""
         return _blocking(self._scheduler.cancel, key, reason)
+
+    def own(
+        self,
+        names: Sequence[str],
+        *,
+        worker_id: str,
+        max_tasks: int = 1,
+        lease: dt.timedelta | float | None = None,
+        wait: dt.timedelta | float | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``max_tasks`` tasks of ``names``: `Scheduler.own`, blocking."""
+        return _blocking(
+            self._scheduler.own,
+            names,
+            worker_id=worker_id,
+            max_tasks=max_tasks,
+            lease=lease,
+            wait=wait,
+        )
+
+    def extend(self, lease: Lease, length: dt.timedelta | float | None = None) -> Lease:
+        """`Scheduler.extend`, blocking."""
+        return _blocking(self._scheduler.extend, lease, length)
+
+    def succeed(self, lease: Lease, result: Any = None) -> Task:
+        """`Scheduler.succeed`, blocking."""
+        return _blocking(self._scheduler.succeed, lease, result)
+
+    def fail(self, lease: Lease, error: BaseException | ErrorInfo | str) -> Task:
+        """`Scheduler.fail`, blocking."""
+        return _blocking(self._scheduler.fail, lease, error)
+
+    def release(self, lease: Lease) -> Task:
+        """`Scheduler.release`, blocking."""
+        return _blocking(self._scheduler.release, lease)
+
+    def find_lease(self, key: str, *, worker_id: str, run_id: str) -> Lease:
+        """`Scheduler.find_lease`, blocking."""
+        return _blocking(self._scheduler.find_lease, key, worker_id=worker_id, run_id=run_id)
 
     def wait(
         self,

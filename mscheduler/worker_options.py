@@ -48,8 +48,9 @@ class WorkerOptions(BaseModel):
     """Re-fetch interval when the server has no change streams (standalone mongod)."""
     schedule_refresh_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     """How often a consumer looks for new schedules of its names (it wakes for the next
-    occurrence of those it knows on its own), and ends its names' expired tasks: the three
-    reads a minute an idle consumer makes (limits and paused names are watched instead)."""
+    occurrence of those it knows on its own), ends its names' expired tasks, and reads their
+    paused names and limits again (it is told of their changes at once; this bounds how late
+    a change whose signal was lost on the network holds): the reads an idle consumer makes."""
     heartbeat_ms: int = Field(default=30_000, ge=10, le=_DAY_MS)
     """How often a consumer rewrites its entry in the live workers (`Scheduler.workers`):
     one small write each time; it is shown stale after three missed heartbeats."""

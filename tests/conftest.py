@@ -6,7 +6,10 @@ in the report saying how to enable it; ``--engine NAME`` (repeatable) runs only 
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -45,10 +48,11 @@ WIRE_MISSING = (
     "no wire engine: run `bash .ci/wire-venv` (needs Python >= 3.13) or set MSCHEDULER_WIRE_PYTHON"
 )
 MONGODB_MISSING = (
-    f"{URI_VARIABLE} is not set: start a replica set (`bash .ci/mongodb replica-set 8.0`) "
-    "and export the URI it prints"
+    f"the real-MongoDB tier: {URI_VARIABLE} is not set; to run it, start a replica set "
+    "(`bash .ci/mongodb replica-set 8.0`, with Docker) and export the URI it prints"
 )
 DESELECTED: dict[str, int] = {}  # why -> how many, for the terminal summary
+WIRE_SETUP_FAILED: list[str] = []  # what .ci/wire-venv said when it could not set the tier up
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,12 +78,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("engine", engines_for(metafunc.definition.path), indirect=True)
 
 
+@functools.cache
 def _wire_available() -> bool:
+    """The wire tier's engine is found, or set up now from the project's own script (the
+    first run on a machine; it needs a Python >= 3.13 and the package index)."""
     python = wire_python()
     if python is not None and Path(python).exists():
         return True
-    # Under CI the wire tier must run: its variants stay, and `wire_server` fails them.
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        # Under CI the wire tier must run: its variants stay, and `wire_server` fails them.
+        return True
+    if os.environ.get("MSCHEDULER_WIRE_PYTHON"):
+        return False  # a path was given and is not there: not ours to replace
+    sys.stderr.write("setting up the wire tier's engine in .venv-wire (bash .ci/wire-venv)...\n")
+    made = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "wire-venv")], capture_output=True, text=True, check=False
+    )
+    if made.returncode != 0:
+        WIRE_SETUP_FAILED.append((made.stderr.strip().splitlines() or ["failed"])[-1])
+        return False
+    python = wire_python()
+    return python is not None and Path(python).exists()
 
 
 def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
@@ -91,7 +110,8 @@ def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
     if chosen and engine not in chosen:
         return f"--engine {' '.join(chosen)}: not on " + (engine or "any engine")
     if engine == "wire" and not _wire_available():
-        return f"wire: {WIRE_MISSING}"
+        said = f" ({WIRE_SETUP_FAILED[0]})" if WIRE_SETUP_FAILED else ""
+        return f"wire: {WIRE_MISSING}{said}"
     if engine == "mongodb":
         if mongodb_uri() is None:
             return f"mongodb: {MONGODB_MISSING}"
@@ -265,10 +285,11 @@ async def scheduler(open_scheduler: OpenScheduler) -> ms.Scheduler:
     return await open_scheduler()
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for why, count in DESELECTED.items():
-        terminalreporter.write_line(f"deselected {count}: {why}")
-
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """Our lines come after pytest's short summary, just above its closing line, so that a
+    reader of the end sees what did not run and the command that runs it."""
+    yield
     from tests.scenarios.test_chaos import TOTALS
     from tests.scenarios.test_claim_protocol_model import RUNS
 
@@ -277,10 +298,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"chaos on {engine}: {totals['runs']} runs, {totals['tasks']} tasks, "
             f"{totals['executions']} handler executions, {totals['violations']} violations"
         )
-
     for engine, counts in RUNS.items():
         if counts["machines"]:
             terminalreporter.write_line(
                 f"claim protocol model on {engine}: {counts['machines']} state-machine runs, "
                 f"{counts['steps']} store calls"
             )
+    for why, count in DESELECTED.items():
+        terminalreporter.write_line(f"not run: {count} tests, {why}")

@@ -127,3 +127,56 @@ class LosesClaimAndLookUp(CountingCollection):
             self.lost += 1
             raise AutoReconnect("connection reset during the look-up")
         return await self.wrapped.find_one(query, *args, **kwargs)
+
+
+class LosesWrites:
+    """A collection whose next ``count`` calls to ``update_one`` fail on the network before
+    they reach the database."""
+
+    def __init__(self, collection: Any, count: int = 1) -> None:
+        self.wrapped = collection
+        self.count = count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def update_one(self, *args: Any, **kwargs: Any) -> Any:
+        if self.count:
+            self.count -= 1
+            raise AutoReconnect("connection reset before the write")
+        return await self.wrapped.update_one(*args, **kwargs)
+
+
+class _Database:
+    """A database whose collections named in ``replaced`` are the ones given there."""
+
+    def __init__(self, database: Any, replaced: dict[str, Any]) -> None:
+        self.wrapped = database
+        self.replaced = replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name in self.replaced:
+            return self.replaced[name]
+        return self.wrapped.get_collection(name, *args, **kwargs)
+
+
+class LosesBesideWrites:
+    """A tasks collection whose collection beside it named with ``suffix`` (``.controls``: the
+    version a control write bumps) loses its next ``count`` updates on the network: a control
+    change written, its signal lost."""
+
+    def __init__(self, collection: Any, suffix: str, count: int = 1) -> None:
+        self.wrapped = collection
+        self.beside = LosesWrites(
+            collection.database.get_collection(collection.name + suffix), count
+        )
+        self.database = _Database(collection.database, {collection.name + suffix: self.beside})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.wrapped.find_one_and_update(*args, **kwargs)

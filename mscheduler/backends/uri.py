@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import re
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pymongo.common
 from pymongo import AsyncMongoClient
 from pymongo.collection import Collection as SyncCollection
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
@@ -98,6 +100,7 @@ def new_client(
 ) -> ClientT:
     """A client of ``client_class`` (async or sync) for ``uri``: timezone-aware dates, named in
     the server's logs, and a URI option pymongo does not know refused, not ignored."""
+    check_uri_options(uri)
     options: dict[str, Any] = {"tz_aware": True, "appname": "mscheduler"}
     if "serverselectiontimeoutms" not in uri.lower():
         options["serverSelectionTimeoutMS"] = server_selection_timeout_ms
@@ -109,6 +112,30 @@ def new_client(
             return client_class(uri, **options)
     except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError, UserWarning) as exc:
         raise ConfigurationError(f"uri: {redact(uri)!r} is not a valid MongoDB URI: {exc}") from exc
+
+
+def check_uri_options(uri: str) -> None:
+    """Each ``?option=value`` of a MongoDB URI is one the driver knows, with a value it takes;
+    the first that is not is named in our words (the driver's reason for a value in
+    parentheses), so the message stays the same whichever pymongo is installed. Checks the
+    driver makes on the whole URI (conflicting options) still apply when the client is made."""
+    known = getattr(pymongo.common, "URI_OPTIONS_VALIDATOR_MAP", None)
+    validate = getattr(pymongo.common, "validate", None)
+    if not isinstance(known, dict) or validate is None:  # the driver moved them: it checks alone
+        return
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name.lower() not in known:
+            close = difflib.get_close_matches(name.lower(), list(known), n=1)
+            hint = f"; did you mean {close[0]!r}? (names ignore case)" if close else ""
+            raise ConfigurationError(f"uri: {name!r} is not a MongoDB URI option{hint}")
+        try:
+            validate(name, value)
+        except (PyMongoConfigurationError, ValueError, TypeError) as exc:
+            shown = "***" if "password" in name.lower() else repr(value)
+            raise ConfigurationError(
+                f"uri: option {name}={shown} is not valid ({exc}); correct or remove it"
+            ) from exc
 
 
 def ping_failure(uri: str, exc: PyMongoError) -> MSchedulerError:

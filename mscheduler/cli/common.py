@@ -7,9 +7,10 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Literal, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 if TYPE_CHECKING:  # the library is imported when a command runs, not to print --help
     from ..api import Scheduler
@@ -48,6 +49,53 @@ def one_line(exc: BaseException) -> str:
         log.debug("%s", text)
         short += " (the full error with --log-level debug)"
     return short
+
+
+class Commands(TyperGroup):
+    """A group of commands that names an unknown command in our words."""
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            ctx.fail(f"{name!r} is not a command of {ctx.command_path}")
+        return super().resolve_command(ctx, args)
+
+
+# What a flag's value must be, by the name of its type.
+_EXPECTED = {"integer": "an integer", "float": "a number", "boolean": "true or false"}
+
+
+def usage_error(exc: Exception) -> str:
+    """A usage error of the command line on one line, naming the flag the user typed and
+    saying in our words what it takes; an error we have no words for keeps click's."""
+    kind = type(exc).__name__
+    param = getattr(exc, "param", None)
+    opts = [opt for opt in getattr(param, "opts", []) if opt.startswith("--")]
+    flag = max(opts, key=len) if opts else getattr(param, "human_readable_name", None)
+    if kind == "NoSuchOption":
+        close = sorted(getattr(exc, "possibilities", None) or ())
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        return f"{getattr(exc, 'option_name', '?')}: no such option{hint}"
+    if kind == "MissingParameter" and flag:
+        return f"{flag}: is required"
+    if kind == "BadParameter" and flag:
+        from pydantic import ValidationError
+
+        from ..errors import phrase
+
+        cause = exc.__cause__  # typer converts values with pydantic, older typer with click
+        if isinstance(cause, ValidationError):
+            return f"{flag}: " + "; ".join(phrase(error) for error in cause.errors())
+        kind_of_value = getattr(param, "type", None)
+        choices = getattr(kind_of_value, "choices", None)
+        expected = (
+            "one of " + ", ".join(str(choice) for choice in choices)
+            if choices
+            else _EXPECTED.get(getattr(kind_of_value, "name", ""))
+        )
+        if expected:
+            return f"{flag}: must be {expected}"
+    return " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
 
 
 def fail(message: str) -> NoReturn:

@@ -25,6 +25,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(host: str, *, token: str | None, extra: list[str]) -> list[str] | None:
+    """The host names the served dashboard answers: the loopback names, the one it binds,
+    and the ``--allowed-host`` ones; with a token and none of those, any (None: the token
+    guards it, and a wildcard address is reached by names it cannot know)."""
+    if token and not extra:
+        return None
+    from ..host_guard import LOOPBACK_HOSTS, host_name
+
+    return list(dict.fromkeys([*LOOPBACK_HOSTS, host_name(host), *extra]))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def dashboard(
@@ -41,6 +52,15 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 envvar="MSCHEDULER_DASHBOARD_TOKEN",
                 help="Required on every request (as the basic-auth password, or a bearer token).",
+                show_default=False,
+            ),
+        ] = None,
+        allowed_host: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--allowed-host",
+                help="A host name browsers reach it by, besides the loopback names and --host "
+                "(repeatable; behind a proxy, the name the proxy is reached by).",
                 show_default=False,
             ),
         ] = None,
@@ -65,7 +85,13 @@ def register(app: typer.Typer) -> None:
             fail(f"dashboard: {exc} (pip install 'mscheduler[dashboard]')")
 
         async def serve(sched: Scheduler) -> None:
-            app = create_app(sched, read_only=read_only, token=token, poll_interval=poll_interval)
+            app = create_app(
+                sched,
+                read_only=read_only,
+                token=token,
+                poll_interval=poll_interval,
+                allowed_hosts=allowed_hosts(host, token=token, extra=allowed_host or []),
+            )
             # Open pages hold an event stream each: a stop waits that long for them, no more.
             config = uvicorn.Config(
                 app,

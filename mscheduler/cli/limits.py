@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .common import fail, run
+from .common import Commands, fail, run
 from .inputs import parse_duration, show_duration
 from .output import emit, rows
 
 if TYPE_CHECKING:
     from ..api import Scheduler
 
-limits = typer.Typer(help="Limits per task name across all workers.", no_args_is_help=True)
+limits = typer.Typer(
+    help="Limits per task name across all workers.", no_args_is_help=True, cls=Commands
+)
 
 
 @limits.command("set")

@@ -13,8 +13,8 @@ import typer
 
 from .. import constants as c
 from ..__about__ import __version__
-from . import dashboard, limits, logs, observe, pauses, schedules, tasks, worker
-from .common import Settings, fail, run
+from . import dashboard, limits, logs, observe, pauses, schedules, serve, tasks, worker
+from .common import Commands, Settings, fail, run, usage_error
 
 app = typer.Typer(
     name="mscheduler",
@@ -22,32 +22,35 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Commands,
 )
 app.add_typer(schedules.app, name="schedule")
 limits.register(app)
 pauses.register(app)
 dashboard.register(app)
+serve.register(app)
 tasks.register(app)
 observe.register(app)
 
 
 def entry() -> None:
-    """The installed command: typer's usage errors (a bad ``--priority``, an unknown option)
-    become one line and exit 2, like every other user error, instead of a boxed panel."""
+    """The installed command: a usage error (a bad ``--priority``, an unknown option or
+    command) becomes one line in our words and exits 2, like every other user error, instead
+    of a boxed panel."""
     command = typer.main.get_command(app)
     try:
         code = command.main(prog_name="mscheduler", standalone_mode=False)
     except Exception as exc:
         # Click's exceptions, whichever click typer uses (its own copy since 0.2x): they are
         # told apart by what they offer, not by class.
-        message, context = getattr(exc, "format_message", None), getattr(exc, "ctx", None)
-        if message is None:
+        context = getattr(exc, "ctx", None)
+        if getattr(exc, "format_message", None) is None:
             raise
         if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
             typer.echo(context.get_help())
             sys.exit(2)
         hint = f" (see: {context.command_path} --help)" if context is not None else ""
-        typer.echo(f"error: {' '.join(str(message()).split())}{hint}", err=True)
+        typer.echo(f"error: {usage_error(exc)}{hint}", err=True)
         sys.exit(int(getattr(exc, "exit_code", 2)))
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -1,4 +1,5 @@
-"""Commands that look at the whole queue: ``stats``, ``workers``, ``watch``, ``indexes``."""
+"""Commands that look at the whole queue: ``stats``, ``workers`` (and ``workers stop``),
+``watch``, ``indexes``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .common import JsonFlag, check_database, run
+from .common import Commands, JsonFlag, check_database, run
 from .inputs import parse_duration
 from .output import ago, emit, rows, when
 
@@ -61,7 +62,86 @@ def stats_table(rows: list[StatsRow], title: str = "statistics") -> Table:
     return table
 
 
+workers_app = typer.Typer(
+    help="The consumers that registered (bare: list them); stop one.",
+    invoke_without_command=True,
+    cls=Commands,
+)
+
+
+@workers_app.callback()
+def workers(
+    ctx: typer.Context,
+    name: Annotated[list[str] | None, typer.Option(help="Serving this name; repeatable.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """The consumers that registered: what each serves and runs, and when last seen
+    (stale: it missed three heartbeats, most likely dead). `workers stop ID` stops one."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    async def work(sched: Scheduler) -> None:
+        found = await sched.workers(names=name)
+        if json_output:
+            emit(found)
+            return
+        now = sched.clock.now()
+        table = [
+            [
+                w.worker_id,
+                "alive" if w.alive else "stale",
+                w.host,
+                str(w.pid),
+                ",".join(w.names),
+                f"{w.running}/{w.max_running}",
+                when(w.started_at),
+                when(w.last_seen_at, now),
+                ",".join(w.running_keys) + (" …" if w.running > len(w.running_keys) else ""),
+            ]
+            for w in found
+        ]
+        columns = ("worker", "status", "host", "pid", "names", "running", "started")
+        rows([*columns, "last seen", "running keys"], table)
+
+    run(ctx, work)
+
+
+@workers_app.command("stop")
+def stop_worker(
+    ctx: typer.Context,
+    worker_id: Annotated[
+        str, typer.Argument(metavar="ID", help="As `mscheduler workers` lists it.")
+    ],
+    now: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="Release its running tasks for other workers at once, instead of letting "
+            "them finish within its grace period.",
+        ),
+    ] = False,
+) -> None:
+    """Ask the live worker ID to stop.
+
+    It claims nothing more, lets its running tasks finish within its grace period (with --now
+    releases them at once), then exits. A worker that is not live is an error (exit 2), and
+    nothing is changed."""
+
+    async def work(sched: Scheduler) -> None:
+        told = await sched.stop_worker(worker_id, drain=not now)
+        how = (
+            "its running tasks are released at once"
+            if now
+            else "its running tasks finish first, within its grace period"
+        )
+        typer.echo(f"stopping: {told.worker_id} ({told.host}:{told.pid}): {how}")
+
+    run(ctx, work)
+
+
 def register(app: typer.Typer) -> None:
+    app.add_typer(workers_app, name="workers")
+
     @app.command()
     def stats(ctx: typer.Context, json_output: JsonFlag = False) -> None:
         """Count tasks by name and state, with the live workers serving each name."""
@@ -73,42 +153,6 @@ def register(app: typer.Typer) -> None:
                 emit(found)
             else:
                 rows(STATS_COLUMNS, stats_values(found))
-
-        run(ctx, work)
-
-    @app.command()
-    def workers(
-        ctx: typer.Context,
-        name: Annotated[
-            list[str] | None, typer.Option(help="Serving this name; repeatable.")
-        ] = None,
-        json_output: JsonFlag = False,
-    ) -> None:
-        """The consumers that registered: what each serves and runs, and when last seen
-        (stale: it missed three heartbeats, most likely dead)."""
-
-        async def work(sched: Scheduler) -> None:
-            found = await sched.workers(names=name)
-            if json_output:
-                emit(found)
-                return
-            now = sched.clock.now()
-            table = [
-                [
-                    w.worker_id,
-                    "alive" if w.alive else "stale",
-                    w.host,
-                    str(w.pid),
-                    ",".join(w.names),
-                    f"{w.running}/{w.max_running}",
-                    when(w.started_at),
-                    when(w.last_seen_at, now),
-                    ",".join(w.running_keys) + (" …" if w.running > len(w.running_keys) else ""),
-                ]
-                for w in found
-            ]
-            columns = ("worker", "status", "host", "pid", "names", "running", "started")
-            rows([*columns, "last seen", "running keys"], table)
 
         run(ctx, work)
 

@@ -19,26 +19,17 @@ if TYPE_CHECKING:
 
 
 def extended(value: Any) -> Any:
-    """``value`` as JSON-ready data: plain JSON as is, any other BSON value as relaxed
-    extended JSON (``{"$binary": ...}``, ``{"$oid": ...}``, ``{"$date": ...}``)."""
-    from bson import json_util
+    """`encoding.extended`, imported when used (``--help`` starts without bson)."""
+    from ..encoding import extended as to_extended
 
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return json.loads(json_util.dumps(value, json_options=json_util.RELAXED_JSON_OPTIONS))
+    return to_extended(value)
 
 
 def task_json(task: Task) -> dict[str, Any]:
-    """The task as `Task.model_dump` gives it in JSON mode (times as ISO 8601 strings), with
-    its payload and results, which may hold any BSON value, as extended JSON."""
-    data = task.model_dump(mode="json", exclude={"payload", "result", "worker_states"})
-    data["payload"] = extended(task.payload)
-    data["result"] = extended(task.result)
-    data["worker_states"] = [
-        {**ws.model_dump(mode="json", exclude={"result"}), "result": extended(ws.result)}
-        for ws in task.worker_states
-    ]
-    return {name: data[name] for name in type(task).model_fields if name in data}
+    """`encoding.task_json`, imported when used."""
+    from ..encoding import task_json as to_json
+
+    return to_json(task)
 
 
 def emit(value: BaseModel | Sequence[Any] | dict[str, Any]) -> None:

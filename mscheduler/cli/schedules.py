@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .common import fail, run
+from .common import Commands, fail, run
 from .inputs import parse_duration, parse_json, read_text, show_duration
 from .output import rows
 
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from ..api import Scheduler
     from ..periodic import Schedule
 
-app = typer.Typer(help="Periodic tasks: add, list, remove schedules.", no_args_is_help=True)
+app = typer.Typer(
+    help="Periodic tasks: add, list, remove schedules.", no_args_is_help=True, cls=Commands
+)
 
 
 def _values(schedules: list[Schedule]) -> list[list[str]]:

@@ -74,13 +74,24 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        isolate: Annotated[
+            bool,
+            typer.Option(
+                "--isolate",
+                envvar="MSCHEDULER_ISOLATE",
+                help="Run every plain def handler in a child process (as ms.isolated does): "
+                "one that crashes or outlives timeout_ms is killed, not the worker.",
+            ),
+        ] = False,
     ) -> None:
         """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
         --grace, then releases the rest; a second cancels them and releases them at once.
+        `mscheduler workers stop ID [--now]` stops it the same way from anywhere (exit 0).
 
         TARGET is module:attribute, imported from the current directory: a mapping of task name
         to handler (async or plain functions), an ms.Handlers registry, or an object with
-        .handlers."""
+        .handlers. With --isolate, its plain def handlers run in child processes, up to
+        --max-running of them at once."""
         from pydantic import ValidationError
 
         from ..errors import MSchedulerError
@@ -119,6 +130,10 @@ def register(app: typer.Typer) -> None:
             handlers = load_handlers(target)
             if names:
                 handlers = only(handlers, names, target)
+            if isolate:
+                from ..consumer.handlers import isolate_plain
+
+                handlers = isolate_plain(handlers)
             if metrics_port is not None:
                 from ..metrics import require_prometheus
 
@@ -207,11 +222,14 @@ async def serve_worker(
 ) -> None:
     """Run one consumer. The first SIGINT/SIGTERM stops it gracefully (running handlers get
     the grace period); a second cancels them and releases their leases at once, so another
-    worker claims them and no failure is counted; a third exits without waiting."""
+    worker claims them and no failure is counted; a third exits without waiting. A remote
+    stop (`Scheduler.stop_worker`, ``mscheduler workers stop``) ends it the same way, and the
+    process exits 0 once the consumer stopped."""
     import anyio
     from anyio.abc import TaskStatus
 
     from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
+    from ..consumer.handlers import Isolated
     from ..errors import ConfigurationError
 
     metrics = None
@@ -240,6 +258,12 @@ async def serve_worker(
                 async with consumer:  # returns once the change stream is open
                     task_status.started()
                     await consumer.wait_stopped()
+                    if consumer.stopped_remotely:
+                        typer.echo(
+                            f"stop requested (mscheduler workers stop): "
+                            f"{len(consumer.running)} running task(s) to finish or release",
+                            err=True,
+                        )
                 tg.cancel_scope.cancel()
 
             await tg.start(serve)
@@ -248,7 +272,12 @@ async def serve_worker(
 
                 consumer.stats.observers.append(metrics)
                 tg.start_soon(refresh_task_counts, sched, metrics)
-            typer.echo(f"worker {consumer.worker_id} running {', '.join(consumer.names)}", err=True)
+            isolated = [n for n in consumer.names if isinstance(consumer.handlers[n], Isolated)]
+            in_children = f" (in child processes: {', '.join(isolated)})" if isolated else ""
+            typer.echo(
+                f"worker {consumer.worker_id} running {', '.join(consumer.names)}{in_children}",
+                err=True,
+            )
             async for signum in signals:
                 said = signal.Signals(signum).name
                 if consumer.stop_requested and stopping_now:

@@ -16,11 +16,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from .. import context
 from ..clock import Clock
 from ..errors import TaskTimeout
 from ..models import ErrorInfo, Lease, Task
 from ..worker_options import WorkerOptions
 from .handlers import HandlerSpec
+from .isolation import ProcessPool
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ class HandlerCalls:
         self._options = options
         self._clock = clock
         self._stats = stats
+        # Isolated handlers' children: started by the first call that needs one.
+        self.children = ProcessPool()
         # Handlers left running after ignoring cancellation, by key: this worker does not
         # claim those keys again until they return.
         self.abandoned: dict[str, asyncio.Task[Any]] = {}
@@ -78,6 +82,9 @@ class HandlerCalls:
         and, past ``cancel_timeout_ms``, it is abandoned as above. It may stop early by
         calling ``anyio.from_thread.check_cancelled()`` now and then.
 
+        An isolated handler runs in a child process (`ProcessPool`): cancelling it kills the
+        child, so it returns at once and is never abandoned.
+
         ``timeout_ms`` past, the handler is cancelled the same way and `TaskTimeout` raised."""
         scope = anyio.CancelScope()  # anyio's own cancellation: shields in the handler hold
         spec = self._handlers[task.name]
@@ -86,6 +93,8 @@ class HandlerCalls:
             with scope:
                 if not may_start():
                     await anyio.sleep_forever()  # the stop that refused it cancels this
+                if spec.isolated is not None:
+                    return await self.children.run(spec.isolated, context.current_lease())
                 if spec.is_async:
                     return await spec.function(task)
                 result = await anyio.to_thread.run_sync(spec.function, task, limiter=self._threads)

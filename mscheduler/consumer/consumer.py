@@ -12,8 +12,9 @@
   puts back what was not claimable; recovers claims whose replies were lost.
 - executor (`executor.py`): handlers, local retries, one bulk ping per interval, finish.
 - controls (`controls.py`): schedules, expiry (idle, 3 reads a minute); paused names,
-  limits and schedules, re-read on each change the process's `ControlHub` sees (one stream,
-  or one read of a version per poll interval, for all the consumers of a `Scheduler`).
+  limits, schedules and a remote stop (`Scheduler.stop_worker`), re-read on each change the
+  process's `ControlHub` sees (one stream, or one read of a version per poll interval, for
+  all the consumers of a `Scheduler`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Consumer:
         self._clock = store.clock
         self._heap = ClaimHeap(self.options.heap_size)
         self._stop_requested = anyio.Event()
+        self.stopped_remotely = False  # the stop came from `Scheduler.stop_worker`
         self._limiter = Limiter(store)
         self._executor = Executor(
             store,
@@ -165,6 +167,19 @@ class Consumer:
         self._stop_requested.set()
         self._executor.hurry()
 
+    def _stop_remotely(self, drain: bool) -> None:
+        """A stop requested of this worker (`Scheduler.stop_worker`): as `stop`, or, without
+        ``drain``, as `stop_now` (also when a draining stop is under way)."""
+        log.info(
+            "stop requested remotely",
+            extra={"action": "remote_stop", "worker_id": self.worker_id, "drain": drain},
+        )
+        self.stopped_remotely = True
+        if drain:
+            self.stop()
+        else:
+            self.stop_now()
+
     async def __aenter__(self) -> Consumer:
         """Returns once the change stream is open and the first fetch is done."""
         self._own_task_group = anyio.create_task_group()
@@ -191,31 +206,37 @@ class Consumer:
             "consumer starting",
             extra={"action": "consumer_start", "worker_id": self.worker_id, "names": self.names},
         )
-        async with anyio.create_task_group() as task_group:
-            self._executor.bind(task_group)
-            self._limiter.bind(task_group)
-            await task_group.start(self._listener.run)  # the stream is open before the fetch
-            await task_group.start(self._controls.serve_hub)  # controls watched before read
-            await task_group.start(self._controls.limit_loop)  # limits known before the fetch
-            await self._fetch()
-            self._fetched = True
-            task_group.start_soon(self._limiter.extend_loop)
-            task_group.start_soon(self._executor.ping_loop)
-            task_group.start_soon(self._recovery_loop)
-            task_group.start_soon(self._controls.schedule_loop)
-            await task_group.start(self._controls.pause_loop)
-            claiming = anyio.CancelScope()
-            claimed = anyio.Event()
-            task_group.start_soon(self._claim_and_poll, claiming, claimed)
-            await self._presence.start(task_group)  # listed among the live workers
-            task_status.started()
-            await self._stop_requested.wait()
-            claiming.cancel()
-            await claimed.wait()  # a claim in flight has ended, its leases started
-            await self._claimer.start_uncertain_claims()  # they too run or are released below
-            await self._executor.shutdown()
-            await self._limiter.drain()  # the slots of the runs that just ended are released
-            task_group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._executor.bind(task_group)
+                self._limiter.bind(task_group)
+                await task_group.start(self._listener.run)  # the stream is open before the fetch
+                await task_group.start(self._controls.serve_hub)  # controls watched before read
+                await task_group.start(self._controls.limit_loop)  # limits known before the fetch
+                await self._fetch()
+                self._fetched = True
+                task_group.start_soon(self._limiter.extend_loop)
+                task_group.start_soon(self._executor.ping_loop)
+                task_group.start_soon(self._recovery_loop)
+                task_group.start_soon(self._controls.schedule_loop)
+                await task_group.start(self._controls.pause_loop)
+                claiming = anyio.CancelScope()
+                claimed = anyio.Event()
+                task_group.start_soon(self._claim_and_poll, claiming, claimed)
+                await self._presence.start(task_group)  # listed among the live workers
+                await task_group.start(
+                    self._controls.stop_loop, self._presence, self._stop_remotely
+                )
+                task_status.started()
+                await self._stop_requested.wait()
+                claiming.cancel()
+                await claimed.wait()  # a claim in flight has ended, its leases started
+                await self._claimer.start_uncertain_claims()  # they too run or are released below
+                await self._executor.shutdown()
+                await self._limiter.drain()  # the slots of the runs that just ended are released
+                task_group.cancel_scope.cancel()
+        finally:
+            await self._executor.stop_children()  # shielded: also when cancelled
         await self._presence.leave()
         log.info(
             "consumer stopped",

@@ -1,9 +1,13 @@
 """What a consumer keeps up besides its tasks: the schedules of its names (publishing their
-due occurrences, ending expired tasks), which of its names are paused, and their limits.
+due occurrences, ending expired tasks), which of its names are paused, their limits, and
+whether it was asked to stop (`Scheduler.stop_worker`).
 
-All three are read again on each change the process's `ControlHub` sees (one stream, or one
+All four are read again on each change the process's `ControlHub` sees (one stream, or one
 read of a version per poll interval, for all the consumers of a `Scheduler`), so a pause, a
-limit or a schedule set while consumers run holds within one change event or poll interval.
+limit or a schedule set while consumers run holds within one change event or poll interval;
+and again every ``schedule_refresh_ms`` whatever the hub saw, so a change whose signal (the
+version's bump, a write of its own) was lost on the network holds by then, not only at the
+next change.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..errors import MSchedulerError
 from ..store.operations import Operations
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .presence import Presence
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,7 @@ class Controls:
                 milliseconds=self._options.schedule_refresh_ms
             )
             deadline = refresh if upcoming is None else min(upcoming, refresh)
-            seen = await self._until_change(seen, deadline)
+            seen = await self._hub.changed(seen, deadline)
 
     async def _publish_due(self) -> dt.datetime | None:
         """The due occurrences published, the expired tasks ended; when the next one comes."""
@@ -85,21 +90,6 @@ class Controls:
         await self._store.expiry.expire_due(self._names)  # housekeeping, as often
         await refresh_task_counts(self._store)
         return await self._store.schedules.next_due(self._names)
-
-    async def _until_change(self, seen: int, deadline: dt.datetime) -> int:
-        """Sleep until ``deadline`` or a change after ``seen``; the version seen then. (Not
-        the hub's event on the clock: a clock sets the events it times out.)"""
-        wake = anyio.Event()
-        async with anyio.create_task_group() as task_group:
-
-            async def on_change() -> None:
-                await self._hub.changed(seen)
-                wake.set()
-
-            task_group.start_soon(on_change)
-            await self._clock.wait_until(deadline, wake)
-            task_group.cancel_scope.cancel()
-        return self._hub.version
 
     async def pause_loop(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -114,6 +104,32 @@ class Controls:
         """Keep the limits of our names current: re-read on each change of the controls, so
         a set, lowered, raised or removed limit holds within one event (or poll interval)."""
         await self._follow(self._read_limits, "limit_retry", task_status)
+
+    async def stop_loop(
+        self,
+        presence: Presence,
+        stop: Callable[[bool], None],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Apply a stop requested of this worker (`store.stops`): re-read on each change of
+        the controls, so it holds within one event (or poll interval). ``stop(drain)`` is
+        called for a request naming this run (``presence.instance``), which is then deleted;
+        a request made before this run started was for an earlier one, and is deleted
+        unapplied. Start it once the worker is listed (``presence`` started): a stop can only
+        be requested of a listed worker."""
+
+        async def read() -> None:
+            found = await self._store.stops.of(self._options.worker_id)
+            if found is None:
+                return
+            if found.instance == presence.instance:
+                stop(found.drain)
+                await self._store.stops.clear(found)
+            elif presence.started_at is not None and found.requested_at < presence.started_at:
+                await self._store.stops.clear(found)
+
+        await self._follow(read, "stop_retry", task_status)
 
     async def _read_pauses(self) -> None:
         now_paused = set(await self._store.pauses.paused(self._names))
@@ -139,9 +155,11 @@ class Controls:
         action: str,
         task_status: TaskStatus[None],
     ) -> None:
-        """``read`` at start and after each change the hub sees (it watches before the first
-        read, so no change is missed). Started once the first read is done."""
+        """``read`` at start, after each change the hub sees (it watches before the first
+        read, so no change is missed), and ``schedule_refresh_ms`` after the last read at the
+        latest (a change whose signal was lost). Started once the first read is done."""
         seen = self._hub.version
+        refresh = dt.timedelta(milliseconds=self._options.schedule_refresh_ms)
         while True:
             await retrying(
                 read,
@@ -152,4 +170,4 @@ class Controls:
             )
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
-            seen = await self._hub.changed(seen)
+            seen = await self._hub.changed(seen, self._clock.now() + refresh)

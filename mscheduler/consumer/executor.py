@@ -7,9 +7,11 @@ stops exactly that handler. What a worker writes for a task is always fenced by 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -32,6 +34,7 @@ from ..errors import (
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from .batching import Batch, Batcher
 from .calls import HandlerCalls, log_failure, log_finished
 from .handlers import HandlerSpec
 from .stats import ConsumerStats
@@ -103,6 +106,16 @@ class Executor:
         at_start: Callable[[Task], Awaitable[None]],
     ) -> None:
         self._store = store
+        self._task_group: TaskGroup | None = None
+        # A batch handler's groups are this consumer's: its clock, its task group.
+        handlers = {
+            name: dataclasses.replace(
+                spec, function=Batcher(spec.function, clock, lambda: self._task_group)
+            )
+            if isinstance(spec.function, Batch)
+            else spec
+            for name, spec in handlers.items()
+        }
         self._handlers = handlers
         self._options = options
         self._clock = clock
@@ -115,7 +128,6 @@ class Executor:
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
         self._hurried = anyio.Event()
-        self._task_group: TaskGroup | None = None
 
     @property
     def free_slots(self) -> int:
@@ -169,7 +181,7 @@ class Executor:
             ping_interval_ms=options.ping_interval_ms,
             worker_timeout_ms=options.worker_timeout_ms,
         )
-        lease.on_progress(lambda: self.progress_reported(lease.key))
+        lease.on_progress(self._progress_callback(lease.key))
         self._ping_wake.set()
         otel_metrics.claimed(lease)  # claim latency
         self._task_group.start_soon(self._run, lease.key, name=f"mscheduler:{lease.key}")
@@ -377,6 +389,25 @@ class Executor:
 
     # ------------------------------------------------------------ pinging
 
+    def _progress_callback(self, key: str) -> Callable[[], None]:
+        """What the lease of ``key`` calls on each report: `progress_reported`, always on this
+        event loop (it moves the ping loop's schedule, which only this loop may touch). From
+        another thread, a sync handler's, the report is handed to the loop without waiting;
+        if the loop is closed, the attempt ended long ago and the report has nowhere to go."""
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def reported() -> None:
+            if threading.get_ident() == loop_thread:
+                self.progress_reported(key)
+                return
+            try:
+                loop.call_soon_threadsafe(self.progress_reported, key)
+            except RuntimeError:  # the event loop is closed
+                log.debug("progress of %s reported after its worker stopped", key)
+
+        return reported
+
     def progress_reported(self, key: str) -> None:
         """A handler reported progress: its ping comes at once, or a second after the last
         one that wrote progress (coalesced: one write a second per task at most); the other
@@ -464,6 +495,11 @@ class Executor:
                 if entry.writing is not None:
                     entry.writing.cancel()
             await idle.wait()
+
+    async def stop_children(self) -> None:
+        """Stop the isolated handlers' children: the consumer's run is over (or cancelled),
+        and none may be left behind."""
+        await self._calls.children.aclose()
 
     def hurry(self) -> None:
         """Stop now: end the grace period, cancel every handler and release its lease at once

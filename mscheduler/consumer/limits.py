@@ -89,7 +89,9 @@ class Limiter:
         """Read the limits of ``names``; returns the names whose limits changed (set, changed
         or removed): their due keys are worth trying at once. The ``running`` leases of a name
         that has a ``max_running`` now and that hold no slot (started before it was limited)
-        take one, so claims count them: no start beyond the limit from then on."""
+        take one, so claims count them: no start beyond the limit from then on. A held slot
+        stays held (extended, then released) whether its name is limited now or not: a
+        removed limit's document keeps it, and counts it if the limit is set again."""
         limits = await self._store.limits.of(names)
         await self._adopt(limits, running)
         changed = sorted(
@@ -153,7 +155,7 @@ class Limiter:
         without a token."""
         now = self._clock.now()
         token = await self._store.limits.acquire(name, now + FIRST_SLOT_LIFE)
-        if token is None:  # removed since our last read: claimed as any other name
+        if token is None:  # no limit's document (never limited): claimed as any other name
             self.limited.pop(name, None)
             self.blocked.pop(name, None)
             return await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)

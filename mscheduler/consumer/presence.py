@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -44,6 +45,12 @@ class Presence:
         self._options = options
         self._running_keys = running_keys
         self._started_at: dt.datetime | None = None
+        self.instance = uuid.uuid4().hex  # this run of the worker id (`WorkerInfo.instance`)
+
+    @property
+    def started_at(self) -> dt.datetime | None:
+        """When the first entry was written (None before `start`)."""
+        return self._started_at
 
     def info(self) -> WorkerInfo:
         now = self._store.clock.now()
@@ -61,6 +68,7 @@ class Presence:
             started_at=self._started_at,
             last_seen_at=now,
             heartbeat_ms=self._options.heartbeat_ms,
+            instance=self.instance,
         )
 
     def admit(self, due: list[str], now: dt.datetime) -> list[str]:

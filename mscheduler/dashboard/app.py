@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import pathlib
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -26,11 +26,12 @@ from starlette.types import Receive, Scope, Send
 
 from ..api import Scheduler
 from ..errors import ConfigurationError, MSchedulerError
+from ..host_guard import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from ..models import TaskState
 from ..store import browse
 from .events import refresh_signals
 from .overview import STATES, overview
-from .security import CSRF_FIELD, CSRF_HEADER, RequireToken, csrf_token, same_token
+from .security import CSRF_FIELD, CSRF_HEADER, NoFraming, RequireToken, csrf_token, same_token
 
 HERE = pathlib.Path(__file__).parent
 PAGE_SIZE = 50
@@ -121,6 +122,15 @@ class EventStream(Response):
             )
 
 
+def _allowed_hosts(given: Sequence[str] | None, token: str | None) -> list[str]:
+    """The host names the dashboard answers (see `create_app`), checked."""
+    if given is None:
+        return [ANY_HOST] if token is not None else list(LOOPBACK_HOSTS)
+    if isinstance(given, str) or not all(isinstance(h, str) and h.strip() for h in given):
+        raise ConfigurationError(f"allowed_hosts: expected a list of host names, got {given!r}")
+    return list(given)
+
+
 def create_app(
     scheduler: Scheduler,
     *,
@@ -130,11 +140,17 @@ def create_app(
     poll_interval: float = 2.0,
     min_refresh_interval: float = 1.0,
     page_size: int = PAGE_SIZE,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard of ``scheduler``'s collection, as an ASGI app to serve or mount.
 
     ``read_only``: pages only, no action. ``token``: every request must carry it (HTTP
     basic auth's password, or a bearer token); without it, serve on a trusted address only.
+    ``allowed_hosts``: the host names browsers reach it by (``"*"``: any, where the app it is
+    mounted in checks the host); others are refused, and so is an action a page of another
+    origin sends. By default, with a token any name (the token guards it), without one the
+    loopback names only (127.0.0.1, localhost, [::1]): a dashboard anyone on the network may
+    reach needs a token, or the names it is served on.
     ``secret``: derives the CSRF token, so several processes behind one address accept each
     other's pages (by default each process draws its own). ``poll_interval``: how often
     open pages refresh where the server has no change streams. ``page_size``: rows of the
@@ -144,6 +160,7 @@ def create_app(
         raise ConfigurationError(f"page_size: expected 1 to {browse.MAX_PAGE}, got {page_size}")
     if not poll_interval > 0 or not min_refresh_interval >= 0:
         raise ConfigurationError("poll_interval, min_refresh_interval: must be positive")
+    hosts = _allowed_hosts(allowed_hosts, token)
     environment = _environment()
     csrf = csrf_token(secret)
 
@@ -262,6 +279,11 @@ def create_app(
         await scheduler.resume(request.path_params["name"])
         return "/"
 
+    async def stop_worker(request: Request, form: dict[str, str]) -> str:
+        """The worker stops (`Scheduler.stop_worker`): draining, or at once with ``now``."""
+        await scheduler.stop_worker(request.path_params["worker_id"], drain=not form.get("now"))
+        return "/"
+
     async def retry_failed(request: Request, form: dict[str, str]) -> str:
         await scheduler.retry_failed(name=request.path_params["name"])
         return "/"
@@ -279,12 +301,13 @@ def create_app(
             Route("/names/{name}/pause", action(pause), methods=["POST"]),
             Route("/names/{name}/resume", action(resume), methods=["POST"]),
             Route("/names/{name}/retry-failed", action(retry_failed), methods=["POST"]),
+            Route("/workers/{worker_id:path}/stop", action(stop_worker), methods=["POST"]),
         ]
     routes += [
         Route("/tasks/{key:path}", task, name="task"),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = []
+    middleware = [Middleware(HostGuard, allowed_hosts=hosts), Middleware(NoFraming)]
     if token is not None:
         if not token.strip():
             raise ConfigurationError("token: must not be empty")

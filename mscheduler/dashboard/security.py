@@ -1,9 +1,13 @@
 """Who may use the dashboard, and proof that an action came from its own page.
 
 Access: with a token, every request carries it, as a bearer token or as the password of HTTP
-basic auth (any user name; a browser asks for it once). CSRF: every action is a POST that
-carries the page's token, which another site's page cannot read, so a form on another
-site, or a link, changes nothing even in a browser that sends the access token by itself.
+basic auth (any user name; a browser asks for it once). Without one, only the host names
+the dashboard is served on are answered (`host_guard.HostGuard`: a page of another site
+whose name was pointed at this address reads nothing). CSRF: every action is a POST that
+carries the page's token, which another site's page cannot read, and that the browser says
+came from the dashboard's own origin, so a form on another site, or a link, changes nothing
+even in a browser that sends the access token by itself. No page can be framed by another
+(`NoFraming`), so none can be clicked through an invisible frame.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import secrets
 
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
@@ -68,3 +72,30 @@ class RequireToken:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class NoFraming:
+    """ASGI middleware: every response forbids framing (``X-Frame-Options: DENY``, and
+    ``frame-ancestors 'none'`` for browsers that read only the CSP)."""
+
+    HEADERS = (
+        (b"x-frame-options", b"DENY"),
+        (b"content-security-policy", b"frame-ancestors 'none'"),
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def framed_nowhere(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                named = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [header for header in self.HEADERS if header[0] not in named]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, framed_nowhere)

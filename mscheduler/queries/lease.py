@@ -78,14 +78,23 @@ def _end_own_state(
 
 
 def ping_update(
-    worker_id: str, run_id: str, now: dt.datetime, progress: Progress | None = None
+    worker_id: str,
+    run_id: str,
+    now: dt.datetime,
+    progress: Progress | None = None,
+    until: dt.datetime | None = None,
 ) -> Pipeline:
-    """Extend the lease; with ``progress``, record what the handler reported (it rides on
+    """Extend the lease by the task's ``worker_timeout_ms``, or to ``until`` (a lease owned
+    for a chosen time); with ``progress``, record what the handler reported (it rides on
     the ping: no write of its own)."""
+    if until is None:
+        extended = _extend_lease(worker_id, run_id, now)
+    else:
+        extended = _extend_lease_to(worker_id, run_id, now, until)
     if progress is None:
-        return _extend_lease(worker_id, run_id, now)
+        return extended
     reported = progress.model_copy(update={"worker_id": worker_id, "at": now}).model_dump()
-    sweep, own, *derived = _extend_lease(worker_id, run_id, now)
+    sweep, own, *derived = extended
     return [sweep, own, {"$set": {"progress": literal(reported)}}, *derived]
 
 
@@ -94,6 +103,15 @@ def _extend_lease(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
         _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
+        *recompute(now, run_id),
+    ]
+
+
+@templated
+def _extend_lease_to(worker_id: str, run_id: str, now: dt.datetime, until: dt.datetime) -> Pipeline:
+    return [
+        sweep_expired(now),
+        _own_state(worker_id, run_id, ping_expire_at=until),
         *recompute(now, run_id),
     ]
 

@@ -14,6 +14,11 @@ the holder extends it, a crashed holder's expires with its lease). A token whose
 nothing is given back; a worker that dies in between leaves it unused: the limit errs on the
 safe side.
 
+A slot leaves the document only with its run (released, given back) or by expiring (pruned by
+a later write): removing a limit keeps the document, its limits null (`remove_limit`), so a
+limit set again finds the slots its running tasks hold, whatever the order in which consumers
+learn of the two changes. Only a document with a limit is one (`limited`).
+
 Clocks: ``now`` is the acquiring worker's clock (`$$NOW` is missing on the memory engine), so
 a worker whose clock runs δ ahead of another's ends that one's starts δ early. With the
 workers' clocks within δ of each other, at most ``rate`` start in any ``per_ms - δ``; the
@@ -114,7 +119,27 @@ def extend(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Docume
 def set_limit(
     name: str, rate: int | None, per_ms: int | None, max_running: int | None
 ) -> tuple[Document, Document]:
+    """The limits of ``name`` set anew; the slots of a removed limit's document stay (their
+    runs go on)."""
     return {"_id": name}, {
         "$set": {"rate": rate, "per_ms": per_ms, "max_running": max_running},
         "$setOnInsert": {"starts": [], "slots": []},
     }
+
+
+_HAS_LIMIT: Document = {"$or": [{"rate": {"$ne": None}}, {"max_running": {"$ne": None}}]}
+
+
+def limited(names: Sequence[str] | None) -> Document:
+    """The documents (of ``names``) that limit their name: not a removed limit's."""
+    if names is None:
+        return dict(_HAS_LIMIT)
+    return {"_id": {"$in": list(names)}, **_HAS_LIMIT}
+
+
+def remove_limit(name: str, now: dt.datetime) -> tuple[Document, Pipeline]:
+    """``name`` limited no more: its limits null, its window of starts emptied, its live slots
+    kept for the runs that hold them (each frees its own, or expires: a dead holder's too),
+    so that a limit set again counts them."""
+    unlimited = {"rate": None, "per_ms": None, "max_running": None, "starts": literal([])}
+    return {"_id": name, **_HAS_LIMIT}, [{"$set": {**unlimited, "slots": _live("slots", now)}}]

@@ -260,17 +260,37 @@ CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "cr
 CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1), ("_id", 1)]
 
 
-@templated
-def claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
+def claim_update(
+    worker_id: str, run_id: str, now: dt.datetime, until: dt.datetime | None = None
+) -> Pipeline:
     """Sweep expired states, append ours unless the sweep exhausted the retries (then the task
-    fails and the caller gets no lease), recompute. One round trip, atomic."""
+    fails and the caller gets no lease), recompute. One round trip, atomic. The lease lasts
+    the task's ``worker_timeout_ms``, or until ``until`` (a lease owned for a chosen time)."""
+    if until is None:
+        return _claim_update(worker_id, run_id, now)
+    return _claim_update_until(worker_id, run_id, now, until)
+
+
+@templated
+def _claim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
+    return _claiming(worker_id, run_id, now, lease_expiry(now))
+
+
+@templated
+def _claim_update_until(
+    worker_id: str, run_id: str, now: dt.datetime, until: dt.datetime
+) -> Pipeline:
+    return _claiming(worker_id, run_id, now, until)
+
+
+def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pipeline:
     failed_after_sweep = failures()
     new_state = {
         "worker_id": literal(worker_id),
         "run_id": literal(run_id),
         "state": RUNNING,
         "started_at": now,
-        "ping_expire_at": lease_expiry(now),
+        "ping_expire_at": expires,
         "finished_at": None,
         "error": None,
         "result": None,

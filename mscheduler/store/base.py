@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+from anyio.lowlevel import RunVar
 from pymongo import IndexModel
 from pymongo.errors import OperationFailure, PyMongoError
 
@@ -26,6 +28,15 @@ log = logging.getLogger(__name__)
 # Keys in one read: at most 512 characters of up to 4 bytes each, about 10 MiB of filter.
 KEYS_PER_READ = 5_000
 
+# The lock a store's `ensure_indexes` holds, one per event loop. A store can serve
+# several event loops at once (`SyncScheduler` runs each call in a loop of the calling
+# thread), and an anyio lock is of one loop: released on another thread, it never wakes the
+# tasks of this loop that wait for it. So the callers of one loop wait for each other, and
+# each loop ensures the indexes itself (creating an existing index is a no-op).
+_INDEXES_LOCKS: RunVar[weakref.WeakKeyDictionary[StoreBase, anyio.Lock]] = RunVar(
+    "mscheduler_indexes_locks"
+)
+
 
 class StoreBase:
     """The collection and clock, the declared indexes, and reads of tasks by key."""
@@ -34,7 +45,6 @@ class StoreBase:
         self.collection = collection
         self.clock = clock
         self._indexes_ready = False
-        self._indexes_lock = anyio.Lock()
         self.in_transaction = False
         # Behind a mongos: a findAndModify must name the shard key (``key``), so claims by name
         # go the batched way, whose writes name ``_id`` and ``key`` (`claims`).
@@ -60,7 +70,7 @@ class StoreBase:
     async def ensure_indexes(self) -> list[str]:
         """Create the declared indexes (idempotent); the unique key index is what makes
         publish idempotent, so every other operation ensures it first."""
-        async with self._indexes_lock:
+        async with self._indexes_lock():
             models = [
                 IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
             ]
@@ -68,6 +78,18 @@ class StoreBase:
             self.sharded = await self._behind_mongos()
             self._indexes_ready = True
             return names
+
+    def _indexes_lock(self) -> anyio.Lock:
+        """This store's index lock in the running event loop (see `_INDEXES_LOCKS`)."""
+        try:
+            locks = _INDEXES_LOCKS.get()
+        except LookupError:
+            locks = weakref.WeakKeyDictionary()
+            _INDEXES_LOCKS.set(locks)
+        lock = locks.get(self)
+        if lock is None:
+            lock = locks[self] = anyio.Lock()
+        return lock
 
     async def _behind_mongos(self) -> bool:
         """A mongos answers ``hello`` with ``msg: "isdbgrid"``; any failure to ask (a plain
@@ -128,7 +150,8 @@ class StoreBase:
     @driver_errors
     async def in_use(self) -> bool:
         """Whether anything was ever written here: a task, or a document beside the tasks
-        (schedules, paused names, limits, live workers). One read when there are tasks."""
+        (schedules, paused names, limits, live workers, remote stops). One read when there are
+        tasks."""
         if await self.collection.find_one({}, {"_id": 1}) is not None:
             return True
         for suffix in c.BESIDE_SUFFIXES:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from bson import ObjectId
 from bson.errors import InvalidId
 
+from .. import constants as c
 from ..clock import to_bson_time
 from ..errors import ConfigurationError
 from ..models import Task, TaskState
@@ -64,7 +65,9 @@ def _position(task: Task, order: str) -> str:
 
 def _parse_position(after: str, order: str) -> str | ObjectId | tuple[int, dt.datetime, ObjectId]:
     """The position ``after`` names, for a page in ``order``; a token of another order, or
-    one that was tampered with, is refused rather than read as the first page."""
+    one that was tampered with, is refused rather than read as the first page. So is one
+    whose numbers no task can have (a priority out of its range, a time past any date): no
+    engine would find it, and a server would fail to encode it."""
     kind, _, rest = after.partition(":")
     try:
         if order == "key" and kind == "k":
@@ -72,9 +75,11 @@ def _parse_position(after: str, order: str) -> str | ObjectId | tuple[int, dt.da
         if order == "newest" and kind == "i":
             return ObjectId(rest)
         if order == "claim" and kind == "c":
-            priority, millis, task_id = rest.split(":")
+            priority_text, millis, task_id = rest.split(":")
+            priority = int(priority_text)
             created = dt.datetime.fromtimestamp(int(millis) / 1000, dt.timezone.utc)
-            return int(priority), created, ObjectId(task_id)
+            if c.MIN_PRIORITY <= priority <= c.MAX_PRIORITY:
+                return priority, created, ObjectId(task_id)
     except (ValueError, InvalidId, OverflowError, OSError):
         pass
     raise ConfigurationError(f"after: {after!r} is not a position in this list")

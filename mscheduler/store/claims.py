@@ -28,6 +28,7 @@ claims and finishes stay in one turn of the event loop, and their finishes in on
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,14 +66,16 @@ async def claim_many(
     limit: int,
     exclude_keys: Sequence[str],
     settle: Callable[[list[Any]], Awaitable[None]],
+    until: dt.datetime | None = None,
 ) -> list[Lease]:
     """``settle``: `TaskStore.settle`, for candidates whose claim ended the task instead.
+    ``until``: the leases' end, when not each task's ``worker_timeout_ms`` from now.
 
     Returns no lease only when nothing is claimable: losing every candidate to other workers
     is not that (a single claim picks and claims at once, and never loses so), and the
     consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
     lost them all reads again: each such round others took tasks, so this ends."""
-    batch = _Batch(store, worker_id, names, limit, exclude_keys, settle)
+    batch = _Batch(store, worker_id, names, limit, exclude_keys, settle, until)
     for _ in range(_CONTENDED_ROUNDS):
         leases, contended = await batch.round()
         if leases or not contended:
@@ -88,6 +91,7 @@ class _Batch:
     limit: int
     exclude_keys: Sequence[str]
     settle: Callable[[list[Any]], Awaitable[None]]
+    until: dt.datetime | None
 
     async def round(self) -> tuple[list[Lease], bool]:
         """(leases won, whether there were candidates)."""
@@ -103,7 +107,7 @@ class _Batch:
         requests = [
             UpdateOne(
                 q.claim_one_of(claim, task_id, keys[task_id]),
-                q.claim_update(self.worker_id, run_id, now),
+                q.claim_update(self.worker_id, run_id, now, self.until),
             )
             for task_id, run_id in zip(candidates, run_ids, strict=True)
         ]

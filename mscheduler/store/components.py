@@ -3,7 +3,7 @@ reached the same way (``store.publisher.publish(spec)``, ``store.operations.canc
 ``store.waiting.wait(keys)`` ...).
 
 The components that only need the store's base (publisher, flows, schedules, pauses,
-limits, workers) are built by `TaskStore` itself; those that work through a whole
+limits, workers, stops) are built by `TaskStore` itself; those that work through a whole
 `TaskStore` (a batch writes through a session-bound view of it) are built here, a layer
 above it, so no module of the store imports another in a cycle.
 """

@@ -8,15 +8,21 @@ then leave them out. A version apart costs one small document. The process's one
 stream, on the database (`discovery.TaskHub`), carries its writes beside the tasks'; where the
 server grants no stream on the whole database (``changeStream`` on the tasks collection
 alone), `ControlHub` keeps a stream of its own on the version; without change streams it reads
-the version once per poll interval. Nothing is read while nothing changes.
+the version once per poll interval. Nothing else is read while nothing changes, but for the
+consumers' read of their controls every ``schedule_refresh_ms`` (below).
 
 Invariant: a control write is followed by the bump; a process reads its controls again after
 any bump it sees (and once when it starts watching), so a change is in effect there within one
-event, or one poll interval, after the call that made it returned.
+event, or one poll interval, after the call that made it returned. The bump is a second write,
+and may be lost on the network after the change landed; so a call that finds its change made
+already (the retry of one whose bump was lost: a name paused, a limit or schedule gone) bumps
+all the same, and each consumer reads its controls again every ``schedule_refresh_ms``
+whatever it was told (`consumer.controls`): a change whose bump was lost holds by then.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import anyio
@@ -61,7 +67,7 @@ class ControlHub:
     (`TaskHub`), or from a stream of its own on the version, or one read of it per poll
     interval, for all the process's consumers. Each consumer calls `serve`: one of them runs
     the watch, the others wait to take over if it stops. `version` counts the changes seen
-    here; `changed` waits for the next."""
+    here; `changed` waits for the next (or a deadline)."""
 
     def __init__(
         self, store: StoreBase, version: ControlVersion, task_hub: TaskHub, clock: Clock
@@ -72,22 +78,33 @@ class ControlHub:
         self._clock = clock
         self.version = 0
         self.ready = anyio.Event()  # set while a runner watches (no change can be missed)
-        self._changed = anyio.Event()
+        self._waiting: set[anyio.Event] = set()  # each waiter's own: the clock sets it too
         self._runner = OneRunner()
         self.streams_opened = 0
         self.reads = 0
         self.polling = False
 
-    async def changed(self, seen: int) -> int:
-        """Once a change after ``seen`` (a value of `version`) is known: the new version."""
+    async def changed(self, seen: int, deadline: dt.datetime | None = None) -> int:
+        """Once a change after ``seen`` (a value of `version`) is known, or at ``deadline``
+        (on the clock), whichever comes first: the version then."""
         while self.version <= seen:
-            await self._changed.wait()
+            if deadline is not None and self._clock.now() >= deadline:
+                break
+            wake = anyio.Event()
+            self._waiting.add(wake)
+            try:
+                await self._clock.wait_until(deadline, wake)
+            finally:
+                self._waiting.discard(wake)
+            if not wake.is_set():  # timed out (a manual clock sets the event it times out)
+                break
         return self.version
 
     def _bump(self) -> None:
         self.version += 1
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        waiting, self._waiting = self._waiting, set()
+        for wake in waiting:
+            wake.set()
 
     async def serve(
         self,

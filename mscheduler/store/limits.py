@@ -115,21 +115,28 @@ class Limits(BesideTasks):
 
     @driver_errors
     async def remove(self, name: str) -> bool:
-        result = await self.collection.delete_one({"_id": checked(check_name, name)})
-        if result.deleted_count:
-            await self._tasks.control_changed()
-        return bool(result.deleted_count)
+        """True if ``name`` had a limit. The document stays, with the slots of the runs that
+        still hold them (`queries.limits.remove_limit`): a limit set again counts them. The
+        control version is bumped either way (`store.controls`)."""
+        removal = lq.remove_limit(checked(check_name, name), self._tasks.clock.now())
+        result = await self.collection.update_one(*removal)
+        await self._tasks.control_changed()
+        return bool(result.matched_count)
 
     @driver_errors
     async def of(self, names: Sequence[str] | None = None) -> dict[str, Limit]:
-        query = {"_id": {"$in": list(names)}} if names is not None else {}
-        return {d["_id"]: Limit.model_validate(d) async for d in self.collection.find(query)}
+        """The limits (of ``names``); a removed limit's document is none."""
+        cursor = self.collection.find(lq.limited(names))
+        return {d["_id"]: Limit.model_validate(d) async for d in cursor}
 
     @driver_errors
-    async def acquire(self, name: str, until: dt.datetime) -> str | dt.datetime | None:
-        """A token for one claim of ``name``; or when one may be had (its limit is reached);
-        or None: ``name`` has no limit (removed meanwhile)."""
-        token, now = uuid.uuid4().hex, self._tasks.clock.now()
+    async def acquire(
+        self, name: str, until: dt.datetime, token: str | None = None
+    ) -> str | dt.datetime | None:
+        """A token for one claim of ``name`` (``token`` if given, else a fresh one); or when
+        one may be had (its limit is reached); or None: ``name`` was never limited. A removed
+        limit's document gives a token always (its slot counts if the limit is set again)."""
+        token, now = token or uuid.uuid4().hex, self._tasks.clock.now()
         try:
             taken = await self.collection.find_one_and_update(*lq.acquire(name, token, now, until))
         except ConnectionFailure:

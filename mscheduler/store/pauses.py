@@ -24,22 +24,24 @@ class Pauses(BesideTasks):
 
     @driver_errors
     async def pause(self, name: str, reason: str = "") -> bool:
-        """True if this call paused ``name``; False if it was paused already."""
+        """True if this call paused ``name``; False if it was paused already. The control
+        version is bumped either way (`store.controls`)."""
         name = checked(check_name, name)
         document = {"_id": name, "reason": reason, "paused_at": self._tasks.clock.now()}
         try:
             await self.collection.insert_one(document)
         except DuplicateKeyError:
-            return False
+            paused = False
+        else:
+            paused = True
         await self._tasks.control_changed()
-        return True
+        return paused
 
     @driver_errors
     async def resume(self, name: str) -> bool:
-        """True if ``name`` was paused."""
+        """True if ``name`` was paused. The control version is bumped either way."""
         result = await self.collection.delete_one({"_id": checked(check_name, name)})
-        if result.deleted_count:
-            await self._tasks.control_changed()
+        await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors

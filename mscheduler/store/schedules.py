@@ -79,9 +79,10 @@ class ScheduleStore(BesideTasks):
 
     @driver_errors
     async def remove(self, schedule_id: str) -> bool:
+        """True if the schedule was there. The control version is bumped either way
+        (`store.controls`)."""
         result = await self.collection.delete_one(sq.by_id(schedule_id))
-        if result.deleted_count:
-            await self._tasks.control_changed()
+        await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors

@@ -43,6 +43,7 @@ from .limits import Limits
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
+from .stops import Stops
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class TaskStore(StoreBase):
         self.pauses = Pauses(self)
         self.limits = Limits(self)
         self.workers = Workers(self)
+        self.stops = Stops(self)
         # The process's one change stream (or poll loop), the controls' changes on it too.
         self.task_hub = TaskHub(self, clock, controls_suffix=CONTROLS_SUFFIX)
         self.control_version = ControlVersion(self)
@@ -125,9 +127,13 @@ class TaskStore(StoreBase):
         names: Sequence[str] | None = None,
         key: str | None = None,
         exclude_keys: Sequence[str] = (),
+        run_id: str | None = None,
+        until: dt.datetime | None = None,
     ) -> Lease | None:
         """Claim one task: ``key`` if given, else the best of ``names`` (priority, then age)
-        other than ``exclude_keys``.
+        other than ``exclude_keys``. ``run_id``: the claim's token, when the caller chose it
+        (a fresh one otherwise); ``until``: the lease's end, when not the task's
+        ``worker_timeout_ms`` from now.
 
         None when nothing is claimable, or when the only write was recording timeouts that
         exhausted the task's retries (the task is then ``fail``)."""
@@ -138,16 +144,16 @@ class TaskStore(StoreBase):
             # A mongos refuses a findAndModify without the shard key; one per group of names
             # would take each group's best, not the best of all: candidates, then the best.
             leases = await self.claim_many(
-                worker_id, names=names, limit=1, exclude_keys=exclude_keys
+                worker_id, names=names, limit=1, exclude_keys=exclude_keys, until=until
             )
             return leases[0] if leases else None
         await self.ready()
-        run_id = uuid.uuid4().hex
+        run_id = run_id or uuid.uuid4().hex
         now = self.clock.now()
         try:
             found = await self.collection.find_one_and_update(
                 q.claim_filter(worker_id, now, names=names, key=key, exclude_keys=exclude_keys),
-                q.claim_update(worker_id, run_id, now),
+                q.claim_update(worker_id, run_id, now, until),
                 sort=q.CLAIM_SORT if key is None else None,
                 return_document=ReturnDocument.AFTER,
             )
@@ -172,16 +178,21 @@ class TaskStore(StoreBase):
         names: Sequence[str],
         limit: int,
         exclude_keys: Sequence[str] = (),
+        until: dt.datetime | None = None,
     ) -> list[Lease]:
         """Claim up to ``limit`` of the best tasks of ``names`` in three round trips
-        (`claims`); fewer than three tasks are claimed one at a time, which costs less."""
+        (`claims`); fewer than three: one task is claimed, in one round trip, which costs
+        less (the caller claims again for a second).
+        ``until``: the leases' end, when not each task's ``worker_timeout_ms`` from now."""
         worker_id = checked(check_worker_id, worker_id)
         if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY and not self.sharded:
-            lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys)
+            lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys, until=until)
             return [] if lease is None else [lease]
         await self.ready()
         async with self._claim_turn:  # batches of this process take turns (`claims`)
-            return await claims.claim_many(self, worker_id, names, limit, exclude_keys, self.settle)
+            return await claims.claim_many(
+                self, worker_id, names, limit, exclude_keys, self.settle, until
+            )
 
     async def settle(self, task_ids: Sequence[Any]) -> None:
         """After a write that may have ended these tasks without returning them: tell the
@@ -294,11 +305,11 @@ class TaskStore(StoreBase):
         return lease_lost(lease, await self.collection.find_one(q.by_key(lease.key)))
 
     @driver_errors
-    async def ping(self, lease: Lease) -> Task:
+    async def ping(self, lease: Lease, until: dt.datetime | None = None) -> Task:
+        """Extend the lease by its task's ``worker_timeout_ms``, or to ``until``."""
         now = self.clock.now()
-        return await self._fenced_write(
-            lease, lq.ping_update(lease.worker_id, lease.run_id, now, lease.reported_progress), now
-        )
+        update = lq.ping_update(lease.worker_id, lease.run_id, now, lease.reported_progress, until)
+        return await self._fenced_write(lease, update, now)
 
     @driver_errors
     async def ping_many(self, leases: Sequence[Lease]) -> list[Lease]:

@@ -49,6 +49,10 @@ class WorkerInfo(BaseModel):
     started_at: UtcDatetime
     last_seen_at: UtcDatetime
     heartbeat_ms: int
+    # Drawn afresh each time a consumer starts: tells a restarted worker from the one that had
+    # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
+    # written by a version that did not draw one.
+    instance: str = ""
     alive: bool = True  # set by the reader, from `is_alive` and its clock
 
     def stale_at(self) -> dt.datetime:
@@ -82,6 +86,15 @@ class Workers(BesideTasks):
     async def remove(self, worker_id: str) -> bool:
         result = await self.collection.delete_one({"_id": worker_id})
         return bool(result.deleted_count)
+
+    @driver_errors
+    async def get(self, worker_id: str) -> WorkerInfo | None:
+        """The entry of ``worker_id`` (alive or stale, as judged now), if registered."""
+        document = await self.collection.find_one({"_id": worker_id})
+        if document is None:
+            return None
+        info = WorkerInfo.model_validate(document)
+        return info.model_copy(update={"alive": info.is_alive(self._tasks.clock.now())})
 
     @driver_errors
     async def all(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:

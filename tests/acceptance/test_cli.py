@@ -265,7 +265,7 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint(wire_server: WireS
                 time.sleep(0.1)
         assert b"mscheduler_tasks" in page or b"mscheduler_handler_seconds" in page
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=30) in (0, 130)  # 130: ended by the signal, as asked
         assert process.stderr is not None
         assert "stopping gracefully" in process.stderr.read()
     finally:
@@ -381,7 +381,7 @@ def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireSer
         assert "waiting up to 600 s for 2 running task(s)" in said[-1]
         stopped_at = time.monotonic()
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=30) in (0, 130)  # 130: ended by the signal, as asked
         assert time.monotonic() - stopped_at < 5
         assert process.stderr is not None
         assert "stopping now" in process.stderr.read()
@@ -391,6 +391,54 @@ def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireSer
         assert task.state is ms.TaskState.PENDING, task
         assert task.unexpected_failures == 0
         assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@needs_bin
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_worker_isolate_runs_plain_handlers_in_children_that_end_with_a_killed_worker(
+    wire_server: WireServer, tmp_path: pathlib.Path
+):
+    """``--isolate``: the plain def handlers run in child processes; one that exits fails its
+    own task alone; after a ``kill -9`` of the worker, its child running a handler ends too."""
+    import time
+
+    uri = wire_db(wire_server)
+    pid_file = tmp_path / "stuck.pid"
+    publish(uri, ("p", "pid", 1), ("d", "exit_3", None))
+    process = start_worker(uri, "worker", "tests.isolated_handlers:handlers", "--isolate", cwd=ROOT)
+    try:
+        said = read_until(process, " running ")
+        assert "(in child processes: exit_3, pid, stuck)" in said[-1]
+        done = wait_for_tasks(uri, ["p", "d"])
+        publish(uri, ("s", "stuck", str(pid_file)))
+        deadline = time.monotonic() + 30
+        while not pid_file.exists():
+            assert time.monotonic() < deadline, "the stuck handler never started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert child != process.pid and process_alive(child)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while process_alive(child):
+            assert time.monotonic() < deadline, "the child outlived its killed worker"
+            time.sleep(0.05)
+    finally:
+        process.kill()
+    assert done["p"].state is ms.TaskState.SUCCESS
+    assert done["p"].result["pid"] not in (process.pid, os.getpid())
+    assert done["d"].state is ms.TaskState.FAIL and done["d"].error is not None
+    assert done["d"].error.type == "HandlerProcessDied"
+    assert "exited with code 3" in done["d"].error.message
 
 
 @needs_bin
@@ -459,9 +507,9 @@ def test_commands_say_when_their_database_is_private_to_the_process():
 @pytest.mark.parametrize(
     ("module", "message"),
     [
-        ("def broken(:\n", "raised SyntaxError: invalid syntax"),
+        ("def broken(:\n", "raised SyntaxError"),
         ("raise RuntimeError('no config')\n", "raised RuntimeError: no config"),
-        ("import no_such_dependency\n", "raised ModuleNotFoundError: No module named"),
+        ("import no_such_dependency\n", "raised ModuleNotFoundError"),
         ("other = {}\n", "module badapp has no 'handlers'"),
     ],
 )
@@ -481,8 +529,10 @@ def test_a_handlers_module_that_cannot_be_imported_is_one_line(
     [
         (["--log-level", "bogus", "stats"], "error: log-level: 'bogus' is not one of debug,"),
         (["--log-format", "xml", "stats"], "error: log-format: 'xml' is not one of text, json"),
-        (["publish", "k", "--name", "n", "--priority", "high"], "error: Invalid value for '--pri"),
-        (["nosuchcommand"], "error: No such command 'nosuchcommand'."),
+        (["publish", "k", "--name", "n", "--priority", "high"], "error: --priority: must be an"),
+        (["nosuchcommand"], "error: 'nosuchcommand' is not a command of mscheduler"),
+        (["limit", "nosuch"], "error: 'nosuch' is not a command of mscheduler limit"),
+        (["stats", "--bogus"], "error: --bogus: no such option"),
         (["worker", "x:y", "--metrics-port", "70000"], "error: metrics-port: 70000 is not a TCP"),
         (["worker", "x:y", "--metrics-port", "-1"], "error: metrics-port: -1 is not a TCP port"),
         (["publish", "k", "--name", "n", "--payload", "NaN"], "error: payload: not valid JSON"),
@@ -642,3 +692,40 @@ def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch):
         "error: uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
         "Authentication failed.\n"
     )
+
+
+def test_serve_refuses_another_interface_without_a_token():
+    code, _, err = cli("memory://serve-refused", "serve", "--host", "0.0.0.0")
+    assert code == 2 and "--token" in err
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``mscheduler serve`` on a free loopback port (``python -m mscheduler``, so the package
+    of this checkout), and its address once it listens."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mscheduler", *args, "serve", "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    line = read_until(process, "serve: http://")[-1]
+    return process, line.split("serve: ")[1].split()[0].rstrip("/")
+
+
+def test_serve_answers_with_its_token_on_a_free_port():
+    import httpx
+
+    process, address = start_server("--uri", "memory://served", "--log-level", "warning")
+    try:
+        with httpx.Client(base_url=address, timeout=30) as http:
+            assert http.get("/openapi.json").status_code == 200
+            assert http.get("/v1/stats").status_code == 200  # no token given: none asked
+            body = {"key": "k", "name": "job"}
+            assert http.post("/v1/tasks", json=body).status_code == 201
+            owned = http.post("/v1/own", json={"names": ["job"], "worker_id": "w"}).json()
+            assert [lease["key"] for lease in owned["leases"]] == ["k"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) in (0, 130)  # 130: ended by the signal, as asked

@@ -130,6 +130,64 @@ def test_a_killed_worker_shows_stale(uri: str):
     assert "\tstale\t" in ok(cli(uri, "workers"))
 
 
+def worker_states(uri: str, key: str) -> ms.Task:
+    async def work() -> ms.Task:
+        async with await ms.Scheduler.connect(uri) as sched:
+            found = await sched.get(key)
+            assert found is not None
+            return found
+
+    return anyio.run(work)
+
+
+def wait_running(uri: str, key: str) -> None:
+    deadline = time.monotonic() + 30
+    while worker_states(uri, key).state is not ms.TaskState.RUNNING:
+        assert time.monotonic() < deadline, f"the worker never ran {key}"
+        time.sleep(0.05)
+
+
+def test_workers_stop_lets_the_running_task_finish_then_the_worker_exits_0(uri: str):
+    publish(uri, ("nap:1", "nap", 3))
+    process = start_worker(uri, "worker", HANDLERS, "--worker-id", "w-stop", cwd=ROOT)
+    try:
+        read_until(process, " running ")
+        wait_running(uri, "nap:1")
+        said = ok(cli(uri, "workers", "stop", "w-stop"))
+        assert said.startswith("stopping: w-stop (") and "finish first" in said
+        assert "1 running task(s)" in read_until(process, "stop requested")[-1]
+        publish(uri, ("e:after", "echo", 1))  # a worker asked to stop claims nothing more
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+    assert worker_states(uri, "nap:1").state is ms.TaskState.SUCCESS
+    assert worker_states(uri, "e:after").state is ms.TaskState.PENDING
+    assert json.loads(ok(cli(uri, "workers", "--json"))) == []
+
+
+def test_workers_stop_now_releases_the_running_task_and_the_worker_exits_0(uri: str):
+    publish(uri, ("slow:1", "slow", None))
+    process = start_worker(
+        uri, "worker", HANDLERS, "--worker-id", "w-now", "--grace", "10m", cwd=ROOT
+    )
+    try:
+        read_until(process, " running ")
+        wait_running(uri, "slow:1")
+        stopped_at = time.monotonic()
+        assert "released at once" in ok(cli(uri, "workers", "stop", "w-now", "--now"))
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at < 10  # not the ten minutes of grace
+    finally:
+        process.kill()
+    task = worker_states(uri, "slow:1")
+    assert task.state is ms.TaskState.PENDING and task.unexpected_failures == 0
+    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+
+
+def test_workers_stop_of_a_worker_that_is_not_live_is_one_line(uri: str):
+    one_line_error(cli(uri, "workers", "stop", "nobody"), "error: no live worker")
+
+
 # ------------------------------------------------------------------ 2. a log line per task
 
 

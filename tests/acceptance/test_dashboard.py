@@ -28,7 +28,7 @@ from tests.engines import WireServer
 
 ROOT = pathlib.Path(__file__).parents[2]
 BIN = ROOT / ".venv" / "bin" / "mscheduler"
-CHROMIUM = pathlib.Path("/usr/bin/chromium")
+CHROMIUM = pathlib.Path(os.environ.get("MSCHEDULER_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
 CHROMIUM_ARGS = [
     "--headless",

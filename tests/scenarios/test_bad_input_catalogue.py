@@ -334,7 +334,7 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "misspelt uri option",
         lambda s: ms.Scheduler.connect("mongodb://h/?replicaSett=rs0"),
         ms.ConfigurationError,
-        "Unknown option",
+        "'replicaSett' is not a MongoDB URI option",
     ),
     (
         "sync collection",

@@ -19,16 +19,18 @@ import httpx
 import pytest
 
 import mscheduler as ms
-from mscheduler.cli.dashboard import is_loopback
+from mscheduler.cli.dashboard import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
+from tests.engines import worker
 
 pytestmark = pytest.mark.anyio
 
 
-def client(app: Any, **headers: str) -> httpx.AsyncClient:
+def client(app: Any, base_url: str = "http://127.0.0.1:8080", **headers: str) -> httpx.AsyncClient:
+    """A browser on this machine (the address the dashboard binds by default)."""
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://dashboard", headers=headers
+        transport=httpx.ASGITransport(app=app), base_url=base_url, headers=headers
     )
 
 
@@ -253,6 +255,25 @@ async def test_the_task_list_pages_in_the_browser_and_refuses_a_forged_position(
     assert forged.status_code == 400 and "not a position in this list" in forged.text
 
 
+async def test_a_position_out_of_range_is_refused_naming_the_parameter(
+    scheduler: ms.Scheduler,
+):
+    """A forged claim-order position whose numbers no task can have (a priority past int32,
+    past int64, a time past any date) is refused, not sent to the server to fail there."""
+    task_id = "0" * 24
+    forged = [
+        f"c:{2**63}:0:{task_id}",
+        f"c:{-(2**63) - 1}:0:{task_id}",
+        f"c:{2**31}:0:{task_id}",
+        f"c:0:{10**20}:{task_id}",
+    ]
+    await scheduler.publish("job:0", None, name="job")
+    async with client(create_app(scheduler)) as http:
+        answers = [await http.get("/tasks", params={"name": "job", "after": a}) for a in forged]
+    assert [answer.status_code for answer in answers] == [400] * len(forged)
+    assert all("after" in text_of(answer.text) for answer in answers)
+
+
 # ------------------------------------------------------------------------ actions
 
 
@@ -297,6 +318,40 @@ async def test_actions_with_the_page_token_cancel_retry_pause_and_resume(filled:
     assert offsite.headers["location"] == "/tasks/email%3A2"  # never a redirect elsewhere
 
 
+async def test_the_stop_button_of_a_live_worker_stops_it_behind_the_token_and_a_confirmation(
+    filled: ms.Scheduler, discover: Any
+):
+    """Each live worker has Stop (draining) and Stop now, each asking for a confirmation in
+    the page; without the page's token nothing is stopped; a worker that is not live is a
+    400 that says so."""
+
+    async def job(task: ms.Task) -> None:
+        pass
+
+    app = create_app(filled)
+    consumer = filled.consumer({"other": job}, options=worker("mailer-1"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(consumer.run)
+        async with client(app) as http:
+            page = (await http.get("/")).text
+            row = re.search(r'<tr data-worker="mailer-1">(.*?)</tr>', page, re.S)
+            assert row, "no row for the live worker"
+            forms = re.findall(r'<form method="post" action="([^"]+)"[^>]*data-confirm="', row[1])
+            assert forms == ["/workers/mailer-1/stop", "/workers/mailer-1/stop"]
+            assert 'name="now" value="1"' in row[1]
+            refused = await http.post("/workers/mailer-1/stop", data={"csrf": "forged"})
+            await discover()
+            assert refused.status_code == 403 and not consumer.stop_requested
+            token = csrf_of(page)
+            unknown = await http.post("/workers/nobody/stop", data={"csrf": token})
+            assert unknown.status_code == 400 and "no live worker" in text_of(unknown.text)
+            stopped = await http.post("/workers/mailer-1/stop", data={"csrf": token, "now": "1"})
+            assert stopped.status_code == 303 and stopped.headers["location"] == "/"
+            await discover()
+    assert consumer.stop_requested and consumer.stopped_remotely
+    assert await filled.workers() == []
+
+
 async def test_a_read_only_dashboard_offers_no_action_and_accepts_none(filled: ms.Scheduler):
     async with client(create_app(filled, read_only=True)) as http:
         overview = (await http.get("/")).text
@@ -327,6 +382,77 @@ async def test_a_dashboard_with_a_token_answers_nobody_without_it(filled: ms.Sch
     assert (await filled.get("email:0")).state is ms.TaskState.PENDING
     with pytest.raises(ms.ConfigurationError, match="token"):
         create_app(filled, token=" ")
+
+
+async def test_a_dashboard_without_a_token_answers_only_the_loopback_names(
+    filled: ms.Scheduler,
+):
+    """DNS rebinding: a page of attacker.example whose name now points at 127.0.0.1 reaches
+    the dashboard as ``Host: attacker.example``, and must read nothing and change nothing."""
+    app = create_app(filled)
+    for base in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"):
+        async with client(app, base) as http:
+            assert (await http.get("/tasks/email:0")).status_code == 200, base
+    async with client(app) as http:
+        token = csrf_of((await http.get("/tasks/email:0")).text)
+    async with client(app, "http://attacker.example:8080") as rebound:
+        page = await rebound.get("/tasks/email:0")
+        listing = await rebound.get("/tasks")
+        cancel = await rebound.post("/tasks/email:0/cancel", data={"csrf": token})
+    assert page.status_code == listing.status_code == cancel.status_code == 400
+    assert "user0@example.com" not in page.text + listing.text
+    assert token not in page.text + listing.text
+    assert (await filled.get("email:0")).state is ms.TaskState.PENDING
+
+
+async def test_a_write_a_page_of_another_origin_sent_is_refused(filled: ms.Scheduler):
+    async with client(create_app(filled)) as http:
+        token = csrf_of((await http.get("/")).text)
+        refused = [
+            await http.post("/tasks/email:0/cancel", data={"csrf": token}, headers=headers)
+            for headers in (
+                {"Origin": "http://attacker.example"},
+                {"Origin": "null"},
+                {"Sec-Fetch-Site": "cross-site"},
+                {"Sec-Fetch-Site": "same-site", "Origin": "http://localhost:3000"},
+            )
+        ]
+        assert [answer.status_code for answer in refused] == [403] * 4
+        assert (await filled.get("email:0")).state is ms.TaskState.PENDING
+        same_origin = {"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"}
+        done = await http.post("/tasks/email:0/cancel", data={"csrf": token}, headers=same_origin)
+    assert done.status_code == 303
+    assert (await filled.get("email:0")).state is ms.TaskState.CANCELLED
+
+
+async def test_no_page_of_the_dashboard_can_be_framed(filled: ms.Scheduler):
+    async with client(create_app(filled)) as http:
+        answers = [await http.get(path) for path in ("/", "/tasks", "/tasks/email:0", "/nothing")]
+    for answer in answers:
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+
+
+async def test_a_mounted_dashboard_answers_the_hosts_it_is_given_or_any_behind_a_token(
+    filled: ms.Scheduler,
+):
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    named = Starlette(
+        routes=[Mount("/ops", app=create_app(filled, allowed_hosts=["ops.example.com"]))]
+    )
+    async with client(named, "https://ops.example.com") as http:
+        assert (await http.get("/ops/")).status_code == 200
+    async with client(named, "https://attacker.example") as http:
+        assert (await http.get("/ops/")).status_code == 400
+    tokened = create_app(filled, token="s3cret")
+    async with client(tokened, "https://ops.example.com", Authorization="Bearer s3cret") as http:
+        assert (await http.get("/")).status_code == 200  # the token is what guards it
+    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+        create_app(filled, allowed_hosts="ops.example.com")  # type: ignore[arg-type]
+    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+        create_app(filled, allowed_hosts=[""])
 
 
 async def test_every_asset_is_served_by_the_app(scheduler: ms.Scheduler):
@@ -391,8 +517,8 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
         "raw_path": b"/events",
         "root_path": "",
         "query_string": b"",
-        "headers": [],
-        "server": ("dashboard", 80),
+        "headers": [(b"host", b"127.0.0.1:8080")],
+        "server": ("127.0.0.1", 8080),
         "client": ("operator", 1234),
     }
 
@@ -446,6 +572,19 @@ async def test_the_live_workers_of_the_registry_are_shown_by_name(
     assert "mailer-1" not in text_of(row_of(page, "report"))
     assert "gone-1" not in page
     assert "web-1:4242" in text_of(page)
+
+
+def test_the_command_serves_the_loopback_names_and_the_host_it_binds():
+    assert set(allowed_hosts("127.0.0.1", token=None, extra=[])) == {
+        "127.0.0.1",
+        "localhost",
+        "[::1]",
+    }
+    assert "127.0.0.2" in allowed_hosts("127.0.0.2", token=None, extra=[])
+    assert "[::1]" in allowed_hosts("::1", token=None, extra=[])
+    assert "ops.internal" in allowed_hosts("127.0.0.1", token=None, extra=["ops.internal"])
+    assert allowed_hosts("0.0.0.0", token="t", extra=[]) is None  # any: the token guards
+    assert "ops.internal" in (allowed_hosts("0.0.0.0", token="t", extra=["ops.internal"]) or [])
 
 
 def test_only_loopback_addresses_go_without_a_token():

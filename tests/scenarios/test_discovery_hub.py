@@ -183,8 +183,11 @@ async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
                 async for _ in of:
                     break  # left without closing it
 
+            async def next_of(of: AsyncIterator[ms.Task]) -> None:
+                await of.__anext__()
+
             task_group.start_soon(first, watch)
-            task_group.start_soon(anext, closed)
+            task_group.start_soon(next_of, closed)
             await settle()
             assert hub.subscribers == 3
             await scheduler.publish("k", None, name="job")

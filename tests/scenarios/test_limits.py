@@ -16,7 +16,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.store.limits import Limit
 from tests.engines import POLL_MS, settle
-from tests.faults import LosesClaimAndLookUp
+from tests.faults import LosesBesideWrites, LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
 
@@ -212,6 +212,97 @@ async def test_removing_or_raising_a_limit_starts_the_waiting_tasks_at_once(
         assert runs.running == 2
         for gate in ("r0", "r1"):
             runs.gates[gate].set()
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["removal_seen", "removal_unseen"])
+async def test_a_limit_removed_and_set_again_counts_the_tasks_still_running(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, seen: bool
+):
+    """A task runs under ``max_running=1``; the limit is removed and set again (the
+    consumers told of the removal in between, or not): the running task still holds its
+    slot, so no second one starts on any worker until it ends."""
+    await scheduler.set_limit("render", max_running=1)
+    await scheduler.publish("r0", 0, name="render")
+    runs = _Concurrency()
+    options = [
+        ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)
+        for n in range(2)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for each in options:
+            await stack.enter_async_context(
+                scheduler.consumer({"render": runs.handler}, options=each)
+            )
+        await discover()
+        assert runs.started == ["r0"]
+        assert await scheduler.remove_limit("render")
+        if seen:
+            await discover()
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        await scheduler.publish("r1", 1, name="render")
+        for _ in range(3):
+            await discover()
+            clock.advance(1)  # a consumer at the limit asks again each second
+        await discover()
+        assert runs.started == ["r0"], "a second start under max_running=1"
+        assert await _live_slots(scheduler, "render", clock.now()) == 1
+        runs.gates["r0"].set()
+        for _ in range(2):
+            await discover()
+            clock.advance(1)
+        await discover()
+        assert runs.started == ["r0", "r1"] and runs.most == 1
+        runs.gates["r1"].set()
+        await discover()
+    assert await _live_slots(scheduler, "render", clock.now()) == 0
+
+
+async def test_a_dead_holders_slot_outlives_its_limit_removed_and_set_again(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """The slot of a worker that died holding it counts until its lease would have ended,
+    whatever happened to the limit meanwhile; a removed limit is listed no more."""
+    await scheduler.set_limit("render", max_running=1)
+    until = clock.now() + dt.timedelta(seconds=5)
+    assert isinstance(await scheduler.store.limits.acquire("render", until), str)
+    assert await scheduler.remove_limit("render")
+    assert not await scheduler.remove_limit("render")
+    assert "render" not in await scheduler.limits()
+    await scheduler.set_limit("render", max_running=1)
+    assert not isinstance(await scheduler.store.limits.acquire("render", until), str)
+    clock.advance(5.001)
+    assert isinstance(await scheduler.store.limits.acquire("render", until), str)
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
+async def test_a_limit_removed_while_its_signal_is_lost_frees_the_waiting_tasks(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, retried: bool
+):
+    """The removal is written and the version bump that tells the consumers of it is lost on
+    the network: retried (it finds the limit gone), the call tells them at once; not
+    retried, they read their limits again within ``schedule_refresh_ms``, not an hour on."""
+    await scheduler.set_limit("render", rate=1, per=dt.timedelta(hours=1))
+    for n in range(2):
+        await scheduler.publish(f"r{n}", n, name="render")
+    runs = _Concurrency()
+    operator = ms.Scheduler(LosesBesideWrites(scheduler.collection, ".controls"), clock=clock)
+    options = worker(max_running=4, schedule_refresh_ms=5_000)
+    async with scheduler.consumer({"render": runs.handler}, options=options):
+        await discover()
+        assert runs.started == ["r0"]
+        with pytest.raises(ms.BackendUnavailable):
+            await operator.remove_limit("render")
+        if retried:
+            assert not await operator.remove_limit("render")  # removed already
+        else:
+            for _ in range(5):  # the running task's lease kept alive meanwhile
+                await discover()
+                clock.advance(1)
+        await discover()
+        assert runs.started == ["r0", "r1"], "the removal was not seen"
+        for gate in list(runs.gates.values()):
+            gate.set()
 
 
 async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(

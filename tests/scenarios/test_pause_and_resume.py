@@ -9,6 +9,7 @@ import pytest
 
 import mscheduler as ms
 from tests.engines import worker
+from tests.faults import LosesBesideWrites
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -44,3 +45,36 @@ async def test_a_paused_name_is_not_claimed_until_resumed(
         await discover()
     assert ran == ["text", "mail"]
     assert await scheduler.resume("email") is False
+
+
+@pytest.mark.parametrize("change", ["pause", "resume"])
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
+async def test_a_pause_or_resume_whose_signal_is_lost_still_reaches_the_consumers(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, change: str, retried: bool
+):
+    """The pause (or resume) is written and the version bump that tells the consumers of it
+    is lost on the network: retried (it finds the change made), the call tells them at once;
+    not retried, they read their controls again within ``schedule_refresh_ms`` anyway."""
+    ran: list[str] = []
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    if change == "resume":
+        await scheduler.pause("email")
+    operator = ms.Scheduler(LosesBesideWrites(scheduler.collection, ".controls"), clock=clock)
+    options = worker()
+    async with scheduler.consumer({"email": job}, options=options) as consumer:
+        await discover()
+        with pytest.raises(ms.BackendUnavailable):
+            await getattr(operator, change)("email")
+        if retried:
+            assert await getattr(operator, change)("email") is False  # made already
+        else:
+            clock.advance(options.schedule_refresh_ms / 1000)
+        await discover()
+        assert consumer.paused == ({"email"} if change == "pause" else set())
+        await scheduler.publish("mail", None, name="email")
+        await discover()
+        await discover()
+        assert ran == ([] if change == "pause" else ["mail"])

@@ -3,6 +3,9 @@ second at most, cleared when the task ends; bad progress names the field. Every 
 
 from __future__ import annotations
 
+import gc
+import threading
+import warnings
 from typing import Any
 
 import anyio
@@ -64,12 +67,42 @@ async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_
         assert task is not None and task.state is S.SUCCESS and task.progress is None
 
 
+async def test_a_sync_handler_reports_progress_from_its_thread(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+):
+    """The same call, without ``await``, in a plain ``def`` handler (its worker thread): the
+    report is written as an async handler's is, and nothing is left unawaited."""
+    reported, release = threading.Event(), threading.Event()
+
+    def resize(task: ms.Task) -> None:
+        ms.current_lease().progress(0.5, "half")
+        reported.set()
+        release.wait(30)  # a bound on a hang: the test sets it
+
+    await scheduler.publish("k", None, name="resize")
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        async with scheduler.consumer({"resize": resize}, options=worker()):
+            await discover()
+            assert await anyio.to_thread.run_sync(reported.wait, 30)
+            await settle()
+            running = await scheduler.get("k")
+            release.set()
+            await settle()
+        gc.collect()  # a coroutine never awaited warns when collected
+    assert running is not None and running.progress is not None, "the report was not written"
+    assert (running.progress.fraction, running.progress.message) == (0.5, "half")
+    assert not [w for w in warned if issubclass(w.category, RuntimeWarning)]
+    done = await scheduler.get("k")
+    assert done is not None and done.state is S.SUCCESS and done.progress is None
+
+
 async def test_bad_progress_names_the_field(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await scheduler.store.claim("w", key="k")
     assert lease is not None
-    with pytest.raises(ms.ConfigurationError, match="progress: fraction: Input should be less"):
+    with pytest.raises(ms.ConfigurationError, match="progress: fraction: must be at most 1"):
         await lease.progress(1.5)
-    with pytest.raises(ms.ConfigurationError, match="progress: message: String should have"):
+    with pytest.raises(ms.ConfigurationError, match="progress: message: must have at most 1000"):
         await lease.progress(0.5, "x" * 1001)
     assert lease.reported_progress is None

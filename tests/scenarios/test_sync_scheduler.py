@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -142,6 +144,34 @@ def test_wraps_a_pymongo_collection_and_leaves_its_client_open(engine: str, targ
         assert collection.find_one({"key": "wrapped:1"}, {"payload": 1})["payload"] == {"n": 1}
 
 
+def test_threads_publishing_at_once_through_one_wrapped_collection_all_finish(
+    engine: str, target: Target
+) -> None:
+    """A web server's first requests: several threads call one `SyncScheduler` at once, each
+    in its own event loop, before the indexes are known to be there."""
+    if engine == "memory":
+        pytest.skip(MEMORY_ONE_THREAD)
+    threads = 8
+    with pymongo.MongoClient(target.uri, tz_aware=True) as client:
+        sync = ms.SyncScheduler(client[target.database or ""][target.collection])
+        start = threading.Barrier(threads)
+        published: list[str] = []
+
+        def publish(n: int) -> None:
+            start.wait(timeout=30)
+            published.append(sync.publish(f"request:{n}", name="job").task.key)
+
+        running = [threading.Thread(target=publish, args=(n,), daemon=True) for n in range(threads)]
+        for thread in running:
+            thread.start()
+        deadline = time.monotonic() + 30  # a bound on a hang, not a timing
+        for thread in running:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert [thread for thread in running if thread.is_alive()] == []
+        assert sorted(published) == sorted(f"request:{n}" for n in range(threads))
+        assert sync.get("request:0") is not None
+
+
 def test_called_from_async_code_says_what_to_use(target: Target) -> None:
     async def publish_in_a_loop(sync: ms.SyncScheduler) -> None:
         sync.publish("k", name="n")
@@ -191,3 +221,20 @@ def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch) -
         "uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
         "Authentication failed."
     )
+
+
+def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None:
+    clock = ms.ManualClock()
+    with target.sync(clock) as sync:
+        sync.publish("a", name="job")
+        sync.publish("b", name="job")
+        first, second = sync.own(["job"], worker_id="w", max_tasks=2, lease=10)
+        first = sync.extend(first, 20)
+        assert sync.succeed(first, {"ok": 1}).state is ms.TaskState.SUCCESS
+        assert sync.release(second).state is ms.TaskState.PENDING
+        [again] = sync.own(["job"], worker_id="w")
+        found = sync.find_lease(again.key, worker_id="w", run_id=again.run_id)
+        sync.fail(found, "broken")
+        clock.advance(60)
+        with pytest.raises(ms.LeaseLost):
+            sync.succeed(found)

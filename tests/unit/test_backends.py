@@ -21,9 +21,10 @@ pytestmark = pytest.mark.anyio
         ("redis://localhost", "unsupported scheme 'redis'"),
         ("mongodb://", "is not a valid MongoDB URI"),
         ("mongodb://h:notaport", "is not a valid MongoDB URI"),
-        ("mongodb://u:secret@h:1/?tls=maybe", "tls must be 'true' or 'false'"),
-        ("mongodb://u:secret@h:1/?wtimeoutMS=soon", "wtimeoutms must be an integer"),
-        ("mongodb://h/?replicaSett=rs0", "Unknown option: replicasett"),
+        ("mongodb://u:secret@h:1/?tls=maybe", "option tls='maybe' is not valid"),
+        ("mongodb://u:secret@h:1/?wtimeoutMS=soon", "option wtimeoutMS='soon' is not valid"),
+        ("mongodb://h/?replicaSett=rs0", "'replicaSett' is not a MongoDB URI option"),
+        ("mongodb://h/?tlsCertificateKeyFilePassword=x&bogus=1", "'bogus' is not a MongoDB"),
         ("memory://x/path", "a memory URI is memory://"),
         ("memory://x?colour=red", "unknown memory:// option"),
     ],
@@ -32,6 +33,15 @@ async def test_malformed_uris_are_refused(uri: str, message: str):
     with pytest.raises(ms.ConfigurationError, match=message) as info:
         await ms.Scheduler.connect(uri)
     assert "secret" not in str(info.value)
+
+
+async def test_a_misspelt_uri_option_is_named_with_the_option_it_resembles():
+    with pytest.raises(ms.ConfigurationError) as info:
+        await ms.Scheduler.connect("mongodb://h/?replicaSett=rs0")
+    assert str(info.value) == (
+        "uri: 'replicaSett' is not a MongoDB URI option; did you mean 'replicaset'? "
+        "(names ignore case)"
+    )
 
 
 async def test_unreachable_server_fails_within_the_timeout():

@@ -25,6 +25,7 @@ FOUNDATION = {
     "delays",
     "encoding",
     "errors",
+    "host_guard",
     "models",
     "periodic",
     "specs",
@@ -42,9 +43,11 @@ LAYERS = {
     "testing": 4,
     "metrics": 5,  # observes consumers and reads Scheduler.stats
     "dashboard": 5,  # pages over the Scheduler (and store.browse); the cli serves it
+    "http": 5,  # the HTTP API over the Scheduler; the cli serves it
     "sync_scheduler": 5,  # a Scheduler run from blocking code
     "__init__": 6,
     "cli": 6,
+    "__main__": 7,  # python -m mscheduler: the cli
 }
 # Collection methods called on a collection (an expression that names one): only the store,
 # and the backends that make collections, do that.

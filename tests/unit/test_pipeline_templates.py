@@ -15,8 +15,11 @@ NOW = dt.datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=dt.timezone.utc)
 LATER = NOW + dt.timedelta(seconds=7)
 
 CALLS: list[tuple[Any, tuple[Any, ...]]] = [
-    (tasks.claim_update, ("w1", "run-a", NOW)),
-    (tasks.claim_update, ("w2", "run-b", LATER)),
+    (tasks._claim_update, ("w1", "run-a", NOW)),
+    (tasks._claim_update, ("w2", "run-b", LATER)),
+    (tasks._claim_update_until, ("w1", "run-a", NOW, LATER)),
+    (tasks._claim_update_until, ("w2", "run-b", LATER, LATER + dt.timedelta(seconds=1))),
+    (lease._extend_lease_to, ("w1", "run-a", NOW, LATER)),
     (lease.success_update, ("w1", "run-a", {"rows": [1, 2]}, NOW)),
     (lease.success_update, ("w2", "run-b", None, LATER)),
     (derived.recompute, (NOW,)),
@@ -61,3 +64,14 @@ def test_a_builder_that_hides_an_argument_in_a_tuple_is_refused():
 
     with pytest.raises(TypeError, match="run_id"):
         hidden("run-a")
+
+
+def test_a_claim_or_ping_until_a_chosen_time_differs_only_in_the_lease_end():
+    """A lease owned for a chosen time (`Scheduler.own(lease=...)`) ends then; otherwise the
+    claim and the ping are the task's own ``worker_timeout_ms`` ones."""
+    for plain, until in (
+        (tasks.claim_update("w1", "run-a", NOW), tasks.claim_update("w1", "run-a", NOW, LATER)),
+        (lease.ping_update("w1", "run-a", NOW), lease.ping_update("w1", "run-a", NOW, None, LATER)),
+    ):
+        assert plain != until
+        assert str(until).count(repr(LATER)) == 1 and repr(LATER) not in str(plain)

@@ -10,3 +10,10 @@
     htmx.trigger(document.body, "refresh");
   };
 })();
+
+// An action that asks first (a form with data-confirm: stopping a worker): listened to on the
+// document, so forms of a refreshed overview ask too.
+document.addEventListener("submit", function (event) {
+  var question = event.target.dataset && event.target.dataset.confirm;
+  if (question && !window.confirm(question)) event.preventDefault();
+});

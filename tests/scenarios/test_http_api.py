@@ -1,0 +1,285 @@
+"""The HTTP API (`mscheduler.http.create_app`): the routes over a Scheduler, its errors as
+JSON, the token, Host and Origin rules, and its OpenAPI document. Every engine, through
+httpx's ASGI transport (no socket), the manual clock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+import mscheduler as ms
+from mscheduler.http import create_app
+
+pytestmark = pytest.mark.anyio
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def client(scheduler: ms.Scheduler) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(scheduler, token=TOKEN)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://127.0.0.1:8700", headers=AUTH
+    ) as http:
+        yield http
+
+
+async def _own(client: httpx.AsyncClient, **body: Any) -> list[dict[str, Any]]:
+    reply = await client.post("/v1/own", json={"names": ["job"], "worker_id": "w", **body})
+    assert reply.status_code == 200, reply.text
+    leases: list[dict[str, Any]] = reply.json()["leases"]
+    return leases
+
+
+def _ref(lease: dict[str, Any]) -> dict[str, Any]:
+    return {"key": lease["key"], "worker_id": lease["worker_id"], "run_id": lease["run_id"]}
+
+
+async def test_publish_is_idempotent_by_key(client: httpx.AsyncClient):
+    body = {"key": "email:1", "name": "email", "payload": {"to": "a@b.c"}}
+    first = await client.post("/v1/tasks", json=body)
+    assert first.status_code == 201
+    task = first.json()
+    assert (task["key"], task["name"], task["state"]) == ("email:1", "email", "pending")
+    assert task["payload"] == {"to": "a@b.c"}
+    again = await client.post("/v1/tasks", json={**body, "payload": {"to": "other"}})
+    assert again.status_code == 200 and again.json()["payload"] == {"to": "a@b.c"}
+    got = await client.get("/v1/tasks/email:1")
+    assert got.status_code == 200 and got.json()["key"] == "email:1"
+    listed = await client.get("/v1/tasks", params={"name": "email", "state": "pending"})
+    assert [t["key"] for t in listed.json()["tasks"]] == ["email:1"]
+
+
+async def test_bson_values_travel_as_relaxed_extended_json(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler
+):
+    body = {"key": "k", "name": "job", "payload": {"at": {"$date": "2030-01-02T03:04:05Z"}}}
+    reply = await client.post("/v1/tasks", json=body)
+    assert reply.json()["payload"] == {"at": {"$date": "2030-01-02T03:04:05Z"}}
+    task = await scheduler.get("k")
+    assert task is not None and task.payload["at"].year == 2030  # stored as a BSON date
+
+
+async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
+    reply = await client.get("/v1/tasks/nothing")
+    assert reply.status_code == 404
+    assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
+    no_route = await client.get("/v1/nowhere")
+    assert no_route.status_code == 404 and no_route.json()["error"] == "no_route"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "job"}, "key"),
+        ({"key": "k", "name": "job", "delay_ms": -1}, "delay_ms"),
+        ({"key": "k", "name": "job", "options": {"priority": "high"}}, "priority"),
+        ({"key": "k", "name": "job", "surprise": 1}, "surprise"),
+        ({"key": "k", "name": "job", "depends_on": ["missing"]}, "missing"),
+    ],
+)
+async def test_a_bad_body_is_422_naming_the_field_and_writes_nothing(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler, body: dict[str, Any], field: str
+):
+    reply = await client.post("/v1/tasks", json=body)
+    assert reply.status_code == 422
+    assert reply.json()["error"] == "invalid" and field in reply.json()["message"]
+    assert "\n" not in reply.json()["message"]
+    assert await scheduler.list_tasks() == []
+
+
+async def test_own_extend_and_succeed_over_http(client: httpx.AsyncClient):
+    for n in range(3):
+        await client.post("/v1/tasks", json={"key": f"t{n}", "name": "job", "payload": n})
+    leases = await _own(client, max_tasks=2, lease_ms=10_000)
+    assert [lease["key"] for lease in leases] == ["t0", "t1"]
+    assert leases[0]["task"]["payload"] == 0 and leases[0]["expires_at"]
+    extended = await client.post("/v1/leases/extend", json={**_ref(leases[0]), "lease_ms": 20_000})
+    assert extended.status_code == 200 and extended.json()["run_id"] == leases[0]["run_id"]
+    done = await client.post("/v1/leases/succeed", json={**_ref(leases[0]), "result": {"ok": 1}})
+    assert done.status_code == 200
+    assert done.json()["state"] == "success" and done.json()["result"] == {"ok": 1}
+    again = await client.post("/v1/leases/succeed", json=_ref(leases[0]))
+    assert again.status_code == 409 and again.json()["error"] == "lease_lost"
+
+
+async def test_a_lease_fenced_after_its_expiry_is_409(
+    client: httpx.AsyncClient, clock: ms.ManualClock
+):
+    await client.post("/v1/tasks", json={"key": "t", "name": "job"})
+    [lease] = await _own(client, lease_ms=5_000)
+    clock.advance(6)
+    for route, extra in (("extend", {}), ("succeed", {}), ("fail", {"error": "late"})):
+        reply = await client.post(f"/v1/leases/{route}", json={**_ref(lease), **extra})
+        assert reply.status_code == 409 and reply.json()["error"] == "lease_lost", route
+
+
+async def test_a_lease_is_found_by_another_server(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler
+):
+    """Another server (or this one after a restart) knows nothing of the lease: it reads it."""
+    await client.post("/v1/tasks", json={"key": "t", "name": "job"})
+    [lease] = await _own(client)
+    other = create_app(scheduler, token=TOKEN)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=other), base_url="http://localhost", headers=AUTH
+    ) as second:
+        released = await second.post("/v1/leases/release", json=_ref(lease))
+        assert released.status_code == 200 and released.json()["state"] == "pending"
+        forged = await second.post("/v1/leases/release", json={**_ref(lease), "run_id": "forged"})
+        assert forged.status_code == 409
+
+
+async def test_fail_retries_and_release_counts_no_attempt(client: httpx.AsyncClient):
+    options = {"max_unexpected_retries": 1, "unexpected_retry_delay_ms": 0}
+    await client.post("/v1/tasks", json={"key": "t", "name": "job", "options": options})
+    [lease] = await _own(client)
+    assert (await client.post("/v1/leases/release", json=_ref(lease))).json()["state"] == "pending"
+    [lease] = await _own(client)
+    failed = await client.post("/v1/leases/fail", json={**_ref(lease), "error": "boom"})
+    assert failed.json()["state"] == "pending"  # one retry left
+    [lease] = await _own(client)
+    failed = await client.post("/v1/leases/fail", json={**_ref(lease), "error": "boom"})
+    assert failed.json()["state"] == "fail"
+    retried = await client.post("/v1/tasks/t/retry")
+    assert retried.status_code == 200 and retried.json()["state"] == "pending"
+    cancelled = await client.post("/v1/tasks/t/cancel")
+    assert cancelled.json() == {"changed": True}
+    waited = await client.get("/v1/tasks/t/wait", params={"timeout_ms": 1000})
+    assert waited.status_code == 200 and waited.json()["state"] == "cancelled"
+
+
+async def test_wait_is_408_on_timeout(client: httpx.AsyncClient):
+    await client.post("/v1/tasks", json={"key": "t", "name": "job"})
+    reply = await client.get("/v1/tasks/t/wait", params={"timeout_ms": 0})
+    assert reply.status_code == 408 and reply.json()["error"] == "timeout"
+    missing = await client.get("/v1/tasks/none/wait", params={"timeout_ms": 1000})
+    assert missing.status_code == 404
+
+
+async def test_pause_resume_and_stats(client: httpx.AsyncClient):
+    await client.post("/v1/tasks", json={"key": "t", "name": "job"})
+    assert (await client.post("/v1/names/job/pause", json={"reason": "deploy"})).json() == {
+        "changed": True
+    }
+    assert await _own(client) == []
+    stats = (await client.get("/v1/stats")).json()["stats"]
+    assert [(row["name"], row["state"], row["paused"]) for row in stats] == [
+        ("job", "pending", True)
+    ]
+    assert (await client.post("/v1/names/job/resume")).json() == {"changed": True}
+    assert len(await _own(client)) == 1
+
+
+async def test_own_honours_max_running(client: httpx.AsyncClient, scheduler: ms.Scheduler):
+    await scheduler.set_limit("job", max_running=1)
+    for n in range(3):
+        await client.post("/v1/tasks", json={"key": f"t{n}", "name": "job"})
+    [lease] = await _own(client, max_tasks=3)
+    assert await _own(client, max_tasks=3) == []
+    await client.post("/v1/leases/succeed", json=_ref(lease))
+    assert len(await _own(client, max_tasks=3)) == 1
+
+
+async def test_every_v1_route_needs_the_token(client: httpx.AsyncClient):
+    app_routes = [("GET", "/v1/stats"), ("POST", "/v1/own"), ("GET", "/v1/tasks/x")]
+    for method, path in app_routes:
+        for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}):
+            reply = await client.request(method, path, headers=headers, json={})
+            assert reply.status_code == 401, (method, path)
+            assert reply.json()["error"] == "unauthorized"
+
+
+async def test_another_host_or_a_foreign_origin_is_refused(client: httpx.AsyncClient):
+    rebound = await client.get("/v1/stats", headers={"Host": "evil.example"})
+    assert rebound.status_code == 400 and rebound.json()["error"] == "bad_host"
+    for host in ("localhost:8700", "[::1]:8700", "127.0.0.1"):
+        assert (await client.get("/v1/stats", headers={"Host": host})).status_code == 200
+    body = {"key": "k", "name": "job"}
+    foreign = await client.post("/v1/tasks", json=body, headers={"Origin": "https://evil.example"})
+    assert foreign.status_code == 403 and foreign.json()["error"] == "bad_origin"
+    own = await client.post("/v1/tasks", json=body, headers={"Origin": "http://localhost:8700"})
+    assert own.status_code == 201
+    read = await client.get("/v1/stats", headers={"Origin": "https://evil.example"})
+    assert read.status_code == 200  # a read: the browser's same-origin policy guards it
+
+
+async def test_a_host_given_to_the_app_is_answered(scheduler: ms.Scheduler):
+    app = create_app(scheduler, hosts=["tasks.internal"])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://tasks.internal"
+    ) as http:
+        assert (await http.get("/v1/stats")).status_code == 200  # no token set: none needed
+
+
+ROUTES = {  # the API's routes, as the protocol names them (docs/protocol.md)
+    ("POST", "/v1/tasks"),
+    ("GET", "/v1/tasks"),
+    ("GET", "/v1/tasks/{key}"),
+    ("POST", "/v1/tasks/{key}/cancel"),
+    ("POST", "/v1/tasks/{key}/retry"),
+    ("GET", "/v1/tasks/{key}/wait"),
+    ("POST", "/v1/own"),
+    ("POST", "/v1/leases/extend"),
+    ("POST", "/v1/leases/succeed"),
+    ("POST", "/v1/leases/fail"),
+    ("POST", "/v1/leases/release"),
+    ("GET", "/v1/stats"),
+    ("POST", "/v1/names/{name}/pause"),
+    ("POST", "/v1/names/{name}/resume"),
+}
+
+
+async def test_the_openapi_document_validates_and_lists_every_route(client: httpx.AsyncClient):
+    validator = pytest.importorskip("openapi_spec_validator")
+    reply = await client.get("/openapi.json", headers={"Authorization": ""})
+    assert reply.status_code == 200  # the document is public: it holds no data
+    document = reply.json()
+    validator.validate(document)
+    listed = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+    assert listed == ROUTES
+    for method, path in ROUTES:  # each one is served (a 404 would be a route not mounted)
+        concrete = path.replace("{key}", "k").replace("{name}", "n")
+        served = await client.request(method, concrete, json={})
+        assert served.json().get("error") not in ("no_route", "method_not_allowed"), path
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+async def test_leases_won_for_a_worker_that_left_are_released(scheduler: ms.Scheduler):
+    """A worker that stops while its own request waits has closed the connection: what the
+    request then wins is handed back (claimable at once, no attempt), not left to expire."""
+    await scheduler.publish("t", None, name="job")
+    app = create_app(scheduler)
+    body = json.dumps({"names": ["job"], "worker_id": "w", "wait_ms": 1000}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/own",
+        "raw_path": b"/v1/own",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8700),
+    }
+    await app(scope, receive, send)
+    task = await scheduler.get("t")
+    assert task is not None and task.state is ms.TaskState.PENDING
+    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
