@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -23,11 +23,12 @@ from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .consumer.owner import Owner
 from .errors import ConfigurationError, WorkerNotLive
-from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
+from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskEvent, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import PublishSpec, Step, publish_spec
 from .store.components import Store
 from .store.limits import Limit, limit_spec
+from .store.task_events import task_events
 from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 
@@ -456,6 +457,15 @@ class Scheduler:
         discovery hub while its consumers or a waiter run it, else from a change stream (or
         poll) of its own. Closing the iterator, or dropping it, unsubscribes it."""
         return self.store.waiting.watch(names)
+
+    def events(self, names: Sequence[str] | None = None) -> AsyncGenerator[TaskEvent, None]:
+        """What happens to tasks (of ``names``), by any process, from the first step on:
+        `TaskEvent` s (published, started, progress, succeeded, failed, cancelled), in the
+        order written for each task. Derived from the writes the process's discovery hub
+        hears of (its change stream, or its poll): no stream of their own. On a poll some
+        versions go unseen; their events are derived from the newest one (see
+        docs/guides/events.md). Closing the iterator, or dropping it, unsubscribes it."""
+        return task_events(self.store, names)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next
