@@ -458,14 +458,19 @@ class Scheduler:
         poll) of its own. Closing the iterator, or dropping it, unsubscribes it."""
         return self.store.waiting.watch(names)
 
-    def events(self, names: Sequence[str] | None = None) -> AsyncGenerator[TaskEvent, None]:
+    def events(
+        self, names: Sequence[str] | None = None, *, poll_interval_ms: int = 1_000
+    ) -> AsyncGenerator[TaskEvent, None]:
         """What happens to tasks (of ``names``), by any process, from the first step on:
         `TaskEvent` s (published, started, progress, succeeded, failed, cancelled), in the
         order written for each task. Derived from the writes the process's discovery hub
-        hears of (its change stream, or its poll): no stream of their own. On a poll some
-        versions go unseen; their events are derived from the newest one (see
-        docs/guides/events.md). Closing the iterator, or dropping it, unsubscribes it."""
-        return task_events(self.store, names)
+        hears of (its change stream, or its poll every ``poll_interval_ms`` at most where
+        the server has none): no stream of their own. On a poll some versions go unseen;
+        their events are derived from the newest one (see docs/guides/events.md). Closing
+        the iterator, or dropping it, unsubscribes it."""
+        if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
+            raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
+        return task_events(self.store, names, poll_interval_ms)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

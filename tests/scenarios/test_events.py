@@ -207,3 +207,8 @@ async def test_a_listener_started_later_tells_only_what_came_after(
     task = await scheduler.get("k")
     assert task is not None
     assert [event.kind for event in log.take(task)] == ["started"]
+
+
+async def test_a_bad_poll_interval_is_refused_at_once(scheduler: ms.Scheduler) -> None:
+    with pytest.raises(ms.ConfigurationError, match="poll_interval_ms"):
+        scheduler.events(poll_interval_ms=0)
