@@ -257,13 +257,14 @@ def register(app: typer.Typer) -> None:
 
         async def work(sched: Scheduler) -> None:
             seen = 0
-            async for event in sched.events(names=name):
-                if json_output:
-                    typer.echo(json.dumps(event_json(event), default=str, ensure_ascii=False))
-                else:
-                    typer.echo(event_line(event))
-                seen += 1
-                if limit and seen >= limit:
-                    return
+            async with sched.events(names=name) as events:  # the stream held open meanwhile
+                async for event in events:
+                    if json_output:
+                        typer.echo(json.dumps(event_json(event), default=str, ensure_ascii=False))
+                    else:
+                        typer.echo(event_line(event))
+                    seen += 1
+                    if limit and seen >= limit:
+                        return
 
         run(ctx, work, private="refuse")

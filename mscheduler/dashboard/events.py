@@ -34,8 +34,10 @@ class _Pending:
 
 
 async def _listen(scheduler: Scheduler, pending: _Pending, poll_interval: float) -> None:
-    async for _ in scheduler.events(poll_interval_ms=max(10, round(poll_interval * 1000))):
-        pending.set()
+    interval_ms = max(10, round(poll_interval * 1000))
+    async with scheduler.events(poll_interval_ms=interval_ms) as events:  # the hub held
+        async for _ in events:
+            pending.set()
 
 
 async def refresh_signals(

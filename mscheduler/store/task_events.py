@@ -188,36 +188,96 @@ class EventLog:
         return events
 
 
-async def task_events(
-    store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
-) -> AsyncGenerator[TaskEvent, None]:
-    """Every event of the tasks (of ``names``) from the first step on, through the process's
-    discovery hub (`TaskHub.follow`: it shares the stream or poll the process runs, and runs
-    it itself while it waits alone). A resync (this listener fell behind, or the stream lost
-    its place) reads the tasks written since the last write seen, less `CLOCK_SKEW`: compared
+class TaskEvents:
+    """The events of the tasks (of ``names``), an async iterator, from the first step on,
+    through the process's discovery hub: it shares the stream or poll the process runs, and
+    runs it itself while nobody else does.
+
+    Iterated bare, it is subscribed from its first step to its close (`TaskHub.follow`), and
+    serves the hub only while it waits: alone in its process, the stream is reopened (from
+    the kept resume token, nothing lost) after each wait. Used as ``async with``, it holds the
+    hub for the block (`TaskHub.subscription`): the stream stays open, and it is subscribed
+    from the block's start. A resync (this listener fell behind, or the stream lost its
+    place) reads the tasks written since the last write seen, less `CLOCK_SKEW`: compared
     with what was seen, nothing is told twice; what changed more than once meanwhile is told
     from its newest version."""
-    hub = store.task_hub
-    sub = Subscription(
-        WorkerOptions(poll_interval_ms=poll_interval_ms),
-        every=list(names) if names else [None],
-    )
-    started = store.clock.now()
-    seen = EventLog(started)
-    latest = started
-    async with contextlib.aclosing(hub.follow(sub)) as writes:
-        async for write in writes:
-            if write is RESYNC:
-                log.warning(
-                    "events: fell behind the process's change stream (or it lost its place); "
-                    "reading the tasks written since %s again",
-                    latest,
-                    extra={"action": "events_resync"},
-                )
-                tasks = await store.changed_since(latest - CLOCK_SKEW, names)
-            else:
-                tasks = [write]
-            for task in tasks:
-                latest = max(latest, task.updated_at)
-                for event in seen.take(task):
-                    yield event
+
+    def __init__(
+        self, store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+    ) -> None:
+        self._store = store
+        self._names = list(names) if names else None
+        self._sub = Subscription(
+            WorkerOptions(poll_interval_ms=poll_interval_ms), every=self._names or [None]
+        )
+        self._seen: EventLog | None = None  # from the subscription on
+        self._latest = store.clock.now()  # the newest write seen: where a resync reads from
+        self._ready: collections.deque[TaskEvent] = collections.deque()
+        self._held: contextlib.AsyncExitStack | None = None
+        self._follow: AsyncGenerator[Task | None, None] | None = None
+        self._closed = False
+
+    def _subscribed(self) -> EventLog:
+        if self._seen is None:
+            self._latest = self._store.clock.now()
+            self._seen = EventLog(self._latest)
+        return self._seen
+
+    async def __aenter__(self) -> TaskEvents:
+        if self._follow is not None or self._held is not None:
+            raise RuntimeError("these events are iterated already: enter them before")
+        held = contextlib.AsyncExitStack()
+        self._subscribed()  # before the subscription: a task published meanwhile is told
+        await held.enter_async_context(self._store.task_hub.subscription(self._sub))
+        self._held = held
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> TaskEvents:
+        return self
+
+    async def __anext__(self) -> TaskEvent:
+        while not self._ready:
+            write = await self._next_write()
+            self._ready.extend(await self._told(write))
+        return self._ready.popleft()
+
+    async def _next_write(self) -> Task | None:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._held is not None:
+            return await self._sub.next()
+        if self._follow is None:
+            self._subscribed()
+            self._follow = self._store.task_hub.follow(self._sub)
+        return await anext(self._follow)
+
+    async def _told(self, write: Task | None) -> list[TaskEvent]:
+        seen = self._subscribed()
+        if write is RESYNC:
+            log.warning(
+                "events: fell behind the process's change stream (or it lost its place); "
+                "reading the tasks written since %s again",
+                self._latest,
+                extra={"action": "events_resync"},
+            )
+            tasks = await self._store.changed_since(self._latest - CLOCK_SKEW, self._names)
+        else:
+            tasks = [write]
+        told: list[TaskEvent] = []
+        for task in tasks:
+            self._latest = max(self._latest, task.updated_at)
+            told += seen.take(task)
+        return told
+
+    async def aclose(self) -> None:
+        """Unsubscribed (at the end of ``async with`` too); the iteration ends."""
+        self._closed = True
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            await follow.aclose()
+        held, self._held = self._held, None
+        if held is not None:
+            await held.aclose()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -45,7 +46,9 @@ async def _fail_once_then_succeed(uri: str) -> None:
 
 
 @needs_bin
-def test_events_tells_another_process_s_retry_in_order_as_json_lines(wire_server: WireServer):
+def test_events_tells_another_process_s_retry_in_order_as_json_lines(
+    wire_server: WireServer,
+) -> None:
     uri = wire_db(wire_server)
     process = subprocess.Popen(
         [str(BIN), "--uri", uri, "events", "--json", "--limit", "5"],
@@ -74,9 +77,9 @@ def test_events_tells_another_process_s_retry_in_order_as_json_lines(wire_server
     assert told[4]["result"] == {"tries": 2} and told[4]["worker_id"] == "w1"
 
 
-def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch):
+def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command's own part, on a listener replaced by three made-up events."""
-    at = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    at = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     made_up = [
         ms.TaskEvent(kind="published", key="k", name="job", at=at, version=1),
         ms.TaskEvent(
@@ -102,9 +105,19 @@ def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch):
         ),
     ]
 
-    async def events(self: ms.Scheduler, names: list[str] | None = None):  # type: ignore[no-untyped-def]
-        for event in made_up:
-            yield event
+    class MadeUp:
+        async def __aenter__(self) -> MadeUp:
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            return None
+
+        async def __aiter__(self) -> AsyncIterator[ms.TaskEvent]:
+            for event in made_up:
+                yield event
+
+    def events(self: ms.Scheduler, names: list[str] | None = None) -> MadeUp:
+        return MadeUp()
 
     async def opened() -> None:  # a database others in this process use, as a test's
         await (await ms.Scheduler.connect(uri)).close()

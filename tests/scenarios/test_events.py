@@ -26,7 +26,7 @@ async def listening(
 ) -> AsyncIterator[list[ms.TaskEvent]]:
     """A listener collecting the events of ``names`` for the block, subscribed before it."""
     heard: list[ms.TaskEvent] = []
-    async with contextlib.aclosing(sched.events(names)) as events:
+    async with sched.events(names) as events:
 
         async def listen() -> None:
             async for event in events:
@@ -162,6 +162,52 @@ async def test_a_listener_opens_no_stream_beside_the_consumers(
             await discover()
     assert [event.kind for event in heard] == ["published", "started", "succeeded"]
     assert streams.most_at_once == 1
+
+
+async def test_a_listener_alone_keeps_one_stream_open_for_its_block(
+    scheduler: ms.Scheduler, engine: str
+) -> None:
+    """``async with`` holds the hub: no consumer in the process, and one stream for all."""
+    if engine != "memory":
+        pytest.skip("counts the memory engine's streams")
+    streams = OpenStreams(scheduler)
+    async with listening(scheduler) as heard:
+        for n in range(5):
+            await scheduler.publish(f"k{n}", None, name="job")
+            await settle()
+    assert [event.key for event in heard] == [f"k{n}" for n in range(5)]
+    assert streams.opened == 1
+
+
+async def test_events_iterated_bare_tell_the_same_in_order(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+) -> None:
+    """Without ``async with``: subscribed from the first step to the close, the listener
+    serving the hub itself while it waits (alone in the process here)."""
+    heard: list[ms.TaskEvent] = []
+    async with contextlib.aclosing(scheduler.events(["job"])) as events:
+
+        async def listen() -> None:
+            async for event in events:
+                heard.append(event)
+
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(listen)
+            await settle()
+            await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
+            await _step(clock, discover, 0.5, 2)
+            lease = await scheduler.store.claim("w1", key="k")
+            assert lease is not None
+            await _step(clock, discover, 0.5, 2)
+            await scheduler.store.succeed(lease, 7)
+            await _step(clock, discover, 0.5, 2)
+            task_group.cancel_scope.cancel()
+    assert [(event.kind, event.result) for event in heard] == [
+        ("published", None),
+        ("started", None),
+        ("succeeded", 7),
+    ]
+    assert scheduler.store.task_hub.subscribers == 0
 
 
 def _version(task: ms.Task, **fields: Any) -> ms.Task:
