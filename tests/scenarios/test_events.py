@@ -258,3 +258,67 @@ async def test_a_listener_started_later_tells_only_what_came_after(
 async def test_a_bad_poll_interval_is_refused_at_once(scheduler: ms.Scheduler) -> None:
     with pytest.raises(ms.ConfigurationError, match="poll_interval_ms"):
         scheduler.events(poll_interval_ms=0)
+
+
+async def test_an_expired_lease_is_a_failed_attempt_before_the_next_start(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+) -> None:
+    """The worker stopped pinging: the next claim marks its attempt ``timeout`` in the same
+    write as its own start, told in that order."""
+    log = EventLog(clock.now())
+    await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
+    assert (await scheduler.store.claim("w1", key="k")) is not None
+    running = await scheduler.get("k")
+    assert running is not None
+    assert [event.kind for event in log.take(running)] == ["published", "started"]
+    clock.advance(FAST["worker_timeout_ms"] / 1000 + 1)
+    assert (await scheduler.store.claim("w2", key="k")) is not None
+    again = await scheduler.get("k")
+    assert again is not None
+    told = log.take(again)
+    assert [(e.kind, e.worker_id, e.will_retry) for e in told] == [
+        ("failed", "w1", True),
+        ("started", "w2", None),
+    ]
+    assert told[0].error is not None
+
+
+async def test_a_last_failure_is_told_once_without_retry(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+) -> None:
+    log = EventLog(clock.now())
+    options = ms.TaskOptions(max_unexpected_retries=0, **FAST)
+    await scheduler.publish("k", None, name="job", options=options)
+    lease = await scheduler.store.claim("w1", key="k")
+    assert lease is not None
+    await scheduler.store.fail(lease, RuntimeError("boom"))
+    failed = await scheduler.get("k")
+    assert failed is not None and failed.state is ms.TaskState.FAIL
+    assert [(e.kind, e.will_retry) for e in log.take(failed)] == [
+        ("published", None),
+        ("started", None),
+        ("failed", False),
+    ]
+
+
+async def test_a_forgotten_task_is_not_told_again(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+) -> None:
+    """Past what a listener remembers, the task written least recently is forgotten; its
+    next write tells only what came after its last one seen."""
+    log = EventLog(clock.now(), remembered=1)
+    options = ms.TaskOptions(**FAST)
+    await scheduler.publish("a", None, name="job", options=options)
+    first = await scheduler.get("a")
+    assert first is not None
+    assert [e.kind for e in log.take(first)] == ["published"]
+    clock.advance(1)
+    await scheduler.publish("b", None, name="job", options=options)
+    other = await scheduler.get("b")
+    assert other is not None
+    assert [e.kind for e in log.take(other)] == ["published"]  # "a" forgotten
+    clock.advance(1)
+    assert (await scheduler.store.claim("w1", key="a")) is not None
+    claimed = await scheduler.get("a")
+    assert claimed is not None
+    assert [e.kind for e in log.take(claimed)] == ["started"]
