@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         PublishResult,
         StatsRow,
         Task,
+        TaskEvent,
         TaskOptions,
         TaskState,
         WorkerState,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from .periodic import Schedule
     from .specs import Flow, TaskSpec, chain, chord, group
     from .store.limits import Limit
+    from .store.task_events import TaskEvents
     from .store.workers import WorkerInfo
     from .sync_scheduler import SyncScheduler
     from .worker_options import WorkerOptions
@@ -97,6 +99,7 @@ _HOMES = {
             "PublishResult",
             "StatsRow",
             "Task",
+            "TaskEvent",
             "TaskOptions",
             "TaskState",
             "WorkerState",
@@ -107,6 +110,7 @@ _HOMES = {
     "Schedule": "periodic",
     **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
     "Limit": "store.limits",
+    "TaskEvents": "store.task_events",
     "WorkerInfo": "store.workers",
     "SyncScheduler": "sync_scheduler",
     "WorkerOptions": "worker_options",
@@ -162,6 +166,8 @@ __all__ = [
     "SyncScheduler",
     "SystemClock",
     "Task",
+    "TaskEvent",
+    "TaskEvents",
     "TaskNotFound",
     "TaskOptions",
     "TaskRunning",

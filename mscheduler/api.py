@@ -28,6 +28,7 @@ from .periodic import CatchUp, Schedule, new_schedule
 from .specs import PublishSpec, Step, publish_spec
 from .store.components import Store
 from .store.limits import Limit, limit_spec
+from .store.task_events import TaskEvents
 from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 
@@ -457,6 +458,23 @@ class Scheduler:
         discovery hub while its consumers or a waiter run it, else from a change stream (or
         poll) of its own. Closing the iterator, or dropping it, unsubscribes it."""
         return self.store.waiting.watch(names)
+
+    def events(
+        self, names: Sequence[str] | None = None, *, poll_interval_ms: int = 1_000
+    ) -> TaskEvents:
+        """What happens to tasks (of ``names``), by any process: an async iterator of
+        `TaskEvent` s (published, started, progress, succeeded, failed, cancelled), in the
+        order written for each task, from its first step on. Derived from the writes the
+        process's discovery hub hears of (its change stream, or its poll every
+        ``poll_interval_ms`` at most where the server has none): no stream of their own. On a
+        poll some versions go unseen; their events are derived from the newest one (see
+        docs/guides/events.md). Closing the iterator, or dropping it, unsubscribes it.
+
+        ``async with sched.events() as events:`` holds the hub for the block (from its start):
+        iterated bare, a listener alone in its process reopens the stream after each wait."""
+        if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
+            raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
+        return TaskEvents(self.store, names, poll_interval_ms)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished. Running workers lose their lease: their next

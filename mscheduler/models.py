@@ -449,3 +449,33 @@ class Lease(BaseModel):
     def ping_expire_at(self) -> dt.datetime | None:
         own = (ws.ping_expire_at for ws in self.task.worker_states if ws.run_id == self.run_id)
         return next(own, None)
+
+
+TaskEventKind = Literal["published", "started", "progress", "succeeded", "failed", "cancelled"]
+
+
+class TaskEvent(BaseModel):
+    """What happened to a task, as `Scheduler.events` tells it: derived from the task's
+    writes, by any process, as the process's discovery hub hears of them.
+
+    ``published``: the task was published (or a finished one replaced). ``started``: an
+    attempt claimed it (``worker_id``, ``run_id``). ``progress``: a running attempt reported
+    ``progress``. ``failed``: an attempt failed or its lease expired (``error``);
+    ``will_retry`` says whether the task runs again; a task that fails with no attempt
+    failing in that write (its tries used up) gives one with ``will_retry=False`` too.
+    ``succeeded``: the task succeeded (``result``, and the attempt that completed it).
+    ``cancelled``: the task was cancelled or expired (``error`` says why)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: TaskEventKind
+    key: str
+    name: str
+    at: UtcDatetime
+    version: int  # the task's version the event was derived from
+    worker_id: str | None = None
+    run_id: str | None = None
+    will_retry: bool | None = None  # ``failed`` only
+    result: Any = None  # ``succeeded`` only
+    error: ErrorInfo | None = None  # ``failed`` and ``cancelled``
+    progress: Progress | None = None  # ``progress`` only

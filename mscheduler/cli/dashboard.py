@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         poll_interval: Annotated[
             float,
             typer.Option(
-                min=0.1, help="Seconds between refreshes where there are no change streams."
+                min=0.1, help="Seconds between polls for changes where there are no change streams."
             ),
         ] = 2.0,
     ) -> None:

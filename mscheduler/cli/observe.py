@@ -1,5 +1,5 @@
 """Commands that look at the whole queue: ``stats``, ``workers`` (and ``workers stop``),
-``watch``, ``indexes``."""
+``watch``, ``events``, ``indexes``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import typer
 
 from .common import Commands, JsonFlag, check_database, run
 from .inputs import parse_duration
-from .output import ago, emit, rows, when
+from .output import ago, emit, extended, rows, when
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from ..api import Scheduler
-    from ..models import StatsRow
+    from ..models import StatsRow, TaskEvent
 
 _SECOND = dt.timedelta(seconds=1)
 
@@ -139,6 +139,31 @@ def stop_worker(
     run(ctx, work)
 
 
+def event_json(event: TaskEvent) -> dict[str, object]:
+    """One line of `mscheduler events --json`: the event, its result as extended JSON."""
+    data = event.model_dump(mode="json", exclude={"result"})
+    data["result"] = extended(event.result)
+    return data
+
+
+def event_line(event: TaskEvent) -> str:
+    """One line of `mscheduler events`: when, what, which task, which attempt, and then the
+    retry and error of a failure, the fraction and message of a progress, the result."""
+    at = event.at.isoformat(timespec="milliseconds")
+    line = f"{at} {event.kind:<9} {event.name} {event.key}"
+    if event.worker_id is not None:
+        line += f" on {event.worker_id} ({event.run_id})"
+    if event.kind == "failed":
+        line += ": will retry" if event.will_retry else ": final"
+    if event.error is not None:
+        line += f": {event.error.type}: {event.error.message}"
+    if event.progress is not None:
+        line += f": {event.progress.fraction:.0%} {event.progress.message}".rstrip()
+    if event.kind == "succeeded" and event.result is not None:
+        line += f": {json.dumps(extended(event.result), ensure_ascii=False)}"
+    return line
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(workers_app, name="workers")
 
@@ -213,5 +238,33 @@ def register(app: typer.Typer) -> None:
                 seen += 1
                 if limit and seen >= limit:
                     return
+
+        run(ctx, work, private="refuse")
+
+    @app.command()
+    def events(
+        ctx: typer.Context,
+        name: Annotated[
+            list[str] | None, typer.Option(help="Only these names; repeatable.")
+        ] = None,
+        limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Print what happens to tasks, by any worker, as it happens: one line per event
+        (published, started, progress, succeeded, failed, cancelled). From the change
+        stream; on a server without change streams, polled every second (changes between
+        two polls are told from the newest: see the events guide)."""
+
+        async def work(sched: Scheduler) -> None:
+            seen = 0
+            async with sched.events(names=name) as events:  # the stream held open meanwhile
+                async for event in events:
+                    if json_output:
+                        typer.echo(json.dumps(event_json(event), default=str, ensure_ascii=False))
+                    else:
+                        typer.echo(event_line(event))
+                    seen += 1
+                    if limit and seen >= limit:
+                        return
 
         run(ctx, work, private="refuse")

@@ -1,23 +1,22 @@
-"""Live refresh: a server-sent event each time tasks change, so open pages reload their data.
+"""Live refresh: a server-sent event each time something happens to a task, so open pages
+reload their data.
 
-The change stream tells of every change; where the server has none (a standalone server,
-the wire tier), the stream is replaced by a poll: an event every ``poll_interval`` seconds.
-Bursts are merged: at most one event per ``min_interval`` seconds, and never one lost (a
-change during the pause is sent once the pause ends).
+What happens is told by the task events (`Scheduler.events`: published, started, progress,
+succeeded, failed, cancelled) through the process's discovery hub: its change stream, or
+where the server has none (a standalone server, the wire tier) its poll every
+``poll_interval`` seconds. A write that is no event (a payload updated, an attempt released)
+refreshes nothing by itself. Bursts are merged: at most one event per ``min_interval``
+seconds, and never one lost (a change during the pause is sent once the pause ends).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 
 from ..api import Scheduler
 from ..clock import sleep
-from ..errors import StoreError
-
-log = logging.getLogger(__name__)
 
 
 class _Pending:
@@ -34,20 +33,11 @@ class _Pending:
         self._event = anyio.Event()
 
 
-async def _watch(scheduler: Scheduler, pending: _Pending, poll_interval: float) -> None:
-    try:
-        async for _ in scheduler.watch():
+async def _listen(scheduler: Scheduler, pending: _Pending, poll_interval: float) -> None:
+    interval_ms = max(10, round(poll_interval * 1000))
+    async with scheduler.events(poll_interval_ms=interval_ms) as events:  # the hub held
+        async for _ in events:
             pending.set()
-    except StoreError as exc:  # the server refused a change stream: poll instead
-        log.info(
-            "dashboard: no change stream (%s); refreshing every %gs",
-            exc,
-            poll_interval,
-            extra={"action": "dashboard_polling"},
-        )
-    while True:
-        await sleep(scheduler.clock, poll_interval)
-        pending.set()
 
 
 async def refresh_signals(
@@ -61,7 +51,7 @@ async def refresh_signals(
     until cancelled."""
     pending = _Pending()
     async with anyio.create_task_group() as group:
-        group.start_soon(_watch, scheduler, pending, poll_interval)
+        group.start_soon(_listen, scheduler, pending, poll_interval)
         while True:
             await pending.take()
             await send()

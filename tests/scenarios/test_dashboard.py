@@ -471,7 +471,8 @@ async def test_every_asset_is_served_by_the_app(scheduler: ms.Scheduler):
 async def test_open_pages_are_told_when_tasks_change(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
 ):
-    """On a change stream (memory) a publish is told; without one (wire) each poll is."""
+    """A publish is told: from the change stream (memory), or from the process's poll (wire,
+    every ``poll_interval``), as the task events tell it."""
     told: list[int] = []
 
     async def send() -> None:
@@ -484,6 +485,35 @@ async def test_open_pages_are_told_when_tasks_change(
         await scheduler.publish("new", None, name="job")
         await discover()
         if engine == "wire":
+            clock.advance(5)
+            await discover()
+        assert len(told) == 1
+        group.cancel_scope.cancel()
+
+
+async def test_a_lease_ping_alone_refreshes_no_page(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any]
+):
+    """Pages refresh on task events: a ping (a write of the task that changes nothing shown)
+    is none, a claim is."""
+    told: list[int] = []
+
+    async def send() -> None:
+        told.append(1)
+
+    await scheduler.publish("k", None, name="job")
+    clock.advance(1)  # published before the page opened: not told
+    async with anyio.create_task_group() as group:
+        group.start_soon(lambda: refresh_signals(scheduler, send, poll_interval=5, min_interval=1))
+        await discover()
+        lease = await scheduler.store.claim("w1", key="k")
+        assert lease is not None
+        for _ in range(2):
+            clock.advance(5)
+            await discover()
+        assert len(told) == 1  # the claim: started
+        await scheduler.store.ping(lease)
+        for _ in range(2):
             clock.advance(5)
             await discover()
         assert len(told) == 1
