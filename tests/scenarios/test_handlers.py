@@ -139,9 +139,10 @@ async def test_a_sync_handler_runs_in_a_worker_thread_with_its_lease(
 async def test_a_sync_handler_that_checks_for_cancellation_stops_at_its_time_limit(
     scheduler: ms.Scheduler, clock: ms.ManualClock
 ):
-    stopped = threading.Event()
+    stopped, running = threading.Event(), threading.Event()
 
     def busy(task: ms.Task) -> None:
+        running.set()
         try:
             while True:
                 anyio.from_thread.check_cancelled()
@@ -156,9 +157,12 @@ async def test_a_sync_handler_that_checks_for_cancellation_stops_at_its_time_lim
             while not (await scheduler.get("busy") or ms.Task).worker_states:  # type: ignore[union-attr]
                 clock.advance(POLL_MS / 1000)
                 await anyio.sleep(0.01)
+        assert await anyio.to_thread.run_sync(running.wait, 10), "the handler started"
         clock.advance(1.1)
         task = await finished(scheduler, "busy", clock)
-    assert stopped.is_set()
+    # The thread sees the cancellation at its next check, which may come after the consumer
+    # has gone on: it stops, soon (a bounded real wait, not a timing).
+    assert await anyio.to_thread.run_sync(stopped.wait, 10)
     assert task.state is S.FAIL and task.error is not None and task.error.type == "TaskTimeout"
 
 
