@@ -99,7 +99,18 @@ SAMPLES: dict[str, Any] = {
     "after_id": ObjectId("ffffffffffffffffffffffff"),
     "after_name": "job",
     "since": T0,
+    "started_at": T0 + dt.timedelta(seconds=40),
 }
+_NEW = queries.new_task_document(
+    key="pending",
+    name="job",
+    payload={"n": 1},
+    options=ms.TaskOptions(),
+    now=T0,
+    task_id=ObjectId("65a0000000000000000000fe"),
+)
+SAMPLES["document"] = _NEW
+SAMPLES["lease_task"] = ms.Task.model_validate(_NEW)
 # Builders whose arguments are a whole document rather than samples by name.
 SPECIAL: dict[str, Any] = {
     "tasks.new_task_document": lambda: queries.new_task_document(
@@ -116,6 +127,11 @@ SPECIAL: dict[str, Any] = {
         )
     ),
     "stages.rebuilt_state": lambda: stages.rebuilt_state(state="released"),
+    # Its update, on the seed's task of the same key (its filter is by the _id read).
+    "tasks.quick_claim": lambda: (
+        {"key": "pending"},
+        queries.quick_claim(_NEW, "w1", "run-of-w1", NOW)[1],
+    ),
 }
 
 
