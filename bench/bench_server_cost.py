@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -113,6 +114,8 @@ class Commands:
                 with outer.lock:
                     outer.count += 1
                     outer.bytes += size
+                    outer.by_command[event.command_name] += 1
+                    outer.by_command[event.command_name + " bytes"] += size
                     outer.encoding += time.thread_time() - began
 
             def succeeded(self, event: monitoring.CommandSucceededEvent) -> None: ...
@@ -122,11 +125,13 @@ class Commands:
         self.count = 0
         self.bytes = 0
         self.encoding = 0.0
+        self.by_command: collections.Counter[str] = collections.Counter()
         monitoring.register(Listener())
 
     def reset(self) -> None:
         with self.lock:
             self.count, self.bytes, self.encoding = 0, 0, 0.0
+            self.by_command.clear()
 
 
 class Child(NamedTuple):
@@ -151,7 +156,9 @@ def _report_on_stop(child: Child, commands: Commands) -> None:
     commands.reset()
     child.stop.wait()
     with commands.lock:
-        child.results.put((commands.count, commands.bytes, commands.encoding))
+        child.results.put(
+            (commands.count, commands.bytes, commands.encoding, dict(commands.by_command))
+        )
     child.results.close()
     child.results.join_thread()  # flushed before the exit below skips every cleanup
     os._exit(0)
@@ -429,6 +436,7 @@ class Run(NamedTuple):
     server_ms: float
     worker_ms: float
     load: float
+    by_command: dict[str, float]  # commands of each name, and their bytes, per task
 
 
 def run_once(
@@ -468,15 +476,19 @@ def run_once(
     with MongoClient(server.uri) as client:
         client.drop_database(db)
     per = max(finished, 1)
-    encoding = sum(seconds for _, _, seconds in counts)
+    encoding = sum(c[2] for c in counts)
     return Run(
         tasks_per_s=finished / elapsed,
         complete=finished >= tasks,
-        commands=sum(count for count, _, _ in counts) / per,
-        command_bytes=sum(size for _, size, _ in counts) / per,
+        commands=sum(c[0] for c in counts) / per,
+        command_bytes=sum(c[1] for c in counts) / per,
         server_ms=server_cpu * 1000 / per,
         worker_ms=(worker_cpu - encoding) * 1000 / per,
         load=load,
+        by_command={
+            name: sum(c[3].get(name, 0) for c in counts) / per
+            for name in sorted({name for c in counts for name in c[3]})
+        },
     )
 
 
@@ -528,6 +540,9 @@ def main() -> None:
     parser.add_argument("--processes", default="1,3", help="worker processes (x 16 each)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each system (median)")
     parser.add_argument("--deadline", type=float, default=90.0, help="seconds per run at most")
+    parser.add_argument(
+        "--by-command", action="store_true", help="also each system's commands by name"
+    )
     parser.add_argument("--only", default="", help="comma-separated name prefixes to run")
     args = parser.parse_args()
     chosen = [
@@ -576,6 +591,14 @@ def main() -> None:
                         print(f"| {name} | did not run: {failed[name][:120]} | | | | | |")
                     elif measured:
                         print(row(name, measured))
+                if args.by_command:
+                    for name, measured in runs.items():
+                        if measured:
+                            median = sorted(measured, key=lambda run: run.tasks_per_s)[
+                                len(measured) // 2
+                            ]
+                            shown = {k: round(v, 3) for k, v in median.by_command.items()}
+                            print(f"{name}, per task: {shown}")
                 print(flush=True)
     finally:
         server.stop()

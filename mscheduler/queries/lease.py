@@ -135,39 +135,32 @@ QUICK_SUCCESS_FENCE: Document = {
 }
 
 
-def quick_success(
-    worker_id: str, run_id: str, started_at: dt.datetime, result: Any, now: dt.datetime
-) -> Pipeline:
-    """`success_update` in one stage of constants, for a task matched by `lease_filter` and
-    `QUICK_SUCCESS_FENCE`. Invariant that makes it safe: under that filter the task holds one
-    worker state, this run's, live (nothing to sweep or trim), one worker runs it and nobody
-    waits for it; for such a task `recompute` gives exactly this: the state succeeded, the
-    task ``success`` with ``result``, finished and settled now, no ``next_claim_at``,
-    ``progress`` or ``error``, and no wake (nothing became claimable, no dependent to tell)."""
-    state = {
-        "worker_id": worker_id,
-        "run_id": run_id,
-        "state": SUCCESS,
-        "started_at": started_at,
-        "ping_expire_at": None,
-        "finished_at": now,
-        "error": None,
-        "result": result,
-    }
-    fields = {
-        "worker_states": [state],
+def quick_success(result: Any, now: dt.datetime) -> Document:
+    """`success_update` as a classic update of the fields it changes, for a task matched by
+    `lease_filter` and `QUICK_SUCCESS_FENCE`. Invariant that makes it safe: under that filter
+    the task holds one worker state, this run's, live (nothing to sweep or trim), one worker
+    runs it and nobody waits for it; for such a task `recompute` gives exactly this: the
+    state succeeded with ``result``, the task ``success`` with ``result``, finished and
+    settled now, no ``next_claim_at`` or ``progress``, and no wake (nothing became
+    claimable, no dependent to tell). The fields it leaves are null already, as `recompute`
+    leaves them on a running task of one running state (``error``, ``dependents_notified``;
+    ``result`` when there is none), and no classic update sets them on a running task.
+    Values are stored as they are (a result has no ``$`` field names: `check_result`)."""
+    fields: Document = {
+        "worker_states.0.state": SUCCESS,
+        "worker_states.0.ping_expire_at": None,
+        "worker_states.0.finished_at": now,
         "state": TaskState.SUCCESS.value,
         "updated_at": now,
         "next_claim_at": None,
         "finished_at": now,
-        "dependents_notified": None,
-        "progress": None,
-        "result": result,
-        "error": None,
         "settled_at": now,
+        "progress": None,
     }
-    values = {field: literal(value) for field, value in fields.items()}
-    return [{"$set": {**values, "version": {"$add": ["$version", 1]}}}]
+    if result is not None:
+        fields["worker_states.0.result"] = result
+        fields["result"] = result
+    return {"$set": fields, "$inc": {"version": 1}}
 
 
 def fail_update(

@@ -276,7 +276,7 @@ def quick_claimable(document: Document) -> bool:
 
 def quick_claim(
     document: Document, worker_id: str, run_id: str, now: dt.datetime
-) -> tuple[Document, Pipeline, Document]:
+) -> tuple[Document, Document, Document]:
     """The filter, the update and the document after it of a `quick_claimable` candidate.
 
     Invariant that makes it safe: the filter is a compare-and-set on ``version``, and every
@@ -287,9 +287,10 @@ def quick_claim(
     candidate read saw it, which matched `claim_filter` at this ``now``: the claim rules hold
     as for `claim_update`, and what that pipeline would compute is computed here from the
     read: one running state, state ``running``, ``next_claim_at`` the lease's expiry (the
-    one slot is held), the other derived fields null. ``worker_states: {$size: 0}`` is
-    checked by the server too, so a write that forgot ``version`` could not stack two states.
-    A lost race matches nothing and costs its candidate, not a retry."""
+    one slot is held), the other derived fields null (set only where the read had one not
+    null). ``worker_states: {$size: 0}`` is checked by the server too, so a write that forgot
+    ``version`` could not stack two states. A lost race matches nothing and costs its
+    candidate, not a retry. A classic update: its values are stored as they are."""
     expires = now + dt.timedelta(milliseconds=document["options"]["worker_timeout_ms"])
     state = {
         "worker_id": worker_id,
@@ -306,12 +307,10 @@ def quick_claim(
         "state": TaskState.RUNNING.value,
         "updated_at": now,
         "next_claim_at": expires,
-        "finished_at": None,
-        "dependents_notified": None,
-        "result": None,
-        "error": None,
-        "settled_at": None,
     }
+    for field in ("finished_at", "dependents_notified", "result", "error", "settled_at"):
+        if document.get(field) is not None:
+            fields[field] = None
     version = document["version"]
     query = {
         "_id": document["_id"],
@@ -319,7 +318,7 @@ def quick_claim(
         "version": version,
         "worker_states": {"$size": 0},
     }
-    update = [{"$set": {**{k: literal(v) for k, v in fields.items()}, "version": version + 1}}]
+    update = {"$set": fields, "$inc": {"version": 1}}
     return query, update, {**document, **fields, "version": version + 1}
 
 

@@ -56,7 +56,7 @@ class Quiet:
     least ``dependent_count: 0``), and ``update``, the update that holds under them."""
 
     fence: Document
-    update: list[Document]
+    update: list[Document] | Document
 
 
 @dataclasses.dataclass

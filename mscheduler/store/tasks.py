@@ -348,11 +348,7 @@ class TaskStore(StoreBase):
         if quiet:
             how = Quiet({"dependent_count": 0}, update)
             if lq.quick_success_possible(lease.task, lease.run_id):
-                started_at = lease.task.worker_states[0].started_at
-                how = Quiet(
-                    lq.QUICK_SUCCESS_FENCE,
-                    lq.quick_success(lease.worker_id, lease.run_id, started_at, stored, now),
-                )
+                how = Quiet(lq.QUICK_SUCCESS_FENCE, lq.quick_success(stored, now))
         found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=how)
         # A quiet write that came back without its document left no dependents to tell.
         task = None if found is None else await self.after_write(Task.model_validate(found))

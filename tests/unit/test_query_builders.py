@@ -99,7 +99,6 @@ SAMPLES: dict[str, Any] = {
     "after_id": ObjectId("ffffffffffffffffffffffff"),
     "after_name": "job",
     "since": T0,
-    "started_at": T0 + dt.timedelta(seconds=40),
 }
 _NEW = queries.new_task_document(
     key="pending",
@@ -127,6 +126,11 @@ SPECIAL: dict[str, Any] = {
         )
     ),
     "stages.rebuilt_state": lambda: stages.rebuilt_state(state="released"),
+    # On the seed's running task of one state (the fence is `lease_filter`'s, and more).
+    "lease.quick_success": lambda: (
+        {"key": "running-1"},
+        lease_queries.quick_success({"ok": 1}, NOW),
+    ),
     # Its update, on the seed's task of the same key (its filter is by the _id read).
     "tasks.quick_claim": lambda: (
         {"key": "pending"},
