@@ -4,7 +4,7 @@
 2. one unordered ``bulk_write``: for each candidate, a conditional write with a ``run_id`` of
    its own. A candidate nobody has claimed yet, run by one worker (`queries.tasks.
    quick_claimable`, nearly every task), is claimed by a compare-and-set on its ``version``
-   and a one-stage update computed from the read (`queries.tasks.quick_claim`); any other, by
+   and a classic ``$set`` computed from the read (`queries.tasks.quick_claim`); any other, by
    the full claim filter on that ``_id`` and the claim pipeline (`queries.tasks.claim_one_of`);
 3. only when a write did not match or was not quick: read what was won, by those
    ``run_id``\\ s (the ``run_id`` index). When every write was quick and matched, the

@@ -18,9 +18,10 @@ a single write), and tells, per task, whether its write landed.
 A caller that wants no document back (the consumer's success of a task claimed without
 dependents) is *quiet* (`Quiet`): its write adds conditions to the fence, at least
 ``dependent_count: 0``, so a quiet write that lands leaves no dependents to tell, and may be
-a cheaper update that holds only under those conditions (`queries.lease.quick_success`: one
-stage of constants instead of the success pipeline). When every write of a batch matched,
-the quiet ones are settled without that read; a quiet finish alone is sent the same way.
+a cheaper update that holds only under those conditions (`queries.lease.quick_success`: a
+classic ``$set`` of the fields a success changes, instead of the success pipeline). When
+every write of a batch matched, the quiet ones are settled without that read; a quiet finish
+alone is sent the same way.
 Otherwise the read tells which landed; a quiet write that missed while its lease lives
 missed on its added conditions (dependents added while the task ran, or options changed),
 and its writer sends it again alone, as the plain fenced write of the full update, once the

@@ -286,9 +286,9 @@ async def _stored(sched: ms.Scheduler, key: str) -> dict[str, Any]:
 async def test_a_quick_success_writes_what_the_success_pipeline_writes(
     scheduler: ms.Scheduler,
 ):
-    """The consumer's success of a task one worker runs, without dependents, is one stage of
-    constants: the document it leaves is the one the success pipeline leaves (a `succeed`),
-    a result that looks like a field path included."""
+    """The consumer's success of a task one worker runs, without dependents, is a classic
+    update of the fields it changes: the document it leaves is the one the success pipeline
+    leaves (a `succeed`), a result that looks like a field path included."""
     leases = await _claimed(scheduler, 2)
     result = {"path": "$not.a.path", "n": [1, "$$ws"]}
     await scheduler.store.succeed(leases[0], result)
