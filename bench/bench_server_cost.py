@@ -582,7 +582,7 @@ def main() -> None:
                             logging.exception("%s did not run", system.name)
                             failed[system.name] = f"{type(error).__name__}: {error}"
                 print(
-                    f"{processes} process(es) x 16, {tasks:,} tasks | tasks/s | commands/task | "
+                    f"| {processes} process(es) x 16, {tasks:,} tasks | tasks/s | commands/task | "
                     "command bytes/task | server CPU ms/task | worker CPU ms/task | load (1 min) |"
                 )
                 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
