@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from ..models import ErrorInfo, Progress, TaskState
+from ..models import ErrorInfo, Progress, Task, TaskState
 from .derived import recompute
 from .stages import (
     FAIL,
@@ -123,6 +123,62 @@ def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -
         _end_own_state(worker_id, run_id, SUCCESS, now, result=literal(result)),
         *recompute(now, run_id),
     ]
+
+
+# The common case, finished without the success pipeline: the consumer's success of a task
+# whose only worker state is this lease's and that one worker runs, with no dependents.
+
+
+def quick_success_possible(lease_task: Task, run_id: str) -> bool:
+    """Whether the task as its lease holder knows it is in the form `quick_success` writes:
+    its one worker state is this run's, ``concurrent_worker_cnt`` 1, no dependents. The write
+    checks all three again (`QUICK_SUCCESS_FENCE`), so a task that changed meanwhile is
+    missed, not overwritten."""
+    states = lease_task.worker_states
+    return (
+        len(states) == 1
+        and states[0].run_id == run_id
+        and lease_task.options.concurrent_worker_cnt == 1
+        and lease_task.dependent_count == 0
+    )
+
+
+# Added to `lease_filter` (which requires this run's state live): the only state is ours.
+# The size goes under ``$and``: a key ``worker_states`` here would replace the lease filter's
+# own (its ``$elemMatch``, the fencing) when the two are merged.
+QUICK_SUCCESS_FENCE: Document = {
+    "$and": [{"worker_states": {"$size": 1}}],
+    "options.concurrent_worker_cnt": 1,
+    "dependent_count": 0,
+}
+
+
+def quick_success(result: Any, now: dt.datetime) -> Document:
+    """`success_update` as a classic update of the fields it changes, for a task matched by
+    `lease_filter` and `QUICK_SUCCESS_FENCE`. Invariant that makes it safe: under that filter
+    the task holds one worker state, this run's, live (nothing to sweep or trim), one worker
+    runs it and nobody waits for it; for such a task `recompute` gives exactly this: the
+    state succeeded with ``result``, the task ``success`` with ``result``, finished and
+    settled now, no ``next_claim_at`` or ``progress``, and no wake (nothing became
+    claimable, no dependent to tell). The fields it leaves are null already, as `recompute`
+    leaves them on a running task of one running state (``error``, ``dependents_notified``;
+    ``result`` when there is none), and no classic update sets them on a running task.
+    Values are stored as they are (a result has no ``$`` field names: `check_result`)."""
+    fields: Document = {
+        "worker_states.0.state": SUCCESS,
+        "worker_states.0.ping_expire_at": None,
+        "worker_states.0.finished_at": now,
+        "state": TaskState.SUCCESS.value,
+        "updated_at": now,
+        "next_claim_at": None,
+        "finished_at": now,
+        "settled_at": now,
+        "progress": None,
+    }
+    if result is not None:
+        fields["worker_states.0.result"] = result
+        fields["result"] = result
+    return {"$set": fields, "$inc": {"version": 1}}
 
 
 def fail_update(

@@ -255,6 +255,78 @@ def claim_one_of(claim: Document, task_id: Any, key: str) -> Document:
 CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "created_at": 1}
 
 
+# ---------------------------------------------------------------- the quick claim
+
+# The common case, claimed without the claim pipeline: a task nobody has claimed yet
+# (no worker state at all) that one worker runs (``concurrent_worker_cnt`` 1). For it the
+# pipeline's work is known in advance: nothing to sweep or trim, no slot or retry to count,
+# and `recompute` gives a running task whose ``next_claim_at`` is the new lease's expiry.
+
+
+def quick_claimable(document: Document) -> bool:
+    """Whether a candidate, as read, is claimed by `quick_claim` (else by `claim_update`)."""
+    options = document.get("options") or {}
+    return (
+        document.get("worker_states") == []
+        and options.get("concurrent_worker_cnt") == 1
+        and type(document.get("version")) is int
+        and type(options.get("worker_timeout_ms")) is int
+    )
+
+
+def quick_claim(
+    document: Document,
+    worker_id: str,
+    run_id: str,
+    now: dt.datetime,
+    until: dt.datetime | None = None,
+) -> tuple[Document, Document, Document]:
+    """The filter, the update and the document after it of a `quick_claimable` candidate.
+
+    Invariant that makes it safe: the filter is a compare-and-set on ``version``, and every
+    write that changes a field the claim reads (the state, the worker states, the options,
+    ``next_claim_at``, ``deps_pending``, the retry counts) ends in `recompute`, which bumps
+    ``version`` (the classic updates that do not: dependent counts, the notified flag,
+    ``wakes``, touch none of them). So a write that matches finds the document as the
+    candidate read saw it, which matched `claim_filter` at this ``now``: the claim rules hold
+    as for `claim_update`, and what that pipeline would compute is computed here from the
+    read: one running state, state ``running``, ``next_claim_at`` the lease's expiry (the
+    one slot is held), the other derived fields null (set only where the read had one not
+    null). ``worker_states: {$size: 0}`` is checked by the server too, so a write that forgot
+    ``version`` could not stack two states. A lost race matches nothing and costs its
+    candidate, not a retry. A classic update: its values are stored as they are. The lease
+    lasts the task's ``worker_timeout_ms``, or until ``until``, as in `claim_update`."""
+    expires = until or now + dt.timedelta(milliseconds=document["options"]["worker_timeout_ms"])
+    state = {
+        "worker_id": worker_id,
+        "run_id": run_id,
+        "state": RUNNING,
+        "started_at": now,
+        "ping_expire_at": expires,
+        "finished_at": None,
+        "error": None,
+        "result": None,
+    }
+    fields: Document = {
+        "worker_states": [state],
+        "state": TaskState.RUNNING.value,
+        "updated_at": now,
+        "next_claim_at": expires,
+    }
+    for field in ("finished_at", "dependents_notified", "result", "error", "settled_at"):
+        if document.get(field) is not None:
+            fields[field] = None
+    version = document["version"]
+    query = {
+        "_id": document["_id"],
+        "key": document["key"],
+        "version": version,
+        "worker_states": {"$size": 0},
+    }
+    update = {"$set": fields, "$inc": {"version": 1}}
+    return query, update, {**document, **fields, "version": version + 1}
+
+
 # ``_id`` last: tasks published in one batch share ``created_at``, and an engine is free to
 # order ties as it likes; with it, equal priority is strict FIFO everywhere.
 CLAIM_SORT: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1), ("_id", 1)]

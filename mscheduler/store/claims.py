@@ -1,9 +1,14 @@
-"""Batched claims: up to k tasks in three round trips, whatever k (not one per task).
+"""Batched claims: up to k tasks in two round trips, whatever k (not one per task).
 
-1. read the best ``k`` candidates in claim order (the claim index, ``_id`` only);
-2. one unordered ``bulk_write``: for each candidate, the full claim filter on that ``_id`` and
-   the claim update with a ``run_id`` of its own (`queries.tasks.claim_one_of`);
-3. read what was won, by those ``run_id``\\ s (the ``run_id`` index).
+1. read the best ``k`` candidates in claim order (the claim index), whole;
+2. one unordered ``bulk_write``: for each candidate, a conditional write with a ``run_id`` of
+   its own. A candidate nobody has claimed yet, run by one worker (`queries.tasks.
+   quick_claimable`, nearly every task), is claimed by a compare-and-set on its ``version``
+   and a classic ``$set`` computed from the read (`queries.tasks.quick_claim`); any other, by
+   the full claim filter on that ``_id`` and the claim pipeline (`queries.tasks.claim_one_of`);
+3. only when a write did not match or was not quick: read what was won, by those
+   ``run_id``\\ s (the ``run_id`` index). When every write was quick and matched, the
+   documents after them are those computed in step 2: nothing to read.
 
 Per task this is the single claim's conditional write, so the claim invariants hold as they
 do for `TaskStore.claim`. What differs, and why it is safe:
@@ -19,7 +24,7 @@ The batches of one store take turns (`TaskStore.claim_many`). Consumers sharing 
 their slots together (their finishes share a bulk write), so at once they would read the same
 best candidates and split them: rounds of three round trips for a few tasks each (on
 the wire engine, many rounds won nothing). In turn, each reads past what the one before
-it won. Other processes still race; a round lost to them costs two round trips, not three.
+it won. Other processes still race; a round lost to them costs two round trips.
 Taking a free turn does not yield: the memory backend's calls never do, so its consumers'
 claims and finishes stay in one turn of the event loop, and their finishes in one batch
 (yielding there split them into a batch per consumer, and more round trips per task).
@@ -99,18 +104,25 @@ class _Batch:
         claim = q.claim_filter(
             self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
         )
-        keys = await self._candidates(now)  # _id -> key
-        candidates = list(keys)
-        if not candidates:
+        documents = await self._candidates(now)
+        if not documents:
             return [], False
+        candidates = [document["_id"] for document in documents]
         run_ids = [uuid.uuid4().hex for _ in candidates]
-        requests = [
-            UpdateOne(
-                q.claim_one_of(claim, task_id, keys[task_id]),
-                q.claim_update(self.worker_id, run_id, now, self.until),
-            )
-            for task_id, run_id in zip(candidates, run_ids, strict=True)
-        ]
+        requests = []
+        claimed: list[dict[str, Any]] = []  # the documents after the quick claims
+        for document, run_id in zip(documents, run_ids, strict=True):
+            if q.quick_claimable(document):
+                query, update, after = q.quick_claim(
+                    document, self.worker_id, run_id, now, self.until
+                )
+                requests.append(UpdateOne(query, update))
+                claimed.append(after)
+            else:
+                query = q.claim_one_of(claim, document["_id"], document["key"])
+                requests.append(
+                    UpdateOne(query, q.claim_update(self.worker_id, run_id, now, self.until))
+                )
         matched: int | None = None
         lost: ConnectionFailure | None = None
         try:
@@ -125,6 +137,16 @@ class _Batch:
             lost = exc  # some may have been applied: the read below finds them
         if matched == 0:  # every candidate was taken meanwhile: nothing of ours to read
             return [], True
+        if matched == len(requests) == len(claimed):  # all quick, all landed: as computed
+            return [
+                Lease(
+                    key=after["key"],
+                    worker_id=self.worker_id,
+                    run_id=run_id,
+                    task=Task.model_validate(after),
+                )
+                for after, run_id in zip(claimed, run_ids, strict=True)
+            ], True
         try:
             found = [
                 Task.model_validate(doc)
@@ -170,16 +192,14 @@ class _Batch:
         order = {task_id: place for place, task_id in enumerate(candidates)}
         return sorted(leases, key=lambda lease: order[lease.task.id]), True
 
-    async def _candidates(self, now: Any) -> dict[Any, str]:
-        """The best ``limit`` ``_id`` values in claim order: one read per group of names
-        (`base.name_groups`), merged by the claim order's fields (in `CANDIDATE_PROJECTION`);
-        one read in all for up to 100 names."""
+    async def _candidates(self, now: Any) -> list[dict[str, Any]]:
+        """The best ``limit`` candidates in claim order, whole (a quick claim's document after
+        it is computed from them): one read per group of names (`base.name_groups`), merged
+        by the claim order's fields; one read in all for up to 100 names."""
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
             claim = q.claim_filter(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
-            cursor = self.store.collection.find(
-                claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=self.limit
-            )
+            cursor = self.store.collection.find(claim, sort=q.CLAIM_SORT, limit=self.limit)
             found += [document async for document in cursor]
-        found.sort(key=_claim_order)  # dicts keep this order
-        return {document["_id"]: document["key"] for document in found[: self.limit]}
+        found.sort(key=_claim_order)
+        return found[: self.limit]

@@ -16,11 +16,16 @@ after it returns the documents, for the callers that want them (who tell depende
 a single write), and tells, per task, whether its write landed.
 
 A caller that wants no document back (the consumer's success of a task claimed without
-dependents) is *quiet*: its write also requires ``dependent_count: 0``, so a quiet write that
-lands leaves no dependents to tell. When every write of a batch matched, the quiet ones are
-settled without that read. Otherwise the read tells which landed; a quiet write that missed
-while its lease lives missed on dependents added while the task ran, and its writer sends it
-again alone, as the plain fenced write, once the batch is out. (Its ``now`` is the one its
+dependents) is *quiet* (`Quiet`): its write adds conditions to the fence, at least
+``dependent_count: 0``, so a quiet write that lands leaves no dependents to tell, and may be
+a cheaper update that holds only under those conditions (`queries.lease.quick_success`: a
+classic ``$set`` of the fields a success changes, instead of the success pipeline). When
+every write of a batch matched, the quiet ones are settled without that read; a quiet finish
+alone is sent the same way.
+Otherwise the read tells which landed; a quiet write that missed while its lease lives
+missed on its added conditions (dependents added while the task ran, or options changed),
+and its writer sends it again alone, as the plain fenced write of the full update, once the
+batch is out. (Its ``now`` is the one its
 caller took: as for any write delayed in flight, a lease that expired meanwhile but was not
 taken over still accepts it; a takeover sweeps it with the claim's own time and fences it.)
 """
@@ -46,13 +51,22 @@ if TYPE_CHECKING:
 Document = dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class Quiet:
+    """How a quiet finish is written: ``fence``, conditions added to the lease filter (at
+    least ``dependent_count: 0``), and ``update``, the update that holds under them."""
+
+    fence: Document
+    update: list[Document] | Document
+
+
 @dataclasses.dataclass
 class _Finish:
     lease: Lease
     update: list[Document]
     now: Any
     wrote: WorkerStateKind
-    quiet: bool
+    quiet: Quiet | None
     done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     # Set when done, or when this finish's writer is to send the queue (`FinishBatcher`).
     wake: anyio.Event = dataclasses.field(default_factory=anyio.Event)
@@ -92,7 +106,7 @@ class FinishBatcher:
         now: Any,
         wrote: WorkerStateKind,
         *,
-        quiet: bool = False,
+        quiet: Quiet | None = None,
     ) -> Document | None:
         """The document after this finish (``wrote``: the state it gives the run), or
         `LeaseLost`; driver errors as from the write itself. ``quiet``: the caller reads
@@ -127,7 +141,7 @@ class FinishBatcher:
             raise finish.error
         if finish.alone:  # by its own writer, once the batch is out: nobody waits on it
             return await self._write_one(lease, update, now)
-        assert finish.document is not None or finish.quiet
+        assert finish.document is not None or finish.quiet is not None
         return finish.document
 
     def _hand_over(self) -> None:
@@ -140,7 +154,7 @@ class FinishBatcher:
 
     async def _send(self, batch: list[_Finish]) -> None:
         try:
-            if len(batch) == 1:
+            if len(batch) == 1 and batch[0].quiet is None:
                 (finish,) = batch
                 finish.settle(await self._write_one(finish.lease, finish.update, finish.now))
             else:
@@ -156,7 +170,9 @@ class FinishBatcher:
                 raise
 
     async def _many(self, batch: list[_Finish]) -> None:
-        requests = [UpdateOne(_fence(f), f.update) for f in batch]
+        requests = [
+            UpdateOne(_fence(f), f.update if f.quiet is None else f.quiet.update) for f in batch
+        ]
         matched = 0
         try:
             result = await self._store.collection.bulk_write(requests, ordered=False)
@@ -167,7 +183,7 @@ class FinishBatcher:
                 batch[error["index"]].settle(error=refused)
         if matched == len(batch):  # every write landed
             for finish in batch:
-                if finish.quiet:
+                if finish.quiet is not None:
                     finish.settle()
         unsettled = [finish for finish in batch if not finish.done.is_set()]
         if not unsettled:
@@ -178,9 +194,10 @@ class FinishBatcher:
             document = documents.get(finish.lease.key)
             if _landed(document, finish):
                 finish.settle(document)
-            elif finish.quiet and _live(document, finish):
-                # It missed on dependents added while it ran: its writer sends it alone, as
-                # the plain fenced write, which returns the document that tells them.
+            elif finish.quiet is not None and _live(document, finish):
+                # It missed on its added conditions (dependents added while it ran, options
+                # changed): its writer sends it alone, as the plain fenced write of the full
+                # update, which returns the document that tells any dependents.
                 finish.alone = True
                 finish.settle()
             else:  # the read above already tells how it was lost
@@ -188,11 +205,14 @@ class FinishBatcher:
 
 
 def _fence(finish: _Finish) -> Document:
-    """The lease filter; a quiet finish's also requires no dependents (the module's doc)."""
+    """The lease filter, and a quiet finish's added conditions (the module's doc)."""
     fence = lq.lease_filter(
         finish.lease.key, finish.lease.worker_id, finish.lease.run_id, finish.now
     )
-    return {**fence, "dependent_count": 0} if finish.quiet else fence
+    if finish.quiet is None:
+        return fence
+    assert not set(fence) & set(finish.quiet.fence), "an added condition would replace the fence"
+    return {**fence, **finish.quiet.fence}
 
 
 def _interrupted() -> BackendUnavailable:

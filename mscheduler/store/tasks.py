@@ -37,7 +37,7 @@ from .controls import ControlHub, ControlVersion
 from .discovery import TaskHub
 from .driver import driver_errors
 from .expiry import Expiry
-from .finishes import FinishBatcher, lease_lost
+from .finishes import FinishBatcher, Quiet, lease_lost
 from .flows import Flows
 from .limits import Limits
 from .pauses import Pauses
@@ -355,7 +355,12 @@ class TaskStore(StoreBase):
         stored = check_result(result, lease.task.options)
         now = self.clock.now()
         update = lq.success_update(lease.worker_id, lease.run_id, stored, now)
-        found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=quiet)
+        how = None
+        if quiet:
+            how = Quiet({"dependent_count": 0}, update)
+            if lq.quick_success_possible(lease.task, lease.run_id):
+                how = Quiet(lq.QUICK_SUCCESS_FENCE, lq.quick_success(stored, now))
+        found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=how)
         # A quiet write that came back without its document left no dependents to tell.
         task = None if found is None else await self.after_write(Task.model_validate(found))
         extra = {"action": "success_recorded", "key": lease.key}

@@ -25,14 +25,36 @@ async def _publish(sched: ms.Scheduler, count: int) -> None:
     )
 
 
-async def test_a_batch_takes_the_best_in_claim_order_in_three_calls(scheduler: ms.Scheduler):
+async def _stored(sched: ms.Scheduler, key: str) -> dict[str, object]:
+    document = await sched.collection.find_one({"key": key}, {"_id": 0, "key": 0})
+    assert document is not None
+    for state in document["worker_states"]:
+        state["run_id"] = "run"
+    return document
+
+
+async def test_a_quick_claim_writes_what_the_claim_pipeline_writes(scheduler: ms.Scheduler):
+    """The batched claim of a task nobody has claimed yet computes its document from the
+    candidate it read: the same document the claim pipeline gives (that of a single claim)."""
+    options = ms.TaskOptions(worker_timeout_ms=45_000, not_before=scheduler.store.clock.now())
+    await scheduler.publish_many(
+        ms.TaskSpec(key=key, name="job", options=options) for key in ("single", "batched")
+    )
+    single = await scheduler.store.claim("w1", key="single")
+    assert single is not None
+    leases = await scheduler.store.claim_many("w1", names=["job"], limit=3)
+    assert [lease.key for lease in leases] == ["batched"]
+    assert await _stored(scheduler, "batched") == await _stored(scheduler, "single")
+
+
+async def test_a_batch_takes_the_best_in_claim_order_in_two_calls(scheduler: ms.Scheduler):
     await _publish(scheduler, 12)
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
     await sched.ensure_indexes()
     counting.reset()
     leases = await sched.store.claim_many("w1", names=["job"], limit=5)
-    assert counting.calls == 3, counting.counts
+    assert counting.calls == 2, counting.counts  # the candidates, their claims: no read back
     # priority 2 first (t2, t5, t8, t11), then priority 1 by age (t1)
     assert [lease.key for lease in leases] == ["t2", "t5", "t8", "t11", "t1"]
     assert len({lease.run_id for lease in leases}) == 5
@@ -40,6 +62,7 @@ async def test_a_batch_takes_the_best_in_claim_order_in_three_calls(scheduler: m
         task = await scheduler.get(lease.key)
         assert task is not None and task.state is ms.TaskState.RUNNING
         assert [ws.run_id for ws in task.worker_states] == [lease.run_id]
+        assert lease.task == task  # the document computed for the lease is the stored one
     # The next batch goes on where this one stopped, never twice the same task.
     more = await sched.store.claim_many("w2", names=["job"], limit=10)
     assert {lease.key for lease in more}.isdisjoint(lease.key for lease in leases)
@@ -148,8 +171,9 @@ async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Sche
     sched = ms.Scheduler(racing, clock=scheduler.store.clock)
     leases = await sched.store.claim_many("w1", names=["job"], limit=4)
     assert racing.rounds == 2 and len(leases) == 4
-    # The lost round read its candidates and wrote; it had nothing of its own to read back.
-    assert racing.counts["find"] == 3, racing.counts  # two reads of candidates, one of runs
+    # The lost round read its candidates and wrote; it had nothing of its own to read back,
+    # and the round that won computed its documents: nothing to read back either.
+    assert racing.counts["find"] == 2, racing.counts  # two reads of candidates
 
 
 class _YieldsBeforeWriting(CountingCollection):
@@ -180,7 +204,7 @@ async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_can
         group.start_soon(claim, "w2")
     assert [len(won["w1"]), len(won["w2"])] == [4, 4]
     assert {lease.key for lease in won["w1"]}.isdisjoint(lease.key for lease in won["w2"])
-    assert counting.calls == 6, counting.counts  # two batches of three round trips, no loss
+    assert counting.calls == 4, counting.counts  # two batches of two round trips, no loss
 
 
 class _BrokenCursor:
@@ -205,18 +229,31 @@ class _ReadsFail(CountingCollection):
         return super().find(query, *args, **kwargs)
 
 
+class _ReplyLostAndReadsFail(_ReadsFail):
+    """The first bulk write lands but its reply is lost; then reads fail as `_ReadsFail`."""
+
+    lost = False
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        result = await super().bulk_write(requests, **kwargs)
+        if not self.lost:
+            self.lost = True
+            raise AutoReconnect("connection reset before the reply")
+        return result
+
+
 async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
 ):
-    """The claims landed, the read of their runs failed: each lease is looked up and run
-    while it lives, none left to expire unrun."""
+    """The claims landed, their reply was lost and so was the read of their runs: each lease
+    is looked up and run while it lives, none left to expire unrun."""
     await _publish(scheduler, 4)
     ran: list[str] = []
 
     async def job(task: ms.Task) -> None:
         ran.append(task.key)
 
-    failing = _ReadsFail(scheduler.collection, "worker_states.run_id")
+    failing = _ReplyLostAndReadsFail(scheduler.collection, "worker_states.run_id")
     sched = ms.Scheduler(failing, clock=clock)
     options = ms.WorkerOptions(worker_id="w1", max_running=4, poll_interval_ms=10)
     async with sched.consumer({"job": job}, options=options):

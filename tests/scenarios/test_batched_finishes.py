@@ -273,3 +273,39 @@ async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_ot
     assert sorted(returned) == ["t0", "t1", "t2"]
     tasks = await scheduler.store.get_many(["t0", "t1", "t2"])
     assert [t.state for t in tasks] == [ms.TaskState.SUCCESS] * 3
+
+
+async def _stored(sched: ms.Scheduler, key: str) -> dict[str, Any]:
+    document = await sched.collection.find_one({"key": key}, {"_id": 0, "key": 0})
+    assert document is not None
+    for state in document["worker_states"]:
+        state["run_id"] = "run"
+    return document
+
+
+async def test_a_quick_success_writes_what_the_success_pipeline_writes(
+    scheduler: ms.Scheduler,
+):
+    """The consumer's success of a task one worker runs, without dependents, is a classic
+    update of the fields it changes: the document it leaves is the one the success pipeline
+    leaves (a `succeed`), a result that looks like a field path included."""
+    leases = await _claimed(scheduler, 2)
+    result = {"path": "$not.a.path", "n": [1, "$$ws"]}
+    await scheduler.store.succeed(leases[0], result)
+    sched, counting = await _counting(scheduler)
+    assert await sched.store.record_success(leases[1], result) is None
+    assert counting.counts == {"bulk_write": 1}, counting.counts
+    assert await _stored(scheduler, "t1") == await _stored(scheduler, "t0")
+
+
+async def test_a_quick_success_that_misses_on_new_options_is_written_in_full(
+    scheduler: ms.Scheduler,
+):
+    """Options changed while it ran (now two workers): the quick form's conditions miss, and
+    the success is written again by the success pipeline, as the new options want."""
+    (lease,) = await _claimed(scheduler, 1)
+    await scheduler.set_options("t0", ms.TaskOptions(concurrent_worker_cnt=2))
+    await scheduler.store.record_success(lease, None)
+    task = await scheduler.get("t0")
+    assert task is not None and task.state is ms.TaskState.PENDING  # one success of two
+    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.SUCCESS]

@@ -451,12 +451,18 @@ async def test_12_a_commit_with_a_key_of_another_name_records_nothing(
 
 
 class _LoseNextReply(CountingCollection):
-    """Once armed, applies the next ``find_one_and_update`` and loses its reply."""
+    """Once armed, applies the next write (a ``find_one_and_update``, or a ``bulk_write``: a
+    success nobody reads back is sent as one) and loses its reply."""
 
     armed = False
 
     async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
-        result = await self.wrapped.find_one_and_update(*args, **kwargs)
+        return self._lose(await self.wrapped.find_one_and_update(*args, **kwargs))
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lose(await self.wrapped.bulk_write(*args, **kwargs))
+
+    def _lose(self, result: Any) -> Any:
         if self.armed:
             self.armed = False
             raise AutoReconnect("connection reset after the finish was applied")

@@ -54,8 +54,9 @@ async def test_a_single_claim_examines_the_task_it_takes_and_those_it_skips(pend
 
 @pytest.mark.parametrize("pending", [50, 3_000])
 async def test_a_batched_claim_examines_its_batch_and_those_it_skips(pending: int):
-    """Its three steps each examine at most the batch: the candidate read (plus the tasks it
-    skips), one document per conditional write, and the read of what was won by run_id."""
+    """Its two steps each examine at most the batch: the candidate read (plus the tasks it
+    skips) and one document per conditional write; tasks nobody claimed yet are not read
+    back, so a claimed task costs two documents examined."""
     sched, collection = await _backlog(pending)
     batch = 16
     for round_ in range(3):
@@ -64,7 +65,7 @@ async def test_a_batched_claim_examines_its_batch_and_those_it_skips(pending: in
         assert [lease.key for lease in leases] == [
             f"job:{n}" for n in range(round_ * batch, (round_ + 1) * batch)
         ]
-        assert collection.docs_examined - before <= 3 * batch + SKIPPED
+        assert collection.docs_examined - before <= 2 * batch + SKIPPED
 
 
 async def test_the_candidate_read_stops_at_the_batch():

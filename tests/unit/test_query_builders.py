@@ -102,6 +102,16 @@ SAMPLES: dict[str, Any] = {
     "after_name": "job",
     "since": T0,
 }
+_NEW = queries.new_task_document(
+    key="pending",
+    name="job",
+    payload={"n": 1},
+    options=ms.TaskOptions(),
+    now=T0,
+    task_id=ObjectId("65a0000000000000000000fe"),
+)
+SAMPLES["document"] = _NEW
+SAMPLES["lease_task"] = ms.Task.model_validate(_NEW)
 # Builders whose arguments are a whole document rather than samples by name.
 SPECIAL: dict[str, Any] = {
     "tasks.new_task_document": lambda: queries.new_task_document(
@@ -118,6 +128,16 @@ SPECIAL: dict[str, Any] = {
         )
     ),
     "stages.rebuilt_state": lambda: stages.rebuilt_state(state="released"),
+    # On the seed's running task of one state (the fence is `lease_filter`'s, and more).
+    "lease.quick_success": lambda: (
+        {"key": "running-1"},
+        lease_queries.quick_success({"ok": 1}, NOW),
+    ),
+    # Its update, on the seed's task of the same key (its filter is by the _id read).
+    "tasks.quick_claim": lambda: (
+        {"key": "pending"},
+        queries.quick_claim(_NEW, "w1", "run-of-w1", NOW)[1],
+    ),
 }
 
 
