@@ -241,8 +241,9 @@ async def test_own_refuses_bad_arguments_naming_the_field(
 async def test_owning_n_costs_the_round_trips_of_the_consumers_batched_claim(
     scheduler: ms.Scheduler,
 ):
-    """Three calls on the tasks collection for any N >= 3 (the batched claim), one for one
-    task; the controls (paused names, limits) are read on the side, once per call while no
+    """Two calls on the tasks collection for any N >= 3 of unclaimed tasks (the batched
+    claim: one read of the candidates, one bulk of compare-and-sets), one for one task; the
+    controls (paused names, limits) are read on the side, once per call while no
     hub watches them, as a consumer reads them once per change."""
     await _publish(scheduler, 100)
     counting = CountingCollection(scheduler.collection)
@@ -255,7 +256,7 @@ async def test_owning_n_costs_the_round_trips_of_the_consumers_batched_claim(
         counting.reset()
         owned = await sched.own(["job"], worker_id="owner", max_tasks=n)
         assert len(owned) == len(baseline) == n
-        assert counting.calls == claim_calls == (1 if n == 1 else 3), counting.counts
+        assert counting.calls == claim_calls == (1 if n == 1 else 2), counting.counts
 
 
 async def test_while_the_control_hub_watches_own_reads_no_controls(
