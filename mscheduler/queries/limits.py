@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import Any
 
 from .stages import Document, Pipeline, literal
 
@@ -105,9 +106,15 @@ def confirm(name: str, tokens: Sequence[str], now: dt.datetime) -> tuple[Documen
     ``per_ms`` from ``now``, never longer than it was held."""
     confirmed = {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}
     until = {"$cond": [{"$lt": [confirmed, "$$s.until"]}, confirmed, "$$s.until"]}
-    starts = {
+    return {"_id": name}, [{"$set": {"starts": _until(tokens, "starts", until)}}]
+
+
+def _until(tokens: Sequence[str], field: str, until: Any) -> Document:
+    """The entries of ``field`` (starts or slots), those of ``tokens`` now lasting until
+    ``until`` (an expression over the entry, ``$$s``, or a time)."""
+    return {
         "$map": {
-            "input": {"$ifNull": ["$starts", []]},
+            "input": {"$ifNull": [f"${field}", []]},
             "as": "s",
             "in": {
                 "$cond": [
@@ -118,7 +125,6 @@ def confirm(name: str, tokens: Sequence[str], now: dt.datetime) -> tuple[Documen
             },
         }
     }
-    return {"_id": name}, [{"$set": {"starts": starts}}]
 
 
 def give_back(name: str, token: str) -> tuple[Document, Document]:
@@ -141,20 +147,7 @@ def release(name: str, token: str) -> tuple[Document, Document]:
 
 def extend(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
     """The holders still run: their slots live until ``until`` (their lease's expiry)."""
-    slots = {
-        "$map": {
-            "input": {"$ifNull": ["$slots", []]},
-            "as": "s",
-            "in": {
-                "$cond": [
-                    {"$in": ["$$s.id", literal(list(tokens))]},
-                    {"id": "$$s.id", "until": until},
-                    "$$s",
-                ]
-            },
-        }
-    }
-    return {"_id": name}, [{"$set": {"slots": slots}}]
+    return {"_id": name}, [{"$set": {"slots": _until(tokens, "slots", until)}}]
 
 
 def set_limit(
