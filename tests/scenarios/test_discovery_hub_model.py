@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -160,6 +161,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
         # The stream was broken and no step has moved the clock to reopen it since: the
         # streams the hub had opened then.
         self.down_at: int | None = None
+        self.lose_place = False  # ... and each write while it is down rolls the oplog past it
 
     # ------------------------------------------------------------------ running steps
 
@@ -200,6 +202,20 @@ class DiscoveryHubModel(RuleBasedStateMachine):
         raise AssertionError("the hub never reopened its stream")
 
     # ------------------------------------------------------------------ subscribers
+
+    @initialize(
+        kind=st.sampled_from(["consumer", "waiter", "watch"]),
+        names=st.sets(st.sampled_from(NAMES), min_size=1),
+        keys=st.sets(st.sampled_from(sorted(KEYS)), min_size=1),
+        published=st.sets(st.sampled_from(sorted(KEYS))),
+    )
+    def first_subscriber(
+        self, kind: str, names: set[str], keys: set[str], published: set[str]
+    ) -> None:
+        """A run starts with a subscriber, and some tasks published before it joined."""
+        for key in sorted(published):
+            self.run(lambda key=key: self._write(key, "publish", False))
+        self.subscribe(kind, names, False, keys, False)
 
     @rule(
         kind=st.sampled_from(["consumer", "waiter", "watch"]),
@@ -284,13 +300,16 @@ class DiscoveryHubModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the stream
 
     @precondition(lambda self: self.streams and self.subscribers and self.down_at is None)
-    @rule(how=st.sampled_from(["error", "end", "refused_opens"]))
-    def break_stream(self, how: str) -> None:
+    @rule(how=st.sampled_from(["error", "end", "refused_opens"]), lost=st.booleans())
+    def break_stream(self, how: str, lost: bool) -> None:
         """The stream fails (a network error), or the server ends it, or fails it and then
         refuses to reopen it twice (an election): the hub reopens it from its place once the
-        clock passes its backoff, which only a later step moves."""
+        clock passes its backoff, which only a later step moves. ``lost``: the oplog rolls
+        past that place with each write made while it is down, so the hub cannot resume, opens
+        afresh and tells every subscriber to resync."""
         feed = self.sched.collection.changes
         self.down_at = self.hub.streams_opened
+        self.lose_place = lost
         if how == "refused_opens":
             feed.fail_opens(*[OperationFailure("primary stepped down", code=189)] * 2)
         if how == "end":
@@ -302,8 +321,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
     @precondition(lambda self: self.down_at is not None)
     @rule()
     def history_lost(self) -> None:
-        """The oplog rolls past the stream's place while it is down: if written since, the hub
-        cannot resume, opens afresh and tells every subscriber to resync."""
+        """The oplog rolls past the stream's place while it is down (if written since)."""
         self.sched.collection.changes.forget_history()
 
     @rule()
@@ -369,6 +387,8 @@ class DiscoveryHubModel(RuleBasedStateMachine):
                 await sched.retry(key)
         except ms.MSchedulerError:
             pass  # refused (a lost lease, a running task, nothing to retry): nothing written
+        if self.down_at is not None and self.lose_place:
+            self.sched.collection.changes.forget_history()
         after = {task.key: task for task in await store.get_many(sorted(KEYS))}
         for written, task in after.items():
             was = before.get(written)
@@ -445,7 +465,7 @@ def test_every_write_that_may_give_a_subscriber_work_reaches_it(
             # Random locally, to explore; the same examples in CI, so a new draw cannot turn
             # it red.
             derandomize=bool(os.environ.get("CI")),
-            stateful_step_count=15,
+            stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
