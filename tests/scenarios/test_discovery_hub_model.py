@@ -55,10 +55,10 @@ KEYS = {"t0": "a", "t1": "a", "t2": "b"}
 # Reported at the end of the session (conftest.py).
 RUNS = {engine: {"machines": 0, "steps": 0} for engine in ENGINES}
 # One knob for every model test: MSCHEDULER_MODEL_RUNS(_WIRE), of which this model takes a
-# fortieth on memory, a fiftieth on the wire (a run of it makes many more calls).
+# fortieth on memory, a hundredth on the wire (a run of it makes many more calls).
 MODEL_RUNS = {
     "memory": max(1, int(os.environ.get("MSCHEDULER_MODEL_RUNS", "2000")) // 40),
-    "wire": max(1, int(os.environ.get("MSCHEDULER_MODEL_RUNS_WIRE", "500")) // 50),
+    "wire": max(1, int(os.environ.get("MSCHEDULER_MODEL_RUNS_WIRE", "500")) // 100),
 }
 # A step's real-time bound: a step that waits longer is a hang, reported as a failure.
 STEP_TIMEOUT_S = 30
