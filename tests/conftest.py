@@ -39,6 +39,7 @@ NOT_YET_ON_MONGODB = (
     "test_change_streams.py",  # drives the memory backend's change feed (oversized events...)
     "test_claim_protocol_model.py",
     "test_dashboard.py",
+    "test_discovery_hub_model.py",  # drives the memory backend's change feed and the poll
     "test_many_names.py",
     "test_restarts.py",
     "test_sharded.py",
@@ -292,6 +293,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     yield
     from tests.scenarios.test_chaos import TOTALS
     from tests.scenarios.test_claim_protocol_model import RUNS
+    from tests.scenarios.test_discovery_hub_model import RUNS as HUB_RUNS
 
     for engine, totals in TOTALS.items():
         terminalreporter.write_line(
@@ -303,6 +305,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
             terminalreporter.write_line(
                 f"claim protocol model on {engine}: {counts['machines']} state-machine runs, "
                 f"{counts['steps']} store calls"
+            )
+    for engine, counts in HUB_RUNS.items():
+        if counts["machines"]:
+            terminalreporter.write_line(
+                f"discovery hub model on {engine}: {counts['machines']} state-machine runs, "
+                f"{counts['steps']} steps"
             )
     for why, count in DESELECTED.items():
         terminalreporter.write_line(f"not run: {count} tests, {why}")
