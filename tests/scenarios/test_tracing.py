@@ -358,7 +358,8 @@ anyio.run(main)
 async def test_without_opentelemetry_nothing_is_imported_and_tasks_run():
     """The extra is optional: with opentelemetry unimportable, mscheduler imports, publishes
     and runs tasks, and no opentelemetry module is loaded."""
-    done = await anyio.run_process([sys.executable, "-c", WITHOUT_OPENTELEMETRY], cwd=ROOT)
+    with anyio.fail_after(120):  # a child that never ends fails the test, not the run
+        done = await anyio.run_process([sys.executable, "-c", WITHOUT_OPENTELEMETRY], cwd=ROOT)
     assert done.stdout.decode().strip() == "ok"
 
 
@@ -403,5 +404,6 @@ anyio.run(main)
 async def test_without_a_provider_no_span_is_made_and_a_context_from_elsewhere_passes_on():
     """No tracer provider configured: publish and run make no span of their own, yet a
     context the publisher was in reaches the handler (as OpenTelemetry propagates it)."""
-    done = await anyio.run_process([sys.executable, "-c", WITHOUT_A_PROVIDER], cwd=ROOT)
+    with anyio.fail_after(120):
+        done = await anyio.run_process([sys.executable, "-c", WITHOUT_A_PROVIDER], cwd=ROOT)
     assert done.stdout.decode().strip() == "ok"
