@@ -164,6 +164,11 @@ def event_line(event: TaskEvent) -> str:
     return line
 
 
+# The options `watch` and `events` share.
+NamesFilter = Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")]
+EventLimit = Annotated[int, typer.Option(help="Stop after this many events (0: never).")]
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(workers_app, name="workers")
 
@@ -209,10 +214,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def watch(
         ctx: typer.Context,
-        name: Annotated[
-            list[str] | None, typer.Option(help="Only these names; repeatable.")
-        ] = None,
-        limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+        name: NamesFilter = None,
+        limit: EventLimit = 0,
         json_output: JsonFlag = False,
     ) -> None:
         """Print task changes as they happen (from the change stream; on a server without
@@ -244,10 +247,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def events(
         ctx: typer.Context,
-        name: Annotated[
-            list[str] | None, typer.Option(help="Only these names; repeatable.")
-        ] = None,
-        limit: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+        name: NamesFilter = None,
+        limit: EventLimit = 0,
         json_output: JsonFlag = False,
     ) -> None:
         """Print what happens to tasks, by any worker, as it happens: one line per event
