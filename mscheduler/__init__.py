@@ -51,9 +51,9 @@ if TYPE_CHECKING:
         WorkerStateKind,
     )
     from .periodic import Schedule
+    from .services.task_events import TaskEvents
     from .specs import Flow, TaskSpec, chain, chord, group
     from .store.limits import Limit
-    from .store.task_events import TaskEvents
     from .store.workers import WorkerInfo
     from .sync_scheduler import SyncScheduler
     from .worker_options import WorkerOptions
@@ -110,7 +110,7 @@ _HOMES = {
     "Schedule": "periodic",
     **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
     "Limit": "store.limits",
-    "TaskEvents": "store.task_events",
+    "TaskEvents": "services.task_events",
     "WorkerInfo": "store.workers",
     "SyncScheduler": "sync_scheduler",
     "WorkerOptions": "worker_options",

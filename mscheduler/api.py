@@ -25,10 +25,10 @@ from .consumer.owner import Owner
 from .errors import ConfigurationError, WorkerNotLive
 from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
+from .services.task_events import TaskEvents
 from .specs import PublishSpec, Step, publish_spec
 from .store.components import Store
 from .store.limits import Limit, limit_spec
-from .store.task_events import TaskEvents
 from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 

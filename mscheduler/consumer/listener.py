@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from ..clock import Clock, sleep
 from ..models import Task
-from ..store.discovery import RESYNC, Subscription
+from ..services.discovery import RESYNC, Subscription
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 

@@ -34,7 +34,7 @@ import anyio
 
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
 from ..models import ErrorInfo, Lease, Task, check_name, check_worker_id, checked
-from ..store.discovery import Subscription
+from ..services.discovery import Subscription
 from ..store.limits import Limit
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..clock import Clock
+from ..services.waiting import Waiting
 from .batches import Batches
 from .browse import Browse
 from .operations import Operations
 from .tasks import TaskStore
-from .waiting import Waiting
 
 
 class Store(TaskStore):

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
+from mscheduler.services.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 

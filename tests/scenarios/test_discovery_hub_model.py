@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
-from mscheduler.store.discovery import RESYNC, Subscription
+from mscheduler.services.discovery import RESYNC, Subscription
 from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, settle
 
 T = TypeVar("T")

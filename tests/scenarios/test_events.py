@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.task_events import EventLog
+from mscheduler.services.task_events import EventLog
 from tests.engines import FAST, OpenStreams, settle, worker
 
 pytestmark = pytest.mark.anyio

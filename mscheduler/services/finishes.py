@@ -46,7 +46,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 
 if TYPE_CHECKING:
-    from .base import StoreBase
+    from ..store.base import StoreBase
 
 Document = dict[str, Any]
 

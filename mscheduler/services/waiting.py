@@ -27,9 +27,7 @@ from pymongo.errors import OperationFailure
 from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import Task
-from ..worker_options import Discovery, WorkerOptions
-from .discovery import CLOCK_SKEW, RESYNC, Subscription
-from .streams import (
+from ..store.streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
     WAITER_NEEDLESS,
@@ -39,7 +37,9 @@ from .streams import (
     refuses_streams,
     task_changes,
 )
-from .tasks import TaskStore
+from ..store.tasks import TaskStore
+from ..worker_options import Discovery, WorkerOptions
+from .discovery import CLOCK_SKEW, RESYNC, Subscription
 
 log = logging.getLogger(__name__)
 

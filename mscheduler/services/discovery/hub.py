@@ -19,9 +19,8 @@ from ...backoff import Backoff
 from ...clock import Clock
 from ...errors import BackendUnavailable, ConfigurationError
 from ...models import Task
-from ...worker_options import Discovery, WorkerOptions
-from ..base import StoreBase
-from ..streams import (
+from ...store.base import StoreBase
+from ...store.streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
     UNAUTHORIZED,
@@ -32,6 +31,7 @@ from ..streams import (
     open_unless_refused,
     refuses_streams,
 )
+from ...worker_options import Discovery, WorkerOptions
 from .filters import Coverage, hub_pipeline, may_wake
 from .poller import Poller
 from .subscriptions import RESYNC, Subscription

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...models import Task, TaskState
-from ..streams import CONSUMER_NEEDLESS, WAITER_NEEDLESS, without
+from ...store.streams import CONSUMER_NEEDLESS, WAITER_NEEDLESS, without
 from .subscriptions import Subscription
 
 _WRITES = ["insert", "update", "replace"]

@@ -43,9 +43,9 @@ from ..models import (
     WorkerState,
     WorkerStateKind,
 )
+from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .discovery import CLOCK_SKEW, RESYNC, Subscription
-from .tasks import TaskStore
 
 log = logging.getLogger(__name__)
 

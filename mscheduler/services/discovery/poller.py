@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from ...clock import Clock
 from ...models import Task
-from ..base import KEYS_PER_READ, StoreBase
+from ...store.base import KEYS_PER_READ, StoreBase
 from .filters import may_wake
 from .subscriptions import Subscription
 

@@ -32,11 +32,11 @@ from pymongo.errors import PyMongoError
 from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
+from ..store.base import BesideTasks, StoreBase
+from ..store.driver import driver_errors
+from ..store.streams import MAX_AWAIT_MS, OneRunner, close_quietly, open_unless_refused
 from ..worker_options import Discovery, WorkerOptions
-from .base import BesideTasks, StoreBase
 from .discovery import Subscription, TaskHub
-from .driver import driver_errors
-from .streams import MAX_AWAIT_MS, OneRunner, close_quietly, open_unless_refused
 
 log = logging.getLogger(__name__)
 
