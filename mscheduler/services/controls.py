@@ -32,34 +32,14 @@ from pymongo.errors import PyMongoError
 from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
-from ..store.base import BesideTasks, StoreBase
-from ..store.driver import driver_errors
-from ..store.streams import MAX_AWAIT_MS, OneRunner, close_quietly, open_unless_refused
+from ..store.base import StoreBase
+from ..store.controls import ControlVersion
+from ..store.streams import MAX_AWAIT_MS, close_quietly, open_unless_refused
 from ..worker_options import Discovery, WorkerOptions
 from .discovery import Subscription, TaskHub
+from .runner import OneRunner
 
 log = logging.getLogger(__name__)
-
-SUFFIX = ".controls"
-_VERSION_ID = "version"
-
-
-class ControlVersion(BesideTasks):
-    SUFFIX = SUFFIX
-
-    @driver_errors
-    async def bump(self) -> None:
-        """After a control write: every process reads its controls again."""
-        await self.collection.update_one(
-            {"_id": _VERSION_ID},
-            {"$inc": {"version": 1}, "$set": {"changed_at": self._tasks.clock.now()}},
-            upsert=True,
-        )
-
-    @driver_errors
-    async def read(self) -> int:
-        found = await self.collection.find_one({"_id": _VERSION_ID}, {"version": 1})
-        return 0 if found is None else int(found.get("version", 0))
 
 
 class ControlHub:

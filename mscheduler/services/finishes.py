@@ -37,27 +37,16 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
-from ..errors import BackendUnavailable, LeaseLost
+from ..errors import BackendUnavailable
 from ..models import Lease, Task, WorkerStateKind
 from ..queries import lease as lq
-from ..queries import tasks as q
+from ..store import finishes
+from ..store.finishes import Document, Quiet, lease_lost
 
 if TYPE_CHECKING:
     from ..store.base import StoreBase
-
-Document = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Quiet:
-    """How a quiet finish is written: ``fence``, conditions added to the lease filter (at
-    least ``dependent_count: 0``), and ``update``, the update that holds under them."""
-
-    fence: Document
-    update: list[Document] | Document
 
 
 @dataclasses.dataclass
@@ -170,13 +159,10 @@ class FinishBatcher:
                 raise
 
     async def _many(self, batch: list[_Finish]) -> None:
-        requests = [
-            UpdateOne(_fence(f), f.update if f.quiet is None else f.quiet.update) for f in batch
-        ]
+        writes = [(_fence(f), f.update if f.quiet is None else f.quiet.update) for f in batch]
         matched = 0
         try:
-            result = await self._store.collection.bulk_write(requests, ordered=False)
-            matched = result.matched_count
+            matched = await finishes.write_many(self._store, writes)
         except BulkWriteError as exc:  # the server refused some; the others stand
             for error in exc.details.get("writeErrors", []):
                 refused = BulkWriteError({**exc.details, "writeErrors": [error]})
@@ -188,8 +174,7 @@ class FinishBatcher:
         unsettled = [finish for finish in batch if not finish.done.is_set()]
         if not unsettled:
             return
-        cursor = self._store.collection.find(q.by_keys([f.lease.key for f in unsettled]))
-        documents = {document["key"]: document async for document in cursor}
+        documents = await finishes.read_back(self._store, [f.lease.key for f in unsettled])
         for finish in unsettled:
             document = documents.get(finish.lease.key)
             if _landed(document, finish):
@@ -245,22 +230,3 @@ def _live(document: Document | None, finish: _Finish) -> bool:
         and state.is_live(finish.now)
         for state in Task.model_validate(document).worker_states
     )
-
-
-def lease_lost(lease: Lease, document: Document | None) -> LeaseLost:
-    """What happened to a lease, told from its task's document as read after the write that
-    did not match (None: the task is gone)."""
-    prefix = f"task {lease.key!r}: worker {lease.worker_id!r} lost its lease"
-    if document is None:
-        return LeaseLost(f"{prefix}; the task was deleted")
-    task = Task.model_validate(document)
-    own = next((ws for ws in task.worker_states if ws.run_id == lease.run_id), None)
-    state = None if own is None else own.state.value
-    if task.state.is_terminal:
-        return LeaseLost(f"{prefix}; the task is {task.state.value}", state=state)
-    if own is None:
-        return LeaseLost(f"{prefix}; the task was re-published")
-    if own.state is WorkerStateKind.RUNNING and own.ping_expire_at is not None:
-        expired = f"{prefix}; it expired at {own.ping_expire_at.isoformat()}"
-        return LeaseLost(expired, state=state)
-    return LeaseLost(f"{prefix}; its state is {own.state.value}", state=state)

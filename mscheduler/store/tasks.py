@@ -30,14 +30,16 @@ from ..models import (
 )
 from ..queries import lease as lq
 from ..queries import tasks as q
-from ..services.controls import SUFFIX as CONTROLS_SUFFIX
-from ..services.controls import ControlHub, ControlVersion
+from ..services.controls import ControlHub
 from ..services.discovery import TaskHub
-from ..services.finishes import FinishBatcher, Quiet, lease_lost
+from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
+from .controls import SUFFIX as CONTROLS_SUFFIX
+from .controls import ControlVersion
 from .driver import driver_errors
 from .expiry import Expiry
+from .finishes import Quiet, lease_lost
 from .flows import Flows
 from .limits import Limits
 from .pauses import Pauses

@@ -24,7 +24,6 @@ from ...store.streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
     UNAUTHORIZED,
-    OneRunner,
     ResumePoint,
     close_quietly,
     open_change_stream,
@@ -32,6 +31,7 @@ from ...store.streams import (
     refuses_streams,
 )
 from ...worker_options import Discovery, WorkerOptions
+from ..runner import OneRunner
 from .filters import Coverage, hub_pipeline, may_wake
 from .poller import Poller
 from .subscriptions import RESYNC, Subscription

@@ -1,0 +1,29 @@
+"""The control version: one number in ``<collection>.controls``, bumped by every control write
+(a paused name, a limit, a schedule, a stop), so every process knows to read its controls
+again (`services.controls.ControlHub` watches it)."""
+
+from __future__ import annotations
+
+from .base import BesideTasks
+from .driver import driver_errors
+
+SUFFIX = ".controls"
+_VERSION_ID = "version"
+
+
+class ControlVersion(BesideTasks):
+    SUFFIX = SUFFIX
+
+    @driver_errors
+    async def bump(self) -> None:
+        """After a control write: every process reads its controls again."""
+        await self.collection.update_one(
+            {"_id": _VERSION_ID},
+            {"$inc": {"version": 1}, "$set": {"changed_at": self._tasks.clock.now()}},
+            upsert=True,
+        )
+
+    @driver_errors
+    async def read(self) -> int:
+        found = await self.collection.find_one({"_id": _VERSION_ID}, {"version": 1})
+        return 0 if found is None else int(found.get("version", 0))
