@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import constants as c
+from . import layout
 from .backends.uri import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
     Connection,
@@ -54,7 +54,7 @@ class Scheduler:
         uri: str = "memory://",
         *,
         database: str | None = None,
-        collection: str = c.DEFAULT_COLLECTION,
+        collection: str = layout.DEFAULT_COLLECTION,
         clock: Clock | None = None,
         server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
     ) -> Scheduler:

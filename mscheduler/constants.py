@@ -1,13 +1,10 @@
-"""The storage layout on one page: defaults, limits and every index the store's queries rely on."""
+"""Defaults, bounds and the query dialect: the task options' defaults, the limits on what callers
+pass in and on a task document's size, and the operators every query builder keeps to. The
+storage layout (collections and indexes) is `layout`."""
 
 from __future__ import annotations
 
 from typing import Final
-
-DEFAULT_DATABASE: Final = "mscheduler"
-DEFAULT_COLLECTION: Final = "tasks"
-# The collections beside the tasks (``tasks.schedules``...): each store module names its own.
-BESIDE_SUFFIXES: Final = (".schedules", ".paused", ".limits", ".workers", ".stops")
 
 # Task option defaults, as in the original mscheduler.
 DEFAULT_PRIORITY: Final = 0
@@ -52,62 +49,11 @@ MAX_ERROR_BYTES: Final = 16 * 1024  # the three above, with field names and BSON
 # documented limit, so a payload may nest 99 levels below the task document.
 MAX_NESTING_DEPTH: Final = 100
 
-# Optional TTL index (`ensure_indexes(finished_ttl=...)`): MongoDB deletes finished tasks
-# this long after they ended and their dependents were told (``settled_at``); running and
-# pending tasks, and finished ones whose dependents wait to be told, have it null and stay.
-FINISHED_TTL_INDEX = "finished_ttl"
-
 # Names in one query of tasks by name (claims, fetches, the expiry scan): the planner turns
 # ``name $in`` x ``state $in`` (two states) into one index scan each, merged in sort order, up
 # to 200 scans (internalQueryMaxScansToExplode); past that it reads every matching task and
 # sorts them in memory, on every claim. More names are queried in groups of this many.
 MAX_NAMES_PER_QUERY: Final = 100
-
-# Indexes: (name, keys, extra options). Every query in mscheduler.queries is served by one of these;
-# tests run the memory backend with a "notablescan" check that refuses any query none serves.
-INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]], ...]] = (
-    # Idempotent publish and every per-task write: publishing a key twice never makes two tasks.
-    ("key_unique", (("key", 1),), {"unique": True}),
-    # claim_next: equality on name and state, sort by priority (high first), age and _id (ties
-    # of one batch stay FIFO), range on next_claim_at (Equality-Sort-Range order). Version 2:
-    # the first "claim_order" had no _id; a deployment may drop it.
-    (
-        "claim_order_v2",
-        (
-            ("name", 1),
-            ("state", 1),
-            ("options.priority", -1),
-            ("created_at", 1),
-            ("_id", 1),
-            ("next_claim_at", 1),
-        ),
-        {},
-    ),
-    # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
-    ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
-    # A claim whose reply was lost is looked up by the run_id the worker generated for it.
-    ("run_id", (("worker_states.run_id", 1),), {}),
-    # Flows: the dependents of a task, and finished tasks whose dependents were not told.
-    ("dependents", (("depends_on", 1),), {}),
-    ("dependents_notified", (("dependents_notified", 1),), {}),
-    # Expiry: the tasks of some names, not started, whose expires_at has passed. Bounded on
-    # all three (Equality-Range), and only tasks that have an expiry are in it, so the
-    # consumers' housekeeping reads the tasks due to expire, not the whole backlog. The
-    # query names the type (``$type: date``), which implies the partial filter.
-    (
-        "expiry",
-        (("name", 1), ("state", 1), ("options.expires_at", 1)),
-        {"partialFilterExpression": {"options.expires_at": {"$type": "date"}}},
-    ),
-    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
-    ("finished", (("state", 1), ("finished_at", 1)), {}),
-    # Without change streams, a process (its discovery hub, a watch) reads the writes since its
-    # last poll each interval: seeking on the write time examines that interval's writes, not
-    # every task of the names. Every write stamps ``updated_at``, pings included (their
-    # pipeline recomputes it, and a progress report rides on them): each running task's entry
-    # moves once per ping interval, and the poll reads it again then.
-    ("changes", (("updated_at", 1), ("_id", 1)), {}),
-)
 
 # The operator vocabulary of every query builder (mscheduler.queries: tasks, lease, flows, stages),
 # kept small so that MongoDB, the memory backend (mongomock) and the wire tier (mongoeco)

@@ -22,7 +22,7 @@ import anyio
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
-from . import constants as c
+from . import layout
 from .api import Scheduler
 from .backends.sync import AwaitableCollection, open_sync_collection, open_task_stream
 from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
@@ -78,7 +78,7 @@ class SyncScheduler:
         uri: str = "memory://",
         *,
         database: str | None = None,
-        collection: str = c.DEFAULT_COLLECTION,
+        collection: str = layout.DEFAULT_COLLECTION,
         clock: Clock | None = None,
         server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
     ) -> SyncScheduler:

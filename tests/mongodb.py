@@ -25,7 +25,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from mscheduler import constants as c
+from mscheduler import layout
 
 URI_VARIABLE = "MSCHEDULER_TEST_MONGODB_URI"
 SHARD_KEY = {"key": 1}  # the unique publish key: every task has one, publish targets it
@@ -71,7 +71,9 @@ class MongoRun:
         # The declared unique index on the shard key first, under its declared name: the
         # shard key then uses it (sharding would otherwise make its own ``key_1``, and the
         # declared one would then conflict with it).
-        name, keys, options = next(index for index in c.INDEXES if index[1] == (("key", 1),))
+        name, keys, options = next(
+            index for index in layout.TASK_INDEXES if index[1] == (("key", 1),)
+        )
         self.client[database][collection].create_index(list(keys), name=name, **options)
         self.client.admin.command(
             "shardCollection", f"{database}.{collection}", key=SHARD_KEY, unique=True

@@ -21,7 +21,7 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import OperationFailure, PyMongoError
 
-from .. import constants as c
+from .. import layout
 from ..errors import ConfigurationError
 from .uri import check_name, new_client, ping_failure, redact
 
@@ -200,7 +200,7 @@ def open_sync_collection(
         client.close()
         raise ping_failure(uri, exc) from exc
     if database is None:
-        database = client.get_default_database(default=c.DEFAULT_DATABASE).name
+        database = client.get_default_database(default=layout.DEFAULT_DATABASE).name
     try:
         check_name("database", database)
     except ConfigurationError:

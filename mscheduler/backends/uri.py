@@ -19,7 +19,7 @@ from pymongo.collection import Collection as SyncCollection
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI, OperationFailure, PyMongoError
 
-from .. import constants as c
+from .. import layout
 from ..errors import BackendUnavailable, ConfigurationError, MSchedulerError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ async def open_collection(
     uri: str,
     *,
     database: str | None = None,
-    collection: str = c.DEFAULT_COLLECTION,
+    collection: str = layout.DEFAULT_COLLECTION,
     server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
 ) -> Connection:
     if not isinstance(uri, str) or "://" not in uri:
@@ -62,7 +62,7 @@ async def open_collection(
     check_name("collection", collection)
     scheme = uri.split("://", 1)[0].lower()
     if scheme == "memory":
-        return _open_memory(uri, database or c.DEFAULT_DATABASE, collection)
+        return _open_memory(uri, database or layout.DEFAULT_DATABASE, collection)
     if scheme in ("mongodb", "mongodb+srv"):
         return await _open_mongodb(uri, database, collection, server_selection_timeout_ms)
     raise ConfigurationError(
@@ -194,7 +194,7 @@ async def _open_mongodb(
         await client.close()
         raise ping_failure(uri, exc) from exc
     if database is None:
-        database = client.get_default_database(default=c.DEFAULT_DATABASE).name
+        database = client.get_default_database(default=layout.DEFAULT_DATABASE).name
     check_name("database", database)
     log.info(
         "connected to MongoDB",

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from .. import constants as c
 from ..__about__ import __version__
+from ..layout import DEFAULT_COLLECTION, DEFAULT_DATABASE
 from . import dashboard, limits, logs, observe, pauses, schedules, serve, tasks, worker
 from .common import Commands, Settings, fail, run, usage_error
 
@@ -71,11 +71,11 @@ def main(
         str | None,
         typer.Option(
             envvar="MSCHEDULER_DATABASE",
-            help=f"Default: the URI's database, else {c.DEFAULT_DATABASE!r}.",
+            help=f"Default: the URI's database, else {DEFAULT_DATABASE!r}.",
             show_default=False,
         ),
     ] = None,
-    collection: Annotated[str, typer.Option(envvar="MSCHEDULER_COLLECTION")] = c.DEFAULT_COLLECTION,
+    collection: Annotated[str, typer.Option(envvar="MSCHEDULER_COLLECTION")] = DEFAULT_COLLECTION,
     log_level: Annotated[
         str, typer.Option(envvar="MSCHEDULER_LOG_LEVEL", help=", ".join(logs.LEVELS))
     ] = "warning",

@@ -16,9 +16,9 @@ Document = dict[str, Any]
 
 # Rows of a key prefix, in key order: key_unique's range on the prefix gives both.
 KEY_ORDER: list[tuple[str, int]] = [("key", 1)]
-# Rows of some names and states, in the order they are claimed: claim_order_v2 gives it after
-# its equality on name and state (MongoDB merges the sorted runs of each name and state).
-CLAIM_ORDER: list[tuple[str, int]] = [("options.priority", -1), ("created_at", 1), ("_id", 1)]
+# Rows of some names and states, in the order they are claimed, sort by `tasks.CLAIM_SORT`:
+# claim_order_v2 gives it after its equality on name and state (MongoDB merges the sorted runs
+# of each name and state).
 # Every row, newest first: the _id index.
 NEWEST_ORDER: list[tuple[str, int]] = [("_id", -1)]
 NAME_ORDER: list[tuple[str, int]] = [("name", 1)]
@@ -59,7 +59,7 @@ def claim_order_page_filter(
     after_position: tuple[int, dt.datetime, ObjectId] | None,
 ) -> Document:
     """Tasks of ``names`` in ``states`` that come after ``after_position`` (priority,
-    created_at, _id of the last row shown) in `CLAIM_ORDER`. The three branches of the
+    created_at, _id of the last row shown) in `tasks.CLAIM_SORT`. The three branches of the
     ``$or`` are the three ways to come later in that order; all of them are bounds on keys of
     claim_order_v2, read from the index without fetching the rows they skip."""
     query: Document = {"name": {"$in": list(names)}, "state": {"$in": list(states)}}

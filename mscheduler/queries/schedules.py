@@ -22,7 +22,6 @@ def due_filter(names: Sequence[str], now: dt.datetime) -> Document:
 
 
 NEXT_SORT: list[tuple[str, int]] = [("next_at", 1)]
-INDEXES = [("name_next_at", [("name", 1), ("next_at", 1)])]
 
 
 def at_version(schedule_id: str, version: int) -> Document:

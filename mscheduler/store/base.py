@@ -18,6 +18,7 @@ from pymongo import IndexModel
 from pymongo.errors import OperationFailure, PyMongoError
 
 from .. import constants as c
+from .. import layout
 from ..clock import UTC, Clock
 from ..errors import ConfigurationError
 from ..models import Task, check_key, checked
@@ -36,6 +37,13 @@ KEYS_PER_READ = 5_000
 _INDEXES_LOCKS: RunVar[weakref.WeakKeyDictionary[StoreBase, anyio.Lock]] = RunVar(
     "mscheduler_indexes_locks"
 )
+
+
+def index_model(index: layout.Index, **options: Any) -> IndexModel:
+    """A declared index (`layout`) as the driver takes it; ``options`` adds to the declared
+    ones (a TTL's ``expireAfterSeconds`` the caller chose)."""
+    name, keys, declared = index
+    return IndexModel(list(keys), name=name, **declared, **options)
 
 
 class StoreBase:
@@ -71,9 +79,7 @@ class StoreBase:
         """Create the declared indexes (idempotent); the unique key index is what makes
         publish idempotent, so every other operation ensures it first."""
         async with self._indexes_lock():
-            models = [
-                IndexModel(list(keys), name=name, **options) for name, keys, options in c.INDEXES
-            ]
+            models = [index_model(index) for index in layout.TASK_INDEXES]
             names = list(await self.collection.create_indexes(models))
             self.sharded = await self._behind_mongos()
             self._indexes_ready = True
@@ -154,7 +160,7 @@ class StoreBase:
         tasks."""
         if await self.collection.find_one({}, {"_id": 1}) is not None:
             return True
-        for suffix in c.BESIDE_SUFFIXES:
+        for suffix in layout.BESIDE_SUFFIXES:
             if await self.beside(suffix).find_one({}, {"_id": 1}) is not None:
                 return True
         return False

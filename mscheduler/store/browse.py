@@ -139,7 +139,7 @@ class Browse:
             names = [name] if name else await self.task_names()
             states = [state] if state else [s.value for s in TaskState]
             query = q.claim_order_page_filter(names, states, position)  # type: ignore[arg-type]
-            sort = q.CLAIM_ORDER
+            sort = tq.CLAIM_SORT
         else:
             query = q.newest_page_filter(position)  # type: ignore[arg-type]
             sort = q.NEWEST_ORDER

@@ -4,15 +4,15 @@ again (`services.controls.ControlHub` watches it)."""
 
 from __future__ import annotations
 
+from .. import layout
 from .base import BesideTasks
 from .driver import driver_errors
 
-SUFFIX = ".controls"
 _VERSION_ID = "version"
 
 
 class ControlVersion(BesideTasks):
-    SUFFIX = SUFFIX
+    SUFFIX = layout.CONTROLS
 
     @driver_errors
     async def bump(self) -> None:

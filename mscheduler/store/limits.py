@@ -13,13 +13,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo.errors import ConnectionFailure
 
+from .. import layout
 from ..errors import ConfigurationError
 from ..models import UtcDatetime, check_name, checked
 from ..queries import limits as lq
 from .base import BesideTasks
 from .driver import driver_errors
 
-SUFFIX = ".limits"
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
 # which no write tells it of (a consumer of the same process is told at once).
 RUNNING_RECHECK = dt.timedelta(seconds=1)
@@ -119,7 +119,7 @@ def limit_spec(
 
 
 class Limits(BesideTasks):
-    SUFFIX = SUFFIX
+    SUFFIX = layout.LIMITS
 
     @driver_errors
     async def set(self, spec: LimitSpec) -> Limit:

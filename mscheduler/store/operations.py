@@ -9,9 +9,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pymongo import IndexModel, ReturnDocument
+from pymongo import ReturnDocument
 
-from .. import constants as c
+from .. import layout
 from ..clock import to_bson_time
 from ..encoding import check_document_size
 from ..errors import ConfigurationError, TaskNotFound
@@ -19,6 +19,7 @@ from ..models import PublishResult, StatsRow, Task, TaskOptions, TaskState, chec
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec
+from .base import index_model
 from .driver import driver_errors
 
 if TYPE_CHECKING:
@@ -170,12 +171,10 @@ class Operations:
             raise ConfigurationError(
                 f"finished_ttl: must be at least one second, got {finished_ttl}"
             )
-        model = IndexModel(
-            [("settled_at", 1)], name=c.FINISHED_TTL_INDEX, expireAfterSeconds=seconds
-        )
+        model = index_model(layout.FINISHED_TTL, expireAfterSeconds=seconds)
         await self._store.ensure_ttl_index(model)
         await self._store.collection.update_many(*fq.settled_backfill())
-        return c.FINISHED_TTL_INDEX
+        return layout.FINISHED_TTL_INDEX
 
     @driver_errors
     async def stats(self) -> list[StatsRow]:

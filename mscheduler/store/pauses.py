@@ -12,15 +12,14 @@ from collections.abc import Sequence
 
 from pymongo.errors import DuplicateKeyError
 
+from .. import layout
 from ..models import check_name, checked
 from .base import BesideTasks
 from .driver import driver_errors
 
-SUFFIX = ".paused"
-
 
 class Pauses(BesideTasks):
-    SUFFIX = SUFFIX
+    SUFFIX = layout.PAUSED
 
     @driver_errors
     async def pause(self, name: str, reason: str = "") -> bool:

@@ -10,22 +10,20 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from pymongo import IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from .. import tracing
+from .. import layout, tracing
 from ..errors import StoreError
 from ..models import PublishResult, TaskOptions, TaskState
 from ..periodic import Schedule, due, reregistered, schedule_document
 from ..queries import schedules as sq
 from ..specs import PublishSpec
-from .base import BesideTasks, StoreBase
+from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".schedules"
 # Registrations of one id that may lose to other writes in a row before giving up: each loss
 # is another worker's advance or registration, a few a minute at most.
 _PUT_ATTEMPTS = 16
@@ -34,14 +32,14 @@ _PUT_ATTEMPTS = 16
 class ScheduleStore(BesideTasks):
     """The schedules beside a task collection (``tasks`` → ``tasks.schedules``)."""
 
-    SUFFIX = SUFFIX
+    SUFFIX = layout.SCHEDULES
 
     def __init__(self, tasks: StoreBase, publisher: Publisher) -> None:
         super().__init__(tasks)
         self._publisher = publisher
 
     async def _ready(self) -> None:
-        models = [IndexModel(keys, name=name) for name, keys in sq.INDEXES]
+        models = [index_model(index) for index in layout.SCHEDULE_INDEXES]
         await self.collection.create_indexes(models)
 
     @driver_errors

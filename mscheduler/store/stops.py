@@ -12,7 +12,7 @@ Invariants:
 - A stop document is deleted once applied (matched on its own ``request`` token, so a later
   stop written meanwhile, say ``drain=False`` after ``drain=True``, is not deleted unread), or
   by the next instance of the id when it was requested before that instance started (it was
-  for an earlier one), or by a TTL index `FORGET_AFTER` later (a worker that died unstopped).
+  for an earlier one), or by a TTL index `layout.FORGET_AFTER` later (a worker that died unstopped).
   "Before" compares the requester's clock with the worker's: with clocks far apart a stale
   request may outlive a quick restart, ignored (its instance is not this run's) until the TTL.
 """
@@ -22,15 +22,12 @@ from __future__ import annotations
 import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import IndexModel
 
+from .. import layout
 from ..models import UtcDatetime
-from .base import BesideTasks, StoreBase
+from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
-from .workers import FORGET_AFTER, WorkerInfo
-
-SUFFIX = ".stops"
-_TTL_INDEX = "requested_ttl"
+from .workers import WorkerInfo
 
 
 class StopRequest(BaseModel):
@@ -47,7 +44,7 @@ class StopRequest(BaseModel):
 
 
 class Stops(BesideTasks):
-    SUFFIX = SUFFIX
+    SUFFIX = layout.STOPS
 
     def __init__(self, tasks: StoreBase) -> None:
         super().__init__(tasks)
@@ -59,9 +56,7 @@ class Stops(BesideTasks):
         its id. The control version is bumped whatever happened before: a retried call tells
         the consumers at once (`store.controls`)."""
         if not self._ttl_ready:
-            seconds = int(FORGET_AFTER.total_seconds())
-            ttl = IndexModel([("requested_at", 1)], name=_TTL_INDEX, expireAfterSeconds=seconds)
-            await self.collection.create_indexes([ttl])
+            await self.collection.create_indexes([index_model(layout.STOPS_TTL)])
             self._ttl_ready = True
         stop = StopRequest(
             worker_id=worker.worker_id,

@@ -17,6 +17,7 @@ from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
+from .. import layout
 from ..clock import Clock, to_bson_time
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
@@ -35,7 +36,6 @@ from ..services.discovery import TaskHub
 from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
-from .controls import SUFFIX as CONTROLS_SUFFIX
 from .controls import ControlVersion
 from .driver import driver_errors
 from .expiry import Expiry
@@ -65,7 +65,7 @@ class TaskStore(StoreBase):
         self.workers = Workers(self)
         self.stops = Stops(self)
         # The process's one change stream (or poll loop), the controls' changes on it too.
-        self.task_hub = TaskHub(self, clock, controls_suffix=CONTROLS_SUFFIX)
+        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS)
         self.control_version = ControlVersion(self)
         self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
         # Finished tasks (keys, or ids where no key was read) whose dependents this process

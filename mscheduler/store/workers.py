@@ -15,22 +15,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import IndexModel
 
+from .. import layout
 from ..models import UtcDatetime
-from .base import BesideTasks, StoreBase
+from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
 
-SUFFIX = ".workers"
 # A worker is stale once it missed this many heartbeats: one late write is not a death.
 STALE_AFTER_BEATS = 3
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
-# A stale worker's document is deleted by MongoDB's TTL monitor this long after it was last
-# seen, so crashed workers do not accumulate.
-FORGET_AFTER = dt.timedelta(days=1)
-_TTL_INDEX = "last_seen_ttl"
 
 
 class WorkerInfo(BaseModel):
@@ -63,7 +58,7 @@ class WorkerInfo(BaseModel):
 
 
 class Workers(BesideTasks):
-    SUFFIX = SUFFIX
+    SUFFIX = layout.WORKERS
 
     def __init__(self, tasks: StoreBase) -> None:
         super().__init__(tasks)
@@ -74,9 +69,7 @@ class Workers(BesideTasks):
         """Write the worker's document whole (an upsert): the first beat registers it, and a
         document deleted meanwhile (by hand, or the TTL after a long stall) comes back."""
         if not self._ttl_ready:
-            seconds = int(FORGET_AFTER.total_seconds())
-            ttl = IndexModel([("last_seen_at", 1)], name=_TTL_INDEX, expireAfterSeconds=seconds)
-            await self.collection.create_indexes([ttl])
+            await self.collection.create_indexes([index_model(layout.WORKERS_TTL)])
             self._ttl_ready = True
         document = info.model_dump(by_alias=True, exclude={"alive"})
         worker_id = document.pop("_id")

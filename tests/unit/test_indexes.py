@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from bson import ObjectId
 
-from mscheduler import constants as c
+from mscheduler import layout
 from mscheduler.backends.memory.index_plan import bounded_keys, implies_partial, index_serves
 from mscheduler.queries import browse as bq
 from mscheduler.queries import flows as fq
@@ -49,10 +49,10 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
     # The dashboard: pages of the task list, its names, a task's links, the chart's counts.
     "page by key prefix": (bq.prefix_page_filter("mail:", None, "fail", None), bq.KEY_ORDER),
     "next page by key prefix": (bq.prefix_page_filter("m", "a", None, "m1"), bq.KEY_ORDER),
-    "page in claim order": (bq.claim_order_page_filter(["a"], ["pending"], None), bq.CLAIM_ORDER),
+    "page in claim order": (bq.claim_order_page_filter(["a"], ["pending"], None), q.CLAIM_SORT),
     "next page in claim order": (
         bq.claim_order_page_filter(["a", "b"], ["pending", "fail"], (0, NOW, ObjectId())),
-        bq.CLAIM_ORDER,
+        q.CLAIM_SORT,
     ),
     "task names": (bq.name_after_filter("a"), bq.NAME_ORDER),
     "dependents": (bq.dependents_filter("k"), None),
@@ -64,7 +64,7 @@ QUERY_SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, int]] | None]] = {
 @pytest.mark.parametrize("shape", QUERY_SHAPES)
 def test_query_is_served_by_a_declared_index(shape: str):
     query, sort = QUERY_SHAPES[shape]
-    serving = [name for name, keys, _ in c.INDEXES if index_serves(keys, query, sort)]
+    serving = [name for name, keys, _ in layout.TASK_INDEXES if index_serves(keys, query, sort)]
     assert serving, f"no declared index serves {shape}: {query} sort {sort}"
 
 
@@ -80,7 +80,7 @@ def test_query_is_served_by_a_declared_index(shape: str):
 )
 def test_each_page_of_the_task_list_is_selected_and_sorted_by_one_index(shape: str, index: str):
     query, sort = QUERY_SHAPES[shape]
-    keys = dict((name, keys) for name, keys, _ in c.INDEXES)[index]
+    keys = dict((name, keys) for name, keys, _ in layout.TASK_INDEXES)[index]
     assert index_serves(keys, query, sort)
 
 
@@ -91,7 +91,7 @@ def test_the_unfiltered_task_list_walks_the_id_index_newest_first():
 
 def test_claim_next_uses_the_claim_order_index():
     query, sort = QUERY_SHAPES["claim next"]
-    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["claim_order_v2"]
+    keys = dict((name, keys) for name, keys, _ in layout.TASK_INDEXES)["claim_order_v2"]
     assert index_serves(keys, query, sort)
 
 
@@ -117,7 +117,7 @@ def test_the_expiry_scan_is_bounded_by_name_state_and_date():
     query = eq.expired(["a", "b"], NOW)
     usable = [
         bounded_keys(keys, query)
-        for _, keys, options in c.INDEXES
+        for _, keys, options in layout.TASK_INDEXES
         if implies_partial(query, options.get("partialFilterExpression"))  # type: ignore[arg-type]
     ]
     assert ["name", "state", "options.expires_at"] in usable
@@ -156,9 +156,9 @@ ID_INDEX = ("_id_", (("_id", 1),))
 # The indexes of each collection a builder module's filters go to.
 INDEXES_OF: dict[str, list[tuple[str, Any]]] = {
     "limits": [ID_INDEX],
-    "schedules": [ID_INDEX, *((name, tuple(keys)) for name, keys in sq.INDEXES)],
+    "schedules": [ID_INDEX, *((name, tuple(keys)) for name, keys, _ in layout.SCHEDULE_INDEXES)],
 }
-TASK_INDEXES = [ID_INDEX, *((name, keys) for name, keys, _ in c.INDEXES)]
+TASK_INDEXES = [ID_INDEX, *((name, keys) for name, keys, _ in layout.TASK_INDEXES)]
 
 
 @pytest.mark.parametrize("builder", sorted(set(BUILDER_FILTERS) - FRAGMENTS))
@@ -173,7 +173,7 @@ def test_every_builder_filter_is_served_by_a_declared_index(builder: str):
 def test_the_expiry_read_seeks_on_the_expiry_time():
     """Not only on name and state: every waiting task of those names would be examined."""
     query = eq.expired(["a"], NOW)
-    keys = dict((name, keys) for name, keys, _ in c.INDEXES)["expiry"]
+    keys = dict((name, keys) for name, keys, _ in layout.TASK_INDEXES)["expiry"]
     assert keys[-1][0] == "options.expires_at" and index_serves(keys, query)
 
 
@@ -183,6 +183,6 @@ def test_the_polling_read_of_recent_writes_seeks_on_the_write_time(names: list[s
     served by a name prefix alone, it would examine every task of those names, the finished
     ones included, on every poll. Seeking on ``updated_at`` examines the interval's writes."""
     query = q.changed_since(NOW, names)
-    assert any(bounded_keys(keys, query)[:1] == ["updated_at"] for _, keys, _ in c.INDEXES), (
-        f"no declared index seeks on updated_at for {query}"
-    )
+    assert any(
+        bounded_keys(keys, query)[:1] == ["updated_at"] for _, keys, _ in layout.TASK_INDEXES
+    ), f"no declared index seeks on updated_at for {query}"

@@ -26,6 +26,7 @@ FOUNDATION = {
     "encoding",
     "errors",
     "host_guard",
+    "layout",
     "models",
     "periodic",
     "specs",
