@@ -29,8 +29,8 @@ from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
 from .clock import Clock
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
 from .models import ErrorInfo, Lease, PublishResult, Task, TaskOptions
+from .queries.changes import changes_pipeline
 from .specs import Step, publish_spec
-from .store.streams import task_changes
 from .worker_options import Discovery
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class SyncScheduler:
         try:
             stream, refusal = open_task_stream(
                 collection,
-                task_changes(key=keys),
+                changes_pipeline(states=keys),
                 discovery,
                 max_await_ms=min(_STREAM_AWAIT_MS, poll_interval_ms),
             )

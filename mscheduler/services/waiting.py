@@ -27,15 +27,14 @@ from pymongo.errors import OperationFailure
 from ..clock import sleep
 from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import Task
+from ..queries.changes import changes_pipeline
 from ..store.streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
-    WAITER_NEEDLESS,
     ResumePoint,
     close_quietly,
     open_change_stream,
     refuses_streams,
-    task_changes,
 )
 from ..store.tasks import TaskStore
 from ..worker_options import Discovery, WorkerOptions
@@ -162,11 +161,7 @@ async def watch_tasks(
             async for task in shared:
                 yield task
         return
-    pipeline = (
-        task_changes(needless=WAITER_NEEDLESS, name=names)
-        if names
-        else task_changes(needless=WAITER_NEEDLESS)
-    )
+    pipeline = changes_pipeline(every=list(names) if names else [None])
     position = ResumePoint()
     while True:
         try:

@@ -1,8 +1,8 @@
 """Change streams: the only place one is opened or closed (a `watch` on the collection).
 
-The consumer's listener and `waiting` use these. `task_changes` builds the stream's pipeline
-(pure, like `mscheduler.queries`, but an aggregation of change events, not a query of tasks);
-`ResumePoint` keeps where a stream resumes, the rules of which come from the server:
+The discovery hub, the control hub and a watch use these (their pipelines come from
+`queries.changes`). `ResumePoint` keeps where a stream resumes, the rules of which come from
+the server:
 
 - a stream's resume token moves on with every batch, empty ones included (the server's
   ``postBatchResumeToken``, which pymongo keeps as ``resume_token``): a quiet stream saved
@@ -16,7 +16,6 @@ The consumer's listener and `waiting` use these. `task_changes` builds the strea
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -41,78 +40,11 @@ UNAUTHORIZED = 13
 MAX_AWAIT_MS = 1_000
 # Reads that fail in a row at one resume token before the stream is opened afresh.
 FAILURES_BEFORE_FRESH = 3
-# What a consumer or a waiter needs of an event: not what was changed (``updateDescription``
-# repeats the written values: with the document after the write, a large result is sent
-# twice), nor what the handler alone reads. Kept out after the ``$match``, which may test them.
-CONSUMER_NEEDLESS = (
-    "updateDescription",
-    "fullDocument.payload",
-    "fullDocument.result",
-    "fullDocument.worker_states.result",
-)
-WAITER_NEEDLESS = ("updateDescription",)
 
 
 def refuses_streams(exc: OperationFailure) -> bool:
     """Whether the server said "no change streams here" (as opposed to "not now")."""
     return exc.code is None or exc.code in NO_STREAMS_HERE
-
-
-def without(fields: Sequence[str]) -> dict[str, Any]:
-    """An exclusion ``$project`` stage; it never removes ``_id``, the resume token."""
-    return {"$project": dict.fromkeys(fields, 0)}
-
-
-def task_changes(
-    *,
-    wakes_only: bool = False,
-    state_changes_of: Sequence[Any] | None = None,
-    needless: Sequence[str] = (),
-    **fields: Sequence[str],
-) -> list[dict[str, Any]]:
-    """Server-side filter: writes to tasks whose ``field`` is one of the values given (e.g.
-    ``name=[...]``, ``key=[...]``). Deletes are left out: a deleted task's claim or ping
-    simply matches nothing.
-
-    ``wakes_only`` (a consumer's stream): only inserts, replaces and the updates that bumped
-    ``wakes`` (`queries.derived.wakes_consumers`), so pings, claims and finishes wake nobody.
-    That part tests the event alone, not ``fullDocument``: MongoDB (5.1+) moves such a
-    predicate into its oplog scan, so a ping is dropped there, before any ``updateLookup``.
-    A pipeline update's ``updatedFields`` names ``wakes`` on every engine, as it is a
-    top-level number (a changed subdocument may be reported by paths inside it instead).
-
-    ``state_changes_of`` (a waiter's stream): only inserts, replaces, and updates of those
-    ``_id`` values that changed ``state``, again on the event alone: without it every update
-    of the collection (pings included) costs each waiter one lookup of the document.
-    ``needless``: event fields projected away after the ``$match`` (`CONSUMER_NEEDLESS`)."""
-    match: dict[str, Any] = {"operationType": {"$in": ["insert", "update", "replace"]}}
-    if wakes_only:
-        match = {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace"]}},
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.wakes": {"$exists": True},
-                },
-            ]
-        }
-    elif state_changes_of is not None:
-        match = {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace"]}},
-                {
-                    "operationType": "update",
-                    "documentKey._id": {"$in": list(state_changes_of)},
-                    "updateDescription.updatedFields.state": {"$exists": True},
-                },
-            ]
-        }
-    for field, values in fields.items():
-        match[f"fullDocument.{field}"] = {"$in": list(values)}
-    pipeline: list[dict[str, Any]] = [{"$match": match}]
-    if needless:
-        pipeline.append(without(needless))
-    return pipeline
 
 
 class ResumePoint:

@@ -10,11 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...models import Task, TaskState
-from ...store.streams import CONSUMER_NEEDLESS, WAITER_NEEDLESS, without
+from ...queries.changes import changes_pipeline
 from .subscriptions import Subscription
-
-_WRITES = ["insert", "update", "replace"]
-_WHOLE = ["insert", "replace"]
 
 
 def may_wake(task: Task, now: dt.datetime) -> bool:
@@ -64,42 +61,10 @@ class Coverage:
 def hub_pipeline(
     subscriptions: Iterable[Subscription], namespaces: tuple[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """The stream's pipeline: the union of what the subscribers want. Each part tests the
-    event first (operation, changed fields, namespace), which MongoDB checks on the oplog
-    entry before any ``updateLookup``: a ping passes only when a watch wants every write.
-    ``namespaces`` (the tasks collection, the control version's): a stream on the database,
-    whose events of other collections the ``$match`` drops, and that carries the control
-    version's whoever subscribes: those writes are rare, and a consumer joining later then
-    reopens nothing."""
+    """The stream's pipeline: the union of what the subscribers want
+    (`queries.changes.changes_pipeline`). ``namespaces`` (the tasks collection, the control
+    version's): a stream on the database, which carries the control version's writes too."""
     cover = Coverage(subscriptions)
-    wakes, states = sorted(cover.wakes), sorted(cover.states)
-    clauses: list[dict[str, Any]] = []
-    if wakes:
-        clauses.append(_changed("wakes", {"fullDocument.name": {"$in": wakes}}))
-    if states:
-        clauses.append(_changed("state", {"fullDocument.key": {"$in": states}}))
-    if None in cover.every:
-        clauses.append({"operationType": {"$in": _WRITES}})
-    elif cover.every:
-        named = sorted(name for name in cover.every if name is not None)
-        clauses.append({"operationType": {"$in": _WRITES}, "fullDocument.name": {"$in": named}})
-    if not clauses:
-        match: dict[str, Any] = {"operationType": "none"}  # nobody listens (yet)
-    elif len(clauses) == 1:
-        match = clauses[0]
-    else:
-        match = {"$or": clauses}
-    if namespaces is not None:
-        tasks, controls = namespaces
-        match = {"$or": [{"ns.coll": tasks, **match}, {"ns.coll": controls}]}
-    # A task's result (what only a waiter or a watch reads) is sent only when one listens.
-    needless = CONSUMER_NEEDLESS if not states and not cover.every else WAITER_NEEDLESS
-    return [{"$match": match}, without(needless)]
-
-
-def _changed(field: str, where: dict[str, Any]) -> dict[str, Any]:
-    updated = {
-        "operationType": "update",
-        f"updateDescription.updatedFields.{field}": {"$exists": True},
-    }
-    return {"$or": [{"operationType": {"$in": _WHOLE}}, updated], **where}
+    return changes_pipeline(
+        wakes=cover.wakes, states=cover.states, every=cover.every, namespaces=namespaces
+    )
