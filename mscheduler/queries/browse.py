@@ -22,6 +22,9 @@ KEY_ORDER: list[tuple[str, int]] = [("key", 1)]
 # Every row, newest first: the _id index.
 NEWEST_ORDER: list[tuple[str, int]] = [("_id", -1)]
 NAME_ORDER: list[tuple[str, int]] = [("name", 1)]
+NAME_ONLY: Document = {"name": 1, "_id": 0}
+KEY_AND_STATE: Document = {"key": 1, "state": 1, "_id": 0}
+EVERY: Document = {}  # every document of a collection (the paused names)
 
 
 def _prefix_end(prefix: str) -> str | None:

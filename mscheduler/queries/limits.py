@@ -164,6 +164,10 @@ def set_limit(
 _HAS_LIMIT: Document = {"$or": [{"rate": {"$ne": None}}, {"max_running": {"$ne": None}}]}
 
 
+def by_name(name: str) -> Document:
+    return {"_id": name}
+
+
 def limited(names: Sequence[str] | None) -> Document:
     """The documents (of ``names``) that limit their name: not a removed limit's."""
     if names is None:

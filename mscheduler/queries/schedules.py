@@ -16,12 +16,18 @@ def of_names(names: Sequence[str]) -> Document:
     return {"name": {"$in": list(names)}}
 
 
+def listed(names: Sequence[str] | None) -> Document:
+    """The schedules of ``names`` (None or none: every schedule)."""
+    return of_names(names) if names else {}
+
+
 def due_filter(names: Sequence[str], now: dt.datetime) -> Document:
     """Schedules of ``names`` with an occurrence due (served by the ``name_next_at`` index)."""
     return {"name": {"$in": list(names)}, "next_at": {"$lte": now}}
 
 
 NEXT_SORT: list[tuple[str, int]] = [("next_at", 1)]
+ID_ORDER: list[tuple[str, int]] = [("_id", 1)]
 
 
 def at_version(schedule_id: str, version: int) -> Document:

@@ -116,6 +116,11 @@ def by_ids(task_ids: Sequence[Any]) -> Document:
     return {"_id": {"$in": list(task_ids)}}
 
 
+ANY: Document = {}  # whether anything is there (`StoreBase.in_use`)
+ID_ONLY: Document = {"_id": 1}
+KEY_ONLY: Document = {"key": 1}
+
+
 def by_keys(keys: Sequence[str]) -> Document:
     return {"key": {"$in": list(keys)}}
 

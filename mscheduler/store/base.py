@@ -158,10 +158,10 @@ class StoreBase:
         """Whether anything was ever written here: a task, or a document beside the tasks
         (schedules, paused names, limits, live workers, remote stops). One read when there are
         tasks."""
-        if await self.collection.find_one({}, {"_id": 1}) is not None:
+        if await self.collection.find_one(q.ANY, q.ID_ONLY) is not None:
             return True
         for suffix in layout.BESIDE_SUFFIXES:
-            if await self.beside(suffix).find_one({}, {"_id": 1}) is not None:
+            if await self.beside(suffix).find_one(q.ANY, q.ID_ONLY) is not None:
                 return True
         return False
 

@@ -100,7 +100,7 @@ class Browse:
         last: str | None = None
         while len(names) < limit:
             found = await store.collection.find_one(
-                q.name_after_filter(last), {"name": 1, "_id": 0}, sort=q.NAME_ORDER
+                q.name_after_filter(last), q.NAME_ONLY, sort=q.NAME_ORDER
             )
             if found is None:
                 break
@@ -155,7 +155,7 @@ class Browse:
         """The state of each task of ``keys`` that exists, in one read."""
         store = self._store
         await store.ready()
-        cursor = store.collection.find(tq.by_keys(keys), {"key": 1, "state": 1, "_id": 0})
+        cursor = store.collection.find(tq.by_keys(keys), q.KEY_AND_STATE)
         return {document["key"]: TaskState(document["state"]) async for document in cursor}
 
     @driver_errors
@@ -173,7 +173,7 @@ class Browse:
         store = self._store
         return {
             document["_id"]: Paused(document["paused_at"], str(document.get("reason") or ""))
-            async for document in store.pauses.collection.find({})
+            async for document in store.pauses.collection.find(q.EVERY)
         }
 
     @driver_errors

@@ -5,10 +5,9 @@ again (`services.controls.ControlHub` watches it)."""
 from __future__ import annotations
 
 from .. import layout
+from ..queries import controls as cq
 from .base import BesideTasks
 from .driver import driver_errors
-
-_VERSION_ID = "version"
 
 
 class ControlVersion(BesideTasks):
@@ -17,13 +16,9 @@ class ControlVersion(BesideTasks):
     @driver_errors
     async def bump(self) -> None:
         """After a control write: every process reads its controls again."""
-        await self.collection.update_one(
-            {"_id": _VERSION_ID},
-            {"$inc": {"version": 1}, "$set": {"changed_at": self._tasks.clock.now()}},
-            upsert=True,
-        )
+        await self.collection.update_one(*cq.bump(self._tasks.clock.now()), upsert=True)
 
     @driver_errors
     async def read(self) -> int:
-        found = await self.collection.find_one({"_id": _VERSION_ID}, {"version": 1})
+        found = await self.collection.find_one(cq.VERSION, cq.VERSION_ONLY)
         return 0 if found is None else int(found.get("version", 0))

@@ -32,7 +32,7 @@ class Expiry:
         store, now = self._store, self._store.clock.now()
         keys = []
         for group in name_groups(names):
-            cursor = store.collection.find(eq.expired(group, now), {"key": 1})
+            cursor = store.collection.find(eq.expired(group, now), q.KEY_ONLY)
             keys += [document["key"] async for document in cursor]
         ended = []
         for key in keys:

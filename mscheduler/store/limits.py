@@ -127,7 +127,7 @@ class Limits(BesideTasks):
         update = lq.set_limit(spec.name, spec.rate, spec.per_ms, spec.max_running)
         await self.collection.update_one(*update, upsert=True)
         await self._tasks.control_changed()
-        found = await self.collection.find_one({"_id": spec.name})
+        found = await self.collection.find_one(lq.by_name(spec.name))
         return Limit.model_validate(found)
 
     @driver_errors
@@ -165,7 +165,7 @@ class Limits(BesideTasks):
             raise
         if taken is not None:
             return token
-        found = await self.collection.find_one({"_id": name})
+        found = await self.collection.find_one(lq.by_name(name))
         return None if found is None else Limit.model_validate(found).free_at(now)
 
     @driver_errors
@@ -178,7 +178,7 @@ class Limits(BesideTasks):
         taken = await self.collection.find_one_and_update(*update)
         if taken is not None:
             return token
-        found = await self.collection.find_one({"_id": name})
+        found = await self.collection.find_one(lq.by_name(name))
         if found is None:
             return None
         limit = Limit.model_validate(found)

@@ -137,7 +137,7 @@ class Operations:
         """The dead-letter queue: run every failed task (of ``name``) again."""
         store = self._store
         await store.ready()
-        cursor = store.collection.find(q.failed_filter(name), {"key": 1}, limit=limit)
+        cursor = store.collection.find(q.failed_filter(name), q.KEY_ONLY, limit=limit)
         keys = [document["key"] async for document in cursor]
         return [await self.retry(key) for key in keys]
 

@@ -14,6 +14,7 @@ from pymongo.errors import DuplicateKeyError
 
 from .. import layout
 from ..models import check_name, checked
+from ..queries import pauses as pq
 from .base import BesideTasks
 from .driver import driver_errors
 
@@ -39,18 +40,18 @@ class Pauses(BesideTasks):
     @driver_errors
     async def resume(self, name: str) -> bool:
         """True if ``name`` was paused. The control version is bumped either way."""
-        result = await self.collection.delete_one({"_id": checked(check_name, name)})
+        result = await self.collection.delete_one(pq.by_name(checked(check_name, name)))
         await self._tasks.control_changed()
         return bool(result.deleted_count)
 
     @driver_errors
     async def paused(self, names: Sequence[str] | None = None) -> dict[str, dt.datetime]:
         """Paused names (of ``names``), with when each was paused."""
-        query = {"_id": {"$in": list(names)}} if names is not None else {}
-        return {d["_id"]: d["paused_at"] async for d in self.collection.find(query)}
+        cursor = self.collection.find(pq.of_names(names))
+        return {d["_id"]: d["paused_at"] async for d in cursor}
 
     @driver_errors
     async def reasons(self, names: Sequence[str] | None = None) -> dict[str, str]:
         """Paused names (of ``names``), with the reason each was paused for."""
-        query = {"_id": {"$in": list(names)}} if names is not None else {}
-        return {d["_id"]: d.get("reason", "") async for d in self.collection.find(query)}
+        cursor = self.collection.find(pq.of_names(names))
+        return {d["_id"]: d.get("reason", "") async for d in cursor}

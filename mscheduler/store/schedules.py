@@ -85,8 +85,7 @@ class ScheduleStore(BesideTasks):
 
     @driver_errors
     async def all(self, names: Sequence[str] | None = None) -> list[Schedule]:
-        query = sq.of_names(names) if names else {}
-        cursor = self.collection.find(query, sort=[("_id", 1)])
+        cursor = self.collection.find(sq.listed(names), sort=sq.ID_ORDER)
         return [Schedule.model_validate(document) async for document in cursor]
 
     @driver_errors

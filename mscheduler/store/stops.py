@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import layout
 from ..models import UtcDatetime
+from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
 from .workers import WorkerInfo
@@ -67,18 +68,18 @@ class Stops(BesideTasks):
         )
         document = stop.model_dump(by_alias=True)
         document.pop("_id")
-        await self.collection.update_one({"_id": stop.worker_id}, {"$set": document}, upsert=True)
+        await self.collection.update_one(*wq.put(stop.worker_id, document), upsert=True)
         await self._tasks.control_changed()
         return stop
 
     @driver_errors
     async def of(self, worker_id: str) -> StopRequest | None:
         """The stop requested of ``worker_id``, if any (for whichever instance)."""
-        found = await self.collection.find_one({"_id": worker_id})
+        found = await self.collection.find_one(wq.by_id(worker_id))
         return None if found is None else StopRequest.model_validate(found)
 
     @driver_errors
     async def clear(self, stop: StopRequest) -> bool:
         """Delete ``stop`` (applied, or stale), unless another request replaced it."""
-        found = await self.collection.delete_one({"_id": stop.worker_id, "request": stop.request})
+        found = await self.collection.delete_one(wq.this_request(stop.worker_id, stop.request))
         return bool(found.deleted_count)

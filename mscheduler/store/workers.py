@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import layout
 from ..models import UtcDatetime
+from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
 
@@ -73,17 +73,17 @@ class Workers(BesideTasks):
             self._ttl_ready = True
         document = info.model_dump(by_alias=True, exclude={"alive"})
         worker_id = document.pop("_id")
-        await self.collection.update_one({"_id": worker_id}, {"$set": document}, upsert=True)
+        await self.collection.update_one(*wq.put(worker_id, document), upsert=True)
 
     @driver_errors
     async def remove(self, worker_id: str) -> bool:
-        result = await self.collection.delete_one({"_id": worker_id})
+        result = await self.collection.delete_one(wq.by_id(worker_id))
         return bool(result.deleted_count)
 
     @driver_errors
     async def get(self, worker_id: str) -> WorkerInfo | None:
         """The entry of ``worker_id`` (alive or stale, as judged now), if registered."""
-        document = await self.collection.find_one({"_id": worker_id})
+        document = await self.collection.find_one(wq.by_id(worker_id))
         if document is None:
             return None
         info = WorkerInfo.model_validate(document)
@@ -92,10 +92,9 @@ class Workers(BesideTasks):
     @driver_errors
     async def all(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
         """Every registered worker (serving any of ``names``), alive ones first, by id."""
-        query: dict[str, Any] = {"names": {"$in": list(names)}} if names is not None else {}
         now = self._tasks.clock.now()
         found = []
-        async for document in self.collection.find(query):
+        async for document in self.collection.find(wq.serving(names)):
             info = WorkerInfo.model_validate(document)
             found.append(info.model_copy(update={"alive": info.is_alive(now)}))
         return sorted(found, key=lambda w: (not w.alive, w.worker_id))
