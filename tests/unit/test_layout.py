@@ -242,3 +242,208 @@ def test_the_private_check_sees_a_reach_into_the_store():
     assert _private_reaches(caller, _private_names_defined(caller)) == [(2, "store._finish_write")]
     helper = ast.parse("class P:\n    async def g(self):\n        await self._store._lost()\n")
     assert _private_reaches(helper, _private_names_defined(helper)) == [(3, "self._store._lost")]
+
+
+# ------------------------------------------------------------ one kind of code per layer
+
+# What only a process-lifetime service does: loop until cancelled, run a task group, sleep,
+# wait for an event. The store sends a request and returns its answer; a loop over data it
+# read (a graph walk, a page of names) ends with the data, and is request/response still.
+SERVICE_CALLS = {"create_task_group", "TaskGroup", "sleep", "wait", "wait_until"}
+# The one sleep of the store, and why it is not a service: a transaction that lost a write
+# conflict is run again within the same call, after a jittered pause of milliseconds.
+SERVICE_CODE_ALLOWED = {("mscheduler.store.transactions", "sleep")}
+
+
+def _service_code(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module loops until something stops it (``while True``), starts a task group,
+    sleeps or waits for an event."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.While) and isinstance(node.test, ast.Constant) and node.test.value:
+            found.append((node.lineno, "while True"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in SERVICE_CALLS:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_the_store_holds_no_service_code():
+    """`store/` is one method per round trip: a loop that lives as long as the process, a
+    task group, a sleep or a wait belongs to `services/`."""
+    found = []
+    for module, path in MODULES.items():
+        if _group(module) != "store":
+            continue
+        for line, what in _service_code(ast.parse(path.read_text())):
+            if (module, what) not in SERVICE_CODE_ALLOWED:
+                found.append(f"{module}:{line} {what}")
+    assert not found, "\n".join(found)
+
+
+def test_the_service_check_sees_a_service():
+    planted = ast.parse(
+        "async def serve(hub):\n"
+        "    async with anyio.create_task_group() as tg:\n"
+        "        while True:\n"
+        "            await anyio.sleep(1)\n"
+        "            await hub.changed.wait()\n"
+    )
+    assert sorted(_service_code(planted)) == [
+        (2, "create_task_group"),
+        (3, "while True"),
+        (4, "sleep"),
+        (5, "wait"),
+    ]
+    walk = ast.parse("async def walk(queue):\n    while queue:\n        queue.pop()\n")
+    assert _service_code(walk) == []
+
+
+# ------------------------------------------------------------ every query in queries/
+
+# Methods whose arguments are queries (filters, updates, pipelines, projections, sorts,
+# index keys): of a collection, of a change stream's owner, and pymongo's bulk operations.
+QUERY_METHODS = {
+    "aggregate",
+    "bulk_write",
+    "count_documents",
+    "create_index",
+    "create_indexes",
+    "delete_many",
+    "delete_one",
+    "distinct",
+    "find",
+    "find_one",
+    "find_one_and_delete",
+    "find_one_and_replace",
+    "find_one_and_update",
+    "replace_one",
+    "update_many",
+    "update_one",
+    "watch",
+    "DeleteMany",
+    "DeleteOne",
+    "IndexModel",
+    "ReplaceOne",
+    "UpdateMany",
+    "UpdateOne",
+}
+# Where queries are written, and the memory backend, which implements the server (its calls
+# to mongomock carry what it was sent).
+QUERIES_WRITTEN_IN = ("mscheduler.queries", "mscheduler.layout", "mscheduler.backends.memory")
+
+
+def _is_query_literal(node: ast.AST) -> bool:
+    """A document written in place (``{...}``), or a list of pairs (a sort, index keys)."""
+    if isinstance(node, (ast.Dict, ast.DictComp)):
+        return True
+    return isinstance(node, (ast.List, ast.Tuple)) and any(
+        isinstance(element, (ast.Tuple, ast.Dict)) for element in node.elts
+    )
+
+
+def _query_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module writes a query itself: a literal in the arguments of a query method,
+    or a document with an operator key (``{"$in": ...}``) anywhere."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in QUERY_METHODS:
+                for argument in [*node.args, *(keyword.value for keyword in node.keywords)]:
+                    if any(_is_query_literal(part) for part in ast.walk(argument)):
+                        found.append((node.lineno, f"{name}({ast.unparse(argument)})"))
+        elif isinstance(node, ast.Dict):
+            for key in node.keys:
+                if isinstance(key, ast.Constant) and str(key.value).startswith("$"):
+                    found.append((node.lineno, f"operator {key.value}"))
+    return found
+
+
+def test_every_query_is_written_in_queries():
+    """Every filter, update, pipeline, projection, sort and index key the package sends comes
+    from `queries/` (or the layout): a ``{"$in": ...}`` written elsewhere is a leak."""
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith(QUERIES_WRITTEN_IN):
+            continue
+        for line, what in _query_literals(ast.parse(path.read_text())):
+            found.append(f"{module}:{line} {what}")
+    assert not found, "\n".join(found)
+
+
+def test_the_query_check_sees_a_query_written_in_place():
+    planted = ast.parse(
+        "async def leak(collection, names):\n"
+        "    await collection.find_one({'_id': 'version'})\n"
+        "    await collection.update_one(q.by_key(k), {'$set': {'a': 1}})\n"
+        "    cursor = collection.find(q.ANY, sort=[('_id', 1)])\n"
+        "    query = {'names': {'$in': names}}\n"
+        "    await collection.update_one(*q.bump(now), upsert=True)\n"
+    )
+    assert sorted(line for line, _ in _query_literals(planted)) == [2, 3, 3, 4, 5]
+
+
+# ------------------------------------------------------------ the layout on one page
+
+LAYOUT = "mscheduler.layout"
+INDEX_CALLS = {"IndexModel", "create_index", "create_indexes"}
+
+
+def _declared_suffixes() -> set[str]:
+    from mscheduler import layout
+
+    return {value for name, value in vars(layout).items() if name.isupper() and _suffix(value)}
+
+
+def _suffix(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(".") and value[1:].isidentifier()
+
+
+def _layout_declarations(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module declares a collection (a suffix such as ``".controls"``) or an index
+    (its name or keys written in an index call, or a TTL's ``expireAfterSeconds``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and _suffix(node.value):
+            found.append((node.lineno, f"collection {node.value!r}"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in INDEX_CALLS:
+                continue
+            for keyword in node.keywords:
+                named = keyword.arg == "name" and isinstance(keyword.value, ast.Constant)
+                if named or keyword.arg == "expireAfterSeconds":
+                    found.append((node.lineno, f"index {keyword.arg}={ast.unparse(keyword.value)}"))
+            for argument in node.args:
+                if any(_is_query_literal(part) for part in ast.walk(argument)):
+                    found.append((node.lineno, f"index keys {ast.unparse(argument)}"))
+    return found
+
+
+def test_collections_and_indexes_are_declared_only_in_the_layout():
+    """`mscheduler.layout` is the storage layout on one page: a collection or an index
+    declared anywhere else is a second definition (the memory backend, which implements
+    the server, is left out)."""
+    assert {".controls", ".schedules", ".stops"} <= _declared_suffixes()
+    found = []
+    for module, path in MODULES.items():
+        if module == LAYOUT or module.startswith("mscheduler.backends.memory"):
+            continue
+        for line, what in _layout_declarations(ast.parse(path.read_text())):
+            found.append(f"{module}:{line} {what}")
+    assert not found, "\n".join(found)
+
+
+def test_the_layout_check_sees_a_second_declaration():
+    planted = ast.parse(
+        "SUFFIX = '.controls'\n"
+        "ttl = IndexModel([('last_seen_at', 1)], name=TTL, expireAfterSeconds=86400)\n"
+        "ok = index_model(layout.WORKERS_TTL)\n"
+        "await collection.create_indexes([IndexModel(list(keys), name='finished_ttl')])\n"
+    )
+    assert sorted(line for line, _ in _layout_declarations(planted)) == [1, 2, 2, 4]
