@@ -28,10 +28,11 @@ a later write): removing a limit keeps the document, its limits null (`remove_li
 limit set again finds the slots its running tasks hold, whatever the order in which consumers
 learn of the two changes. Only a document with a limit is one (`limited`).
 
-Clocks: ``now`` is the acquiring worker's clock (`$$NOW` is missing on the memory engine), so
-a worker whose clock runs δ ahead of another's ends that one's starts δ early. With the
-workers' clocks within δ of each other, at most ``rate`` start in any ``per_ms - δ``; the
-bound on δ is the one leases already assume (`consumer.executor.expiry_margin`).
+Clocks: ``now`` is the acquiring worker's clock (`$$NOW` is missing on the memory engine,
+mongomock), so a worker whose clock runs δ ahead of another's ends that one's starts δ
+early. With the workers' clocks within δ of each other, at most ``rate`` start in any
+``per_ms - δ``; the bound on δ is the one leases already assume
+(`consumer.executor.expiry_margin`).
 """
 
 from __future__ import annotations

@@ -83,7 +83,11 @@ def is_live(now: dt.datetime) -> Document:
 
 
 def rebuilt_state(**overrides: Any) -> Document:
-    # No $mergeObjects (the memory backend lacks it): rebuild the state field by field.
+    # Shaped around the memory engine (``memory://``, mongomock 4.3's aggregation engine,
+    # which `backends.memory` runs): its expressions refuse ``$mergeObjects`` (implemented
+    # there in ``$group`` only), where MongoDB and the wire tier would take
+    # ``{"$mergeObjects": ["$$ws", overrides]}``. So the state is rebuilt field by field, and a
+    # field added to `WorkerState` must be added to `WORKER_STATE_FIELDS` too.
     return {field: overrides.get(field, f"$$ws.{field}") for field in WORKER_STATE_FIELDS}
 
 

@@ -1,7 +1,8 @@
 """Every MongoDB filter and update the store sends, each beside the invariant it keeps.
 
 Pure functions that build documents; `store.py` executes them. Written for MongoDB >= 6.0.
-Time is always a client-side ``now`` (an injectable clock); ``$$NOW`` is never used.
+Time is always a client-side ``now`` (an injectable clock); ``$$NOW`` is never used (nor
+could it be: the memory engine, mongomock, has no ``$$NOW``).
 
 The operator vocabulary is `constants.OPERATORS` (the one list, with the traps kept out and
 why), kept small so every engine runs the very same documents the same way;
