@@ -1,4 +1,4 @@
-"""A consumer's view of the process's discovery hub (`store.discovery.TaskHub`): the writes
+"""A consumer's view of the process's discovery hub (`services.discovery.TaskHub`): the writes
 that may give it work on its names, into its heap, and its running tasks' changes, into its
 executor; a resync (the hub's stream could not resume, or this consumer fell behind) reads
 both again: a page of the claimable tasks and the running ones. The hub keeps what the

@@ -1,13 +1,26 @@
 """The only code that sends anything to MongoDB: it runs the builders of `queries` against a
-collection and turns documents into models and driver errors into mscheduler errors.
+collection and turns documents into models and driver errors into mscheduler errors. One
+method per round trip (or per bounded walk of them); no loops that outlive a call, no task
+groups: those are `services`.
 
 - `components`: `Store`, the `TaskStore` the API holds, each capability a component of it
   (``store.publisher``, ``store.operations``, ``store.batches``, ``store.waiting`` ...);
-- `tasks`: `TaskStore`, reads, claim, the lease's fenced writes, indexes;
+- `tasks`: `TaskStore`: reads, claim, the lease's fenced writes; it builds the process's
+  services (`services.discovery`, `services.controls`, `services.finishes`);
+- `base`: what every part shares: the collection, the clock, the indexes (`layout`), reads;
 - `driver`: pymongo's errors become mscheduler's (`driver_errors`);
-- `publisher`: idempotent publish and replace of a `PublishSpec`; `flows`: dependencies' writes;
-- `batches` and `transactions`: all-or-nothing groups of writes;
-- `streams`: opening change streams; `waiting`: waiting for tasks to end;
-- `operations`: get, cancel, set options, list, retry, purge, statistics; `browse`: the
-  dashboard's reads.
+- `claims`: batched claims, up to k tasks in two round trips;
+- `finishes`: the round trips of a batch of finishes (its bulk write and its read back);
+- `publisher`: idempotent publish and replace of a `PublishSpec`;
+- `flows`: dependencies' writes: publishing dependents, telling them outcomes, late edges;
+- `batches`: all-or-nothing groups of publishes and writes (`publish_many`, `commit`);
+- `transactions`: a MongoDB transaction, or the memory backend's equivalent;
+- `expiry`: ending the tasks not started by their ``expires_at``;
+- `streams`: opening and closing change streams, and where one resumes (`ResumePoint`);
+- `operations`: get, cancel, set options, list, retry, purge, statistics;
+- `browse`: the dashboard's reads;
+- `schedules`: schedule documents and publishing their occurrences;
+- `pauses`: paused names; `limits`: limits per name and the tokens of their slots;
+- `workers`: the live workers' entries; `stops`: remote stops asked of a worker;
+- `controls`: the control version every control write bumps.
 """

@@ -447,3 +447,22 @@ def test_the_layout_check_sees_a_second_declaration():
         "await collection.create_indexes([IndexModel(list(keys), name='finished_ttl')])\n"
     )
     assert sorted(line for line, _ in _layout_declarations(planted)) == [1, 2, 2, 4]
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "mscheduler.store",
+        "mscheduler.services",
+        "mscheduler.services.discovery",
+        "mscheduler.queries",
+    ],
+)
+def test_a_package_docstring_lists_every_module(package: str):
+    """The list of modules is the package's map: one left out is one a reader cannot find."""
+    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    modules = {
+        module.rsplit(".", 1)[1] for module in MODULES if module.rpartition(".")[0] == package
+    }
+    missing = sorted(name for name in modules if f"`{name}`" not in docstring)
+    assert not missing, f"{package}'s docstring does not list {missing}"
