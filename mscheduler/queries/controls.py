@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .stages import Document
+from .stages import Document, Pipeline
 
 VERSION: Document = {"_id": "version"}
 VERSION_ONLY: Document = {"version": 1}
+# A stream of its own on the version's collection (one document): every change of it.
+VERSION_CHANGES: Pipeline = []
 
 
 def bump(now: dt.datetime) -> tuple[Document, Document]:

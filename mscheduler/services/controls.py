@@ -32,6 +32,7 @@ from pymongo.errors import PyMongoError
 from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
+from ..queries import controls as cq
 from ..store.base import StoreBase
 from ..store.controls import ControlVersion
 from ..store.streams import MAX_AWAIT_MS, close_quietly, open_unless_refused
@@ -150,7 +151,10 @@ class ControlHub:
                 try:
                     if stream is None and not self.polling:
                         stream, refusal = await open_unless_refused(
-                            self._version, [], discovery, max_await_time_ms=MAX_AWAIT_MS
+                            self._version,
+                            cq.VERSION_CHANGES,
+                            discovery,
+                            max_await_time_ms=MAX_AWAIT_MS,
                         )
                         if stream is not None:
                             self.streams_opened += 1
