@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context, otel_metrics, tracing
+from .. import context
 from ..backoff import Backoff
 from ..clock import Clock, sleep
 from ..errors import (
@@ -32,6 +32,7 @@ from ..errors import (
     TaskTimeout,
 )
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
+from ..observability import otel_metrics, tracing
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .batching import Batch, Batcher

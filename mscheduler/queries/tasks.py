@@ -64,7 +64,8 @@ def new_task_document(
 ) -> Document:
     """A fresh task: its state and ``next_claim_at`` follow the `recompute` rule for a task
     with no worker states (a failed dependency cancels it unless it runs anyway).
-    ``trace_context``: the publisher's OpenTelemetry context (`mscheduler.tracing`)."""
+    ``trace_context``: the publisher's OpenTelemetry context
+    (`mscheduler.observability.tracing`)."""
     cancelled = bool(deps_failed) and options.on_dependency_failure == "cancel"
     if cancelled:
         state = TaskState.CANCELLED

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
 
-from .. import context, tracing
+from .. import context
 from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
 from ..models import (
@@ -36,6 +36,7 @@ from ..models import (
     check_key,
     checked,
 )
+from ..observability import tracing
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten

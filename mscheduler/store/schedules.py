@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pymongo import IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from .. import tracing
 from ..errors import StoreError
 from ..models import PublishResult, TaskOptions, TaskState
+from ..observability import tracing
 from ..periodic import Schedule, due, reregistered, schedule_document
 from ..queries import schedules as sq
 from ..specs import PublishSpec

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.metrics import PrometheusMetrics
+from mscheduler.observability.prometheus import PrometheusMetrics
 from tests.engines import settle
 
 pytestmark = pytest.mark.anyio

@@ -29,8 +29,7 @@ FOUNDATION = {
     "models",
     "periodic",
     "specs",
-    "otel_metrics",
-    "tracing",
+    "observability",
     "worker_options",
 }
 LAYERS = {
@@ -41,7 +40,6 @@ LAYERS = {
     "consumer": 3,
     "api": 4,
     "testing": 4,
-    "metrics": 5,  # observes consumers and reads Scheduler.stats
     "dashboard": 5,  # pages over the Scheduler (and store.browse); the cli serves it
     "http": 5,  # the HTTP API over the Scheduler; the cli serves it
     "sync_scheduler": 5,  # a Scheduler run from blocking code

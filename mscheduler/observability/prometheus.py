@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import anyio
 
-from .errors import ConfigurationError, MSchedulerError
-from .models import StatsRow
+from ..errors import ConfigurationError, MSchedulerError
+from ..models import StatsRow
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .__about__ import __version__
-from .models import Lease, StatsRow
+from ..__about__ import __version__
+from ..models import Lease, StatsRow
 
 try:
     from opentelemetry import metrics
