@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .delays import with_delay
 from .encoding import to_storable
 from .errors import ConfigurationError, DependencyError
 from .models import TaskOptions, check_key, check_name, checked
+from .start_delay import with_delay
 
 
 class TaskSpec(BaseModel):

@@ -20,7 +20,6 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .. import context
-from ..backoff import Backoff
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -33,6 +32,7 @@ from ..errors import (
 )
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..observability import otel_metrics, tracing
+from ..reconnect_backoff import Backoff
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .batching import Batch, Batcher

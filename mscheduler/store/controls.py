@@ -29,9 +29,9 @@ import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
-from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
+from ..reconnect_backoff import Backoff, Delay
 from ..worker_options import Discovery, WorkerOptions
 from .base import BesideTasks, StoreBase
 from .discovery import Subscription, TaskHub

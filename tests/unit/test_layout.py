@@ -18,11 +18,11 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mscheduler"
 # foundation modules (models, errors, ...) may import each other, acyclically.
 FOUNDATION = {
     "__about__",
-    "backoff",
+    "reconnect_backoff",
     "clock",
     "constants",
     "context",
-    "delays",
+    "start_delay",
     "encoding",
     "errors",
     "host_guard",
