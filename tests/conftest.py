@@ -24,7 +24,7 @@ from tests.engines import (
     ROOT,
     WIRE_DATABASE,
     WireServer,
-    settle,
+    until_idle,
     wire_python,
     wire_unavailable,
 )
@@ -273,10 +273,10 @@ def discover(engine: str, clock: ms.ManualClock) -> Callable[[], Awaitable[None]
     on the wire (no change streams: they poll every `POLL_MS`) one poll interval passes."""
 
     async def discover() -> None:
-        await settle()
+        await until_idle()
         if engine == "wire":
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
 
     return discover
 

@@ -270,8 +270,9 @@ async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
 async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
     scheduler: ms.Scheduler, clock: ms.ManualClock
 ):
-    """A candidate whose claim failed it (its retries exhausted by a timeout) is settled by a
-    read that fails: the other candidates' leases are still returned, the dependents owed."""
+    """A candidate whose claim failed it (its retries exhausted by a timeout), whose dependents
+    a read that fails was to tell: the other candidates' leases are still returned, the
+    dependents owed."""
     options = ms.TaskOptions(
         max_unexpected_retries=0, ping_interval_ms=1_000, worker_timeout_ms=5_000
     )

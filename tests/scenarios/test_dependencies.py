@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 from tests.oracle import check_consistent
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +58,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
     async with anyio.create_task_group() as tg:
         for consumer in consumers:
             tg.start_soon(consumer.run)
-        await settle()
+        await until_idle()
         # Without change streams (the wire engine) consumers see unblocked work at a poll.
         clock = sched.store.clock
         for _ in range(10_000):
@@ -66,7 +66,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
                 break
             assert isinstance(clock, ms.ManualClock)
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         for consumer in consumers:
             consumer.stop()
     return order
@@ -269,10 +269,10 @@ async def _run_one(
 ) -> ms.Consumer:
     consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w0"))
     async with consumer:
-        await settle()
+        await until_idle()
         for _ in range(steps):
             clock.advance(1)
-            await settle()
+            await until_idle()
     return consumer
 
 

@@ -16,7 +16,7 @@ from pymongo.errors import AutoReconnect
 import mscheduler as ms
 from mscheduler.consumer.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 from tests.faults import HeldWrites
 from tests.scenarios.test_consumer import FAST, Recorder, consumers
 
@@ -305,7 +305,7 @@ async def test_7_stop_returns_and_releases_when_a_handler_ignores_cancellation(
         consumer.stop()
         for _ in range(4):
             clock.advance(1)
-            await settle()
+            await until_idle()
         stopped = returned.is_set()
         release.set()  # let the abandoned handler end, whatever happened
     assert stopped, "stop() did not return with a handler that ignores cancellation"
@@ -347,15 +347,15 @@ async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
         task_group.start_soon(run)
         await discover()
         await ended.wait()
-        await settle()
+        await until_idle()
         assert consumer.running == ["k"] and len(held.held) == 1  # its outcome, on its way
         consumer.stop()
-        await settle()
+        await until_idle()
         clock.advance(1)  # the grace
-        await settle()
+        await until_idle()
         assert not returned.is_set()
         clock.advance(2)  # and the cancel timeout
-        await settle()
+        await until_idle()
         stopped = returned.is_set()
         task_group.cancel_scope.cancel()
     assert stopped, "stop() waited on an outcome write past its grace and cancel timeout"

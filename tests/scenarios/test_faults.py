@@ -18,7 +18,7 @@ from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
-from tests.engines import POLL_MS, needs_change_streams, settle
+from tests.engines import POLL_MS, needs_change_streams, until_idle
 from tests.faults import BrokenCursor, FaultyCollection
 from tests.scenarios.test_consumer import Recorder, consumers
 
@@ -36,7 +36,7 @@ PATIENT = ms.TaskOptions(
 
 async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
     for _ in range(limit):
-        await settle()
+        await until_idle()
         if await done():
             return
         clock.advance(step)
@@ -115,16 +115,16 @@ async def test_a_handler_that_ignores_cancellation(
     options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
     consumer = scheduler.consumer({"job": stubborn}, options=options)
     async with consumer:
-        await settle()
+        await until_idle()
         await scheduler.cancel("stubborn")
         await scheduler.publish("next", None, name="job")
         await discover()
         if engine == "wire":  # polling: the next ping finds the cancelled lease lost
             clock.advance(ms.TaskOptions().ping_interval_ms / 1000)
-            await settle()
+            await until_idle()
         assert (await scheduler.get("next")).state is S.SUCCESS  # type: ignore[union-attr]
         finishing.set()
-        await settle()
+        await until_idle()
     assert (await scheduler.get("stubborn")).state is S.CANCELLED  # type: ignore[union-attr]
     assert consumer.stats.cancelled == 1 and consumer.stats.succeeded == 1
 
@@ -166,14 +166,14 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
     gate = anyio.Event()
     recorder = Recorder(gate=gate)
     async with consumers(scheduler, recorder) as (consumer,):
-        await settle()
+        await until_idle()
         claimed = consumer.stats.claimed
         for stale in (first, first, first.model_copy(update={"version": first.version - 1})):
             consumer._on_change(stale)  # delivered again, and out of order
-        await settle()
+        await until_idle()
         assert consumer.stats.claimed == claimed and consumer.running == ["k"]
         gate.set()
-        await settle()
+        await until_idle()
     assert recorder.runs == [("k", "w0")]
 
 

@@ -15,7 +15,7 @@ import anyio.from_thread
 import pytest
 
 import mscheduler as ms
-from tests.engines import FAST, POLL_MS, settle, worker
+from tests.engines import FAST, POLL_MS, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -95,10 +95,10 @@ async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
         await discover()
         assert consumer.running == ["hung"]
         clock.advance(2.9)  # pinged meanwhile: the lease alone would hold it for ever
-        await settle()
+        await until_idle()
         assert consumer.running == ["hung"] and cancelled == []
         clock.advance(0.2)
-        await settle()
+        await until_idle()
         assert cancelled == ["hung"]
         task = await scheduler.get("hung")
         assert task is not None and task.state is S.PENDING  # one retry left
@@ -107,7 +107,7 @@ async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
         clock.advance(options.unexpected_retry_delay_ms / 1000)
         await discover()
         clock.advance(3.1)
-        await settle()
+        await until_idle()
     task = await scheduler.get("hung")
     assert task is not None and task.state is S.FAIL
     assert task.error is not None and task.error.type == "TaskTimeout"
