@@ -16,6 +16,7 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.consumer.heap import ClaimHeap
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, needs_change_streams, until_idle
 from tests.oracle import check_consistent
@@ -23,6 +24,7 @@ from tests.oracle import check_consistent
 pytestmark = pytest.mark.anyio
 K = ms.WorkerStateKind
 S = ms.TaskState
+OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 Discover = Callable[[], Awaitable[None]]
 FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
 
@@ -549,3 +551,74 @@ async def test_a_task_claimed_unseen_is_taken_over_at_its_last_pings_expiry(
         await until_idle()
         assert [key for key, _ in recorder.runs] == ["blocker", "long"]
     assert consumer.stats.events <= 2
+
+
+async def _state(sched: ms.Scheduler, key: str) -> S:
+    task = await sched.get(key)
+    assert task is not None, f"{key} is gone"
+    return task.state
+
+
+class _FetchLimit(CountingCollection):
+    """Fails the test (instead of hanging it) when a consumer fetches in a loop."""
+
+    def __init__(self, collection: Any, limit: int) -> None:
+        super().__init__(collection)
+        self.limit = limit
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        if self.counts["find"] >= self.limit:
+            raise AssertionError(f"{self.limit} finds: the consumer fetches in a loop")
+        return super().find(*args, **kwargs)
+
+
+async def test_a_backlog_pinned_to_other_workers_does_not_spin_the_fetcher(
+    open_scheduler: OpenScheduler, discover: Discover
+):
+    """More tasks than the heap holds, all for another worker: this one still runs its own
+    task, and fetches a bounded number of times."""
+    sched = await open_scheduler()
+    pinned = ms.TaskOptions(specific_worker_ids=["elsewhere"])
+    await sched.publish_many(
+        [ms.TaskSpec(key=f"pinned:{n}", name="job", options=pinned) for n in range(30)]
+    )
+    counted = _FetchLimit(sched.collection, limit=50)
+    mine = ms.Scheduler(counted, clock=sched.store.clock)
+    recorder = Recorder()
+    options = ms.WorkerOptions(worker_id="w0", heap_size=10, poll_interval_ms=POLL_MS)
+    async with mine.consumer({"job": recorder.for_worker("w0")}, options=options):
+        await mine.publish("mine", None, name="job")
+        await discover()
+        await discover()
+    assert recorder.runs == [("mine", "w0")]
+    assert await _state(sched, "pinned:0") is S.PENDING
+
+
+async def test_a_busy_consumer_keeps_its_heap_bounded(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """Each consumer sees the other's running tasks again on every ping (their leases move):
+    superseded heap pairs must not pile up."""
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    for n in range(6):
+        await scheduler.publish(f"k{n}", None, name="job", options=FAST)
+    async with consumers(scheduler, recorder, count=2, max_running=3) as started:
+        for _ in range(40):
+            clock.advance(0.5)
+            await discover()
+        pairs = [consumer._heap.stored_pairs for consumer in started]
+        gate.set()
+        await discover()
+    assert sorted(key for key, _ in recorder.runs) == [f"k{n}" for n in range(6)]
+    assert max(pairs) <= 2 * 3 + 16, f"heap pairs grew to {pairs}"
+
+
+def test_the_heap_holds_one_pair_per_key_however_often_it_is_offered():
+    heap = ClaimHeap(bound=100)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    for ping in range(1_000):
+        for n in range(10):
+            heap.offer(f"k{n}", start + dt.timedelta(seconds=ping), version=ping + 1)
+    assert len(heap) == 10 and heap.stored_pairs <= 2 * 10 + 16
+    assert heap.pop_due(start + dt.timedelta(seconds=999)) == [f"k{n}" for n in range(10)]

@@ -18,8 +18,9 @@ from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
+from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, needs_change_streams, until_idle
-from tests.faults import BrokenCursor, FaultyCollection
+from tests.faults import BrokenCursor, FaultyCollection, HeldWrites
 from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
@@ -297,3 +298,177 @@ async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.Manu
     }
     with pytest.raises(ms.BackendUnavailable, match="unreachable"):
         await calls[read]()
+
+
+class _LoseReplies(CountingCollection):
+    """Applies the first claim, then loses its reply; with ``lookups_lost`` also the replies
+    of that many following ``find_one`` calls (the look-up by run_id)."""
+
+    def __init__(self, collection: Any, lookups_lost: int) -> None:
+        super().__init__(collection)
+        self.claims_lost = 1
+        self.lookups_lost = lookups_lost
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.claims_lost and kwargs.get("sort") is not None:  # a claim by name
+            self.claims_lost -= 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return result
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
+        if self.lookups_lost:
+            self.lookups_lost -= 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(*args, **kwargs)
+
+
+@pytest.mark.parametrize("lookups_lost", [0, 1])
+async def test_a_claim_whose_reply_is_lost_still_runs_its_task(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, lookups_lost: int
+):
+    """With no retries left to spare, the task runs exactly once and succeeds: the worker
+    finds the lease it took by the run_id it generated (lookups_lost=1: on its next turn)."""
+    await scheduler.publish(
+        "once", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0)
+    )
+    lossy = _LoseReplies(scheduler.collection, lookups_lost)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+    recorder = Recorder()
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": recorder.for_worker("w0")}, options=options):
+        for _ in range(4):
+            clock.advance(1)
+            await discover()
+    assert lossy.claims_lost == 0 and lossy.lookups_lost == 0, "the faults were not injected"
+    assert recorder.runs == [("once", "w0")]
+    task = await scheduler.get("once")
+    assert task is not None and task.state is S.SUCCESS
+    assert [ws.state for ws in task.worker_states] == [K.SUCCESS]
+
+
+class _LoseNextReply(CountingCollection):
+    """Once armed, applies the next write (a ``find_one_and_update``, or a ``bulk_write``: a
+    success nobody reads back is sent as one) and loses its reply."""
+
+    armed = False
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lose(await self.wrapped.find_one_and_update(*args, **kwargs))
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lose(await self.wrapped.bulk_write(*args, **kwargs))
+
+    def _lose(self, result: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise AutoReconnect("connection reset after the finish was applied")
+        return result
+
+
+async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    await scheduler.publish("k", None, name="job")
+    lossy = _LoseNextReply(scheduler.collection)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+
+    async def handler(task: ms.Task) -> str:
+        lossy.armed = True  # the next write is this run's success
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": handler}, options=options) as consumer:
+        for _ in range(3):
+            clock.advance(1)
+            await discover()
+    assert lossy.armed is False, "the fault was not injected"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS and task.result == "ok"
+    assert consumer.stats.succeeded == 1 and consumer.stats.lease_lost == 0
+
+
+async def test_stop_returns_and_releases_when_a_handler_ignores_cancellation(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, caplog
+):
+    await scheduler.publish("stubborn", None, name="job")
+    release = anyio.Event()
+    returned = anyio.Event()
+
+    async def stubborn(task: ms.Task) -> str:
+        with anyio.CancelScope(shield=True):  # a cleanup that never ends, say
+            await release.wait()
+        return "too late"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = scheduler.consumer({"job": stubborn}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        assert consumer.running == ["stubborn"]
+        consumer.stop()
+        for _ in range(4):
+            clock.advance(1)
+            await until_idle()
+        stopped = returned.is_set()
+        release.set()  # let the abandoned handler end, whatever happened
+    assert stopped, "stop() did not return with a handler that ignores cancellation"
+    task = await scheduler.get("stubborn")
+    assert task is not None and task.state is S.PENDING
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    assert consumer.stats.abandoned == 1
+    assert "handler of task 'stubborn' ignored cancellation" in caplog.text
+
+
+async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """A finish stuck on its way (a slow server, other consumers' batch ahead of it) gets
+    ``cancel_timeout_ms`` past the grace, like a handler unwinding; then the stop goes on."""
+    await scheduler.publish(
+        "k", None, name="job", options=ms.TaskOptions(worker_timeout_ms=600_000)
+    )
+    held = HeldWrites(scheduler.collection)
+    held.holding = False
+    slow = ms.Scheduler(held, clock=clock)
+    ended, returned = anyio.Event(), anyio.Event()
+
+    async def handler(task: ms.Task) -> str:
+        held.holding = True  # from now on, writes hang: this outcome's among them
+        ended.set()
+        return "done"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = slow.consumer({"job": handler}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        await ended.wait()
+        await until_idle()
+        assert consumer.running == ["k"] and len(held.held) == 1  # its outcome, on its way
+        consumer.stop()
+        await until_idle()
+        clock.advance(1)  # the grace
+        await until_idle()
+        assert not returned.is_set()
+        clock.advance(2)  # and the cancel timeout
+        await until_idle()
+        stopped = returned.is_set()
+        task_group.cancel_scope.cancel()
+    assert stopped, "stop() waited on an outcome write past its grace and cancel timeout"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.RUNNING  # its lease is left to expire

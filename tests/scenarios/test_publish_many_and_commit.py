@@ -444,3 +444,29 @@ async def test_a_flow_larger_than_one_read_is_read_in_parts(
     counting.reset()
     assert len(await sched.store.get_many([f"k{n}" for n in range(7)])) == 7
     assert counting.counts["find"] == 4  # 2 + 2 + 2 + 1
+
+
+async def test_a_batch_with_a_key_of_another_name_writes_nothing(scheduler: ms.Scheduler):
+    await scheduler.publish("taken", None, name="other")
+    specs = [ms.TaskSpec(key=f"new:{n}", name="job") for n in range(3)]
+    with pytest.raises(ms.ConfigurationError, match="'taken' names a task of name 'other'"):
+        await scheduler.publish_many([*specs, ms.TaskSpec(key="taken", name="job")])
+    assert await scheduler.store.get_many([spec.key for spec in specs]) == []
+
+
+async def test_a_commit_with_a_key_of_another_name_records_nothing(
+    scheduler: ms.Scheduler,
+):
+    await scheduler.publish("taken", None, name="other")
+    await scheduler.publish("mine", None, name="job")
+    lease = await scheduler.store.claim("w0", key="mine")
+    assert lease is not None
+    with pytest.raises(ms.ConfigurationError, match="nothing written"):
+        await scheduler.commit(
+            complete=[(lease, "done")],
+            delete=["gone"],
+            publish=[ms.TaskSpec(key="next", name="job"), ms.TaskSpec(key="taken", name="job")],
+        )
+    mine = await scheduler.get("mine")
+    assert mine is not None and mine.state is S.RUNNING, "the completion was recorded"
+    assert await scheduler.get("next") is None
