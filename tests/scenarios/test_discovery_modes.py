@@ -14,14 +14,11 @@ from typing import Any
 
 import anyio
 import pytest
-from pymongo import AsyncMongoClient
 
 import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
-from mscheduler.store.transactions import supports_transactions
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, until_idle
-from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -115,16 +112,6 @@ async def test_wait_follows_the_same_rule(open_scheduler: OpenScheduler):
 def test_discovery_option_is_validated():
     with pytest.raises(ValueError, match="discovery"):
         ms.WorkerOptions(discovery="sometimes")  # type: ignore[arg-type]
-
-
-def test_transactions_are_decided_from_the_collection_type():
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(connect=False)
-    real = client["db"]["tasks"]
-    memory = memory_server("").collection("db", "tasks")
-    assert supports_transactions(real)  # no bool() of the sub-collection real.supports_...
-    assert not supports_transactions(memory)
-    assert supports_transactions(CountingCollection(real))
-    assert not supports_transactions(FaultyCollection(memory, rate=0))
 
 
 async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ms.ManualClock) -> None:
