@@ -55,7 +55,7 @@ def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
 
     Another worker judges the lease by its own clock. If the holder stopped only at the
     expiry by *its* clock, a holder whose clock is behind would still run while the other
-    claims (the chaos test caught one). With this margin, at most ``concurrent_worker_cnt``
+    claims. With this margin, at most ``concurrent_worker_cnt``
     handlers run at once while the workers' clocks differ by less than a tenth of
     ``worker_timeout_ms``."""
     return dt.timedelta(milliseconds=worker_timeout_ms / 10)

@@ -4,8 +4,8 @@
   and a histogram of handler durations, all by task name (fed by `ConsumerStats`);
 - a counter of progress reports and a gauge of the last fraction reported, by task name,
   updated as the handler reports (before the coalesced write to the task);
-- a gauge of tasks by name and state (MassTasker's per-group count), refreshed from
-  `Scheduler.stats` every ``refresh_s`` seconds by `refresh_task_counts`.
+- a gauge of tasks by name and state, refreshed from `Scheduler.stats` every ``refresh_s``
+  seconds by `refresh_task_counts`.
 """
 
 from __future__ import annotations

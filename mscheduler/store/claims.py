@@ -169,7 +169,7 @@ class _Batch:
         if lost is not None and not found:
             # Nothing was applied: an ordinary network error, as for a single claim. Returning no
             # leases instead would tell the consumer nothing is claimable, and it would drop the
-            # due keys from its heap until they change (found by a chaos run with failing reads).
+            # due keys from its heap until they change.
             raise lost
         leases = []
         ours = set(run_ids)

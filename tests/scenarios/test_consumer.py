@@ -396,7 +396,7 @@ async def test_stream_error_is_resumed_without_missing_a_task(
 async def test_isolated_stream_errors_hours_apart_do_not_grow_the_backoff(
     scheduler: ms.Scheduler, clock, engine: str
 ):
-    """Issue 10 #8: the backoff doubles while the stream keeps failing, and starts again
+    """The reconnect backoff doubles while the stream keeps failing, and starts again
     from the base once a reopened stream has stayed up (here: an hour)."""
     needs_change_streams(engine)
     recorder = Recorder()
@@ -498,8 +498,8 @@ def _memory_collection() -> Any:
 async def test_a_consumer_hears_one_event_per_task_and_none_of_its_pings(
     scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
 ):
-    """Issue 12 #3: every consumer used to receive every ping, claim and finish of every task
-    of its names (3 events and more per task per consumer, each looked up)."""
+    """Not every ping, claim and finish of every task of its names (3 events and more per
+    task per consumer, each looked up)."""
     needs_change_streams(engine)
     gate = anyio.Event()
     recorder = Recorder(gate=gate)

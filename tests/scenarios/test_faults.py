@@ -183,7 +183,7 @@ async def test_a_worker_never_runs_a_key_it_is_still_running(
 ):
     """Its lease expired under a stalled handler that then ignores the stop: the task is
     claimable again, but not by this worker while that handler still runs (two attempts of
-    one key in one process; before the fix the executor's bookkeeping crashed the consumer)."""
+    one key in one process, which the executor's bookkeeping keeps apart)."""
     await scheduler.publish("k", None, name="job", options=PATIENT)
     release = anyio.Event()
     started: list[str] = []
@@ -213,7 +213,7 @@ class _Unprintable(Exception):
 async def test_an_exception_whose_str_raises_fails_only_its_task(
     scheduler: ms.Scheduler, discover: Discover
 ):
-    """Issue 10 #10: what a handler raises is that task's failure, never the consumer's."""
+    """What a handler raises is that task's failure, never the consumer's."""
     once = ms.TaskOptions(max_unexpected_retries=0)
     await scheduler.publish("odd", None, name="job", options=once)
     await scheduler.publish("surrogate", None, name="job", options=once)

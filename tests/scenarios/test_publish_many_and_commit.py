@@ -228,7 +228,7 @@ async def test_publish_many_without_dependencies_costs_two_calls_whatever_its_si
     scheduler: ms.Scheduler,
 ):
     """One read (keys that exist, names that clash) and one bulk write of upserts, for 3 tasks
-    or 300 (issue 12); keys that existed are returned as they are, not written."""
+    or 300; keys that existed are returned as they are, not written."""
     await scheduler.publish("k1", {"old": True}, name="job")
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
@@ -302,7 +302,7 @@ def _flow(shape: str, size: int, prefix: str = "") -> ms.Step:
 async def test_publish_many_of_a_flow_costs_the_same_calls_for_5_tasks_or_5000(
     scheduler: ms.Scheduler, shape: str
 ):
-    """A flow with dependencies no longer costs round trips per task (about five each kept a
+    """A flow with dependencies costs no round trips per task (a few per task would keep a
     transaction open past MongoDB's 60 s for a flow of thousands): the count of database
     calls is the same for 5 tasks and 5,000, and the 5,000 are written and wired up."""
     await scheduler.publish("t1", {"old": True}, name="job")  # one key of the flow exists
