@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from tests.engines import (
     ENGINES,
     POLL_MS,

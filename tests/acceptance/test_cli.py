@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
 from tests.engines import WireServer
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
 from tests.acceptance.test_cli import BIN, ROOT, needs_bin, read_until, wire_db
 from tests.engines import FAST, POLL_MS, WireServer, until_idle, worker

@@ -490,7 +490,7 @@ def test_bad_worker_options_name_the_field():
 
 
 def _memory_collection() -> Any:
-    from mscheduler.backends.memory.server import memory_server
+    from mscheduler.backends.memory import memory_server
 
     return memory_server("").collection("db", "tasks", notablescan=True)
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import memory_server
+from mscheduler.backends.memory import memory_server
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, until_idle
 

@@ -17,7 +17,7 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import memory_server
+from mscheduler.backends.memory import memory_server
 from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, needs_change_streams, until_idle
 from tests.faults import BrokenCursor, FaultyCollection, HeldWrites

@@ -9,7 +9,7 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import MemoryServer, memory_server
+from mscheduler.backends.memory import MemoryServer, memory_server
 from mscheduler.backends.uri import redact
 from mscheduler.store.transactions import supports_transactions
 from mscheduler.testing import CountingCollection

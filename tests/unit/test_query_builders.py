@@ -22,7 +22,7 @@ from bson import ObjectId
 
 import mscheduler as ms
 from mscheduler import constants as c
-from mscheduler.backends.memory.server import memory_server
+from mscheduler.backends.memory import memory_server
 from mscheduler.models import ErrorInfo, Progress, TaskState
 from mscheduler.queries import browse, derived, limits, retry_delay, schedules, stages, timing
 from mscheduler.queries import flows as flow_queries
