@@ -1,5 +1,5 @@
 """OpenTelemetry metrics (``pip install 'mscheduler[otel]'``): the Prometheus exporter's
-figures (`metrics`) through OpenTelemetry's metrics API, for applications that export there.
+figures (`prometheus`) through OpenTelemetry's metrics API, for applications that export there.
 
 - ``mscheduler.task.claims`` (counter) and ``mscheduler.task.finished`` (counter, by
   ``mscheduler.run.outcome``: success, fail (aborts included), retry_later, timeout,
