@@ -528,7 +528,7 @@ def docs_examined_per_claim() -> float:
     import anyio
 
     import mscheduler as ms
-    from mscheduler.backends.memory.server import memory_server
+    from mscheduler.backends.memory import memory_server
 
     async def main() -> float:
         collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)

@@ -73,7 +73,7 @@ async def main() -> None:
         if not uri.startswith("memory://"):
             await sched.collection.drop()
     # The hooks alone, without the database: a publish's span and carrier, a run's span.
-    from mscheduler import tracing
+    from mscheduler.observability import tracing
 
     lease = ms.Lease(key=task.key, worker_id="bench", run_id="r", task=task)
     rounds = 20_000

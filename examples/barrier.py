@@ -1,4 +1,4 @@
-"""The barrier pattern (MassTasker): many range tasks fold their outputs into one barrier task.
+"""The barrier pattern: many range tasks fold their outputs into one barrier task.
 
 Each range worker commits, in one transaction: its own task done, the barrier task replaced by
 one that also lists its output, and (when it was the last range) the join task published, all

@@ -1,4 +1,4 @@
-"""The config-task pattern (MassTasker): workers share one config task and commit against it.
+"""The config-task pattern: workers share one config task and commit against it.
 
 Every worker reads the config, does its work with it, and commits its task on the condition
 that the config is still the version it read. When an operator changes the config mid-run,

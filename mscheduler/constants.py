@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
-# Task option defaults, as in the original mscheduler.
+# Task option defaults: the documented ones (docs/protocol.md), also what a task published
+# by another client without options is read with.
 DEFAULT_PRIORITY: Final = 0
 DEFAULT_CONCURRENT_WORKER_CNT: Final = 1
 DEFAULT_MAX_UNEXPECTED_RETRIES: Final = 3

@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .delays import with_delay
 from .encoding import to_storable
 from .errors import ConfigurationError, DependencyError
 from .models import TaskOptions, check_key, check_name, checked
+from .start_delay import with_start_delay
 
 
 class TaskSpec(BaseModel):
@@ -143,7 +143,7 @@ def publish_spec(
     if debounce is not None:
         if delay is not None:
             raise ConfigurationError("debounce: give either debounce or delay, not both")
-        window = with_delay(options, debounce, now, field="debounce")
+        window = with_start_delay(options, debounce, now, field="debounce")
         return PublishSpec.of(
             key,
             payload,
@@ -157,7 +157,7 @@ def publish_spec(
         key,
         payload,
         name=name,
-        options=with_delay(options, delay, now),
+        options=with_start_delay(options, delay, now),
         update_payload=update_payload,
         replace_finished=replace_finished,
         depends_on=depends_on,

@@ -30,7 +30,7 @@ class WorkerOptions(BaseModel):
     handler_retries: int = Field(default=0, ge=0, le=100)
     """Local re-runs of a failed handler, within the same lease, before recording ``fail``."""
     # Durations are bounded (a day; an hour for reconnects) so that no clock arithmetic on
-    # them can overflow a datetime (``shutdown_grace_ms=10**15`` once crashed ``stop()``).
+    # them can overflow a datetime (``now + shutdown_grace_ms`` is computed at ``stop()``).
     retry_backoff_ms: int = Field(default=200, ge=0, le=_DAY_MS)
     retry_backoff_max_ms: int = Field(default=10_000, ge=0, le=_DAY_MS)
     shutdown_grace_ms: int = Field(default=30_000, ge=0, le=_DAY_MS)

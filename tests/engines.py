@@ -133,7 +133,7 @@ class WireServer:
 
 class _Connections(monitoring.ConnectionPoolListener):
     """Counts connections checked out of pymongo's pools: an operation is in flight while
-    one is. `settle` needs it, since a coroutine waiting on a socket counts as blocked."""
+    one is. `until_idle` needs it, since a coroutine waiting on a socket counts as blocked."""
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -162,7 +162,7 @@ class _Connections(monitoring.ConnectionPoolListener):
 class _StreamWaits(monitoring.CommandListener):
     """Counts change streams' ``getMore`` calls in progress. On a server with change streams
     (a real replica set) an open stream always has one waiting for events, holding its
-    connection: that is idling, not an operation `settle` should wait for."""
+    connection: that is idling, not an operation `until_idle` should wait for."""
 
     def __init__(self) -> None:
         self.waiting = 0
@@ -210,7 +210,7 @@ def operations_in_flight() -> int:
     return CONNECTIONS.in_flight - STREAM_WAITS.waiting
 
 
-async def settle(rounds: int = 3) -> None:
+async def until_idle(rounds: int = 3) -> None:
     """Let every task run until it blocks on the clock or an event, not on the database: a
     few rounds for chains of wake-ups. On the wire a coroutine awaiting a reply looks blocked
     too, so wait (in real time, briefly) until no operation is in flight."""

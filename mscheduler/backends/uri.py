@@ -82,7 +82,7 @@ def is_private_memory(uri: str) -> bool:
         return False
     if not parsed.netloc or __package__ + ".memory.server" not in sys.modules:
         return True
-    from .memory.server import memory_server_exists
+    from .memory import memory_server_exists
 
     return not memory_server_exists(parsed.netloc)
 
@@ -167,7 +167,7 @@ def _open_memory(uri: str, database: str, collection: str) -> Connection:
 
     check_name("database", database)
     # Imported here: a worker on a real server never loads mongomock (nor pays its import).
-    from .memory.server import memory_server
+    from .memory import memory_server
 
     server = memory_server(parsed.netloc)
     return Connection(

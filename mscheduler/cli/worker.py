@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
 
                 handlers = isolate_plain(handlers)
             if metrics_port is not None:
-                from ..metrics import require_prometheus
+                from ..observability.prometheus import require_prometheus
 
                 require_prometheus()  # fail now, with a clear line, if the extra is missing
         except (MSchedulerError, ValidationError) as exc:
@@ -234,7 +234,7 @@ async def serve_worker(
 
     metrics = None
     if metrics_port is not None:
-        from ..metrics import PrometheusMetrics
+        from ..observability.prometheus import PrometheusMetrics
 
         metrics = PrometheusMetrics()
         try:  # before anything runs: a busy port is the user's error, said in one line
@@ -268,7 +268,7 @@ async def serve_worker(
 
             await tg.start(serve)
             if metrics is not None:
-                from ..metrics import refresh_task_counts
+                from ..observability.prometheus import refresh_task_counts
 
                 consumer.stats.observers.append(metrics)
                 tg.start_soon(refresh_task_counts, sched, metrics)

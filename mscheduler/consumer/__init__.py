@@ -1,3 +1,21 @@
-"""The async consumer: `consumer` (the task group), `listener` (change stream or polling),
-`heap` (next-claim times), `executor` (handlers, pings, finish). It reaches MongoDB only
-through `mscheduler.store`."""
+"""The worker: runs handlers for the tasks of some names. It reaches MongoDB only through
+`mscheduler.store`.
+
+- ``consumer``: `Consumer`, its task group, wiring the parts below;
+- ``group``: several consumers started and stopped together;
+- ``listener``: the discovery hub's events of its names into the heap and the executor;
+- ``heap``: what it may claim next, one entry per key, earliest first;
+- ``claimer``: the claim path: claim what is due, put back the rest, recover lost replies;
+- ``spread``: the ``spread`` claim policy (long tasks shared across the live workers);
+- ``limits``: `Limiter`, the tokens a claim of a limited name takes and gives back;
+- ``controls``: schedules, pauses, limits and a remote stop, kept current;
+- ``executor``: running handlers: local retries, pings, the fenced finish, release;
+- ``calls``: one handler call (its own asyncio task, a thread for ``def``, the time limit);
+- ``handlers``: the registry (`Handlers`), ``retry_on``, `isolated`;
+- ``batching``: `ms.batch`, one handler call for many tasks;
+- ``isolation``: the worker's pool of child processes for isolated handlers;
+- ``child``: a child process's side of isolated handlers;
+- ``owner``: the pull API (`Scheduler.own`), through the same claim;
+- ``presence``: its entry in the live workers;
+- ``stats``: what it counts, and the observers told (the exporters of `observability`).
+"""

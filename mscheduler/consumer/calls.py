@@ -41,7 +41,8 @@ def _set(event: anyio.Event, _: object) -> None:
 
 class HandlerCancelled(RuntimeError):
     """The handler raised ``CancelledError`` though nothing cancelled it: a failure of that
-    task like any other exception (it used to end the whole consumer)."""
+    task like any other exception, never the end of the consumer that ran it (its other tasks
+    go on)."""
 
 
 class HandlerCalls:

@@ -27,9 +27,9 @@ from types import TracebackType
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..backoff import retrying
 from ..errors import ConfigurationError
 from ..models import Task
+from ..reconnect_backoff import retrying
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .claimer import Claimer

@@ -20,9 +20,9 @@ import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
-from .. import otel_metrics
-from ..backoff import retrying
 from ..errors import MSchedulerError
+from ..observability import otel_metrics
+from ..reconnect_backoff import retrying
 from ..store.operations import Operations
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions

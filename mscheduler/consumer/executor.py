@@ -19,8 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context, otel_metrics, tracing
-from ..backoff import Backoff
+from .. import context
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -32,6 +31,8 @@ from ..errors import (
     TaskTimeout,
 )
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
+from ..observability import otel_metrics, tracing
+from ..reconnect_backoff import Backoff
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .batching import Batch, Batcher
@@ -54,7 +55,7 @@ def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
 
     Another worker judges the lease by its own clock. If the holder stopped only at the
     expiry by *its* clock, a holder whose clock is behind would still run while the other
-    claims (the chaos test caught one). With this margin, at most ``concurrent_worker_cnt``
+    claims. With this margin, at most ``concurrent_worker_cnt``
     handlers run at once while the workers' clocks differ by less than a tenth of
     ``worker_timeout_ms``."""
     return dt.timedelta(milliseconds=worker_timeout_ms / 10)

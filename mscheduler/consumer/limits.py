@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 from anyio.abc import TaskGroup
 
-from ..backoff import Backoff
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease, Task
+from ..reconnect_backoff import Backoff
 from ..store.limits import START_HOLD, Limit
 from ..store.tasks import TaskStore
 

@@ -1,10 +1,10 @@
 """A consumer's view of the process's discovery hub (`services.discovery.TaskHub`): the writes
 that may give it work on its names, into its heap, and its running tasks' changes, into its
 executor; a resync (the hub's stream could not resume, or this consumer fell behind) reads
-both again: a page of the claimable tasks and the running ones. The hub keeps what the
-consumer's own stream used to: the resume token, the reopening after errors, the polling
-fallback (one poll per interval for the whole process, said once), the stream taken back
-when the server offers it again.
+both again: a page of the claimable tasks and the running ones. The hub, not the consumer,
+keeps the resume token, the reopening after errors, the polling fallback (one poll per
+interval for the whole process, said once) and the stream taken back when the server offers
+it again: one stream per process, however many consumers.
 
 Besides the hub's events, `poll_loop` is the backstop: a page of claimable tasks every
 ``backstop_interval_ms``, as a stream can stall without an error (a primary that lost its

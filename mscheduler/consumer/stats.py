@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from .. import otel_metrics
+from ..observability import otel_metrics
 
 
 class StatsObserver(Protocol):

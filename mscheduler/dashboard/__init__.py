@@ -1,6 +1,13 @@
 """A web dashboard of the queue: ``mscheduler dashboard``, or `create_app` to mount.
 
 Needs the optional dependencies: ``pip install 'mscheduler[dashboard]'``.
+
+- ``app``: the ASGI app: pages, live refresh, actions as POSTs with a CSRF token;
+- ``overview``: what the overview shows (each name's counts, pause, limits, schedules,
+  workers; the tasks that ended over the last hour);
+- ``events``: live refresh, a server-sent event when something happens to a task;
+- ``security``: who may use it (token, Host, Origin) and the CSRF token of its pages;
+- ``templates/``, ``static/``: the pages and their assets (no CDN).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """The HTTP API: JSON over HTTP for workers in any language and for operations tools.
 
 `create_app` returns an ASGI application (FastAPI) that mounts in an application or runs with
-``mscheduler serve``. Modules: app (the routes), bodies (the request and response models,
-from which the OpenAPI document is made), guard (token, Host and Origin), leases (the
-leases this server handed out, so a worker's finish needs no read first).
+``mscheduler serve``.
+
+- ``app``: the routes, over one `Scheduler`;
+- ``bodies``: the request and response models, from which the OpenAPI document is made (the
+  protocol, with ``docs/operations/http-api.md``);
+- ``guard``: who may call it (token, Host, Origin);
+- ``leases``: the leases this server handed out, so a worker's finish needs no read first.
 """
 
 from __future__ import annotations

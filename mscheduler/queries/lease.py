@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import ErrorInfo, Progress, Task, TaskState
+from . import retry_delay
 from .derived import recompute
 from .stages import (
     FAIL,
@@ -184,13 +185,13 @@ def quick_success(result: Any, now: dt.datetime) -> Document:
 def fail_update(
     worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime, *, final: bool = False
 ) -> Pipeline:
-    """A handler failure counts against the retries and delays the next claim by
-    ``unexpected_retry_delay_ms`` (a timeout does not: the worker timeout was the delay).
+    """A handler failure counts against the retries and delays the next claim
+    (`retry_delay.after_failure`).
     ``final`` (the handler raised `Abort`) ends the task as failed whatever retries are left."""
     return [
         sweep_expired(now),
         _end_own_state(worker_id, run_id, FAIL, now, error=literal(error.model_dump())),
-        {"$set": {"retry_at": {"$add": [now, "$options.unexpected_retry_delay_ms"]}}},
+        retry_delay.after_failure(now),
         *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
         *recompute(now, run_id),
     ]

@@ -65,7 +65,8 @@ def new_task_document(
 ) -> Document:
     """A fresh task: its state and ``next_claim_at`` follow the `recompute` rule for a task
     with no worker states (a failed dependency cancels it unless it runs anyway).
-    ``trace_context``: the publisher's OpenTelemetry context (`mscheduler.tracing`)."""
+    ``trace_context``: the publisher's OpenTelemetry context
+    (`mscheduler.observability.tracing`)."""
     cancelled = bool(deps_failed) and options.on_dependency_failure == "cancel"
     if cancelled:
         state = TaskState.CANCELLED
@@ -397,7 +398,7 @@ def fetch_filter(names: Sequence[str], worker_id: str) -> Document:
     """Tasks that are or will become claimable by ``worker_id`` (pending, or running with a
     lease that may expire or a free slot), earliest first: the consumer's heap is filled from
     these. Tasks pinned to other workers, and those it already succeeded, are left out on the
-    server: a backlog of them used to fill every fetch, leave the heap empty, and make the
+    server: else a backlog of them would fill every fetch, leave the heap empty, and make the
     consumer fetch again at once, for ever."""
     return {
         "name": {"$in": list(names)},

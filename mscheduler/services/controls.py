@@ -29,10 +29,10 @@ import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
-from ..backoff import Backoff, Delay
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable
 from ..queries import controls as cq
+from ..reconnect_backoff import Backoff, Delay
 from ..store.base import StoreBase
 from ..store.controls import ControlVersion
 from ..store.streams import MAX_AWAIT_MS, close_quietly, open_unless_refused

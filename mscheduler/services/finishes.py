@@ -20,7 +20,7 @@ dependents) is *quiet* (`Quiet`): its write adds conditions to the fence, at lea
 ``dependent_count: 0``, so a quiet write that lands leaves no dependents to tell, and may be
 a cheaper update that holds only under those conditions (`queries.lease.quick_success`: a
 classic ``$set`` of the fields a success changes, instead of the success pipeline). When
-every write of a batch matched, the quiet ones are settled without that read; a quiet finish
+every write of a batch matched, the quiet ones are resolved without that read; a quiet finish
 alone is sent the same way.
 Otherwise the read tells which landed; a quiet write that missed while its lease lives
 missed on its added conditions (dependents added while the task ran, or options changed),
@@ -64,7 +64,7 @@ class _Finish:
     # Set with done: the batch did not write it, its writer sends it alone (`FinishBatcher._many`).
     alone: bool = False
 
-    def settle(self, document: Document | None = None, error: BaseException | None = None) -> None:
+    def resolve(self, document: Document | None = None, error: BaseException | None = None) -> None:
         self.document, self.error = document, error
         self.done.set()
         self.wake.set()
@@ -145,7 +145,7 @@ class FinishBatcher:
         try:
             if len(batch) == 1 and batch[0].quiet is None:
                 (finish,) = batch
-                finish.settle(await self._write_one(finish.lease, finish.update, finish.now))
+                finish.resolve(await self._write_one(finish.lease, finish.update, finish.now))
             else:
                 await self._many(batch)
         except BaseException as exc:
@@ -154,7 +154,7 @@ class FinishBatcher:
             error = exc if isinstance(exc, Exception) else _interrupted()
             for finish in batch:
                 if not finish.done.is_set():
-                    finish.settle(error=error)
+                    finish.resolve(error=error)
             if not isinstance(exc, Exception):
                 raise
 
@@ -166,27 +166,27 @@ class FinishBatcher:
         except BulkWriteError as exc:  # the server refused some; the others stand
             for error in exc.details.get("writeErrors", []):
                 refused = BulkWriteError({**exc.details, "writeErrors": [error]})
-                batch[error["index"]].settle(error=refused)
+                batch[error["index"]].resolve(error=refused)
         if matched == len(batch):  # every write landed
             for finish in batch:
                 if finish.quiet is not None:
-                    finish.settle()
-        unsettled = [finish for finish in batch if not finish.done.is_set()]
-        if not unsettled:
+                    finish.resolve()
+        unresolved = [finish for finish in batch if not finish.done.is_set()]
+        if not unresolved:
             return
-        documents = await finishes.read_back(self._store, [f.lease.key for f in unsettled])
-        for finish in unsettled:
+        documents = await finishes.read_back(self._store, [f.lease.key for f in unresolved])
+        for finish in unresolved:
             document = documents.get(finish.lease.key)
             if _landed(document, finish):
-                finish.settle(document)
+                finish.resolve(document)
             elif finish.quiet is not None and _live(document, finish):
                 # It missed on its added conditions (dependents added while it ran, options
                 # changed): its writer sends it alone, as the plain fenced write of the full
                 # update, which returns the document that tells any dependents.
                 finish.alone = True
-                finish.settle()
+                finish.resolve()
             else:  # the read above already tells how it was lost
-                finish.settle(error=lease_lost(finish.lease, document))
+                finish.resolve(error=lease_lost(finish.lease, document))
 
 
 def _fence(finish: _Finish) -> Document:

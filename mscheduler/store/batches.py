@@ -1,4 +1,4 @@
-"""All-or-nothing writes of many tasks: `publish_many` and `commit` (TaskStore / MassTasker).
+"""All-or-nothing writes of many tasks: `publish_many` and `commit`.
 
 Everything that can be checked without writing is checked first (specs, results, keys that
 name tasks of another name, missing dependencies, leases, preconditions), then the writes
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
 
-from .. import context, tracing
+from .. import context
 from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
 from ..models import (
@@ -36,6 +36,7 @@ from ..models import (
     check_key,
     checked,
 )
+from ..observability import tracing
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
@@ -73,7 +74,7 @@ async def _check_names(
     store: TaskStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
 ) -> dict[str, Task]:
     """A key that already names a task of another name is refused before the first write
-    (it used to be found while writing: the specs before it stayed written where there is no
+    (found while writing, the specs before it would stay written where there is no
     transaction). A key being replaced may change its name. Returns the tasks that exist."""
     keys = [spec.key for spec in specs if spec.key not in replacing]
     if not keys:

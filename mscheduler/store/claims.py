@@ -70,17 +70,18 @@ async def claim_many(
     names: Sequence[str],
     limit: int,
     exclude_keys: Sequence[str],
-    settle: Callable[[list[Any]], Awaitable[None]],
+    notify_if_ended: Callable[[list[Any]], Awaitable[None]],
     until: dt.datetime | None = None,
 ) -> list[Lease]:
-    """``settle``: `TaskStore.settle`, for candidates whose claim ended the task instead.
+    """``notify_if_ended``: `TaskStore.notify_if_ended`, for candidates whose claim ended the
+    task instead.
     ``until``: the leases' end, when not each task's ``worker_timeout_ms`` from now.
 
     Returns no lease only when nothing is claimable: losing every candidate to other workers
     is not that (a single claim picks and claims at once, and never loses so), and the
     consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
     lost them all reads again: each such round others took tasks, so this ends."""
-    batch = _Batch(store, worker_id, names, limit, exclude_keys, settle, until)
+    batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until)
     for _ in range(_CONTENDED_ROUNDS):
         leases, contended = await batch.round()
         if leases or not contended:
@@ -95,7 +96,7 @@ class _Batch:
     names: Sequence[str]
     limit: int
     exclude_keys: Sequence[str]
-    settle: Callable[[list[Any]], Awaitable[None]]
+    notify_if_ended: Callable[[list[Any]], Awaitable[None]]
     until: dt.datetime | None
 
     async def round(self) -> tuple[list[Lease], bool]:
@@ -168,7 +169,7 @@ class _Batch:
         if lost is not None and not found:
             # Nothing was applied: an ordinary network error, as for a single claim. Returning no
             # leases instead would tell the consumer nothing is claimable, and it would drop the
-            # due keys from its heap until they change (found by a chaos run with failing reads).
+            # due keys from its heap until they change.
             raise lost
         leases = []
         ours = set(run_ids)
@@ -182,7 +183,7 @@ class _Batch:
             # A claim whose sweep exhausted the retries fails the task instead (no lease): its
             # dependents are told here, as `TaskStore.claim` does.
             won = {lease.task.id for lease in leases}
-            await self.settle([task_id for task_id in candidates if task_id not in won])
+            await self.notify_if_ended([task_id for task_id in candidates if task_id not in won])
         if lost is not None and leases:
             log.info(
                 "batched claim reply lost; %d claims were applied and are recovered by run_id",

@@ -15,10 +15,10 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from .. import tracing
 from ..encoding import check_document_size
 from ..errors import ConfigurationError, StoreError, TaskRunning
 from ..models import PublishResult, Task, TaskState
+from ..observability import tracing
 from ..queries import tasks as q
 from ..queries import timing as tq
 from ..specs import PublishSpec

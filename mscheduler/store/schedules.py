@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 from pymongo.errors import DuplicateKeyError
 
-from .. import layout, tracing
+from .. import layout
 from ..errors import StoreError
 from ..models import PublishResult, TaskOptions, TaskState
+from ..observability import tracing
 from ..periodic import Schedule, due, reregistered, schedule_document
 from ..queries import schedules as sq
 from ..specs import PublishSpec

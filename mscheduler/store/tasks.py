@@ -18,7 +18,7 @@ from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
 from .. import layout
-from ..clock import Clock, to_bson_time
+from ..clock import Clock
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
 from ..models import (
@@ -30,6 +30,7 @@ from ..models import (
     checked,
 )
 from ..queries import lease as lq
+from ..queries import retry_delay
 from ..queries import tasks as q
 from ..services.controls import ControlHub
 from ..services.discovery import TaskHub
@@ -193,10 +194,10 @@ class TaskStore(StoreBase):
         await self.ready()
         async with self._claim_turn:  # batches of this process take turns (`claims`)
             return await claims.claim_many(
-                self, worker_id, names, limit, exclude_keys, self.settle, until
+                self, worker_id, names, limit, exclude_keys, self.notify_if_ended, until
             )
 
-    async def settle(self, task_ids: Sequence[Any]) -> None:
+    async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:
         """After a write that may have ended these tasks without returning them: tell the
         dependents of those that ended.
 
@@ -394,7 +395,7 @@ class TaskStore(StoreBase):
     @driver_errors
     async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
         now = self.clock.now()
-        retry_at = to_bson_time(now + dt.timedelta(seconds=delay))
+        retry_at = retry_delay.retry_later_at(now, delay)
         update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
 from tests.engines import WireServer
 
@@ -276,7 +276,7 @@ def test_worker_serves_metrics_and_stops_gracefully_on_sigint(wire_server: WireS
 def test_worker_imports_from_the_current_directory_and_runs_sync_handlers(
     wire_server: WireServer, tmp_path: pathlib.Path
 ):
-    """Issue 13 #2, #4, #7: ``mscheduler worker myapp.tasks:handlers`` from the project's
+    """``mscheduler worker myapp.tasks:handlers`` from the project's
     directory, as with ``celery -A``; a registry with a sync handler; a failure logged as a
     JSON line naming the task."""
     (tmp_path / "myapp").mkdir()

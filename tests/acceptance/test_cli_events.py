@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
 from tests.acceptance.test_cli import BIN, ROOT, needs_bin, read_until, wire_db
-from tests.engines import FAST, POLL_MS, WireServer, settle, worker
+from tests.engines import FAST, POLL_MS, WireServer, until_idle, worker
 
 
 async def _fail_once_then_succeed(uri: str) -> None:
@@ -37,7 +37,7 @@ async def _fail_once_then_succeed(uri: str) -> None:
         async with sched.consumer({"job": flaky}, options=worker()):
             await sched.publish("k", {"n": 1}, name="job", options=options)
             for _ in range(100):
-                await settle()
+                await until_idle()
                 clock.advance(POLL_MS / 1000 * 10)
                 task = await sched.get("k")
                 if task is not None and task.state.is_terminal:

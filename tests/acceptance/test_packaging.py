@@ -1,4 +1,4 @@
-"""What a user gets from ``pip install mscheduler`` (issue 13 #9): types for the checker, a
+"""What a user gets from ``pip install mscheduler``: types for the checker, a
 quiet library logger, no test machinery in a production worker, a compose worker that runs
 ``mscheduler worker``."""
 

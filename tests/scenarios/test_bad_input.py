@@ -14,7 +14,7 @@ import mscheduler as ms
 pytestmark = pytest.mark.anyio
 
 
-def test_defaults_are_those_of_the_original_mscheduler():
+def test_the_task_option_defaults_are_the_documented_ones():
     opts = ms.TaskOptions()
     assert (opts.priority, opts.concurrent_worker_cnt, opts.max_unexpected_retries) == (0, 1, 3)
     assert (opts.ping_interval_ms, opts.worker_timeout_ms) == (30_000, 60_000)
@@ -96,7 +96,7 @@ async def test_claim_needs_a_key_or_names(scheduler: ms.Scheduler):
 
 
 def test_naive_not_before_is_refused_and_an_aware_one_becomes_utc():
-    """Issue 13 #5: a naive time was taken as UTC, so in Tokyo "now + 1 min" waited 9 h."""
+    """A naive time is ambiguous: taken as UTC, "now + 1 min" in Tokyo would wait 9 h."""
     with pytest.raises(ValidationError, match="not_before") as refused:
         ms.TaskOptions(not_before=dt.datetime(2030, 1, 1, 12, 0, 0))
     assert "timezone" in str(refused.value)

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
 Discover = Callable[[], Awaitable[None]]
@@ -23,7 +23,7 @@ def _options(**fields: object) -> ms.WorkerOptions:
 async def _until(clock: ms.ManualClock, done: Callable[[], bool], step: float = 0.0) -> None:
     with anyio.fail_after(30):
         while not done():
-            await settle()
+            await until_idle()
             clock.advance(step or POLL_MS / 1000)
 
 
@@ -61,7 +61,7 @@ async def test_a_batch_waits_at_most_max_wait_to_fill(
         await scheduler.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(3))
         await discover()
         clock.advance(4)
-        await settle()
+        await until_idle()
         assert calls == []
         clock.advance(1)
         await _until(clock, lambda: calls == [3])
@@ -114,7 +114,7 @@ async def test_a_wrong_number_of_results_fails_the_attempts(
 
         with anyio.fail_after(30):
             while not await failed():
-                await settle()
+                await until_idle()
                 clock.advance(0.5)
 
 

@@ -138,8 +138,8 @@ class _BulkNeverArrives(CountingCollection):
 async def test_a_batch_that_never_arrived_is_a_network_error_not_nothing_to_claim(
     scheduler: ms.Scheduler,
 ):
-    """Found by a fault run: returning no leases made the consumer drop its due keys, and the
-    tasks waited for a change that never came."""
+    """No leases would tell the consumer nothing is claimable: it would drop its due keys, and
+    the tasks would wait for a change that never comes."""
     await _publish(scheduler, 5)
     sched = ms.Scheduler(_BulkNeverArrives(scheduler.collection), clock=scheduler.store.clock)
     with pytest.raises(ms.BackendUnavailable):
@@ -164,8 +164,8 @@ class _TakesAllFirst(CountingCollection):
 
 
 async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Scheduler):
-    """Found on the wire: "no lease" made the consumer forget the tasks it thought due, while
-    others were still claimable."""
+    """A reply of no lease would make the consumer forget the tasks it thought due, while
+    others are still claimable."""
     await _publish(scheduler, 8)
     racing = _TakesAllFirst(scheduler.collection, scheduler)
     sched = ms.Scheduler(racing, clock=scheduler.store.clock)
@@ -187,8 +187,8 @@ class _YieldsBeforeWriting(CountingCollection):
 async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_candidates(
     scheduler: ms.Scheduler,
 ):
-    """Found on the wire (issue 12): consumers of one process, whose slots free together,
-    read the same best candidates at once; all but one lost them and read again."""
+    """Consumers of one process, whose slots free together, would read the same best
+    candidates at once, and all but one would lose them and read again."""
     await _publish(scheduler, 8)
     counting = _YieldsBeforeWriting(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
@@ -270,8 +270,9 @@ async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
 async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
     scheduler: ms.Scheduler, clock: ms.ManualClock
 ):
-    """A candidate whose claim failed it (its retries exhausted by a timeout) is settled by a
-    read that fails: the other candidates' leases are still returned, the dependents owed."""
+    """A candidate whose claim failed it (its retries exhausted by a timeout), whose dependents
+    a read that fails was to tell: the other candidates' leases are still returned, the
+    dependents owed."""
     options = ms.TaskOptions(
         max_unexpected_retries=0, ping_interval_ms=1_000, worker_timeout_ms=5_000
     )

@@ -14,7 +14,7 @@ from pymongo.errors import BulkWriteError
 import mscheduler as ms
 from mscheduler.errors import StoreError
 from mscheduler.testing import CountingCollection
-from tests.engines import settle
+from tests.engines import until_idle
 from tests.faults import HeldWrites
 
 S = ms.TaskState.SUCCESS
@@ -174,14 +174,14 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
 
     async with anyio.create_task_group() as group:
         group.start_soon(finish, leases[0])
-        await settle()
+        await until_idle()
         group.start_soon(finish, leases[1])  # these two go together, after t0's write
         group.start_soon(finish, leases[2])
-        await settle()
+        await until_idle()
         held.held[0].set()
-        await settle()
+        await until_idle()
         held.held[1].set()  # the bulk write, sent by t1's writer: t2 misses on its dependent
-        await settle()
+        await until_idle()
         assert sorted(returned) == ["t0", "t1"], "t1 waited on t2's write"
         assert len(held.held) == 3  # t2's, alone
         held.held[2].set()
@@ -260,13 +260,13 @@ async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_ot
 
     async with anyio.create_task_group() as group:
         group.start_soon(finish, leases[0])
-        await settle()
+        await until_idle()
         assert len(held.held) == 1  # t0's write is on its way
         group.start_soon(finish, leases[1])  # these two wait for it, then go together
         group.start_soon(finish, leases[2])
-        await settle()
+        await until_idle()
         held.held[0].set()
-        await settle()
+        await until_idle()
         assert returned == ["t0"], "the first finish waited on the others' write"
         assert len(held.held) == 2  # t1 and t2 in one bulk write, still on its way
         held.held[1].set()

@@ -17,7 +17,7 @@ from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
 from tests.conftest import OpenScheduler
-from tests.engines import OpenStreams, needs_change_streams, settle
+from tests.engines import OpenStreams, needs_change_streams, until_idle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -33,7 +33,7 @@ async def running(sched: ms.Scheduler, ran: list[str], **options: Any) -> AsyncI
     options = {"worker_id": "w0", "reconnect_backoff_ms": 100, **options}
     consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(**options))
     async with consumer:
-        await settle()
+        await until_idle()
         yield consumer
 
 
@@ -56,7 +56,7 @@ async def test_a_large_result_does_not_stop_the_consumers_stream(
     ran: list[str] = []
     options = ms.WorkerOptions(worker_id="w0", reconnect_backoff_ms=100)
     async with scheduler.consumer({"job": handler}, options=options) as consumer:
-        await settle()
+        await until_idle()
         assert ran == ["big", "child"]
         assert consumer._listener.reopened == 0
 
@@ -73,10 +73,10 @@ async def test_reads_failing_at_one_token_open_a_fresh_stream_and_fetch_again(
         feed.max_event_bytes = 100  # every event of a task is over it
         await scheduler.publish("stuck-behind", None, name="job")
         for _ in range(4):
-            await settle()
+            await until_idle()
             clock.advance(1)
         feed.max_event_bytes = 16 * 1024 * 1024
-        await settle()
+        await until_idle()
         assert ran == ["stuck-behind"]
         assert consumer._listener.resyncs == 1
 
@@ -92,13 +92,13 @@ async def test_an_idle_consumer_resumes_after_the_oplog_rolled_past_its_last_eve
     async with running(scheduler, ran) as consumer:
         for n in range(3):
             await scheduler.publish(f"other-{n}", None, name="other")
-        await settle()
+        await until_idle()
         assert consumer._listener.resume_token == feed.last_token
         feed.inject_error(AutoReconnect("connection reset"))
         feed.forget_history()  # the oplog rolled past every event of ours
-        await settle()
+        await until_idle()
         clock.advance(0.1)
-        await settle()
+        await until_idle()
         assert consumer._listener.reopened == 1
         assert consumer._listener.resyncs == 0
 
@@ -118,13 +118,13 @@ async def test_watch_goes_on_after_the_collection_is_dropped(
 
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(watcher)
-        await settle()
+        await until_idle()
         await scheduler.publish("before", None, name="job")
-        await settle()
+        await until_idle()
         await scheduler.collection.drop()
-        await settle()
+        await until_idle()
         await scheduler.publish("after", None, name="job")
-        await settle()
+        await until_idle()
     assert seen == ["before", "after"]
 
 
@@ -144,10 +144,10 @@ async def test_a_consumer_goes_on_after_the_collection_is_dropped_without_a_refe
     ran: list[str] = []
     async with running(scheduler, ran) as consumer:
         await scheduler.collection.drop()
-        await settle()
+        await until_idle()
         await scheduler.publish("after-drop", None, name="job")
         clock.advance(0.1)
-        await settle()
+        await until_idle()
         assert ran == ["after-drop"]
         assert consumer._listener.reopened == (0 if on_database else 1)
         assert consumer._listener.resyncs == 0
@@ -172,12 +172,12 @@ async def test_a_transient_error_on_opening_is_retried_not_taken_for_a_refusal(
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(consumer.run)
         for _ in range(3):
-            await settle()
+            await until_idle()
             clock.advance(0.2)
-        await settle()
+        await until_idle()
         assert not consumer.polling
         await scheduler.publish("k", None, name="job")
-        await settle()
+        await until_idle()
         assert ran == ["k"]
         consumer.stop()
 
@@ -193,13 +193,13 @@ async def test_a_stream_refused_while_running_falls_back_to_polling(
     async with running(scheduler, ran, poll_interval_ms=1_000) as consumer:
         feed.fail_opens(*[OperationFailure("not authorized", code=13)] * 100)
         feed.inject_error(AutoReconnect("connection reset"))
-        await settle()
+        await until_idle()
         clock.advance(0.1)
-        await settle()
+        await until_idle()
         assert consumer.polling
         await scheduler.publish("while-polling", None, name="job")
         clock.advance(1)
-        await settle()
+        await until_idle()
         assert ran == ["while-polling"]
 
 
@@ -215,11 +215,11 @@ async def test_a_stalled_stream_is_backed_by_a_periodic_fetch(
     ) as consumer:
         scheduler.collection.changes.stall()
         await scheduler.publish("unannounced", None, name="job")
-        await settle()
+        await until_idle()
         assert ran == []
         for _ in range(12):
             clock.advance(5)
-            await settle()
+            await until_idle()
         assert ran == ["unannounced"]
         assert consumer._listener.backstops == 1
 
@@ -241,14 +241,14 @@ async def test_a_waiter_costs_no_lookup_for_updates_of_other_tasks(
 
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(waiter)
-        await settle()
+        await until_idle()
         before = feed.lookups
         for n in range(1, 21):
             await scheduler.publish("busy", n, name="job", update_payload=True)
-        await settle()
+        await until_idle()
         assert feed.lookups == before
         await scheduler.cancel("awaited")
-        await settle()
+        await until_idle()
     assert found[0].state is S.CANCELLED
 
 
@@ -279,15 +279,15 @@ async def test_a_process_holds_one_change_stream_and_control_changes_reach_it(
     consumers = scheduler.consumers({"job": job}, count=3)
     async with consumers as group, anyio.create_task_group() as task_group:
         task_group.start_soon(lambda: scheduler.wait("waited", timeout=3_600))
-        await settle()
+        await until_idle()
         await operator.pause("job")
-        await settle()
+        await until_idle()
         assert all(consumer.paused == {"job"} for consumer in group)
         await operator.publish("held", None, name="job")
-        await settle()
+        await until_idle()
         assert ran == []
         await operator.resume("job")
-        await settle()
+        await until_idle()
         assert ran == ["held"]
         task_group.cancel_scope.cancel()
     assert streams.most_at_once == (1 if on_database else 2)
@@ -312,19 +312,19 @@ async def test_a_pause_holds_when_the_process_turns_to_polling_under_its_control
 
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10)
     async with scheduler.consumer({"job": job}, options=options) as consumer:
-        await settle()
+        await until_idle()
         assert hub.carries_controls
         scheduler.collection.change_streams = False
         scheduler.collection.changes.end_streams()  # reopened: refused
         for _ in range(5):  # the reconnect's backoff
             clock.advance(1)
-            await settle()
+            await until_idle()
         assert hub.polling and not hub.carries_controls
         await operator.pause("job")
         await operator.publish("held", None, name="job")
         for _ in range(10):
             clock.advance(0.05)
-            await settle()
+            await until_idle()
         assert consumer.paused == {"job"} and ran == []
 
 
@@ -339,14 +339,14 @@ async def test_polling_gives_way_to_a_collection_stream_where_the_database_is_re
     hub = scheduler.store.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10, stream_retry_interval_ms=1_000)
     async with scheduler.consumer({"job": _done_handler}, options=options):
-        await settle()
+        await until_idle()
         assert hub.polling
         scheduler.collection.change_streams = True
         refusal = OperationFailure("not authorized on the database", code=13)
         scheduler.collection.changes.refuse_database_streams(refusal)
         for _ in range(3):
             clock.advance(1)
-            await settle()
+            await until_idle()
         assert not hub.polling and not hub.whole_database
         assert hub.streams_opened == 1
 

@@ -31,7 +31,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, SkewedClock, settle
+from tests.engines import POLL_MS, SkewedClock, until_idle
 from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
@@ -174,13 +174,13 @@ class Chaos:
             worker_id = rnd.choice(sorted(self.consumers))
             self.ledger.crashed.add(worker_id)
             self.scopes[worker_id].cancel()
-            await settle()
+            await until_idle()
             self.start(task_group, worker_id)
         elif draw < 0.14:  # graceful stop, a publish during the shutdown, a restart
             worker_id = rnd.choice(sorted(self.consumers))
             self.consumers[worker_id].stop()
             await self.publish()
-            await settle()
+            await until_idle()
             self.start(task_group, worker_id)
         elif draw < 0.15:  # new priority for a live task
             key = rnd.choice(self.keys)
@@ -188,7 +188,7 @@ class Chaos:
             self.ledger.options[key] = options
             await self.sched.set_options(key, options)
         self.clock.advance(0.5)
-        await settle()
+        await until_idle()
 
     def check(self, tasks: list[ms.Task]) -> None:
         ledger = self.ledger
@@ -246,12 +246,12 @@ async def _one_run(seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> Cha
             if all(task.state.is_terminal for task in tasks):
                 break
             clock.advance(0.5)
-            await settle()
+            await until_idle()
         for consumer in chaos.consumers.values():
             consumer.stop()
         for _ in range(100):  # grace periods and cancel timeouts pass on the manual clock
             clock.advance(1)
-            await settle()
+            await until_idle()
         task_group.cancel_scope.cancel()
     chaos.check(await sched.store.get_many(chaos.keys))
     return chaos

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
+from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from mscheduler.testing import CountingCollection
+from tests.engines import POLL_MS, until_idle
 from tests.oracle import check_consistent
+from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 
 
 async def state_of(sched: ms.Scheduler, key: str) -> ms.TaskState:
@@ -58,7 +64,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
     async with anyio.create_task_group() as tg:
         for consumer in consumers:
             tg.start_soon(consumer.run)
-        await settle()
+        await until_idle()
         # Without change streams (the wire engine) consumers see unblocked work at a poll.
         clock = sched.store.clock
         for _ in range(10_000):
@@ -66,7 +72,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
                 break
             assert isinstance(clock, ms.ManualClock)
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         for consumer in consumers:
             consumer.stop()
     return order
@@ -269,10 +275,10 @@ async def _run_one(
 ) -> ms.Consumer:
     consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w0"))
     async with consumer:
-        await settle()
+        await until_idle()
         for _ in range(steps):
             clock.advance(1)
-            await settle()
+            await until_idle()
     return consumer
 
 
@@ -329,3 +335,123 @@ async def test_max_tries_caps_retry_later(scheduler: ms.Scheduler, clock):
 def test_retry_later_refuses_a_negative_delay():
     with pytest.raises(ValueError, match="delay must be between 0 and"):
         ms.RetryLater(-1)
+
+
+async def _state(sched: ms.Scheduler, key: str) -> S:
+    task = await sched.get(key)
+    assert task is not None, f"{key} is gone"
+    return task.state
+
+
+class _TellingFails(CountingCollection):
+    """Every update of dependents (the writes that tell them an outcome) fails on the network
+    before it reaches the database, ``times`` times (-1: always)."""
+
+    def __init__(self, collection: Any, times: int = -1) -> None:
+        super().__init__(collection)
+        self.times = times
+
+    async def update_many(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "deps_pending" in query and self.times != 0:
+            self.times -= 1
+            raise AutoReconnect("connection reset while telling dependents")
+        return await self.wrapped.update_many(query, *args, **kwargs)
+
+
+async def _publish_pair(sched: ms.Scheduler) -> None:
+    await sched.publish("dep", None, name="job")
+    await sched.publish("child", None, name="job", depends_on=["dep"])
+
+
+async def test_dependents_are_told_after_a_network_error_without_a_restart(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """The worker that finished ``dep`` could not tell ``child``: it does so itself once the
+    network is back, and meanwhile ``dep`` is not purged (it would strand ``child``)."""
+    await _publish_pair(scheduler)
+    flaky = _TellingFails(scheduler.collection, times=1)
+    sched = ms.Scheduler(flaky, clock=scheduler.store.clock)
+    recorder = Recorder()
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": recorder.for_worker("w0")}, options=options) as consumer:
+        for _ in range(3):
+            clock.advance(1)
+            await discover()
+    assert flaky.times == 0, "the fault was not injected"
+    assert [key for key, _ in recorder.runs] == ["dep", "child"]
+    assert await _state(scheduler, "child") is S.SUCCESS
+    assert consumer.stats.lease_lost == 0, "the landed finish was written again"
+
+
+async def test_a_dead_writers_dependents_are_told_by_a_running_consumer(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """Another process finished ``dep`` and never told ``child`` (its network stayed down):
+    a long-running consumer that saw ``dep`` end tells ``child`` after a grace period."""
+    outsider = ms.TaskOptions(specific_worker_ids=["outsider"])
+    await scheduler.publish("dep", None, name="job", options=outsider)
+    await scheduler.publish("child", None, name="job", depends_on=["dep"])
+    other = ms.Scheduler(_TellingFails(scheduler.collection), clock=scheduler.store.clock)
+    recorder = Recorder()
+    async with consumers(scheduler, recorder):
+        await discover()
+        lease = await other.store.claim("outsider", key="dep")
+        assert lease is not None
+        await other.store.succeed(lease, "done")  # landed; telling child did not
+        assert other.store.owed == {"dep"}
+        await discover()
+        assert recorder.runs == []
+        for _ in range(12):
+            clock.advance(1)
+            await discover()
+        assert recorder.runs == [("child", "w0")]
+    dep = await scheduler.get("dep")
+    assert dep is not None and dep.dependents_notified is True
+
+
+async def test_purge_keeps_a_finished_task_until_its_dependents_are_told(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    await scheduler.publish("dep", None, name="job")
+    await scheduler.publish("child", None, name="job", depends_on=["dep"])
+    other = ms.Scheduler(_TellingFails(scheduler.collection), clock=scheduler.store.clock)
+    lease = await other.store.claim("outsider", key="dep")
+    assert lease is not None
+    await other.store.succeed(lease, "done")  # telling child failed
+    clock.advance(3600)
+    hour = dt.timedelta(minutes=1)
+    assert await scheduler.purge(states=["success"], older_than=hour) == 0, "child stranded"
+    assert await scheduler.store.recover_dependents() == 1
+    assert await scheduler.purge(states=["success"], older_than=hour) == 1
+    assert await _state(scheduler, "child") is S.PENDING
+
+
+async def test_deleting_a_dependency_in_a_commit_fails_its_waiting_dependents(
+    scheduler: ms.Scheduler,
+):
+    await scheduler.publish("dep", None, name="job")
+    await scheduler.publish("child", None, name="job", depends_on=["dep"])
+    await scheduler.publish("grandchild", None, name="job", depends_on=["child"])
+    runs_anyway = ms.TaskOptions(on_dependency_failure="run")
+    await scheduler.publish("tolerant", None, name="job", depends_on=["dep"], options=runs_anyway)
+    await scheduler.commit(delete=["dep"])
+    assert await scheduler.get("dep") is None
+    child, grandchild, tolerant = [
+        await scheduler.get(key) for key in ("child", "grandchild", "tolerant")
+    ]
+    assert child is not None and child.state is S.CANCELLED and child.error is not None
+    assert child.error.message == "dependency 'dep' was deleted"
+    assert grandchild is not None and grandchild.state is S.CANCELLED, "no cascade"
+    assert tolerant is not None and tolerant.state is S.PENDING
+    assert tolerant.deps_pending == [] and tolerant.deps_failed == ["dep"]
+
+
+async def test_deleting_and_publishing_a_key_keeps_its_dependents_waiting(
+    scheduler: ms.Scheduler,
+):
+    """The barrier pattern: the key is replaced, so its dependents wait for the new task."""
+    await scheduler.publish("barrier", None, name="job")
+    await scheduler.publish("after", None, name="job", depends_on=["barrier"])
+    await scheduler.commit(delete=["barrier"], publish=[ms.TaskSpec(key="barrier", name="job")])
+    after = await scheduler.get("after")
+    assert after is not None and after.state is S.BLOCKED and after.deps_pending == ["barrier"]

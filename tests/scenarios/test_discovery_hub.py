@@ -16,7 +16,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.services.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
+from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, until_idle
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -36,9 +36,9 @@ async def test_ten_consumers_share_one_task_stream(scheduler: ms.Scheduler, engi
     ran: list[tuple[str, str]] = []
     async with scheduler.consumers({"job": _runs(ran, "any")}, count=10) as group:
         assert len(group) == 10
-        await settle()
+        await until_idle()
         await scheduler.publish("k", None, name="job")
-        await settle()
+        await until_idle()
     assert streams.opened == 1
     assert [key for key, _ in ran] == ["k"]
 
@@ -99,13 +99,13 @@ async def test_a_polling_process_polls_once_per_interval_whatever_its_consumers(
         running = sched.consumers({"job": _runs([], "w")}, count=count, options=options)
         async with running, anyio.create_task_group() as task_group:
             task_group.start_soon(lambda: sched.wait("waited", poll_interval_ms=1_000))
-            await settle()
+            await until_idle()
             clock.advance(1)
-            await settle()
+            await until_idle()
             counted.reset()
             for _ in range(5):
                 clock.advance(1)
-                await settle()
+                await until_idle()
             reads[count] = counted.counts["find"]
             task_group.cancel_scope.cancel()
     assert reads == {1: 5 + 2, 6: 5 + 2}
@@ -143,7 +143,7 @@ async def test_a_watch_shares_the_consumers_stream(
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     seen: list[tuple[str, ms.TaskState]] = []
     async with scheduler.consumer({"job": _runs(ran, "w")}, options=options):
-        await settle()
+        await until_idle()
         async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
 
             async def follow() -> None:
@@ -154,7 +154,7 @@ async def test_a_watch_shares_the_consumers_stream(
 
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(follow)
-                await settle()
+                await until_idle()
                 assert hub.subscribers == 2  # the consumer and the watch
                 await scheduler.publish("k", None, name="job")
                 for _ in range(4):
@@ -174,7 +174,7 @@ async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
     hub = scheduler.store.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     async with scheduler.consumer({"job": _runs([], "w")}, options=options):
-        await settle()
+        await until_idle()
         watch = scheduler.watch(names=["job"])
         closed = scheduler.watch()
         async with anyio.create_task_group() as task_group:
@@ -188,14 +188,14 @@ async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
 
             task_group.start_soon(first, watch)
             task_group.start_soon(next_of, closed)
-            await settle()
+            await until_idle()
             assert hub.subscribers == 3
             await scheduler.publish("k", None, name="job")
             for _ in range(2):
                 await discover()
         await closed.aclose()  # type: ignore[attr-defined]
         del watch  # dropped: its finalizer closes it
-        await settle()
+        await until_idle()
         assert hub.subscribers == 1  # the consumer alone
 
 
@@ -217,7 +217,7 @@ async def test_a_shared_watch_goes_on_after_the_consumers_stop(
 
         async with anyio.create_task_group() as task_group:
             async with scheduler.consumer({"other": _runs([], "w")}, options=options):
-                await settle()
+                await until_idle()
                 task_group.start_soon(follow)
                 await discover()
                 await scheduler.publish("during", None, name="job")
@@ -226,7 +226,7 @@ async def test_a_shared_watch_goes_on_after_the_consumers_stop(
             await scheduler.publish("after", None, name="job")
             for _ in range(2):
                 clock.advance(1)
-                await settle()
+                await until_idle()
     assert seen == ["during", "after"]
 
 
@@ -239,7 +239,7 @@ async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
     hub = scheduler.store.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     async with scheduler.consumer({"other": _runs([], "w")}, options=options):
-        await settle()
+        await until_idle()
         async with contextlib.aclosing(scheduler.watch(names=["job"])) as watch:
             shown: list[str] = []
 
@@ -248,7 +248,7 @@ async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
 
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(show_one)
-                await settle()
+                await until_idle()
                 await scheduler.publish("first", None, name="job")
                 await discover()
             (sub,) = [sub for sub in hub._subs if sub.every]
@@ -283,7 +283,7 @@ async def test_a_waiter_beside_the_consumers_holds_back_no_page_of_the_backlog(
     async with running, anyio.create_task_group() as task_group:
         task_group.start_soon(functools.partial(scheduler.wait_many, keys, timeout=None))
         while len(ran) < len(keys) and rounds < 200:
-            await settle()
+            await until_idle()
             clock.advance(POLL_MS / 1000)
             rounds += 1
         task_group.cancel_scope.cancel()
@@ -306,7 +306,7 @@ async def test_a_polling_consumer_finds_a_write_that_showed_long_after_it_was_st
     async with sched.consumer({"job": _runs(ran, "w")}, options=options):
         for _ in range(3):
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         await late.publish("late", None, name="job")
         await _read_by_state(clock)
         assert ran == [("late", "w")]
@@ -329,7 +329,7 @@ async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stampe
         task_group.start_soon(waiting)
         for _ in range(3):
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         await late.cancel("k")
         await _read_by_state(clock)
         task_group.cancel_scope.cancel()
@@ -354,7 +354,7 @@ async def test_a_missed_write_is_found_whatever_the_backlog_of_another_name(
     async with sched.consumer(handlers, options=options):
         for _ in range(3):
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         await late.publish("late", None, name="job")
         await _read_by_state(clock)
         assert ran == [("late", "w")]
@@ -382,7 +382,7 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
     shown: list[str] = []
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     async with sched.consumer({"job": _runs([], "w")}, options=options):
-        await settle()
+        await until_idle()
 
         async def watching() -> None:
             async for task in sched.watch(names=["job"]):
@@ -390,12 +390,12 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
 
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(watching)
-            await settle()
+            await until_idle()
             race["armed"] = True
             await _read_by_state(clock)
             for _ in range(2):
                 clock.advance(POLL_MS / 1000)
-                await settle()
+                await until_idle()
             task_group.cancel_scope.cancel()
     assert shown == ["raced"]
 
@@ -412,19 +412,19 @@ async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
     async with sched.consumer({"job": _runs(ran, "w")}, options=options):
-        await settle()  # the first poll, and its read by state
+        await until_idle()  # the first poll, and its read by state
         clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
-        await settle()
+        await until_idle()
         await other.publish("k", None, name="job", options=short)
         assert await other.store.claim("gone", key="k") is not None  # never pings
         clock.advance(POLL_MS / 1000)
-        await settle()  # the poll reads the claim: nothing for the consumers
+        await until_idle()  # the poll reads the claim: nothing for the consumers
         assert ran == []
         clock.advance(0.6)
-        await settle()  # the lease expired: the read by state finds the task due
+        await until_idle()  # the lease expired: the read by state finds the task due
         for _ in range(3):
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         assert ran == [("k", "w")]
 
 
@@ -445,27 +445,27 @@ async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_else
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     short = ms.TaskOptions(ping_interval_ms=100, worker_timeout_ms=500)
     async with sched.consumer({"job": _runs(ran, "w")}, options=options):
-        await settle()  # the first poll, and its read by state
+        await until_idle()  # the first poll, and its read by state
         clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
-        await settle()
+        await until_idle()
         await other.publish("k", None, name="job", options=short)
         assert await other.store.claim("gone", key="k") is not None  # never pings
         clock.advance(POLL_MS / 1000)
-        await settle()  # the poll reads the claim: nothing for the consumers
+        await until_idle()  # the poll reads the claim: nothing for the consumers
         clock.advance(0.6)
-        await settle()  # the lease expired: the read by state finds the task due
+        await until_idle()  # the lease expired: the read by state finds the task due
         for _ in range(3):
             clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         assert ran == [("k", "w")]
 
 
 async def _read_by_state(clock: ms.ManualClock) -> None:
     """Time for the poll's next read by state (and a poll after it)."""
     clock.advance(STATE_READ_INTERVAL.total_seconds())
-    await settle()
+    await until_idle()
     clock.advance(POLL_MS / 1000)
-    await settle()
+    await until_idle()
 
 
 async def test_a_waiter_hides_no_slot_freed_for_a_later_retry(

@@ -9,7 +9,7 @@ release, a cancel, a retry), time passing, and on memory a stream that fails (an
 end, opens refused for a while) and may lose its place (the history rolls past it while it is
 down: every subscriber resyncs).
 
-The property, after every step and a bounded settle (on the wire, one poll interval): every
+The property, after every step and a bounded wait until idle (on the wire, one poll interval): every
 subscriber has been handed, since it joined, every write that may give it work, or been told
 to resync after it: a consumer each write that bumped ``wakes`` of a task of its names (the
 writers' own rule, `queries.derived.wakes_consumers`), a waiter each change of state of its
@@ -46,7 +46,7 @@ from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
 from mscheduler.services.discovery import RESYNC, Subscription
-from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, settle
+from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, until_idle
 
 T = TypeVar("T")
 NAMES = ("a", "b")
@@ -175,12 +175,12 @@ class DiscoveryHubModel(RuleBasedStateMachine):
 
         return self.portal.call(bounded)
 
-    async def _settle(self) -> None:
+    async def _until_idle(self) -> None:
         """Everything runs until it waits on the clock; on the wire, one poll interval."""
-        await settle()
+        await until_idle()
         if not self.streams:
             self.clock.advance(POLL_MS / 1000)
-            await settle()
+            await until_idle()
         self._check_up()
 
     def _check_up(self) -> None:
@@ -191,7 +191,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
 
     async def _advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
-        await self._settle()
+        await self._until_idle()
 
     async def _reconnect(self) -> None:
         """Moves the clock past the stream's backoff until it has reopened."""
@@ -273,14 +273,14 @@ class DiscoveryHubModel(RuleBasedStateMachine):
         # Joined once covered (a watch: as soon as the hub covers it); a stream being
         # reopened (its backoff) covers it only once the clock moves.
         for _ in range(20):
-            await self._settle()
+            await self._until_idle()
             if subscriber.entered or (subscriber.kind == "watch" and sub.covered.is_set()):
                 subscriber.entered = True
                 break
             self.clock.advance(0.5)
         else:
             raise AssertionError(f"a {subscriber.kind} joining was never covered by the hub")
-        await self._settle()
+        await self._until_idle()
 
     @precondition(lambda self: self.subscribers)
     @rule(data=st.data())
@@ -292,7 +292,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
 
         async def leave() -> None:
             scope.cancel()
-            await self._settle()
+            await self._until_idle()
 
         self.run(leave)
         subscriber.future.result(timeout=STEP_TIMEOUT_S)
@@ -316,7 +316,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
             feed.end_streams()
         else:
             feed.inject_error(AutoReconnect("connection reset"))
-        self.run(settle)
+        self.run(until_idle)
 
     @precondition(lambda self: self.down_at is not None)
     @rule()
@@ -399,7 +399,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
                 what = subscriber.owes(was, task)
                 if what is not None:
                     subscriber.owed.append(Owed(written, task.id, since, mark, what))
-        await self._settle()
+        await self._until_idle()
 
     # ------------------------------------------------------------------ the property
 
@@ -427,7 +427,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
                 for subscriber in self.subscribers:
                     assert subscriber.scope is not None
                     subscriber.scope.cancel()
-                await settle()
+                await until_idle()
                 assert self.hub.subscribers == 0
                 if self.ENGINE != "memory":
                     await self.sched.collection.drop()

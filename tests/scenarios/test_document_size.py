@@ -93,7 +93,7 @@ async def test_max_tries_counts_dropped_attempts_and_says_why(scheduler: ms.Sche
 
 
 async def test_a_failed_task_always_has_an_error(scheduler: ms.Scheduler):
-    """Issue 15 #6: ``max_tries`` ran out after a success short of concurrent_worker_cnt."""
+    """Also when ``max_tries`` runs out after a success short of concurrent_worker_cnt."""
     options = ms.TaskOptions(concurrent_worker_cnt=2, max_tries=2, **FAST)
     await scheduler.publish("k", None, name="job", options=options)
     await scheduler.store.succeed(await _claim(scheduler, "k", "w1"), "ok")

@@ -14,7 +14,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.services.task_events import EventLog
-from tests.engines import FAST, OpenStreams, settle, worker
+from tests.engines import FAST, OpenStreams, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 Discover = Callable[[], Awaitable[None]]
@@ -34,7 +34,7 @@ async def listening(
 
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(listen)
-            await settle()
+            await until_idle()
             yield heard
             task_group.cancel_scope.cancel()
 
@@ -174,7 +174,7 @@ async def test_a_listener_alone_keeps_one_stream_open_for_its_block(
     async with listening(scheduler) as heard:
         for n in range(5):
             await scheduler.publish(f"k{n}", None, name="job")
-            await settle()
+            await until_idle()
     assert [event.key for event in heard] == [f"k{n}" for n in range(5)]
     assert streams.opened == 1
 
@@ -193,7 +193,7 @@ async def test_events_iterated_bare_tell_the_same_in_order(
 
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(listen)
-            await settle()
+            await until_idle()
             await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
             await _step(clock, discover, 0.5, 2)
             lease = await scheduler.store.claim("w1", key="k")

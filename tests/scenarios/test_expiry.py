@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import FAST, settle, worker
+from tests.engines import FAST, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -50,7 +50,7 @@ async def test_a_task_started_before_it_expires_runs_to_the_end(
         await discover()
         for _ in range(15):  # past the expiry, pinged, swept every second
             clock.advance(1)
-            await settle()
+            await until_idle()
         gate.set()
         await discover()
     task = await scheduler.get("early")

@@ -17,9 +17,10 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import memory_server
-from tests.engines import POLL_MS, needs_change_streams, settle
-from tests.faults import BrokenCursor, FaultyCollection
+from mscheduler.backends.memory import memory_server
+from mscheduler.testing import CountingCollection
+from tests.engines import POLL_MS, needs_change_streams, until_idle
+from tests.faults import BrokenCursor, FaultyCollection, HeldWrites
 from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +37,7 @@ PATIENT = ms.TaskOptions(
 
 async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
     for _ in range(limit):
-        await settle()
+        await until_idle()
         if await done():
             return
         clock.advance(step)
@@ -115,16 +116,16 @@ async def test_a_handler_that_ignores_cancellation(
     options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
     consumer = scheduler.consumer({"job": stubborn}, options=options)
     async with consumer:
-        await settle()
+        await until_idle()
         await scheduler.cancel("stubborn")
         await scheduler.publish("next", None, name="job")
         await discover()
         if engine == "wire":  # polling: the next ping finds the cancelled lease lost
             clock.advance(ms.TaskOptions().ping_interval_ms / 1000)
-            await settle()
+            await until_idle()
         assert (await scheduler.get("next")).state is S.SUCCESS  # type: ignore[union-attr]
         finishing.set()
-        await settle()
+        await until_idle()
     assert (await scheduler.get("stubborn")).state is S.CANCELLED  # type: ignore[union-attr]
     assert consumer.stats.cancelled == 1 and consumer.stats.succeeded == 1
 
@@ -166,14 +167,14 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
     gate = anyio.Event()
     recorder = Recorder(gate=gate)
     async with consumers(scheduler, recorder) as (consumer,):
-        await settle()
+        await until_idle()
         claimed = consumer.stats.claimed
         for stale in (first, first, first.model_copy(update={"version": first.version - 1})):
             consumer._on_change(stale)  # delivered again, and out of order
-        await settle()
+        await until_idle()
         assert consumer.stats.claimed == claimed and consumer.running == ["k"]
         gate.set()
-        await settle()
+        await until_idle()
     assert recorder.runs == [("k", "w0")]
 
 
@@ -182,7 +183,7 @@ async def test_a_worker_never_runs_a_key_it_is_still_running(
 ):
     """Its lease expired under a stalled handler that then ignores the stop: the task is
     claimable again, but not by this worker while that handler still runs (two attempts of
-    one key in one process; before the fix the executor's bookkeeping crashed the consumer)."""
+    one key in one process, which the executor's bookkeeping keeps apart)."""
     await scheduler.publish("k", None, name="job", options=PATIENT)
     release = anyio.Event()
     started: list[str] = []
@@ -212,7 +213,7 @@ class _Unprintable(Exception):
 async def test_an_exception_whose_str_raises_fails_only_its_task(
     scheduler: ms.Scheduler, discover: Discover
 ):
-    """Issue 10 #10: what a handler raises is that task's failure, never the consumer's."""
+    """What a handler raises is that task's failure, never the consumer's."""
     once = ms.TaskOptions(max_unexpected_retries=0)
     await scheduler.publish("odd", None, name="job", options=once)
     await scheduler.publish("surrogate", None, name="job", options=once)
@@ -297,3 +298,177 @@ async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.Manu
     }
     with pytest.raises(ms.BackendUnavailable, match="unreachable"):
         await calls[read]()
+
+
+class _LoseReplies(CountingCollection):
+    """Applies the first claim, then loses its reply; with ``lookups_lost`` also the replies
+    of that many following ``find_one`` calls (the look-up by run_id)."""
+
+    def __init__(self, collection: Any, lookups_lost: int) -> None:
+        super().__init__(collection)
+        self.claims_lost = 1
+        self.lookups_lost = lookups_lost
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.wrapped.find_one_and_update(*args, **kwargs)
+        if self.claims_lost and kwargs.get("sort") is not None:  # a claim by name
+            self.claims_lost -= 1
+            raise AutoReconnect("connection reset after the claim was applied")
+        return result
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
+        if self.lookups_lost:
+            self.lookups_lost -= 1
+            raise AutoReconnect("connection reset during the look-up")
+        return await self.wrapped.find_one(*args, **kwargs)
+
+
+@pytest.mark.parametrize("lookups_lost", [0, 1])
+async def test_a_claim_whose_reply_is_lost_still_runs_its_task(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, lookups_lost: int
+):
+    """With no retries left to spare, the task runs exactly once and succeeds: the worker
+    finds the lease it took by the run_id it generated (lookups_lost=1: on its next turn)."""
+    await scheduler.publish(
+        "once", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0)
+    )
+    lossy = _LoseReplies(scheduler.collection, lookups_lost)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+    recorder = Recorder()
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": recorder.for_worker("w0")}, options=options):
+        for _ in range(4):
+            clock.advance(1)
+            await discover()
+    assert lossy.claims_lost == 0 and lossy.lookups_lost == 0, "the faults were not injected"
+    assert recorder.runs == [("once", "w0")]
+    task = await scheduler.get("once")
+    assert task is not None and task.state is S.SUCCESS
+    assert [ws.state for ws in task.worker_states] == [K.SUCCESS]
+
+
+class _LoseNextReply(CountingCollection):
+    """Once armed, applies the next write (a ``find_one_and_update``, or a ``bulk_write``: a
+    success nobody reads back is sent as one) and loses its reply."""
+
+    armed = False
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lose(await self.wrapped.find_one_and_update(*args, **kwargs))
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lose(await self.wrapped.bulk_write(*args, **kwargs))
+
+    def _lose(self, result: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise AutoReconnect("connection reset after the finish was applied")
+        return result
+
+
+async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    await scheduler.publish("k", None, name="job")
+    lossy = _LoseNextReply(scheduler.collection)
+    sched = ms.Scheduler(lossy, clock=scheduler.store.clock)
+
+    async def handler(task: ms.Task) -> str:
+        lossy.armed = True  # the next write is this run's success
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with sched.consumer({"job": handler}, options=options) as consumer:
+        for _ in range(3):
+            clock.advance(1)
+            await discover()
+    assert lossy.armed is False, "the fault was not injected"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS and task.result == "ok"
+    assert consumer.stats.succeeded == 1 and consumer.stats.lease_lost == 0
+
+
+async def test_stop_returns_and_releases_when_a_handler_ignores_cancellation(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, caplog
+):
+    await scheduler.publish("stubborn", None, name="job")
+    release = anyio.Event()
+    returned = anyio.Event()
+
+    async def stubborn(task: ms.Task) -> str:
+        with anyio.CancelScope(shield=True):  # a cleanup that never ends, say
+            await release.wait()
+        return "too late"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = scheduler.consumer({"job": stubborn}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        assert consumer.running == ["stubborn"]
+        consumer.stop()
+        for _ in range(4):
+            clock.advance(1)
+            await until_idle()
+        stopped = returned.is_set()
+        release.set()  # let the abandoned handler end, whatever happened
+    assert stopped, "stop() did not return with a handler that ignores cancellation"
+    task = await scheduler.get("stubborn")
+    assert task is not None and task.state is S.PENDING
+    assert [ws.state for ws in task.worker_states] == [K.RELEASED]
+    assert consumer.stats.abandoned == 1
+    assert "handler of task 'stubborn' ignored cancellation" in caplog.text
+
+
+async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """A finish stuck on its way (a slow server, other consumers' batch ahead of it) gets
+    ``cancel_timeout_ms`` past the grace, like a handler unwinding; then the stop goes on."""
+    await scheduler.publish(
+        "k", None, name="job", options=ms.TaskOptions(worker_timeout_ms=600_000)
+    )
+    held = HeldWrites(scheduler.collection)
+    held.holding = False
+    slow = ms.Scheduler(held, clock=clock)
+    ended, returned = anyio.Event(), anyio.Event()
+
+    async def handler(task: ms.Task) -> str:
+        held.holding = True  # from now on, writes hang: this outcome's among them
+        ended.set()
+        return "done"
+
+    options = ms.WorkerOptions(
+        worker_id="w0", poll_interval_ms=POLL_MS, shutdown_grace_ms=1_000, cancel_timeout_ms=2_000
+    )
+    consumer = slow.consumer({"job": handler}, options=options)
+
+    async def run() -> None:
+        await consumer.run()
+        returned.set()
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await discover()
+        await ended.wait()
+        await until_idle()
+        assert consumer.running == ["k"] and len(held.held) == 1  # its outcome, on its way
+        consumer.stop()
+        await until_idle()
+        clock.advance(1)  # the grace
+        await until_idle()
+        assert not returned.is_set()
+        clock.advance(2)  # and the cancel timeout
+        await until_idle()
+        stopped = returned.is_set()
+        task_group.cancel_scope.cancel()
+    assert stopped, "stop() waited on an outcome write past its grace and cancel timeout"
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.RUNNING  # its lease is left to expire

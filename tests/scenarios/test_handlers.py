@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -15,10 +16,11 @@ import anyio.from_thread
 import pytest
 
 import mscheduler as ms
-from tests.engines import FAST, POLL_MS, settle, worker
+from tests.engines import FAST, POLL_MS, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 
 
 async def finished(sched: ms.Scheduler, key: str, clock: ms.ManualClock) -> ms.Task:
@@ -95,10 +97,10 @@ async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
         await discover()
         assert consumer.running == ["hung"]
         clock.advance(2.9)  # pinged meanwhile: the lease alone would hold it for ever
-        await settle()
+        await until_idle()
         assert consumer.running == ["hung"] and cancelled == []
         clock.advance(0.2)
-        await settle()
+        await until_idle()
         assert cancelled == ["hung"]
         task = await scheduler.get("hung")
         assert task is not None and task.state is S.PENDING  # one retry left
@@ -107,7 +109,7 @@ async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
         clock.advance(options.unexpected_retry_delay_ms / 1000)
         await discover()
         clock.advance(3.1)
-        await settle()
+        await until_idle()
     task = await scheduler.get("hung")
     assert task is not None and task.state is S.FAIL
     assert task.error is not None and task.error.type == "TaskTimeout"
@@ -250,3 +252,64 @@ async def test_consumers_runs_n_consumers_and_stops_them_all(
     with pytest.raises(ms.ConfigurationError, match="count: expected an integer from 1"):
         async with scheduler.consumers({"job": job}, count=0):
             pass
+
+
+async def test_a_handler_raising_cancelled_error_fails_only_its_task(
+    scheduler: ms.Scheduler, discover: Discover
+):
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("weird", None, name="job", options=once)
+    await scheduler.publish("fine", None, name="job")
+
+    async def handler(task: ms.Task) -> str:
+        if task.key == "weird":
+            raise anyio.get_cancelled_exc_class()()  # its own, nothing cancelled it
+        return "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": handler}, options=options) as consumer:
+        await discover()
+    weird, fine = await scheduler.get("weird"), await scheduler.get("fine")
+    assert weird is not None and weird.state is S.FAIL and weird.error is not None
+    assert weird.error.type == "HandlerCancelled"
+    assert fine is not None and fine.state is S.SUCCESS
+    assert consumer.stats.failed == 1
+
+
+def _self_containing() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+class _Unserialisable(ms.TaskOptions):
+    def model_dump(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("cannot dump me")
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        (_self_containing(), "contains itself"),
+        (_Unserialisable(), "TypeError: cannot dump me"),
+        ({"n": 2**70}, "cannot be stored as BSON"),
+    ],
+    ids=["self-containing", "model-dump-raises", "int-overflow"],
+)
+async def test_an_unstorable_result_fails_only_its_task(
+    scheduler: ms.Scheduler, discover: Discover, result: Any, said: str
+):
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("odd", None, name="job", options=once)
+    await scheduler.publish("fine", None, name="job")
+
+    async def handler(task: ms.Task) -> Any:
+        return result if task.key == "odd" else "ok"
+
+    options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with scheduler.consumer({"job": handler}, options=options):
+        await discover()
+    odd, fine = await scheduler.get("odd"), await scheduler.get("fine")
+    assert odd is not None and odd.state is S.FAIL and odd.error is not None
+    assert odd.error.type == "PayloadError" and said in odd.error.message
+    assert fine is not None and fine.state is S.SUCCESS

@@ -15,7 +15,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.store.limits import Limit
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 from tests.faults import LosesBesideWrites, LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +45,7 @@ async def test_five_consumers_never_exceed_the_rate_in_any_window(
         with anyio.fail_after(300):
             while ran < tasks:
                 clock.advance(1)
-                await settle()
+                await until_idle()
                 limit = (await scheduler.limits())["email"]
                 for entry in limit.starts:
                     assert entry.until is not None

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.metrics import PrometheusMetrics
-from tests.engines import settle
+from mscheduler.observability.prometheus import PrometheusMetrics
+from tests.engines import until_idle
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +36,7 @@ async def test_metrics_follow_the_consumer(scheduler: ms.Scheduler):
     consumer = scheduler.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w"))
     consumer.stats.observers.append(metrics)
     async with consumer:
-        await settle()
+        await until_idle()
     await metrics.refresh_task_counts(scheduler)
     text = metrics.render()
     assert sample(text, 'mscheduler_claims_total{name="job"}') == 4
@@ -68,7 +68,7 @@ async def test_progress_is_in_the_metrics_as_the_handler_reports_it(
     consumer = scheduler.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w"))
     consumer.stats.observers.append(metrics)
     async with consumer:
-        await settle()
+        await until_idle()
         await reported.wait()
         text = metrics.render()
         assert sample(text, 'mscheduler_progress_reports_total{name="job"}') == 2

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 import mscheduler as ms
+from tests.scenarios.test_consumer import Recorder, consumers
 from tests.scenarios.test_dependencies import finish
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
+Discover = Callable[[], Awaitable[None]]
 NO_RETRY = ms.TaskOptions(max_unexpected_retries=0)
 
 
@@ -125,3 +128,27 @@ async def test_the_ttl_index_keyed_on_finished_at_before_is_rebuilt(scheduler: m
     await scheduler.ensure_indexes(finished_ttl=dt.timedelta(hours=1))
     info = await scheduler.collection.index_information()
     assert [field for field, _ in info["finished_ttl"]["key"]] == ["settled_at"]
+
+
+async def _state(sched: ms.Scheduler, key: str) -> S:
+    task = await sched.get(key)
+    assert task is not None, f"{key} is gone"
+    return task.state
+
+
+async def test_a_purged_and_republished_key_runs_again(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+):
+    """The old task reached a high version; the new one starts at 1 with a new _id."""
+    recorder = Recorder()
+    async with consumers(scheduler, recorder):
+        await scheduler.publish("report", {"n": 1}, name="job")
+        await discover()
+        old = await scheduler.get("report")
+        assert old is not None and old.state is S.SUCCESS and old.version > 1
+        clock.advance(3600)
+        assert await scheduler.purge(states=["success"], older_than=dt.timedelta(minutes=1)) == 1
+        await scheduler.publish("report", {"n": 2}, name="job")
+        await discover()
+        assert await _state(scheduler, "report") is S.SUCCESS
+    assert [key for key, _ in recorder.runs] == ["report", "report"]

@@ -13,7 +13,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.testing import CountingCollection
-from tests.engines import settle
+from tests.engines import until_idle
 
 pytestmark = pytest.mark.anyio
 SECONDS = dt.timedelta(seconds=1)
@@ -165,12 +165,12 @@ async def test_own_waits_for_a_task_through_the_hub(
 
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(owner)
-        await settle()
+        await until_idle()
         assert not found
         await scheduler.publish("late", None, name="job")
         with anyio.fail_after(10):
             while not found:
-                await settle()
+                await until_idle()
                 if engine != "memory":
                     clock.advance(1)  # the hub polls: its interval passes
     assert [lease.key for lease in found] == ["late"]
@@ -189,14 +189,14 @@ async def test_own_waits_for_a_not_before_that_no_write_announces(
 
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(owner)
-        await settle()
+        await until_idle()
         clock.advance(29)
-        await settle()
+        await until_idle()
         assert not found
         clock.advance(1)
         with anyio.fail_after(10):
             while not found:
-                await settle()
+                await until_idle()
     assert [lease.key for lease in found] == ["soon"]
 
 
@@ -210,11 +210,11 @@ async def test_own_returns_nothing_once_its_wait_is_over(
 
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(owner)
-        await settle()
+        await until_idle()
         clock.advance(5)
         with anyio.fail_after(10):
             while not result:
-                await settle()
+                await until_idle()
     assert result == [[]]
 
 

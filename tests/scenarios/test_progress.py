@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import settle, worker
+from tests.engines import until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -41,19 +41,19 @@ async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_
         await discover()
         for event in reported.values():
             await event.wait()
-        await settle()
+        await until_idle()
         for key in reported:
             task = await scheduler.get(key)
             assert task is not None and task.progress is not None, "not written at once"
             assert (task.progress.fraction, task.progress.message) == (0.1, "started")
         pings = consumer.stats.pings
         step.set()
-        await settle()
+        await until_idle()
         clock.advance(0.5)
-        await settle()
+        await until_idle()
         assert consumer.stats.pings == pings, "more than one write a second"
         clock.advance(0.5)
-        await settle()
+        await until_idle()
         assert consumer.stats.pings == pings + 1, "one write for both tasks"
         for key in reported:
             task = await scheduler.get(key)
@@ -61,7 +61,7 @@ async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_
             assert (task.progress.fraction, task.progress.message) == (0.4, "resized 40/100")
             assert task.progress.worker_id == "w1" and task.progress.at == clock.now()
         gate.set()
-        await settle()
+        await until_idle()
     for key in reported:
         task = await scheduler.get(key)
         assert task is not None and task.state is S.SUCCESS and task.progress is None
@@ -85,10 +85,10 @@ async def test_a_sync_handler_reports_progress_from_its_thread(
         async with scheduler.consumer({"resize": resize}, options=worker()):
             await discover()
             assert await anyio.to_thread.run_sync(reported.wait, 30)
-            await settle()
+            await until_idle()
             running = await scheduler.get("k")
             release.set()
-            await settle()
+            await until_idle()
         gc.collect()  # a coroutine never awaited warns when collected
     assert running is not None and running.progress is not None, "the report was not written"
     assert (running.progress.fraction, running.progress.message) == (0.5, "half")

@@ -228,7 +228,7 @@ async def test_publish_many_without_dependencies_costs_two_calls_whatever_its_si
     scheduler: ms.Scheduler,
 ):
     """One read (keys that exist, names that clash) and one bulk write of upserts, for 3 tasks
-    or 300 (issue 12); keys that existed are returned as they are, not written."""
+    or 300; keys that existed are returned as they are, not written."""
     await scheduler.publish("k1", {"old": True}, name="job")
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
@@ -302,7 +302,7 @@ def _flow(shape: str, size: int, prefix: str = "") -> ms.Step:
 async def test_publish_many_of_a_flow_costs_the_same_calls_for_5_tasks_or_5000(
     scheduler: ms.Scheduler, shape: str
 ):
-    """A flow with dependencies no longer costs round trips per task (about five each kept a
+    """A flow with dependencies costs no round trips per task (a few per task would keep a
     transaction open past MongoDB's 60 s for a flow of thousands): the count of database
     calls is the same for 5 tasks and 5,000, and the 5,000 are written and wired up."""
     await scheduler.publish("t1", {"old": True}, name="job")  # one key of the flow exists
@@ -444,3 +444,29 @@ async def test_a_flow_larger_than_one_read_is_read_in_parts(
     counting.reset()
     assert len(await sched.store.get_many([f"k{n}" for n in range(7)])) == 7
     assert counting.counts["find"] == 4  # 2 + 2 + 2 + 1
+
+
+async def test_a_batch_with_a_key_of_another_name_writes_nothing(scheduler: ms.Scheduler):
+    await scheduler.publish("taken", None, name="other")
+    specs = [ms.TaskSpec(key=f"new:{n}", name="job") for n in range(3)]
+    with pytest.raises(ms.ConfigurationError, match="'taken' names a task of name 'other'"):
+        await scheduler.publish_many([*specs, ms.TaskSpec(key="taken", name="job")])
+    assert await scheduler.store.get_many([spec.key for spec in specs]) == []
+
+
+async def test_a_commit_with_a_key_of_another_name_records_nothing(
+    scheduler: ms.Scheduler,
+):
+    await scheduler.publish("taken", None, name="other")
+    await scheduler.publish("mine", None, name="job")
+    lease = await scheduler.store.claim("w0", key="mine")
+    assert lease is not None
+    with pytest.raises(ms.ConfigurationError, match="nothing written"):
+        await scheduler.commit(
+            complete=[(lease, "done")],
+            delete=["gone"],
+            publish=[ms.TaskSpec(key="next", name="job"), ms.TaskSpec(key="taken", name="job")],
+        )
+    mine = await scheduler.get("mine")
+    assert mine is not None and mine.state is S.RUNNING, "the completion was recorded"
+    assert await scheduler.get("next") is None

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -41,16 +41,16 @@ async def test_a_worker_restarted_under_its_id_runs_the_task_its_previous_life_h
     first = scheduler.consumer({"job": hangs}, options=_options("w1"))
     async with anyio.create_task_group() as crash:
         crash.start_soon(first.run)
-        await settle()
+        await until_idle()
         crash.cancel_scope.cancel()  # a crash: the lease is left to expire, unreleased
     assert runs == ["first life"]
     async with scheduler.consumer({"job": works}, options=_options("w1")):
-        await settle()
+        await until_idle()
         clock.advance(4.9)  # the first life's lease (5 s) still lives: no second run yet
-        await settle()
+        await until_idle()
         assert runs == ["first life"], "run again while the previous lease was live"
         clock.advance(0.2)
-        await settle()
+        await until_idle()
         assert runs == ["first life", "second life"]
     task = await scheduler.get("k")
     assert task is not None and task.state is S.SUCCESS

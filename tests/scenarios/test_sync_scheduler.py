@@ -16,7 +16,7 @@ import pymongo
 import pytest
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import forget_memory_server
+from mscheduler.backends.memory import forget_memory_server
 from tests.engines import MEMORY_ONE_THREAD
 
 

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import mscheduler as ms
 from tests import otel
-from tests.engines import POLL_MS, ROOT, WIRE_DATABASE, WireServer, settle
+from tests.engines import POLL_MS, ROOT, WIRE_DATABASE, WireServer, until_idle
 
 pytestmark = pytest.mark.anyio
 Discover = Callable[[], Awaitable[None]]
@@ -301,9 +301,9 @@ async def test_a_publisher_and_a_worker_in_two_processes_share_the_trace(
     async with sched:
         try:
             async with running(sched, {"welcome": lambda task: None}, worker_id="far-away"):
-                await settle()
+                await until_idle()
                 clock.advance(POLL_MS / 1000)  # the wire engine has no change streams: a poll
-                await settle()
+                await until_idle()
             task = await sched.get("welcome:7")
         finally:
             await sched.collection.drop()

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, needs_change_streams, settle, worker
+from tests.engines import POLL_MS, needs_change_streams, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -21,7 +21,7 @@ async def _done_handler(task: ms.Task) -> None:
 
 
 async def _finish_later(sched: ms.Scheduler, key: str, outcome: str, discover: Discover) -> None:
-    await settle()  # the waiter is blocked on its stream (or its poll) by now
+    await until_idle()  # the waiter is blocked on its stream (or its poll) by now
     lease = await sched.store.claim("w1", key=key)
     assert lease is not None
     if outcome == "success":
@@ -61,9 +61,9 @@ async def test_wait_times_out_on_the_clock(scheduler: ms.Scheduler, clock: ms.Ma
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
-        await settle()
+        await until_idle()
         clock.advance(29.999)
-        await settle()
+        await until_idle()
         assert outcome == []
         clock.advance(0.001)
     assert len(outcome) == 1 and "'k'" in str(outcome[0])
@@ -105,9 +105,9 @@ async def test_wait_without_change_streams_polls(clock: ms.ManualClock):
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
-        await settle()
+        await until_idle()
         await sched.cancel("k")
-        await settle()
+        await until_idle()
         assert found == [], "no stream, so nothing until the next poll"
         clock.advance(1)
     assert found[0].state is S.CANCELLED
@@ -121,7 +121,7 @@ async def test_wait_for_a_task_a_flow_will_publish(scheduler: ms.Scheduler, disc
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
-        await settle()
+        await until_idle()
         await scheduler.publish("later", None, name="job")
         await scheduler.cancel("later")
         await discover()
@@ -140,7 +140,7 @@ async def test_watch_yields_every_change(scheduler: ms.Scheduler, engine: str):
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(watcher)
-        await settle()
+        await until_idle()
         await scheduler.publish("a", None, name="job")
         await scheduler.publish("other", None, name="sms")
         await scheduler.cancel("a")
@@ -165,17 +165,17 @@ async def test_watch_polls_a_server_without_change_streams(caplog: pytest.LogCap
     with caplog.at_level(logging.WARNING, logger="mscheduler"):
         async with anyio.create_task_group() as tg:
             tg.start_soon(watcher)
-            await settle()
+            await until_idle()
             await sched.publish("a", None, name="job")
             await sched.publish("other", None, name="sms")
             clock.advance(1)
-            await settle()
+            await until_idle()
             await sched.cancel("a")
             await sched.publish("b", None, name="job")
             clock.advance(1)
-            await settle()
+            await until_idle()
             clock.advance(1)
-            await settle()
+            await until_idle()
     assert seen == [("a", "pending"), ("a", "cancelled"), ("b", "pending")]
     said = [r for r in caplog.records if "polling every" in r.getMessage()]
     assert len(said) == 1

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from tests.engines import POLL_MS, settle
+from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
 
@@ -44,10 +44,10 @@ async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
         await scheduler.publish("r1", None, name="render")
         await scheduler.publish("r2", None, name="render")
         clock.advance(POLL_MS / 1000)
-        await settle()
+        await until_idle()
         assert sorted(consumer.running) == ["r1", "r2"]
         clock.advance(1.0)  # a heartbeat: the entry says what runs now
-        await settle()
+        await until_idle()
         [info] = await scheduler.workers()
         assert info.running == 2 and sorted(info.running_keys) == ["r1", "r2"]
         assert info.last_seen_at == clock.now() and info.alive
@@ -134,7 +134,7 @@ async def test_spread_shares_a_burst_of_long_tasks_among_live_workers(
         for consumer in consumers:
             await stack.enter_async_context(consumer)
         clock.advance(1.0)  # a heartbeat: each now counts three live workers
-        await settle()
+        await until_idle()
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
@@ -170,7 +170,7 @@ async def test_spread_still_claims_what_no_peer_takes(
     ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=500)
     async with consumers[0]:
         clock.advance(1.0)  # a heartbeat: it counts three live workers
-        await settle()
+        await until_idle()
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import MemoryServer
+from mscheduler.backends.memory import MemoryServer, memory_server
 from mscheduler.backends.uri import redact
+from mscheduler.store.transactions import supports_transactions
+from mscheduler.testing import CountingCollection
+from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
 
@@ -84,3 +88,13 @@ async def test_a_motor_style_collection_works(clock: ms.ManualClock):
 async def test_invalid_collection_name():
     with pytest.raises(ms.ConfigurationError, match="collection"):
         await ms.Scheduler.connect("memory://", collection="bad$name")
+
+
+def test_transactions_are_decided_from_the_collection_type():
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(connect=False)
+    real = client["db"]["tasks"]
+    memory = memory_server("").collection("db", "tasks")
+    assert supports_transactions(real)  # no bool() of the sub-collection real.supports_...
+    assert not supports_transactions(memory)
+    assert supports_transactions(CountingCollection(real))
+    assert not supports_transactions(FaultyCollection(memory, rate=0))

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import MemoryCollection, memory_server
+from mscheduler.backends.memory import MemoryCollection, memory_server
 
 pytestmark = pytest.mark.anyio
 

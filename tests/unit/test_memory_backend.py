@@ -191,8 +191,8 @@ async def test_array_literal_elements_are_expressions(collection: MemoryCollecti
 async def test_dates_in_an_update_pipeline_are_stored_as_mongodb_stores_them(
     collection: MemoryCollection,
 ):
-    # The pipeline is not walked before it runs (issue 12): each date is converted where the
-    # pipeline evaluates it, a literal's and an array's included.
+    # The pipeline is not walked before it runs (that walk costs every write): each date is
+    # converted where the pipeline evaluates it, a literal's and an array's included.
     paris = dt.timezone(dt.timedelta(hours=1))
     at = dt.datetime(2030, 1, 1, 13, 0, 0, 123_456, tzinfo=paris)
     stored = dt.datetime(2030, 1, 1, 12, 0, 0, 123_000)
@@ -235,8 +235,8 @@ async def test_variables_are_read_by_path(collection: MemoryCollection):
 
 
 async def test_documents_written_read_or_returned_are_copies(collection: MemoryCollection):
-    # Copies share only immutable values with the stored document (issue 12: mongomock's
-    # deepcopy was replaced), so a caller that changes what it got changes nothing stored.
+    # Copies share only immutable values with the stored document (cheaper than a deepcopy),
+    # so a caller that changes what it got changes nothing stored.
     inserted = {"_id": 1, "key": "a", "xs": [{"n": 1}], "d": {"e": [1]}}
     await collection.insert_one(inserted)
     read = await collection.find_one({"_id": 1})

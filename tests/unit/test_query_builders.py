@@ -22,9 +22,9 @@ from bson import ObjectId
 
 import mscheduler as ms
 from mscheduler import constants as c
-from mscheduler.backends.memory.server import memory_server
+from mscheduler.backends.memory import memory_server
 from mscheduler.models import ErrorInfo, Progress, TaskState
-from mscheduler.queries import browse, derived, limits, schedules, stages, timing
+from mscheduler.queries import browse, derived, limits, retry_delay, schedules, stages, timing
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
 from mscheduler.queries import tasks as queries
@@ -41,6 +41,7 @@ BUILDER_MODULES: tuple[ModuleType, ...] = (
     schedules,
     timing,
     browse,
+    retry_delay,
 )
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
@@ -57,6 +58,7 @@ SAMPLES: dict[str, Any] = {
     "worker_ids": ["w1", "w2"],
     "run_id": "run-of-w1",
     "now": NOW,
+    "delay_s": 5.0,
     "finished_before": NOW,
     "retry_at": NOW + dt.timedelta(seconds=30),
     "version": 2,

@@ -15,10 +15,10 @@ from anyio.abc import TaskStatus
 from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ...backoff import Backoff
 from ...clock import Clock
 from ...errors import BackendUnavailable, ConfigurationError
 from ...models import Task
+from ...reconnect_backoff import Backoff
 from ...store.base import StoreBase
 from ...store.streams import (
     MAX_AWAIT_MS,

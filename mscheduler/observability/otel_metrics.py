@@ -1,5 +1,5 @@
 """OpenTelemetry metrics (``pip install 'mscheduler[otel]'``): the Prometheus exporter's
-figures (`metrics`) through OpenTelemetry's metrics API, for applications that export there.
+figures (`prometheus`) through OpenTelemetry's metrics API, for applications that export there.
 
 - ``mscheduler.task.claims`` (counter) and ``mscheduler.task.finished`` (counter, by
   ``mscheduler.run.outcome``: success, fail (aborts included), retry_later, timeout,
@@ -26,8 +26,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .__about__ import __version__
-from .models import Lease, StatsRow
+from ..__about__ import __version__
+from ..models import Lease, StatsRow
 
 try:
     from opentelemetry import metrics

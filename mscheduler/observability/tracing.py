@@ -28,9 +28,9 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from .__about__ import __version__
-from .errors import Abort, RetryLater
-from .models import Lease
+from ..__about__ import __version__
+from ..errors import Abort, RetryLater
+from ..models import Lease
 
 try:
     from opentelemetry import context as otel_context

@@ -4,21 +4,19 @@
   and a histogram of handler durations, all by task name (fed by `ConsumerStats`);
 - a counter of progress reports and a gauge of the last fraction reported, by task name,
   updated as the handler reports (before the coalesced write to the task);
-- a gauge of tasks by name and state (MassTasker's per-group count), refreshed from
-  `Scheduler.stats` every ``refresh_s`` seconds by `refresh_task_counts`.
+- a gauge of tasks by name and state, refreshed from `Scheduler.stats` every ``refresh_s``
+  seconds by `refresh_task_counts`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
-from .errors import ConfigurationError, MSchedulerError
-
-if TYPE_CHECKING:
-    from .api import Scheduler
+from ..errors import ConfigurationError, MSchedulerError
+from ..models import StatsRow
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +31,13 @@ _COUNTED = {
     "progress_reports": "progress_reports",
 }
 _TIMED = {"succeeded", "failed", "deferred"}
+
+
+class Counts(Protocol):
+    """What the task gauge reads: `Scheduler.stats` (a protocol, so that this module, which
+    the consumers report to, sits below the API that builds them)."""
+
+    async def stats(self) -> list[StatsRow]: ...
 
 
 def require_prometheus() -> Any:
@@ -89,7 +94,7 @@ class PrometheusMetrics:
     def progress(self, name: str, fraction: float) -> None:
         self.progress_fraction.labels(name=name).set(fraction)
 
-    async def refresh_task_counts(self, sched: Scheduler) -> None:
+    async def refresh_task_counts(self, sched: Counts) -> None:
         self.tasks.clear()
         for row in await sched.stats():
             self.tasks.labels(name=row.name, state=row.state.value).set(row.count)
@@ -103,7 +108,7 @@ class PrometheusMetrics:
 
 
 async def refresh_task_counts(
-    sched: Scheduler, metrics: PrometheusMetrics, refresh_s: float = 15.0
+    sched: Counts, metrics: PrometheusMetrics, refresh_s: float = 15.0
 ) -> None:
     """Keep the task gauge current; a failed refresh is logged and tried again later."""
     while True:

@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.backoff import Backoff, retrying
 from mscheduler.errors import BackendUnavailable, StoreError
+from mscheduler.reconnect_backoff import Backoff, retrying
 
 pytestmark = pytest.mark.anyio
 

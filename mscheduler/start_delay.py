@@ -1,4 +1,6 @@
-"""A relative start (``publish(delay=...)``, ``debounce=``) turned into ``not_before``."""
+"""The start delay of a published task: a relative start (``publish(delay=...)``,
+``debounce=``) turned into ``not_before``. Not a retry delay (`queries.retry_delay`) nor the
+wait while the database is unreachable (`reconnect_backoff`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from .models import TaskOptions
 MAX_DELAY = dt.timedelta(days=366 * 100)  # far, yet no date computed from it overflows
 
 
-def with_delay(
+def with_start_delay(
     options: TaskOptions | None,
     delay: dt.timedelta | float | None,
     now: dt.datetime,

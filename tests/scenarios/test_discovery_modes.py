@@ -14,14 +14,11 @@ from typing import Any
 
 import anyio
 import pytest
-from pymongo import AsyncMongoClient
 
 import mscheduler as ms
-from mscheduler.backends.memory.server import memory_server
-from mscheduler.store.transactions import supports_transactions
+from mscheduler.backends.memory import memory_server
 from mscheduler.testing import CountingCollection
-from tests.engines import POLL_MS, settle
-from tests.faults import FaultyCollection
+from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -50,9 +47,9 @@ async def test_auto_polls_with_one_warning_naming_the_servers_refusal(
     async with sched.consumer({"job": _done}, options=_options()) as consumer:
         assert consumer.polling
         await sched.publish("k", None, name="job")
-        await settle()
+        await until_idle()
         clock.advance(POLL_MS / 1000)
-        await settle()
+        await until_idle()
     task = await sched.get("k")
     assert task is not None and task.state is ms.TaskState.SUCCESS
     refusals = [r for r in caplog.records if "refused to open a change stream" in r.message]
@@ -78,9 +75,9 @@ async def test_poll_discovery_never_opens_a_stream(clock: ms.ManualClock):
     async with sched.consumer({"job": _done}, options=_options(discovery="poll")) as consumer:
         assert consumer.polling
         await sched.publish("k", None, name="job")
-        await settle()
+        await until_idle()
         clock.advance(POLL_MS / 1000)
-        await settle()
+        await until_idle()
     assert counted.counts["watch"] == 0
     assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
 
@@ -91,13 +88,13 @@ async def test_auto_takes_the_stream_back_when_the_server_offers_it(clock: ms.Ma
     options = _options(stream_retry_interval_ms=60_000, poll_interval_ms=3_600_000)
     async with sched.consumer({"job": _done}, options=options) as consumer:
         assert consumer.polling
-        await settle()
+        await until_idle()
         collection.change_streams = True  # e.g. the replica set was initiated
         clock.advance(60)
-        await settle()
+        await until_idle()
         assert not consumer.polling
         await sched.publish("k", None, name="job")
-        await settle()  # no poll for an hour: the stream delivered it
+        await until_idle()  # no poll for an hour: the stream delivered it
         assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
 
 
@@ -117,16 +114,6 @@ def test_discovery_option_is_validated():
         ms.WorkerOptions(discovery="sometimes")  # type: ignore[arg-type]
 
 
-def test_transactions_are_decided_from_the_collection_type():
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(connect=False)
-    real = client["db"]["tasks"]
-    memory = memory_server("").collection("db", "tasks")
-    assert supports_transactions(real)  # no bool() of the sub-collection real.supports_...
-    assert not supports_transactions(memory)
-    assert supports_transactions(CountingCollection(real))
-    assert not supports_transactions(FaultyCollection(memory, rate=0))
-
-
 async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ms.ManualClock) -> None:
     """A waiter that asked to poll runs the process's hub when a consumer joins it: the
     consumer, which asked for a stream, gets one (the hub streams as soon as one of its
@@ -137,13 +124,13 @@ async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ms.Man
         task_group.start_soon(
             functools.partial(sched.wait, "waited", discovery="poll", poll_interval_ms=3_600_000)
         )
-        await settle()
+        await until_idle()
         assert sched.store.task_hub.polling
         options = _options(discovery="stream", poll_interval_ms=3_600_000)
         async with sched.consumer({"job": _done}, options=options) as consumer:
-            await settle()
+            await until_idle()
             assert not consumer.polling
             await sched.publish("k", None, name="job")
-            await settle()  # no poll for an hour: the stream delivered it
+            await until_idle()  # no poll for an hour: the stream delivered it
             assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
         task_group.cancel_scope.cancel()
