@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     )
     from .periodic import Schedule
     from .specs import Flow, TaskSpec, chain, chord, group
+    from .store.collection import TasksCollection, TasksDatabase
     from .store.limits import Limit
     from .store.task_events import TaskEvents
     from .store.workers import WorkerInfo
@@ -109,6 +110,7 @@ _HOMES = {
     ),
     "Schedule": "periodic",
     **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
+    **dict.fromkeys(("TasksCollection", "TasksDatabase"), "store.collection"),
     "Limit": "store.limits",
     "TaskEvents": "store.task_events",
     "WorkerInfo": "store.workers",
@@ -174,6 +176,8 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "TasksCollection",
+    "TasksDatabase",
     "WorkerInfo",
     "WorkerNotLive",
     "WorkerOptions",

@@ -30,6 +30,7 @@ from .clock import Clock
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
 from .models import ErrorInfo, Lease, PublishResult, Task, TaskOptions
 from .specs import Step, publish_spec
+from .store.collection import TasksCollection
 from .store.streams import task_changes
 from .worker_options import Discovery
 
@@ -66,7 +67,9 @@ class SyncScheduler:
     own thread, and what these calls reach in the store is bound to no one loop.
     """
 
-    def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, collection: Collection[Any] | TasksCollection, *, clock: Clock | None = None
+    ) -> None:
         if isinstance(collection, Collection):
             collection = AwaitableCollection(collection)
         self._scheduler = Scheduler(collection, clock=clock)
@@ -122,7 +125,7 @@ class SyncScheduler:
         return self._scheduler
 
     @property
-    def collection(self) -> Any:
+    def collection(self) -> TasksCollection:
         return self._scheduler.collection
 
     def close(self) -> None:

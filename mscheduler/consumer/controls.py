@@ -42,7 +42,7 @@ async def refresh_task_counts(store: TaskStore) -> None:
     except (MSchedulerError, PyMongoError) as exc:
         log.warning("task counts not refreshed: %s", exc, extra={"action": "metrics_error"})
         return
-    recorder.set_counts(store.collection.full_name, rows)
+    recorder.set_counts(store.full_name, rows)
 
 
 class Controls:

@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.lowlevel import RunVar
@@ -22,6 +22,7 @@ from ..clock import UTC, Clock
 from ..errors import ConfigurationError
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
+from .collection import TasksCollection
 from .driver import driver_errors
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ _INDEXES_LOCKS: RunVar[weakref.WeakKeyDictionary[StoreBase, anyio.Lock]] = RunVa
 class StoreBase:
     """The collection and clock, the declared indexes, and reads of tasks by key."""
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
+    def __init__(self, collection: TasksCollection, clock: Clock) -> None:
         self.collection = collection
         self.clock = clock
         self._indexes_ready = False
@@ -49,9 +50,15 @@ class StoreBase:
         # Behind a mongos: a findAndModify must name the shard key (``key``), so claims by name
         # go the batched way, whose writes name ``_id`` and ``key`` (`claims`).
         self.sharded = False
-        self._beside: dict[str, Any] = {}
+        self._beside: dict[str, TasksCollection] = {}
 
-    def beside(self, suffix: str) -> Any:
+    @property
+    def full_name(self) -> str:
+        """``database.collection``, as the metrics label the tasks. Every engine has it as a
+        property; it is not in `TasksCollection` because Motor's stubs declare it a method."""
+        return str(cast(Any, self.collection).full_name)
+
+    def beside(self, suffix: str) -> TasksCollection:
         """The collection named after this one plus ``suffix`` (``tasks.schedules``), in the
         same database: where schedules, paused names and limits live."""
         if suffix not in self._beside:
@@ -255,5 +262,5 @@ class BesideTasks:
         self._tasks = tasks
 
     @property
-    def collection(self) -> Any:
+    def collection(self) -> TasksCollection:
         return self._tasks.beside(self.SUFFIX)

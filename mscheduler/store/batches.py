@@ -39,6 +39,7 @@ from ..models import (
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
+from .collection import TasksCollection
 from .publisher import check_fits, task_document
 from .transactions import run_atomically
 
@@ -128,7 +129,7 @@ async def _publish_many(
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
 
-        async def write(collection: Any) -> list[PublishResult]:
+        async def write(collection: TasksCollection) -> list[PublishResult]:
             view = store.bound_to(collection)
             if any(spec.depends_on for spec in ordered):
                 return await _publish_flow(view, ordered, now, drafts)
@@ -146,7 +147,7 @@ async def _upsert(store: TaskStore, documents: Mapping[str, Document]) -> set[st
     order = list(documents)
     requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
     result = await store.collection.bulk_write(requests, ordered=True)
-    return {order[index] for index in result.upserted_ids}
+    return {order[index] for index in result.upserted_ids or {}}
 
 
 async def _publish_flat(
@@ -315,7 +316,7 @@ async def _commit(
         edges = [(dep, spec.key) for spec in ordered for dep in spec.depends_on]
         await store.flows.refuse_cycles(edges, "commit")
 
-    async def write(collection: Any) -> list[PublishResult]:
+    async def write(collection: TasksCollection) -> list[PublishResult]:
         view = store.bound_to(collection)
         await _check_preconditions(view, required)
         await _check_leases(view, [lease for lease, _ in results])

@@ -10,11 +10,10 @@ above it, so no module of the store imports another in a cycle.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..clock import Clock
 from .batches import Batches
 from .browse import Browse
+from .collection import TasksCollection
 from .operations import Operations
 from .tasks import TaskStore
 from .waiting import Waiting
@@ -23,7 +22,7 @@ from .waiting import Waiting
 class Store(TaskStore):
     """A `TaskStore` with its operator's, batch, waiting and browsing components."""
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
+    def __init__(self, collection: TasksCollection, clock: Clock) -> None:
         super().__init__(collection, clock)
         self.operations = Operations(self)
         self.batches = Batches(self)

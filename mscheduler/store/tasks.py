@@ -32,6 +32,7 @@ from ..queries import lease as lq
 from ..queries import tasks as q
 from . import claims
 from .base import StoreBase
+from .collection import TasksCollection
 from .controls import SUFFIX as CONTROLS_SUFFIX
 from .controls import ControlHub, ControlVersion
 from .discovery import TaskHub
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 class TaskStore(StoreBase):
     """Every task operation, each one a fenced or conditional write on one document."""
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
+    def __init__(self, collection: TasksCollection, clock: Clock) -> None:
         super().__init__(collection, clock)
         self.flows = Flows(self)
         self.publisher = Publisher(self, self.flows)
@@ -77,7 +78,7 @@ class TaskStore(StoreBase):
     async def control_changed(self) -> None:
         await self.control_version.bump()
 
-    def bound_to(self, collection: Any) -> TaskStore:
+    def bound_to(self, collection: TasksCollection) -> TaskStore:
         """This store writing through ``collection`` (a session-bound view inside a
         transaction), with the indexes known to be there."""
         view = TaskStore(collection, self.clock)
