@@ -23,7 +23,7 @@ import anyio.lowlevel
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Task
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .executor import Executor
 from .heap import ClaimHeap
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class Claimer:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,
@@ -122,7 +122,7 @@ class Claimer:
             if plain and plain_due > 0:
                 # Several due and slots for them: one batched claim of three round trips
                 # (`store.claims`); one or two go one by one, which costs less.
-                leases = await self._store.claim_many(
+                leases = await self._store.tasks.claim_many(
                     self._worker_id,
                     names=plain,
                     limit=plain_due,
@@ -205,7 +205,7 @@ class Claimer:
         before any new claim, so each recovered lease runs while it lives, under its token if
         its name is limited."""
         run_ids = list(self._uncertain_runs)
-        leases = await self._store.find_claims(self._worker_id, run_ids)
+        leases = await self._store.tasks.find_claims(self._worker_id, run_ids)
         del self._uncertain_runs[: len(run_ids)]
         self._limiter.recovered(run_ids, leases)
         for lease in leases:

@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..backoff import retrying
 from ..errors import ConfigurationError
 from ..models import Task
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .claimer import Claimer
 from .controls import Controls
@@ -58,7 +58,7 @@ class Consumer:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         handlers: Mapping[str, Handler],
         options: WorkerOptions | None = None,
     ) -> None:
@@ -322,7 +322,7 @@ class Consumer:
 
     async def _read_claimable(self) -> list[Task]:
         tasks = await self._claimable_soonest()
-        await self._store.recover_dependents()
+        await self._store.tasks.recover_dependents()
         return tasks
 
     async def _claimable_soonest(self) -> list[Task]:
@@ -340,8 +340,8 @@ class Consumer:
         when this process failed to tell them (`TaskStore.owed`), and when a change event shows
         a finished task still ``dependents_notified: false`` after a grace period. Idle, it
         makes no call."""
-        self._store.owed_listeners.append(self._wake_recovery)
-        if self._store.owed:
+        self._store.tasks.owed_listeners.append(self._wake_recovery)
+        if self._store.tasks.owed:
             self._wake_recovery()
         try:
             while True:
@@ -352,7 +352,7 @@ class Consumer:
                     await self._clock.wait_until(due, wake)
                     continue
                 await retrying(
-                    self._store.recover_dependents,
+                    self._store.tasks.recover_dependents,
                     clock=self._clock,
                     delay=self.options.reconnect_delay,
                     logger=log,
@@ -362,7 +362,7 @@ class Consumer:
                 # (a task that ended meanwhile) stay.
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
-            self._store.owed_listeners.remove(self._wake_recovery)
+            self._store.tasks.owed_listeners.remove(self._wake_recovery)
 
     # ------------------------------------------------------------ waking the claimer
 

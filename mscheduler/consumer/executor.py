@@ -32,7 +32,7 @@ from ..errors import (
     TaskTimeout,
 )
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .batching import Batch, Batcher
 from .calls import HandlerCalls, log_failure, log_finished
@@ -96,7 +96,7 @@ class _Outcome:
 class Executor:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         handlers: Mapping[str, HandlerSpec],
         options: WorkerOptions,
         clock: Clock,
@@ -270,17 +270,17 @@ class Executor:
             try:
                 if outcome.error is None:
                     try:
-                        await self._store.record_success(lease, outcome.result)
+                        await self._store.tasks.record_success(lease, outcome.result)
                         break
                     except PayloadError as exc:
                         outcome = _Outcome(error=exc, seconds=outcome.seconds)  # unstorable
                 error = outcome.error
                 assert error is not None
                 if isinstance(error, RetryLater):
-                    await self._store.retry_later(lease, error.delay, error.reason)
+                    await self._store.tasks.retry_later(lease, error.delay, error.reason)
                 else:
                     info = ErrorInfo.from_exception(error)  # once: stored, then logged
-                    task = await self._store.fail(lease, info, final=outcome.final)
+                    task = await self._store.tasks.fail(lease, info, final=outcome.final)
                     log_failure(lease, error, info, task, outcome.seconds)
                 break
             except LeaseLost as exc:
@@ -360,7 +360,7 @@ class Executor:
         timeout = HURRIED_RELEASE_TIMEOUT_S if self._hurried.is_set() else _RELEASE_TIMEOUT_S
         with anyio.move_on_after(timeout, shield=True):
             try:
-                await self._store.release(lease, entry.stop_reason or "released")
+                await self._store.tasks.release(lease, entry.stop_reason or "released")
                 self._stats.record("released", lease.task.name)
                 return True
             except (LeaseLost, BackendUnavailable, StoreError) as exc:
@@ -450,7 +450,7 @@ class Executor:
             if not batch or min(e.next_ping_at for e in batch) > now:
                 continue
             try:
-                lost = await self._store.ping_many([e.lease for e in batch])
+                lost = await self._store.tasks.ping_many([e.lease for e in batch])
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "ping_retry"})
                 retry_at = now + dt.timedelta(seconds=backoff.next_delay())

@@ -215,10 +215,10 @@ async def test_3_a_dead_writers_dependents_are_told_by_a_running_consumer(
     recorder = Recorder()
     async with consumers(scheduler, recorder):
         await discover()
-        lease = await other.store.claim("outsider", key="dep")
+        lease = await other.store.tasks.claim("outsider", key="dep")
         assert lease is not None
-        await other.store.succeed(lease, "done")  # landed; telling child did not
-        assert other.store.owed == {"dep"}
+        await other.store.tasks.succeed(lease, "done")  # landed; telling child did not
+        assert other.store.tasks.owed == {"dep"}
         await discover()
         assert recorder.runs == []
         for _ in range(12):
@@ -235,13 +235,13 @@ async def test_2_purge_keeps_a_finished_task_until_its_dependents_are_told(
     await scheduler.publish("dep", None, name="job")
     await scheduler.publish("child", None, name="job", depends_on=["dep"])
     other = ms.Scheduler(_TellingFails(scheduler.collection), clock=scheduler.store.clock)
-    lease = await other.store.claim("outsider", key="dep")
+    lease = await other.store.tasks.claim("outsider", key="dep")
     assert lease is not None
-    await other.store.succeed(lease, "done")  # telling child failed
+    await other.store.tasks.succeed(lease, "done")  # telling child failed
     clock.advance(3600)
     hour = dt.timedelta(minutes=1)
     assert await scheduler.purge(states=["success"], older_than=hour) == 0, "child stranded"
-    assert await scheduler.store.recover_dependents() == 1
+    assert await scheduler.store.tasks.recover_dependents() == 1
     assert await scheduler.purge(states=["success"], older_than=hour) == 1
     assert await _state(scheduler, "child") is S.PENDING
 
@@ -437,7 +437,7 @@ async def test_12_a_commit_with_a_key_of_another_name_records_nothing(
 ):
     await scheduler.publish("taken", None, name="other")
     await scheduler.publish("mine", None, name="job")
-    lease = await scheduler.store.claim("w0", key="mine")
+    lease = await scheduler.store.tasks.claim("w0", key="mine")
     assert lease is not None
     with pytest.raises(ms.ConfigurationError, match="nothing written"):
         await scheduler.commit(
