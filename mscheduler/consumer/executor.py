@@ -13,8 +13,8 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -93,6 +93,25 @@ class _Outcome:
     final: bool = False  # the failure ends the task (`Abort`, or not in ``retry_on``)
 
 
+class FreedSlots(Protocol):
+    """Told of each run's end (`Claimer.slot_freed`). Invariant: called once per started
+    lease, after its slot is free: when its handler returned (an abandoned one: when it
+    finally returns), ``written`` saying whether its outcome was recorded."""
+
+    def slot_freed(self, key: str, written: bool) -> None: ...
+
+
+class StartGate(Protocol):
+    """Where a handler's start waits for its name's rate (`limits.Limiter`). Invariant: each
+    returns once the start may count (at once for a name without a limit)."""
+
+    async def at_start(self, task: Task) -> None:
+        """Before the first call of a run's handler."""
+
+    async def restart(self, task: Task) -> None:
+        """Before a local retry: a start like the first (its slot is held already)."""
+
+
 class Executor:
     def __init__(
         self,
@@ -101,9 +120,9 @@ class Executor:
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
-        on_slot_freed: Callable[[str, bool], None],
-        before_retry: Callable[[Task], Awaitable[None]],
-        at_start: Callable[[Task], Awaitable[None]],
+        *,
+        freed: FreedSlots,
+        gate: StartGate,
     ) -> None:
         self._store = store
         self._task_group: TaskGroup | None = None
@@ -120,9 +139,8 @@ class Executor:
         self._options = options
         self._clock = clock
         self._stats = stats
-        self._on_slot_freed = on_slot_freed
-        self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
-        self._at_start = at_start  # a start counts from its handler's start (its name's rate)
+        self._freed = freed
+        self._gate = gate  # a start, a local retry's too, counts against its name's rate
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
@@ -228,17 +246,17 @@ class Executor:
             # abandoned handler frees its slots (ours, its name's) only once it returns.
             abandoned = self._calls.abandoned.get(key)
             if abandoned is None:
-                self._on_slot_freed(key, written)
+                self._freed.slot_freed(key, written)
             else:
-                abandoned.add_done_callback(lambda _: self._on_slot_freed(key, written))
+                abandoned.add_done_callback(lambda _: self._freed.slot_freed(key, written))
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
             if attempt:
-                await self._before_retry(task)
+                await self._gate.restart(task)
             else:
-                await self._at_start(task)
+                await self._gate.at_start(task)
             try:
                 with tracing.processing(entry.lease, lambda: entry.stop_reason):
                     result = await self._calls.call(task, lambda: self._may_start(entry))
