@@ -37,9 +37,9 @@ import mscheduler as ms
 async def _seed_finished(sched: ms.Scheduler, counting: Any, finished: int) -> None:
     """``finished`` succeeded tasks, copies of one that really ran, inserted in bulk."""
     await sched.publish("template", {"n": 0}, name="job")
-    lease = await sched.store.claim("seed", key="template")
+    lease = await sched.store.tasks.claim("seed", key="template")
     assert lease is not None
-    await sched.store.succeed(lease, {"ok": True})
+    await sched.store.tasks.succeed(lease, {"ok": True})
     template = await counting.wrapped.find_one({"key": "template"})
     for start in range(0, finished, 1_000):
         requests = [

@@ -536,7 +536,7 @@ def docs_examined_per_claim() -> float:
         await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(3_000))
         before, claimed = collection.docs_examined, 0
         for _ in range(10):
-            claimed += len(await sched.store.claim_many("w1", names=["job"], limit=16))
+            claimed += len(await sched.store.tasks.claim_many("w1", names=["job"], limit=16))
         return (collection.docs_examined - before) / claimed
 
     return anyio.run(main)

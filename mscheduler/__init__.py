@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .periodic import Schedule
     from .services.task_events import TaskEvents
     from .specs import Flow, TaskSpec, chain, chord, group
+    from .store.collection import TasksCollection, TasksDatabase
     from .store.limits import Limit
     from .store.workers import WorkerInfo
     from .sync_scheduler import SyncScheduler
@@ -109,6 +110,7 @@ _HOMES = {
     ),
     "Schedule": "periodic",
     **dict.fromkeys(("Flow", "TaskSpec", "chain", "chord", "group"), "specs"),
+    **dict.fromkeys(("TasksCollection", "TasksDatabase"), "store.collection"),
     "Limit": "store.limits",
     "TaskEvents": "services.task_events",
     "WorkerInfo": "store.workers",
@@ -174,6 +176,8 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "TasksCollection",
+    "TasksDatabase",
     "WorkerInfo",
     "WorkerNotLive",
     "WorkerOptions",

@@ -27,6 +27,7 @@ from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
 from .periodic import CatchUp, Schedule, new_schedule
 from .services.task_events import TaskEvents
 from .specs import PublishSpec, Step, publish_spec
+from .store.collection import TasksCollection
 from .store.components import Store
 from .store.limits import Limit, limit_spec
 from .store.workers import WorkerInfo
@@ -41,7 +42,7 @@ class Scheduler:
     on `close` or at the end of ``async with``.
     """
 
-    def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
+    def __init__(self, collection: TasksCollection, *, clock: Clock | None = None) -> None:
         check_collection(collection)
         self.clock: Clock = clock or SystemClock()
         self.store = Store(collection, self.clock)
@@ -76,7 +77,7 @@ class Scheduler:
         return scheduler
 
     @property
-    def collection(self) -> Any:
+    def collection(self) -> TasksCollection:
         return self.store.collection
 
     async def close(self) -> None:

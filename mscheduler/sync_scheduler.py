@@ -31,6 +31,7 @@ from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
 from .models import ErrorInfo, Lease, PublishResult, Task, TaskOptions
 from .queries.changes import changes_pipeline
 from .specs import Step, publish_spec
+from .store.collection import TasksCollection
 from .worker_options import Discovery
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ class SyncScheduler:
     own thread, and what these calls reach in the store is bound to no one loop.
     """
 
-    def __init__(self, collection: Any, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, collection: Collection[Any] | TasksCollection, *, clock: Clock | None = None
+    ) -> None:
         if isinstance(collection, Collection):
             collection = AwaitableCollection(collection)
         self._scheduler = Scheduler(collection, clock=clock)
@@ -122,7 +125,7 @@ class SyncScheduler:
         return self._scheduler
 
     @property
-    def collection(self) -> Any:
+    def collection(self) -> TasksCollection:
         return self._scheduler.collection
 
     def close(self) -> None:

@@ -62,6 +62,46 @@ class AsyncCursor:
             close()
 
 
+class AsyncChangeStream:
+    """A synchronous change stream read with ``await``: each read returns after at most the
+    stream's ``max_await_time_ms``, blocking only this private loop."""
+
+    def __init__(self, stream: ChangeStream[dict[str, Any]]) -> None:
+        self._stream = stream
+
+    @property
+    def resume_token(self) -> Any:
+        return self._stream.resume_token
+
+    @property
+    def alive(self) -> bool:
+        return self._stream.alive
+
+    async def try_next(self) -> dict[str, Any] | None:
+        return self._stream.try_next()
+
+    async def next(self) -> dict[str, Any]:
+        return self._stream.next()
+
+    def __aiter__(self) -> AsyncChangeStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            return self._stream.next()
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> AsyncChangeStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._stream.close()
+
+    async def close(self) -> None:
+        self._stream.close()
+
+
 class AsyncSession:
     """A synchronous session, entered with ``async with``."""
 
@@ -99,6 +139,11 @@ class AsyncDatabase:
 
     async def command(self, command: Mapping[str, Any], **kwargs: Any) -> Any:
         return self._database.command(dict(command), **kwargs)
+
+    async def watch(
+        self, pipeline: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any
+    ) -> AsyncChangeStream:
+        return AsyncChangeStream(self._database.watch(pipeline, **kwargs))
 
 
 class AwaitableCollection:
@@ -161,6 +206,11 @@ class AwaitableCollection:
 
     async def drop(self, **kwargs: Any) -> None:
         self.wrapped.drop(**kwargs)
+
+    async def watch(
+        self, pipeline: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any
+    ) -> AsyncChangeStream:
+        return AsyncChangeStream(self.wrapped.watch(pipeline, **kwargs))
 
 
 def open_task_stream(

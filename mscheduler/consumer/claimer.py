@@ -9,13 +9,19 @@ started, whatever fails after it: a lease nobody runs would expire and count as 
 A claim whose reply was lost and could not be looked up (`ClaimUncertain`) leaves run_ids
 that may hold leases of ours: they are looked up (`TaskStore.find_claims`) before any new
 claim, and at shutdown, so each lease that landed runs or is released.
+
+The claimer sees each collaborator through one small interface, declared here with the
+invariant it relies on: `Claims` (the store), `Slots` (the executor), `LimitedClaims` (the
+limiter), `Feed` (the consumer that fills the heap). A freed slot comes back here
+(`Claimer.slot_freed`), the one place that decides what it makes due again.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 import anyio
 import anyio.lowlevel
@@ -23,55 +29,129 @@ import anyio.lowlevel
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Task
-from ..store.tasks import TaskStore
+from ..store.limits import Limit
 from ..worker_options import WorkerOptions
-from .executor import Executor
 from .heap import ClaimHeap
-from .limits import Limiter
-from .presence import Presence
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
 
+class Claims(Protocol):
+    """The store's claims (`TaskStore`). Invariant: a claim either returns the leases it won
+    or raises; one whose reply was lost raises `ClaimUncertain` with the run_ids that may
+    hold leases, which `find_claims` turns into the leases that did land."""
+
+    def claim_many(
+        self,
+        worker_id: str,
+        *,
+        names: Sequence[str],
+        limit: int,
+        exclude_keys: Sequence[str] = (),
+        until: dt.datetime | None = None,
+    ) -> Awaitable[list[Lease]]: ...
+
+    def find_claims(self, worker_id: str, run_ids: Sequence[str]) -> Awaitable[list[Lease]]: ...
+
+
+class Slots(Protocol):
+    """The executor's slots, as the claimer asks for capacity. Invariant: `start` takes
+    every lease handed to it (it runs it, or releases it when it may not run), so a lease won
+    is never dropped between the claim and the executor; each start takes one of
+    `free_slots`, given back through `Claimer.slot_freed` once that run ends."""
+
+    @property
+    def free_slots(self) -> int: ...
+
+    @property
+    def running_keys(self) -> list[str]: ...
+
+    @property
+    def held_runs(self) -> set[str]: ...
+
+    def start(self, lease: Lease) -> None: ...
+
+
+class LimitedClaims(Protocol):
+    """The limiter (`limits.Limiter`): the claims of a limited name, each under a token.
+    Invariant: every token taken is held by a started lease or given back; `ended` gives back
+    the slot of a run that ended, and names the limited name whose slot freed."""
+
+    @property
+    def limited(self) -> dict[str, Limit]: ...
+
+    async def claim_up_to(
+        self, worker_id: str, name: str, count: int, running: Sequence[str], won: list[Lease]
+    ) -> dt.datetime | None: ...
+
+    def recovered(self, run_ids: Sequence[str], leases: Sequence[Lease]) -> None: ...
+
+    def ended(self, key: str) -> str | None: ...
+
+
+class Feed(Protocol):
+    """The consumer that fills the heap. Invariant: `fetch` adds the page of tasks claimable
+    soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
+    changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
+    keys the claim policy lets this consumer claim now; `paused` names are never claimed."""
+
+    @property
+    def paused(self) -> set[str]: ...
+
+    def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+
+    async def fetch(self) -> None: ...
+
+    async def claimable_soonest(self) -> list[Task]: ...
+
+    def offer(self, task: Task) -> None: ...
+
+
 class Claimer:
     def __init__(
         self,
-        store: TaskStore,
+        claims: Claims,
+        heap: ClaimHeap,
+        slots: Slots,
+        limiter: LimitedClaims,
+        feed: Feed,
+        *,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,
-        heap: ClaimHeap,
-        executor: Executor,
-        limiter: Limiter,
-        presence: Presence,
         stats: ConsumerStats,
-        *,
-        paused: Callable[[], set[str]],
-        fetch: Callable[[], Awaitable[None]],
-        claimable_soonest: Callable[[], Awaitable[list[Task]]],
-        offer: Callable[[Task], None],
     ) -> None:
-        self._store = store
+        self._claims = claims
+        self._heap = heap
+        self._slots = slots
+        self._limiter = limiter
+        self._feed = feed
         self._names = names
         self._options = options
         self._worker_id = options.worker_id
         self._clock = clock
-        self._heap = heap
-        self._executor = executor
-        self._limiter = limiter
-        self._presence = presence
         self._stats = stats
-        self._paused = paused
-        self._fetch = fetch  # one page of what we may claim soonest, into the heap
-        self._claimable_soonest = claimable_soonest  # the same page, read only
-        self._offer = offer  # a task back in the heap at its next claim time
         self._wake = anyio.Event()
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
 
     def wake(self) -> None:
         """Something may be due sooner (a heap entry, a free slot): look again."""
         self._wake.set()
+
+    def slot_freed(self, key: str, written: bool) -> None:
+        """A run of ``key`` ended and its slot is free (`Slots`). What it makes due now: the
+        waiting keys of its name when that name is limited (a slot of its limit freed), and
+        ``key`` itself when the run ended without writing (lease lost or expired, outcome not
+        recorded), as no change event will bring it back. Then the claimer looks again."""
+        now = self._clock.now()
+        name = self._limiter.ended(key)
+        if name is not None:
+            for waiting in self._heap.keys_of([name]):
+                self._heap.nudge(waiting, now)
+        if not written:
+            self._heap.nudge(key, now)
+        self.wake()
 
     async def run(self) -> None:
         """Claim while a slot is free and something is due; sleep until the earliest due
@@ -80,16 +160,16 @@ class Claimer:
             self._wake = wake = anyio.Event()
             now = self._clock.now()
             earliest = self._heap.earliest()
-            if self._uncertain_runs and self._executor.free_slots > 0:
+            if self._uncertain_runs and self._slots.free_slots > 0:
                 earliest = now  # a lease of ours may be waiting to run (see _claim_due)
-            if self._executor.free_slots <= 0 or earliest is None or earliest > now:
+            if self._slots.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
                     # Drained after dropping entries: look again, letting the rest of the
                     # process run first (the memory backend's calls never yield).
                     await anyio.lowlevel.checkpoint()
-                    await self._fetch()
+                    await self._feed.fetch()
                     continue
-                deadline = earliest if self._executor.free_slots > 0 else None
+                deadline = earliest if self._slots.free_slots > 0 else None
                 await self._clock.wait_until(deadline, wake)
                 continue
             # A claim in flight completes even if claiming stops meanwhile: the leases it won
@@ -106,12 +186,12 @@ class Claimer:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
                 return False
-            paused = self._paused()
+            paused = self._feed.paused
             names = [name for name in self._names if name not in paused]
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return False
-            due = self._presence.admit(self._heap.due_keys(now, self._executor.free_slots), now)
+            due = self._feed.admit(self._heap.due_keys(now, self._slots.free_slots), now)
             limited: dict[str, list[str]] = {}
             for key in due:
                 name = self._heap.name_of(key)
@@ -122,15 +202,15 @@ class Claimer:
             if plain and plain_due > 0:
                 # Several due and slots for them: one batched claim of three round trips
                 # (`store.claims`); one or two go one by one, which costs less.
-                leases = await self._store.claim_many(
+                leases = await self._claims.claim_many(
                     self._worker_id,
                     names=plain,
                     limit=plain_due,
-                    exclude_keys=self._executor.running_keys,
+                    exclude_keys=self._slots.running_keys,
                 )
             for name, keys in limited.items():  # each under a token (`Limiter`)
-                room = min(len(keys), self._executor.free_slots - len(leases))
-                running = [*self._executor.running_keys, *(lease.key for lease in leases)]
+                room = min(len(keys), self._slots.free_slots - len(leases))
+                running = [*self._slots.running_keys, *(lease.key for lease in leases)]
                 # Each lease won joins ``leases`` at once: a failure later in the call loses none.
                 blocked = await self._limiter.claim_up_to(
                     self._worker_id, name, room, running, leases
@@ -166,18 +246,18 @@ class Claimer:
             return False
         self._stats.record("rescheduled")
         try:
-            tasks = await self._claimable_soonest()
+            tasks = await self._feed.claimable_soonest()
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim
                 self._heap.nudge(key, self._clock.now())
             return True
         now = self._clock.now()
-        held = self._executor.held_runs
+        held = self._slots.held_runs
         for task in tasks:
             when = task.next_claim_for(self._worker_id, now, held)
             if when is not None and when > now:
-                self._offer(task)
+                self._feed.offer(task)
         return False
 
     def _start_all(self, leases: list[Lease]) -> None:
@@ -187,7 +267,7 @@ class Claimer:
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
         self._stats.record("claimed", lease.task.name)
-        self._executor.start(lease)
+        self._slots.start(lease)
 
     async def start_uncertain_claims(self) -> None:
         """At shutdown: leases that uncertain claims may hold are found and started, so the
@@ -205,7 +285,7 @@ class Claimer:
         before any new claim, so each recovered lease runs while it lives, under its token if
         its name is limited."""
         run_ids = list(self._uncertain_runs)
-        leases = await self._store.find_claims(self._worker_id, run_ids)
+        leases = await self._claims.find_claims(self._worker_id, run_ids)
         del self._uncertain_runs[: len(run_ids)]
         self._limiter.recovered(run_ids, leases)
         for lease in leases:

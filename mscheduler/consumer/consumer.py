@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..errors import ConfigurationError
 from ..models import Task
 from ..reconnect_backoff import retrying
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .claimer import Claimer
 from .controls import Controls
@@ -58,7 +58,7 @@ class Consumer:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         handlers: Mapping[str, Handler],
         options: WorkerOptions | None = None,
     ) -> None:
@@ -84,9 +84,8 @@ class Consumer:
             self.options,
             self._clock,
             self.stats,
-            self._slot_freed,
-            self._limiter.restart,
-            self._limiter.at_start,
+            freed=self,
+            gate=self._limiter,
         )
         self._listener = ChangeListener(
             store,
@@ -95,7 +94,7 @@ class Consumer:
             self._clock,
             self._on_event,
             self._resync,
-            self._fetch,
+            self.fetch,
             self._executor.holds,
         )
         self._own_task_group: TaskGroup | None = None
@@ -103,22 +102,18 @@ class Consumer:
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
-        self._controls = Controls(store, self.names, self.options, self._fetch, self._limits)
+        self._controls = Controls(store, self.names, self.options, self.fetch, self._limits)
         self._presence = Presence(store, self.names, self.options, self._heap, lambda: self.running)
         self._claimer = Claimer(
-            store,
-            self.names,
-            self.options,
-            self._clock,
+            store.tasks,
             self._heap,
             self._executor,
             self._limiter,
-            self._presence,
-            self.stats,
-            paused=lambda: self.paused,
-            fetch=self._fetch,
-            claimable_soonest=self._claimable_soonest,
-            offer=self._offer,
+            self,
+            names=self.names,
+            options=self.options,
+            clock=self._clock,
+            stats=self.stats,
         )
 
     @property
@@ -212,7 +207,7 @@ class Consumer:
                 await task_group.start(self._listener.run)  # the stream is open before the fetch
                 await task_group.start(self._controls.serve_hub)  # controls watched before read
                 await task_group.start(self._controls.limit_loop)  # limits known before the fetch
-                await self._fetch()
+                await self.fetch()
                 self._fetched = True
                 task_group.start_soon(self._limiter.extend_loop)
                 task_group.start_soon(self._executor.ping_loop)
@@ -269,9 +264,10 @@ class Consumer:
                 self._recovery_wake.set()
         else:
             self._recovery_checks.pop(task.key, None)
-        self._offer(task)
+        self.offer(task)
 
-    def _offer(self, task: Task) -> None:
+    def offer(self, task: Task) -> None:
+        """A task in the heap at its next claim time (`claimer.Feed`)."""
         held = self._executor.held_runs
         when = self._limiter.offered(
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
@@ -279,7 +275,7 @@ class Consumer:
         if self._heap.offer(task.key, when, task.version, task.id, task.name):
             self._claimer.wake()
 
-    async def _fetch(self) -> None:
+    async def fetch(self) -> None:
         """Fill the heap with the tasks claimable soonest, one page of them (the next page is
         read once the heap drains, so a consumer's memory does not grow with the backlog);
         retried until the database answers."""
@@ -306,7 +302,7 @@ class Consumer:
         included: a cancel, or new options that exclude this worker, is among them, and a
         page of the claimable tasks need not reach a running one (a backlog due sooner
         fills it)."""
-        await self._fetch()
+        await self.fetch()
         keys = self._executor.running_keys
         if not keys:
             return
@@ -321,11 +317,11 @@ class Consumer:
             self._executor.on_change(task)
 
     async def _read_claimable(self) -> list[Task]:
-        tasks = await self._claimable_soonest()
-        await self._store.recover_dependents()
+        tasks = await self.claimable_soonest()
+        await self._store.tasks.recover_dependents()
         return tasks
 
-    async def _claimable_soonest(self) -> list[Task]:
+    async def claimable_soonest(self) -> list[Task]:
         """The tasks we may claim, soonest first: one page (reading the whole heap's worth read
         thousands of tasks of a large backlog each time)."""
         limit = min(self.options.heap_size, self.options.fetch_batch_size)
@@ -340,8 +336,8 @@ class Consumer:
         when this process failed to tell them (`TaskStore.owed`), and when a change event shows
         a finished task still ``dependents_notified: false`` after a grace period. Idle, it
         makes no call."""
-        self._store.owed_listeners.append(self._wake_recovery)
-        if self._store.owed:
+        self._store.tasks.owed_listeners.append(self._wake_recovery)
+        if self._store.tasks.owed:
             self._wake_recovery()
         try:
             while True:
@@ -352,7 +348,7 @@ class Consumer:
                     await self._clock.wait_until(due, wake)
                     continue
                 await retrying(
-                    self._store.recover_dependents,
+                    self._store.tasks.recover_dependents,
                     clock=self._clock,
                     delay=self.options.reconnect_delay,
                     logger=log,
@@ -362,7 +358,7 @@ class Consumer:
                 # (a task that ended meanwhile) stay.
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
-            self._store.owed_listeners.remove(self._wake_recovery)
+            self._store.tasks.owed_listeners.remove(self._wake_recovery)
 
     # ------------------------------------------------------------ waking the claimer
 
@@ -379,14 +375,13 @@ class Consumer:
             self._heap.nudge(key, now)
         self._claimer.wake()
         if self._fetched:
-            await self._fetch()
+            await self.fetch()
 
-    def _slot_freed(self, key: str, written: bool) -> None:
-        now = self._clock.now()
-        name = self._limiter.ended(key)
-        if name is not None:  # a slot of its limit frees: its waiting keys may start at once
-            for waiting in self._heap.keys_of([name]):
-                self._heap.nudge(waiting, now)
-        if not written:
-            self._heap.nudge(key, now)
-        self._claimer.wake()
+    def slot_freed(self, key: str, written: bool) -> None:
+        """`executor.FreedSlots`: the claimer decides what the freed slot makes due."""
+        self._claimer.slot_freed(key, written)
+
+    def admit(self, due: list[str], now: dt.datetime) -> list[str]:
+        """Of the due keys, those the claim policy lets this consumer claim now (`claimer.Feed`:
+        the policy is `presence`'s)."""
+        return self._presence.admit(due, now)

@@ -23,32 +23,31 @@ from pymongo.errors import PyMongoError
 from ..errors import MSchedulerError
 from ..observability import otel_metrics
 from ..reconnect_backoff import retrying
-from ..store.operations import Operations
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .presence import Presence
 
 log = logging.getLogger(__name__)
 
 
-async def refresh_task_counts(store: TaskStore) -> None:
+async def refresh_task_counts(store: Store) -> None:
     """OpenTelemetry's task-count gauge, refreshed only once a reader has collected it. A
     failed refresh is logged and left for the next round: metrics never stop housekeeping."""
     recorder = otel_metrics.instance()
     if recorder is None or not recorder.counts_wanted():
         return
     try:
-        rows = await Operations(store).stats()
+        rows = await store.operations.stats()
     except (MSchedulerError, PyMongoError) as exc:
         log.warning("task counts not refreshed: %s", exc, extra={"action": "metrics_error"})
         return
-    recorder.set_counts(store.collection.full_name, rows)
+    recorder.set_counts(store.full_name, rows)
 
 
 class Controls:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         names: Sequence[str],
         options: WorkerOptions,
         fetch: Callable[[], Awaitable[None]],

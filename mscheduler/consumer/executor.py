@@ -13,8 +13,8 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -33,7 +33,7 @@ from ..errors import (
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..observability import otel_metrics, tracing
 from ..reconnect_backoff import Backoff
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .batching import Batch, Batcher
 from .calls import HandlerCalls, log_failure, log_finished
@@ -94,17 +94,36 @@ class _Outcome:
     final: bool = False  # the failure ends the task (`Abort`, or not in ``retry_on``)
 
 
+class FreedSlots(Protocol):
+    """Told of each run's end (`Claimer.slot_freed`). Invariant: called once per started
+    lease, after its slot is free: when its handler returned (an abandoned one: when it
+    finally returns), ``written`` saying whether its outcome was recorded."""
+
+    def slot_freed(self, key: str, written: bool) -> None: ...
+
+
+class StartGate(Protocol):
+    """Where a handler's start waits for its name's rate (`limits.Limiter`). Invariant: each
+    returns once the start may count (at once for a name without a limit)."""
+
+    async def at_start(self, task: Task) -> None:
+        """Before the first call of a run's handler."""
+
+    async def restart(self, task: Task) -> None:
+        """Before a local retry: a start like the first (its slot is held already)."""
+
+
 class Executor:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         handlers: Mapping[str, HandlerSpec],
         options: WorkerOptions,
         clock: Clock,
         stats: ConsumerStats,
-        on_slot_freed: Callable[[str, bool], None],
-        before_retry: Callable[[Task], Awaitable[None]],
-        at_start: Callable[[Task], Awaitable[None]],
+        *,
+        freed: FreedSlots,
+        gate: StartGate,
     ) -> None:
         self._store = store
         self._task_group: TaskGroup | None = None
@@ -121,9 +140,8 @@ class Executor:
         self._options = options
         self._clock = clock
         self._stats = stats
-        self._on_slot_freed = on_slot_freed
-        self._before_retry = before_retry  # a local retry is a start: its name's rate counts it
-        self._at_start = at_start  # a start counts from its handler's start (its name's rate)
+        self._freed = freed
+        self._gate = gate  # a start, a local retry's too, counts against its name's rate
         self._running: dict[str, _Running] = {}
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
@@ -229,17 +247,17 @@ class Executor:
             # abandoned handler frees its slots (ours, its name's) only once it returns.
             abandoned = self._calls.abandoned.get(key)
             if abandoned is None:
-                self._on_slot_freed(key, written)
+                self._freed.slot_freed(key, written)
             else:
-                abandoned.add_done_callback(lambda _: self._on_slot_freed(key, written))
+                abandoned.add_done_callback(lambda _: self._freed.slot_freed(key, written))
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
             if attempt:
-                await self._before_retry(task)
+                await self._gate.restart(task)
             else:
-                await self._at_start(task)
+                await self._gate.at_start(task)
             try:
                 with tracing.processing(entry.lease, lambda: entry.stop_reason):
                     result = await self._calls.call(task, lambda: self._may_start(entry))
@@ -271,17 +289,17 @@ class Executor:
             try:
                 if outcome.error is None:
                     try:
-                        await self._store.record_success(lease, outcome.result)
+                        await self._store.tasks.record_success(lease, outcome.result)
                         break
                     except PayloadError as exc:
                         outcome = _Outcome(error=exc, seconds=outcome.seconds)  # unstorable
                 error = outcome.error
                 assert error is not None
                 if isinstance(error, RetryLater):
-                    await self._store.retry_later(lease, error.delay, error.reason)
+                    await self._store.tasks.retry_later(lease, error.delay, error.reason)
                 else:
                     info = ErrorInfo.from_exception(error)  # once: stored, then logged
-                    task = await self._store.fail(lease, info, final=outcome.final)
+                    task = await self._store.tasks.fail(lease, info, final=outcome.final)
                     log_failure(lease, error, info, task, outcome.seconds)
                 break
             except LeaseLost as exc:
@@ -361,7 +379,7 @@ class Executor:
         timeout = HURRIED_RELEASE_TIMEOUT_S if self._hurried.is_set() else _RELEASE_TIMEOUT_S
         with anyio.move_on_after(timeout, shield=True):
             try:
-                await self._store.release(lease, entry.stop_reason or "released")
+                await self._store.tasks.release(lease, entry.stop_reason or "released")
                 self._stats.record("released", lease.task.name)
                 return True
             except (LeaseLost, BackendUnavailable, StoreError) as exc:
@@ -451,7 +469,7 @@ class Executor:
             if not batch or min(e.next_ping_at for e in batch) > now:
                 continue
             try:
-                lost = await self._store.ping_many([e.lease for e in batch])
+                lost = await self._store.tasks.ping_many([e.lease for e in batch])
             except BackendUnavailable as exc:
                 log.warning(str(exc), extra={"action": "ping_retry"})
                 retry_at = now + dt.timedelta(seconds=backoff.next_delay())

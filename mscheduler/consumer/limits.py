@@ -26,8 +26,8 @@ from anyio.abc import TaskGroup
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
 from ..models import Lease, Task
 from ..reconnect_backoff import Backoff
+from ..store.components import Store
 from ..store.limits import START_HOLD, Limit
-from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _terms(limit: Limit | None) -> tuple[int | None, ...] | None:
 class Limiter:
     """The limits of a consumer's names, kept: the tokens it takes, holds and gives back."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._clock = store.clock
         self.limited: dict[str, Limit] = {}
@@ -141,13 +141,15 @@ class Limiter:
         if token is None:  # no limit's document (never limited): claimed as any other name
             self.limited.pop(name, None)
             self.blocked.pop(name, None)
-            return await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)
+            return await self._store.tasks.claim(worker_id, names=[name], exclude_keys=exclude_keys)
         if isinstance(token, dt.datetime):
             self.blocked[name] = token
             log.debug("limit of %r reached until %s", name, token, extra={"action": "limited"})
             return token
         try:
-            lease = await self._store.claim(worker_id, names=[name], exclude_keys=exclude_keys)
+            lease = await self._store.tasks.claim(
+                worker_id, names=[name], exclude_keys=exclude_keys
+            )
         except ClaimUncertain as exc:
             # The claim may have landed: the token waits for the look-up (`recovered`).
             for run_id in exc.run_ids:

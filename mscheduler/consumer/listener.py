@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 from ..clock import Clock, sleep
 from ..models import Task
 from ..services.discovery import RESYNC, Subscription
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class ChangeListener:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,

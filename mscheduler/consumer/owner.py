@@ -35,8 +35,8 @@ import anyio
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
 from ..models import ErrorInfo, Lease, Task, check_name, check_worker_id, checked
 from ..services.discovery import Subscription
+from ..store.components import Store
 from ..store.limits import Limit
-from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .limits import FIRST_SLOT_LIFE
 
@@ -51,7 +51,7 @@ class ControlView:
     """The paused names and the limits of the names asked about, kept while the process's
     `ControlHub` watches (read again after each change it sees), else read at each call."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._hub = store.control_hub
         self._version = -1
@@ -115,7 +115,7 @@ class Owner:
     """The pull API over one store. Stateless across calls: any process may extend or end a
     lease another one owned."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._clock = store.clock
         self.controls = ControlView(store)
@@ -216,7 +216,7 @@ class Owner:
             until = None if length is None else self._clock.now() + length
             while plain and len(leases) < max_tasks:
                 asked = max_tasks - len(leases)
-                won = await self._store.claim_many(
+                won = await self._store.tasks.claim_many(
                     worker_id,
                     names=plain,
                     limit=asked,
@@ -260,7 +260,7 @@ class Owner:
                 return token
             excluded = [lease.key for lease in leases]
             try:
-                lease = await self._store.claim(
+                lease = await self._store.tasks.claim(
                     worker_id, names=[name], exclude_keys=excluded, run_id=run_id, until=until
                 )
             except ClaimUncertain:
@@ -293,7 +293,7 @@ class Owner:
         until = None
         if length is not None:
             until = self._clock.now() + _timedelta(length, "lease", minimum=_MIN_LEASE)
-        task = await self._store.ping(lease, until)
+        task = await self._store.tasks.ping(lease, until)
         extended = Lease(key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=task)
         extended._slot = slot = await self._slot_of(lease)
         expires = extended.ping_expire_at
@@ -312,7 +312,7 @@ class Owner:
 
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         try:
-            return await self._store.succeed(lease, result)
+            return await self._store.tasks.succeed(lease, result)
         finally:
             await self._free_slot(lease)
 
@@ -322,14 +322,14 @@ class Owner:
         if isinstance(error, str):
             error = ErrorInfo.from_message("Error", error)
         try:
-            return await self._store.fail(lease, error)
+            return await self._store.tasks.fail(lease, error)
         finally:
             await self._free_slot(lease)
 
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
         """Handed back unrun: claimable at once, no attempt counted."""
         try:
-            return await self._store.release(lease, reason)
+            return await self._store.tasks.release(lease, reason)
         finally:
             await self._free_slot(lease)
 

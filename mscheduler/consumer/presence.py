@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 
 from ..clock import sleep
 from ..errors import BackendUnavailable, StoreError
-from ..store.tasks import TaskStore
+from ..store.components import Store
 from ..store.workers import MAX_LISTED_KEYS, WorkerInfo
 from ..worker_options import WorkerOptions
 from .heap import ClaimHeap
@@ -32,7 +32,7 @@ _REMOVE_TIMEOUT_S = 5.0  # real seconds the delete at stop may take before we gi
 class Presence:
     def __init__(
         self,
-        store: TaskStore,
+        store: Store,
         names: Sequence[str],
         options: WorkerOptions,
         heap: ClaimHeap,

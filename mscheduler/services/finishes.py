@@ -75,16 +75,14 @@ class FinishBatcher:
         self,
         store: StoreBase,
         write_one: Callable[[Lease, list[Document], Any], Awaitable[Document]],
-        *,
-        alone: bool = False,
     ) -> None:
         """``write_one``: the single fenced write (`TaskStore.fenced_document`), for a finish
-        sent by itself. ``alone``: every finish is written by itself, at once, never yielding
-        first (inside `transactions.run_atomically`, where the memory backend's atomicity is
-        that nothing else runs between the batch's writes)."""
+        sent by itself. In a batch of writes (`StoreBase.in_batch`) every finish is written by
+        itself, at once, never yielding first (inside `transactions.run_atomically`, where the
+        memory backend's atomicity is that nothing else runs between the batch's writes, and
+        a transaction's write may not join other tasks' writes)."""
         self._store = store
         self._write_one = write_one
-        self._alone = alone
         self._queue: list[_Finish] = []
         self._busy = False
 
@@ -100,7 +98,7 @@ class FinishBatcher:
         """The document after this finish (``wrote``: the state it gives the run), or
         `LeaseLost`; driver errors as from the write itself. ``quiet``: the caller reads
         nothing back, and gets None where the batch landed without a read."""
-        if self._alone:
+        if self._store.in_batch:
             return await self._write_one(lease, update, now)
         finish = _Finish(lease, update, now, wrote, quiet)
         self._queue.append(finish)

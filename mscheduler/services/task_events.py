@@ -43,7 +43,7 @@ from ..models import (
     WorkerState,
     WorkerStateKind,
 )
-from ..store.tasks import TaskStore
+from ..store.whole import WholeStore
 from ..worker_options import WorkerOptions
 from .discovery import CLOCK_SKEW, RESYNC, Subscription
 
@@ -203,7 +203,7 @@ class TaskEvents:
     from its newest version."""
 
     def __init__(
-        self, store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+        self, store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
     ) -> None:
         self._store = store
         self._names = list(names) if names else None

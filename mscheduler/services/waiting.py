@@ -36,7 +36,7 @@ from ..store.streams import (
     open_change_stream,
     refuses_streams,
 )
-from ..store.tasks import TaskStore
+from ..store.whole import WholeStore
 from ..worker_options import Discovery, WorkerOptions
 from .discovery import CLOCK_SKEW, RESYNC, Subscription
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class _Waiter:
     def __init__(
         self,
-        store: TaskStore,
+        store: WholeStore,
         keys: Sequence[str],
         poll_interval_ms: int,
         missing_ok: bool,
@@ -113,7 +113,7 @@ class _Waiter:
 
 
 async def wait_for(
-    store: TaskStore,
+    store: WholeStore,
     keys: Sequence[str],
     *,
     timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
@@ -144,7 +144,7 @@ async def wait_for(
 
 
 async def watch_tasks(
-    store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+    store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
 ) -> AsyncIterator[Task]:
     """Every change to a task (of ``names``), as the task after the change. In a process
     whose hub runs (consumers or a waiter hold it) the watch shares it (`_shared_watch`);
@@ -202,7 +202,7 @@ async def watch_tasks(
 
 
 async def _shared_watch(
-    store: TaskStore, names: Sequence[str] | None, poll_interval_ms: int
+    store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int
 ) -> AsyncGenerator[Task, None]:
     """The watch as a subscriber of the process's hub: every write of its names, in the hub's
     order, and the hub's reconnects and poll fallback. Unsubscribed when the caller closes the
@@ -232,7 +232,7 @@ async def _shared_watch(
 
 
 async def _poll_changes(
-    store: TaskStore, names: Sequence[str] | None, since: dt.datetime, poll_interval_ms: int
+    store: WholeStore, names: Sequence[str] | None, since: dt.datetime, poll_interval_ms: int
 ) -> AsyncIterator[Task]:
     """The tasks written since the last poll, by ``updated_at`` (set by every write, on the
     writer's clock), from the moment the watch started. A poll reads from the previous poll's
@@ -259,7 +259,7 @@ async def _poll_changes(
 class Waiting:
     """Waiting for tasks to end, and watching them change (`Store` ``.waiting``)."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: WholeStore) -> None:
         self._store = store
 
     async def wait(

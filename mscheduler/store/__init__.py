@@ -3,11 +3,14 @@ collection and turns documents into models and driver errors into mscheduler err
 method per round trip (or per bounded walk of them); no loops that outlive a call, no task
 groups: those are `services`.
 
-- `components`: `Store`, the `TaskStore` the API holds, each capability a component of it
-  (``store.publisher``, ``store.operations``, ``store.batches``, ``store.waiting`` ...);
-- `tasks`: `TaskStore`: reads, claim, the lease's fenced writes; it builds the process's
-  services (`services.discovery`, `services.controls`, `services.finishes`);
-- `base`: what every part shares: the collection, the clock, the indexes (`layout`), reads;
+- `components`: `Store`, the one object the API holds, each capability a part of it, all
+  built there (``store.publisher``, ``store.operations``, ``store.batches``, ``store.waiting`` ...);
+- `base`: the state every part shares, reads by key, indexes, a batch's session; `collection`:
+  `TasksCollection`, the collection as the calls we make; `whole`: the store as the parts built
+  on it see it;
+- `tasks`: `TaskStore` (``store.tasks``), claim, the lease's fenced writes;
+  `components` builds the process's services beside the parts (`services.discovery`,
+  `services.controls`, `services.finishes`);
 - `driver`: pymongo's errors become mscheduler's (`driver_errors`);
 - `claims`: batched claims, up to k tasks in two round trips;
 - `finishes`: the round trips of a batch of finishes (its bulk write and its read back);

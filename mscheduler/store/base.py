@@ -1,16 +1,20 @@
 """What every part of the store shares: the collection, the clock, the indexes, and reads.
 
-`TaskStore` (`tasks`) builds on it, and so do `flows` and `publisher`, which it owns: they
-import this module, never `tasks`, so the store has no import cycle.
+Every part of the store holds it (`components.Store` is it, with the parts built on it): the
+parts import this module, never the one that builds them, so the store has no import cycle.
+A batch of writes binds its session here (`StoreBase.bound`), for the running task only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any, cast
 
 import anyio
 from anyio.lowlevel import RunVar
@@ -23,6 +27,7 @@ from ..clock import UTC, Clock
 from ..errors import ConfigurationError
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
+from .collection import TasksCollection
 from .driver import driver_errors
 
 log = logging.getLogger(__name__)
@@ -46,30 +51,83 @@ def index_model(index: layout.Index, **options: Any) -> IndexModel:
     return IndexModel(list(keys), name=name, **declared, **options)
 
 
-class StoreBase:
-    """The collection and clock, the declared indexes, and reads of tasks by key."""
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    store: StoreBase
+    collection: TasksCollection
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
-        self.collection = collection
+
+# The batch of writes the running task makes, if any (`StoreBase.bound`): a context variable,
+# so it is the running task's alone, and every part of the store sees it without being built
+# again for it.
+_BOUND: ContextVar[_Binding | None] = ContextVar("mscheduler_store_bound", default=None)
+
+
+class StoreBase:
+    """The collection and clock, the declared indexes, and reads of tasks by key: the state
+    every part of the store holds (`components.Store` builds the parts on it)."""
+
+    def __init__(self, collection: TasksCollection, clock: Clock) -> None:
+        self._collection = collection
         self.clock = clock
         self._indexes_ready = False
-        self.in_transaction = False
         # Behind a mongos: a findAndModify must name the shard key (``key``), so claims by name
         # go the batched way, whose writes name ``_id`` and ``key`` (`claims`).
         self.sharded = False
-        self._beside: dict[str, Any] = {}
+        self._beside: dict[str, TasksCollection] = {}
 
-    def beside(self, suffix: str) -> Any:
+    @property
+    def collection(self) -> TasksCollection:
+        """The tasks collection; inside `bound`, in the running task, the one it binds (a view
+        that sends every call in the transaction's session)."""
+        bound = _BOUND.get()
+        return bound.collection if bound is not None and bound.store is self else self._collection
+
+    @property
+    def in_batch(self) -> bool:
+        """Whether the running task writes an all-or-nothing batch (`bound`): its finishes are
+        then written at once, by themselves, never queued behind (or with) other tasks'."""
+        bound = _BOUND.get()
+        return bound is not None and bound.store is self
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether the running task writes in a transaction: a network error then propagates
+        (the transaction is retried whole) instead of being recovered write by write."""
+        bound = _BOUND.get()
+        return (
+            bound is not None and bound.store is self and bound.collection is not self._collection
+        )
+
+    @contextlib.contextmanager
+    def bound(self, collection: TasksCollection) -> Iterator[None]:
+        """Within the block, the running task (only it) writes through ``collection``: the
+        session-bound view `transactions.run_atomically` hands its work, or the collection
+        itself where there are no transactions. Only the session is bound: the parts, the
+        hubs and the indexes known to be there stay the store's own."""
+        token = _BOUND.set(_Binding(self, collection))
+        try:
+            yield
+        finally:
+            _BOUND.reset(token)
+
+    @property
+    def full_name(self) -> str:
+        """``database.collection``, as the metrics label the tasks. Every engine has it as a
+        property; it is not in `TasksCollection` because Motor's stubs declare it a method."""
+        return str(cast(Any, self.collection).full_name)
+
+    def beside(self, suffix: str) -> TasksCollection:
         """The collection named after this one plus ``suffix`` (``tasks.schedules``), in the
         same database: where schedules, paused names and limits live."""
         if suffix not in self._beside:
-            database = getattr(self.collection, "database", None)
+            database = getattr(self._collection, "database", None)
             if database is None:
                 raise ConfigurationError(
-                    f"{type(self.collection).__name__} does not give its database, so the "
-                    f"collection {self.collection.name}{suffix} beside it cannot be opened"
+                    f"{type(self._collection).__name__} does not give its database, so the "
+                    f"collection {self._collection.name}{suffix} beside it cannot be opened"
                 )
-            self._beside[suffix] = database.get_collection(self.collection.name + suffix)
+            self._beside[suffix] = database.get_collection(self._collection.name + suffix)
         return self._beside[suffix]
 
     # ------------------------------------------------------------ indexes
@@ -261,5 +319,5 @@ class BesideTasks:
         self._tasks = tasks
 
     @property
-    def collection(self) -> Any:
+    def collection(self) -> TasksCollection:
         return self._tasks.beside(self.SUFFIX)

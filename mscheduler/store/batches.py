@@ -1,4 +1,4 @@
-"""All-or-nothing writes of many tasks: `publish_many` and `commit`.
+"""All-or-nothing writes of many tasks: `publish_many` and `commit` (`Store.batches`).
 
 Everything that can be checked without writing is checked first (specs, results, keys that
 name tasks of another name, missing dependencies, leases, preconditions), then the writes
@@ -40,11 +40,12 @@ from ..observability import tracing
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
+from .collection import TasksCollection
 from .publisher import check_fits, task_document
 from .transactions import run_atomically
 
 if TYPE_CHECKING:
-    from .tasks import TaskStore
+    from .whole import WholeStore
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def _checked_specs(
 
 
 async def _check_names(
-    store: TaskStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
+    store: WholeStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
 ) -> dict[str, Task]:
     """A key that already names a task of another name is refused before the first write
     (found while writing, the specs before it would stay written where there is no
@@ -91,7 +92,7 @@ async def _check_names(
 
 
 async def _check_external(
-    store: TaskStore, specs: Sequence[PublishSpec], allow_missing: bool
+    store: WholeStore, specs: Sequence[PublishSpec], allow_missing: bool
 ) -> None:
     in_batch = {spec.key for spec in specs}
     external = sorted({d for spec in specs for d in spec.depends_on if d not in in_batch})
@@ -104,7 +105,7 @@ async def _check_external(
 
 
 async def _publish_all(
-    store: TaskStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
+    store: WholeStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
 ) -> list[PublishResult]:
     """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
     version (a commit that deletes and publishes one key)."""
@@ -117,7 +118,7 @@ async def _publish_all(
 
 
 async def _publish_many(
-    store: TaskStore, specs: Step | Iterable[Step], allow_missing: bool
+    store: WholeStore, specs: Step | Iterable[Step], allow_missing: bool
 ) -> list[PublishResult]:
     now = store.clock.now()  # one time for the batch: its documents share their dates
     ordered, drafts = _checked_specs(specs, allow_missing, now)
@@ -129,16 +130,16 @@ async def _publish_many(
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
 
-        async def write(collection: Any) -> list[PublishResult]:
-            view = store.bound_to(collection)
-            if any(spec.depends_on for spec in ordered):
-                return await _publish_flow(view, ordered, now, drafts)
-            return await _publish_flat(view, ordered, existing, now, drafts)
+        async def write(collection: TasksCollection) -> list[PublishResult]:
+            with store.bound(collection):
+                if any(spec.depends_on for spec in ordered):
+                    return await _publish_flow(store, ordered, now, drafts)
+                return await _publish_flat(store, ordered, existing, now, drafts)
 
         return await run_atomically(store.collection, write)
 
 
-async def _upsert(store: TaskStore, documents: Mapping[str, Document]) -> set[str]:
+async def _upsert(store: WholeStore, documents: Mapping[str, Document]) -> set[str]:
     """One ordered bulk write of idempotent upserts; the keys it inserted (a key a concurrent
     publish inserted in between is matched by its upsert, not inserted again: the unique
     ``key`` index)."""
@@ -147,11 +148,11 @@ async def _upsert(store: TaskStore, documents: Mapping[str, Document]) -> set[st
     order = list(documents)
     requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
     result = await store.collection.bulk_write(requests, ordered=True)
-    return {order[index] for index in result.upserted_ids}
+    return {order[index] for index in result.upserted_ids or {}}
 
 
 async def _publish_flat(
-    store: TaskStore,
+    store: WholeStore,
     specs: Sequence[PublishSpec],
     existing: Mapping[str, Task],
     now: dt.datetime,
@@ -242,7 +243,7 @@ def _planned_documents(
 
 
 async def _publish_flow(
-    store: TaskStore,
+    store: WholeStore,
     specs: Sequence[PublishSpec],
     now: dt.datetime,
     drafts: Mapping[str, Document],
@@ -289,7 +290,7 @@ async def _publish_flow(
 
 
 async def _commit(
-    store: TaskStore,
+    store: WholeStore,
     *,
     complete: Iterable[Completion] = (),
     publish: Step | Iterable[Step] = (),
@@ -316,23 +317,23 @@ async def _commit(
         edges = [(dep, spec.key) for spec in ordered for dep in spec.depends_on]
         await store.flows.refuse_cycles(edges, "commit")
 
-    async def write(collection: Any) -> list[PublishResult]:
-        view = store.bound_to(collection)
-        await _check_preconditions(view, required)
-        await _check_leases(view, [lease for lease, _ in results])
-        for lease, result in results:
-            await view.succeed(lease, result)
-        if only_deleted:
-            await collection.delete_many(q.by_keys(only_deleted))
-            await view.flows.forget(only_deleted)
-        return await _publish_all(view, ordered, replacing=replacing)
+    async def write(collection: TasksCollection) -> list[PublishResult]:
+        with store.bound(collection):
+            await _check_preconditions(store, required)
+            await _check_leases(store, [lease for lease, _ in results])
+            for lease, result in results:
+                await store.tasks.succeed(lease, result)
+            if only_deleted:
+                await collection.delete_many(q.by_keys(only_deleted))
+                await store.flows.forget(only_deleted)
+            return await _publish_all(store, ordered, replacing=replacing)
 
     published = await run_atomically(store.collection, write)
     context.mark_completed({lease.run_id for lease, _ in results})
     return published
 
 
-async def _check_preconditions(store: TaskStore, required: Mapping[str, int]) -> None:
+async def _check_preconditions(store: WholeStore, required: Mapping[str, int]) -> None:
     if not required:
         return
     versions = {task.key: task.version for task in await store.get_many(list(required))}
@@ -346,7 +347,7 @@ async def _check_preconditions(store: TaskStore, required: Mapping[str, int]) ->
         )
 
 
-async def _check_leases(store: TaskStore, leases: Sequence[Lease]) -> None:
+async def _check_leases(store: WholeStore, leases: Sequence[Lease]) -> None:
     """Read first, so a lost lease fails the commit before anything is written."""
     if not leases:
         return
@@ -363,9 +364,9 @@ async def _check_leases(store: TaskStore, leases: Sequence[Lease]) -> None:
 
 
 class Batches:
-    """All-or-nothing writes of many tasks (`TaskStore` ``.batches``)."""
+    """All-or-nothing writes of many tasks (`Store.batches`)."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: WholeStore) -> None:
         self._store = store
 
     async def publish_many(

@@ -23,7 +23,7 @@ from .driver import driver_errors
 from .operations import parse_state
 
 if TYPE_CHECKING:
-    from .tasks import TaskStore
+    from .whole import WholeStore
 
 MAX_NAMES = 1_000
 MAX_PAGE = 500
@@ -88,7 +88,7 @@ def _parse_position(after: str, order: str) -> str | ObjectId | tuple[int, dt.da
 class Browse:
     """The operator's reads of a store (`Store` ``.browse``): the dashboard's pages."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: WholeStore) -> None:
         self._store = store
 
     @driver_errors

@@ -1,31 +1,59 @@
-"""`Store`: the task store with every capability the API reaches, each one a component
-reached the same way (``store.publisher.publish(spec)``, ``store.operations.cancel(key)``,
-``store.waiting.wait(keys)`` ...).
+"""`Store`: the one object the API holds, and the one place its parts are built.
 
-The components that only need the store's base (publisher, flows, schedules, pauses,
-limits, workers, stops) are built by `TaskStore` itself; those that work through a whole
-`TaskStore` (a batch writes through a session-bound view of it) are built here, a layer
-above it, so no module of the store imports another in a cycle.
+Each capability is a part reached the same way: ``store.tasks.claim(...)``,
+``store.publisher.publish(spec)``, ``store.operations.cancel(key)``,
+``store.waiting.wait(keys)`` ... The store itself is the state every part shares
+(`base.StoreBase`: the collection, the clock, the indexes, reads by key). A part that needs
+another is handed it here; the parts built on the whole store take it as `whole.WholeStore`.
+A batch of writes binds only its session (`StoreBase.bound`): no part is built again for it.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from .. import layout
 from ..clock import Clock
+from ..services.controls import ControlHub
+from ..services.discovery import TaskHub
 from ..services.waiting import Waiting
+from .base import StoreBase
 from .batches import Batches
 from .browse import Browse
+from .collection import TasksCollection
+from .controls import ControlVersion
+from .expiry import Expiry
+from .flows import Flows
+from .limits import Limits
 from .operations import Operations
+from .pauses import Pauses
+from .publisher import Publisher
+from .schedules import ScheduleStore
+from .stops import Stops
 from .tasks import TaskStore
+from .workers import Workers
 
 
-class Store(TaskStore):
-    """A `TaskStore` with its operator's, batch, waiting and browsing components."""
+class Store(StoreBase):
+    """The shared state, and every part of the store, built once for its lifetime."""
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
+    def __init__(self, collection: TasksCollection, clock: Clock) -> None:
         super().__init__(collection, clock)
+        self.flows = Flows(self)
+        self.tasks = TaskStore(self, self.flows)
+        self.publisher = Publisher(self, self.flows)
+        self.schedules = ScheduleStore(self, self.publisher)
+        self.expiry = Expiry(self, self.tasks.after_write)
+        self.pauses = Pauses(self)
+        self.limits = Limits(self)
+        self.workers = Workers(self)
+        self.stops = Stops(self)
+        # The process's one change stream (or poll loop), the controls' changes on it too.
+        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS)
+        self.control_version = ControlVersion(self)
+        self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
         self.operations = Operations(self)
         self.batches = Batches(self)
         self.waiting = Waiting(self)
         self.browse = Browse(self)
+
+    async def control_changed(self) -> None:
+        await self.control_version.bump()

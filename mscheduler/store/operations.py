@@ -1,5 +1,5 @@
 """What an operator does to the queue: read, cancel and change tasks by key, list them, retry
-failed ones, purge old ones, count them, expire them (`TaskStore.operations`)."""
+failed ones, purge old ones, count them, expire them (`Store.operations`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from .base import index_model
 from .driver import driver_errors
 
 if TYPE_CHECKING:
-    from .tasks import TaskStore
+    from .whole import WholeStore
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ def parse_state(value: str) -> TaskState:
 
 
 class Operations:
-    """The operator's side of a `TaskStore`: each method one decision on tasks by key or by
+    """The operator's side of the store: each method one decision on tasks by key or by
     filter, written through the store's collection."""
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: WholeStore) -> None:
         self._store = store
 
     async def ensure_indexes(self, *, finished_ttl: dt.timedelta | None = None) -> list[str]:
@@ -68,7 +68,7 @@ class Operations:
         )
         if found is not None:
             log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
-            await store.after_write(Task.model_validate(found))
+            await store.tasks.after_write(Task.model_validate(found))
         return found is not None
 
     @driver_errors
@@ -89,7 +89,7 @@ class Operations:
             q.options_update(options, store.clock.now()),
             return_document=ReturnDocument.AFTER,
         )
-        return None if found is None else await store.after_write(Task.model_validate(found))
+        return None if found is None else await store.tasks.after_write(Task.model_validate(found))
 
     @driver_errors
     async def add_dependencies(self, edges: Sequence[tuple[str, str]]) -> list[Task]:

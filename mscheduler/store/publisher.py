@@ -1,7 +1,7 @@
 """Idempotent publish: insert unless the key exists, else decide what the caller asked for.
 
-Part of the store layer (it writes through `TaskStore`'s collection and runs only queries
-from `mscheduler.queries`); `TaskStore.publisher` is its entry point.
+Part of the store layer (it writes through the store's collection and runs only queries
+from `mscheduler.queries`); `Store.publisher` is its entry point.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from ..errors import ConfigurationError
 from ..worker_options import Discovery
+from .collection import TasksCollection
 
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
@@ -95,7 +96,7 @@ class Watched(Protocol):
     version), or that collection's database."""
 
     @property
-    def collection(self) -> Any: ...
+    def collection(self) -> TasksCollection: ...
 
 
 async def open_change_stream(

@@ -17,7 +17,6 @@ from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
-from .. import layout
 from ..clock import Clock
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
@@ -32,63 +31,52 @@ from ..models import (
 from ..queries import lease as lq
 from ..queries import retry_delay
 from ..queries import tasks as q
-from ..services.controls import ControlHub
-from ..services.discovery import TaskHub
 from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
-from .controls import ControlVersion
+from .collection import TasksCollection
 from .driver import driver_errors
-from .expiry import Expiry
 from .finishes import Quiet, lease_lost
 from .flows import Flows
-from .limits import Limits
-from .pauses import Pauses
-from .publisher import Publisher
-from .schedules import ScheduleStore
-from .stops import Stops
-from .workers import Workers
 
 log = logging.getLogger(__name__)
 
 
-class TaskStore(StoreBase):
-    """Every task operation, each one a fenced or conditional write on one document."""
+class TaskStore:
+    """The store's task part (``store.tasks``): claim, the lease's fenced writes, and what a
+    write that ended a task owes its dependents; each a fenced or conditional write on one
+    document, through the store's collection (so inside `StoreBase.bound`, through its
+    session)."""
 
-    def __init__(self, collection: Any, clock: Clock) -> None:
-        super().__init__(collection, clock)
-        self.flows = Flows(self)
-        self.publisher = Publisher(self, self.flows)
-        self.schedules = ScheduleStore(self, self.publisher)
-        self.expiry = Expiry(self, self.after_write)
-        self.pauses = Pauses(self)
-        self.limits = Limits(self)
-        self.workers = Workers(self)
-        self.stops = Stops(self)
-        # The process's one change stream (or poll loop), the controls' changes on it too.
-        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS)
-        self.control_version = ControlVersion(self)
-        self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
+    def __init__(self, base: StoreBase, flows: Flows) -> None:
+        self._base = base
+        self._flows = flows
         # Finished tasks (keys, or ids where no key was read) whose dependents this process
         # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
         # added.
         self.owed: set[str] = set()
         self.owed_listeners: list[Callable[[], None]] = []
-        self._finishes = FinishBatcher(self, self.fenced_document)
+        self._finishes = FinishBatcher(base, self.fenced_document)
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
 
-    async def control_changed(self) -> None:
-        await self.control_version.bump()
+    @property
+    def collection(self) -> TasksCollection:
+        return self._base.collection
 
-    def bound_to(self, collection: Any) -> TaskStore:
-        """This store writing through ``collection`` (a session-bound view inside a
-        transaction), with the indexes known to be there."""
-        view = TaskStore(collection, self.clock)
-        view._indexes_ready = True
-        view.in_transaction = collection is not self.collection
-        view.sharded = self.sharded
-        view._finishes = FinishBatcher(view, view.fenced_document, alone=True)
-        return view
+    @property
+    def clock(self) -> Clock:
+        return self._base.clock
+
+    @property
+    def sharded(self) -> bool:
+        return self._base.sharded
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._base.in_transaction
+
+    async def ready(self) -> None:
+        await self._base.ready()
 
     # ------------------------------------------------------------ after a write: the dependents
 
@@ -101,7 +89,7 @@ class TaskStore(StoreBase):
         consumer does, with backoff, without waiting for a restart, so none stays owed)."""
         if task.dependents_notified is False:
             try:
-                await self.flows.notify(task)
+                await self._flows.notify(task)
             except ConnectionFailure as exc:
                 if self.in_transaction:
                     raise  # the transaction is retried whole
@@ -194,7 +182,7 @@ class TaskStore(StoreBase):
         await self.ready()
         async with self._claim_turn:  # batches of this process take turns (`claims`)
             return await claims.claim_many(
-                self, worker_id, names, limit, exclude_keys, self.notify_if_ended, until
+                self._base, worker_id, names, limit, exclude_keys, self.notify_if_ended, until
             )
 
     async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:
@@ -411,6 +399,6 @@ class TaskStore(StoreBase):
         left by a crashed writer anywhere); returns how many tasks were caught up."""
         await self.ready()
         owed = set(self.owed)
-        told = await self.flows.recover()
+        told = await self._flows.recover()
         self.owed -= owed
         return told

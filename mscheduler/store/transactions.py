@@ -12,12 +12,14 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 from pymongo.synchronous.collection import Collection
+
+from .collection import TasksCollection
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ _SESSION_METHODS = frozenset(
 class SessionCollection:
     """A collection whose every call runs in ``session`` (so it never starts another)."""
 
-    def __init__(self, collection: Any, session: Any) -> None:
+    def __init__(self, collection: TasksCollection, session: Any) -> None:
         self._collection = collection
         self._session = session
 
@@ -61,7 +63,7 @@ class SessionCollection:
         return bound
 
 
-def supports_transactions(collection: Any) -> bool:
+def supports_transactions(collection: object) -> bool:
     """Decided from the collection's type, never by reading an attribute of it: on a pymongo
     collection ``collection.anything`` is a sub-collection, not a flag. A driver collection
     may run transactions (a standalone server then refuses, see `run_atomically`); the memory
@@ -86,7 +88,9 @@ def _unlabelled_write_conflict(exc: OperationFailure) -> bool:
     return exc.code == _WRITE_CONFLICT or "write conflict" in str(exc).lower()
 
 
-async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+async def run_atomically(
+    collection: TasksCollection, work: Callable[[TasksCollection], Awaitable[T]]
+) -> T:
     """``work(collection)`` in a transaction (run again from the start after a write
     conflict); on the memory backend, as is. A standalone server has no transactions: the
     work then runs without one, after a warning (callers validate first, so it fails before
@@ -111,8 +115,12 @@ async def run_atomically(collection: Any, work: Callable[[Any], Awaitable[T]]) -
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _in_transaction(collection: Any, work: Callable[[Any], Awaitable[T]]) -> T:
-    session = collection.database.client.start_session()
+async def _in_transaction(
+    collection: TasksCollection, work: Callable[[TasksCollection], Awaitable[T]]
+) -> T:
+    # Only a driver's database has a client (`supports_transactions` decided that): sessions
+    # are not part of `TasksCollection`, which the memory backend also satisfies.
+    session = cast(Any, collection.database).client.start_session()
     if inspect.isawaitable(session):
         session = await session
     async with session:

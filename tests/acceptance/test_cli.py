@@ -45,9 +45,9 @@ def fill(uri: str) -> None:
             await sched.publish(
                 "sms:1", None, name="sms", options=ms.TaskOptions(max_unexpected_retries=0)
             )
-            lease = await sched.store.claim("w1", key="sms:1")
+            lease = await sched.store.tasks.claim("w1", key="sms:1")
             assert lease is not None
-            await sched.store.fail(lease, RuntimeError("no signal"))
+            await sched.store.tasks.fail(lease, RuntimeError("no signal"))
 
     anyio.run(work)
 

@@ -458,9 +458,9 @@ def test_purge_counts_first_and_asks(uri: str):
         async with await ms.Scheduler.connect(uri) as sched:
             for key in ("old:1", "old:2"):
                 await sched.publish(key, None, name="echo")
-                lease = await sched.store.claim("w", key=key)
+                lease = await sched.store.tasks.claim("w", key=key)
                 assert lease is not None
-                await sched.store.succeed(lease, None)
+                await sched.store.tasks.succeed(lease, None)
 
     anyio.run(finish_two)
     assert ok(cli(uri, "purge", "--older-than", "0s", "--dry-run")) == (

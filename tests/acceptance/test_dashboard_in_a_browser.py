@@ -80,18 +80,20 @@ async def seed(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
             key = f"email:{minute:02d}-{n}"
             options = ms.TaskOptions(max_unexpected_retries=0)
             await sched.publish(key, {"to": f"user{n}@example.com"}, name="email", options=options)
-            lease = await sched.store.claim("mailer-1", key=key)
+            lease = await sched.store.tasks.claim("mailer-1", key=key)
             assert lease is not None
             if (minute + n) % 9 == 0:
-                await sched.store.fail(lease, ConnectionError("smtp: 421 try again"), final=True)
+                await sched.store.tasks.fail(
+                    lease, ConnectionError("smtp: 421 try again"), final=True
+                )
             else:
-                await sched.store.succeed(lease, {"sent": True})
+                await sched.store.tasks.succeed(lease, {"sent": True})
     clock.set(dt.datetime.now(dt.timezone.utc))
     for n in range(4):
         await sched.publish(f"email:queued-{n}", {"to": f"late{n}@example.com"}, name="email")
     for n in range(2):
         await sched.publish(f"thumbnail:{n}", {"width": 320 * (n + 1)}, name="thumbnail")
-        assert await sched.store.claim(f"imager-{n}", key=f"thumbnail:{n}") is not None
+        assert await sched.store.tasks.claim(f"imager-{n}", key=f"thumbnail:{n}") is not None
     await sched.publish("thumbnail:big", {"width": 4000}, name="thumbnail")
     for n in range(3):
         await sched.publish(f"sms:{n}", {"text": "your code is 4242"}, name="sms")

@@ -90,9 +90,9 @@ async def test_options_of_the_wrong_type(scheduler: ms.Scheduler):
 
 async def test_claim_needs_a_key_or_names(scheduler: ms.Scheduler):
     with pytest.raises(ms.ConfigurationError, match="give a key or at least one task name"):
-        await scheduler.store.claim("w1")
+        await scheduler.store.tasks.claim("w1")
     with pytest.raises(ms.ConfigurationError, match="worker_id"):
-        await scheduler.store.claim("", names=["job"])
+        await scheduler.store.tasks.claim("", names=["job"])
 
 
 def test_naive_not_before_is_refused_and_an_aware_one_becomes_utc():

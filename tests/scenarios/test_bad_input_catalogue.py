@@ -29,13 +29,13 @@ def _spec(key: str, **fields: Any) -> ms.TaskSpec:
 
 
 async def _stale_commit(sched: ms.Scheduler) -> Any:
-    lease = await sched.store.claim("w", key="existing")
+    lease = await sched.store.tasks.claim("w", key="existing")
     assert lease is not None
     return await sched.commit(complete=[lease], require={"existing": 0})
 
 
 async def _unstorable_result(sched: ms.Scheduler) -> Any:
-    lease = await sched.store.claim("w", key="existing")
+    lease = await sched.store.tasks.claim("w", key="existing")
     assert lease is not None
     return await sched.commit(complete=[(lease, {1, 2})])
 
@@ -287,13 +287,13 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
     ),  # type: ignore[arg-type]
     (
         "claim without names",
-        lambda s: s.store.claim("w"),
+        lambda s: s.store.tasks.claim("w"),
         ms.ConfigurationError,
         "give a key or at least one task name",
     ),
     (
         "claim with empty worker id",
-        lambda s: s.store.claim("", names=["job"]),
+        lambda s: s.store.tasks.claim("", names=["job"]),
         ms.ConfigurationError,
         "worker_id",
     ),
@@ -352,7 +352,7 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
 
 
 async def _claim_then(sched: ms.Scheduler, then: Callable[[], Awaitable[Any]]) -> Any:
-    assert await sched.store.claim("w", key="existing") is not None
+    assert await sched.store.tasks.claim("w", key="existing") is not None
     return await then()
 
 
@@ -386,7 +386,7 @@ async def test_bad_input(
 
 async def test_commit_cases_write_nothing_beyond_their_claim(scheduler: ms.Scheduler):
     await scheduler.publish("existing", {"n": 1}, name="job")
-    lease = await scheduler.store.claim("w", key="existing")
+    lease = await scheduler.store.tasks.claim("w", key="existing")
     assert lease is not None
     before = await _documents(scheduler)
     for bad in ({"existing": 0}, {"nope": 1}):

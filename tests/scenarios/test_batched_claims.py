@@ -40,9 +40,9 @@ async def test_a_quick_claim_writes_what_the_claim_pipeline_writes(scheduler: ms
     await scheduler.publish_many(
         ms.TaskSpec(key=key, name="job", options=options) for key in ("single", "batched")
     )
-    single = await scheduler.store.claim("w1", key="single")
+    single = await scheduler.store.tasks.claim("w1", key="single")
     assert single is not None
-    leases = await scheduler.store.claim_many("w1", names=["job"], limit=3)
+    leases = await scheduler.store.tasks.claim_many("w1", names=["job"], limit=3)
     assert [lease.key for lease in leases] == ["batched"]
     assert await _stored(scheduler, "batched") == await _stored(scheduler, "single")
 
@@ -53,7 +53,7 @@ async def test_a_batch_takes_the_best_in_claim_order_in_two_calls(scheduler: ms.
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
     await sched.ensure_indexes()
     counting.reset()
-    leases = await sched.store.claim_many("w1", names=["job"], limit=5)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=5)
     assert counting.calls == 2, counting.counts  # the candidates, their claims: no read back
     # priority 2 first (t2, t5, t8, t11), then priority 1 by age (t1)
     assert [lease.key for lease in leases] == ["t2", "t5", "t8", "t11", "t1"]
@@ -64,7 +64,7 @@ async def test_a_batch_takes_the_best_in_claim_order_in_two_calls(scheduler: ms.
         assert [ws.run_id for ws in task.worker_states] == [lease.run_id]
         assert lease.task == task  # the document computed for the lease is the stored one
     # The next batch goes on where this one stopped, never twice the same task.
-    more = await sched.store.claim_many("w2", names=["job"], limit=10)
+    more = await sched.store.tasks.claim_many("w2", names=["job"], limit=10)
     assert {lease.key for lease in more}.isdisjoint(lease.key for lease in leases)
     assert len(more) == 7
 
@@ -77,7 +77,7 @@ class _TakesFirst(CountingCollection):
         self.other, self.key = scheduler, key
 
     async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
-        assert await self.other.store.claim("rival", key=self.key) is not None
+        assert await self.other.store.tasks.claim("rival", key=self.key) is not None
         return await self.wrapped.bulk_write(requests, **kwargs)
 
 
@@ -85,7 +85,7 @@ async def test_a_candidate_taken_meanwhile_is_not_claimed_twice(scheduler: ms.Sc
     await _publish(scheduler, 6)
     racing = _TakesFirst(scheduler.collection, scheduler, "t2")
     sched = ms.Scheduler(racing, clock=scheduler.store.clock)
-    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert "t2" not in {lease.key for lease in leases} and len(leases) == 3
     task = await scheduler.get("t2")
     assert task is not None and [ws.worker_id for ws in task.worker_states] == ["rival"]
@@ -116,7 +116,7 @@ class _LosesReplies(CountingCollection):
 async def test_a_lost_reply_is_recovered_by_run_id(scheduler: ms.Scheduler):
     await _publish(scheduler, 5)
     sched = ms.Scheduler(_LosesReplies(scheduler.collection, 0), clock=scheduler.store.clock)
-    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert len(leases) == 4
 
 
@@ -124,9 +124,9 @@ async def test_a_lost_reply_and_look_up_leave_every_run_uncertain(scheduler: ms.
     await _publish(scheduler, 5)
     sched = ms.Scheduler(_LosesReplies(scheduler.collection, 1), clock=scheduler.store.clock)
     with pytest.raises(ClaimUncertain) as uncertain:
-        await sched.store.claim_many("w1", names=["job"], limit=4)
+        await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert len(uncertain.value.run_ids) == 4
-    found = await sched.store.find_claims("w1", uncertain.value.run_ids)
+    found = await sched.store.tasks.find_claims("w1", uncertain.value.run_ids)
     assert len(found) == 4  # each one is recovered
 
 
@@ -143,7 +143,7 @@ async def test_a_batch_that_never_arrived_is_a_network_error_not_nothing_to_clai
     await _publish(scheduler, 5)
     sched = ms.Scheduler(_BulkNeverArrives(scheduler.collection), clock=scheduler.store.clock)
     with pytest.raises(ms.BackendUnavailable):
-        await sched.store.claim_many("w1", names=["job"], limit=4)
+        await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert all(t.state is ms.TaskState.PENDING for t in await scheduler.store.get_many(["t0"]))
 
 
@@ -159,7 +159,7 @@ class _TakesAllFirst(CountingCollection):
         if self.rounds == 1:
             for request in requests:
                 found = await self.wrapped.find_one({"_id": request._filter["_id"]})
-                assert await self.other.store.claim("rival", key=found["key"]) is not None
+                assert await self.other.store.tasks.claim("rival", key=found["key"]) is not None
         return await self.wrapped.bulk_write(requests, **kwargs)
 
 
@@ -169,7 +169,7 @@ async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Sche
     await _publish(scheduler, 8)
     racing = _TakesAllFirst(scheduler.collection, scheduler)
     sched = ms.Scheduler(racing, clock=scheduler.store.clock)
-    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert racing.rounds == 2 and len(leases) == 4
     # The lost round read its candidates and wrote; it had nothing of its own to read back,
     # and the round that won computed its documents: nothing to read back either.
@@ -197,7 +197,7 @@ async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_can
     won: dict[str, list[ms.Lease]] = {}
 
     async def claim(worker_id: str) -> None:
-        won[worker_id] = await sched.store.claim_many(worker_id, names=["job"], limit=4)
+        won[worker_id] = await sched.store.tasks.claim_many(worker_id, names=["job"], limit=4)
 
     async with anyio.create_task_group() as group:
         group.start_soon(claim, "w1")
@@ -277,21 +277,21 @@ async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
         max_unexpected_retries=0, ping_interval_ms=1_000, worker_timeout_ms=5_000
     )
     await scheduler.publish("dead", None, name="job", options=options)
-    assert await scheduler.store.claim("ghost", key="dead") is not None  # then it died
+    assert await scheduler.store.tasks.claim("ghost", key="dead") is not None  # then it died
     clock.advance(6)
     await scheduler.publish("after", None, name="next", depends_on=["dead"])
     await _publish(scheduler, 3)
     failing = _ReadsFail(scheduler.collection, "_id")
     sched = ms.Scheduler(failing, clock=clock)
-    leases = await sched.store.claim_many("w1", names=["job"], limit=4)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert failing.times == 0  # the settling read did fail
     assert sorted(lease.key for lease in leases) == ["t0", "t1", "t2"]
     dead = await scheduler.get("dead")
     assert dead is not None and dead.state is ms.TaskState.FAIL
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.BLOCKED
-    assert sched.store.owed  # told later, by `recover_dependents`
-    await sched.store.recover_dependents()
+    assert sched.store.tasks.owed  # told later, by `recover_dependents`
+    await sched.store.tasks.recover_dependents()
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.CANCELLED
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 
 async def _claimed(sched: ms.Scheduler, count: int) -> list[ms.Lease]:
     await sched.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(count))
-    leases = [await sched.store.claim("w1", key=f"t{n}") for n in range(count)]
+    leases = [await sched.store.tasks.claim("w1", key=f"t{n}") for n in range(count)]
     assert all(lease is not None for lease in leases)
     return [lease for lease in leases if lease is not None]
 
@@ -49,7 +49,7 @@ async def _record_successes(sched: ms.Scheduler, leases: list[ms.Lease]) -> dict
 
     async def finish(lease: ms.Lease) -> None:
         try:
-            outcomes[lease.key] = await sched.store.record_success(lease, lease.key)
+            outcomes[lease.key] = await sched.store.tasks.record_success(lease, lease.key)
         except ms.LeaseLost as exc:
             outcomes[lease.key] = exc
 
@@ -68,11 +68,11 @@ async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler)
     async def finish(lease: ms.Lease) -> None:
         try:
             if lease.key == "t1":
-                task = await sched.store.fail(lease, RuntimeError("bad input"))
+                task = await sched.store.tasks.fail(lease, RuntimeError("bad input"))
             elif lease.key == "t2":
-                task = await sched.store.retry_later(lease, 30, "busy")
+                task = await sched.store.tasks.retry_later(lease, 30, "busy")
             else:
-                task = await sched.store.succeed(lease, {"key": lease.key})
+                task = await sched.store.tasks.succeed(lease, {"key": lease.key})
             outcomes[lease.key] = task.state
         except ms.LeaseLost as exc:
             outcomes[lease.key] = exc
@@ -99,7 +99,7 @@ async def test_a_consumers_successes_written_together_cost_one_call(scheduler: m
     sched, counting = await _counting(scheduler)
     async with anyio.create_task_group() as group:
         for lease in leases:
-            group.start_soon(sched.store.record_success, lease, {"key": lease.key})
+            group.start_soon(sched.store.tasks.record_success, lease, {"key": lease.key})
     assert counting.counts == {"bulk_write": 1}, counting.counts
     stored = await scheduler.store.get_many([lease.key for lease in leases])
     assert [(t.state, t.result) for t in stored] == [
@@ -129,9 +129,9 @@ async def test_a_task_claimed_with_dependents_is_read_back_with_its_batch(
     scheduler: ms.Scheduler,
 ):
     leases = await _claimed(scheduler, 3)
-    await scheduler.store.release(leases[1])
+    await scheduler.store.tasks.release(leases[1])
     await scheduler.publish("after-t1", None, name="job", depends_on=["t1"])
-    again = await scheduler.store.claim("w1", key="t1")
+    again = await scheduler.store.tasks.claim("w1", key="t1")
     assert again is not None and again.task.dependent_count == 1
     sched, counting = await _counting(scheduler)
     outcomes = await _record_successes(sched, [leases[0], again, leases[2]])
@@ -151,7 +151,7 @@ async def test_a_success_written_unread_still_reports_its_lost_lease(
     expiring = leases[3]
     assert expiring.ping_expire_at is not None
     clock.advance((expiring.ping_expire_at - clock.now()).total_seconds() - 1)
-    await scheduler.store.ping_many([leases[0], leases[2]])  # they outlive it
+    await scheduler.store.tasks.ping_many([leases[0], leases[2]])  # they outlive it
     clock.advance(2)
     sched, counting = await _counting(scheduler)
     outcomes = await _record_successes(sched, leases)
@@ -169,7 +169,7 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
     returned: list[str] = []
 
     async def finish(lease: ms.Lease) -> None:
-        await sched.store.record_success(lease, lease.key)
+        await sched.store.tasks.record_success(lease, lease.key)
         returned.append(lease.key)
 
     async with anyio.create_task_group() as group:
@@ -221,7 +221,7 @@ async def test_a_write_the_server_refuses_in_a_batch_fails_alone(
     outcomes: dict[str, Any] = {}
 
     async def finish(lease: ms.Lease) -> None:
-        write = sched.store.record_success if quiet else sched.store.succeed
+        write = sched.store.tasks.record_success if quiet else sched.store.tasks.succeed
         try:
             await write(lease, lease.key)
             outcomes[lease.key] = "written"
@@ -241,7 +241,7 @@ async def test_a_write_the_server_refuses_in_a_batch_fails_alone(
 async def test_a_lone_finish_is_one_call(scheduler: ms.Scheduler):
     (lease,) = await _claimed(scheduler, 1)
     sched, counting = await _counting(scheduler)
-    task = await sched.store.succeed(lease, 1)
+    task = await sched.store.tasks.succeed(lease, 1)
     assert task.state is ms.TaskState.SUCCESS and counting.calls == 1, counting.counts
 
 
@@ -255,7 +255,7 @@ async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_ot
     returned: list[str] = []
 
     async def finish(lease: ms.Lease) -> None:
-        await sched.store.succeed(lease, lease.key)
+        await sched.store.tasks.succeed(lease, lease.key)
         returned.append(lease.key)
 
     async with anyio.create_task_group() as group:
@@ -291,9 +291,9 @@ async def test_a_quick_success_writes_what_the_success_pipeline_writes(
     leaves (a `succeed`), a result that looks like a field path included."""
     leases = await _claimed(scheduler, 2)
     result = {"path": "$not.a.path", "n": [1, "$$ws"]}
-    await scheduler.store.succeed(leases[0], result)
+    await scheduler.store.tasks.succeed(leases[0], result)
     sched, counting = await _counting(scheduler)
-    assert await sched.store.record_success(leases[1], result) is None
+    assert await sched.store.tasks.record_success(leases[1], result) is None
     assert counting.counts == {"bulk_write": 1}, counting.counts
     assert await _stored(scheduler, "t1") == await _stored(scheduler, "t0")
 
@@ -305,7 +305,7 @@ async def test_a_quick_success_that_misses_on_new_options_is_written_in_full(
     the success is written again by the success pipeline, as the new options want."""
     (lease,) = await _claimed(scheduler, 1)
     await scheduler.set_options("t0", ms.TaskOptions(concurrent_worker_cnt=2))
-    await scheduler.store.record_success(lease, None)
+    await scheduler.store.tasks.record_success(lease, None)
     task = await scheduler.get("t0")
     assert task is not None and task.state is ms.TaskState.PENDING  # one success of two
     assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.SUCCESS]

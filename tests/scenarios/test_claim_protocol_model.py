@@ -107,9 +107,9 @@ class ClaimProtocol(RuleBasedStateMachine):
             return multiple()
         before = self.task(key) if key else None
         if key is not None:
-            lease = self.run(self.sched.store.claim, worker, key=key)
+            lease = self.run(self.sched.store.tasks.claim, worker, key=key)
         else:
-            lease = self.run(self.sched.store.claim, worker, names=["job"])
+            lease = self.run(self.sched.store.tasks.claim, worker, names=["job"])
         if lease is None:
             if before is not None and before.next_claim_for(worker, self.clock.now()) is None:
                 pass  # refused for a reason the client can see; fine
@@ -141,10 +141,10 @@ class ClaimProtocol(RuleBasedStateMachine):
         holder = _live_holder(before, lease, self.clock.now())
         store = self.sched.store
         calls = {
-            "ping": lambda: store.ping(lease),
-            "succeed": lambda: store.succeed(lease, {"by": lease.worker_id}),
-            "fail": lambda: store.fail(lease, RuntimeError("handler failed")),
-            "release": lambda: store.release(lease),
+            "ping": lambda: store.tasks.ping(lease),
+            "succeed": lambda: store.tasks.succeed(lease, {"by": lease.worker_id}),
+            "fail": lambda: store.tasks.fail(lease, RuntimeError("handler failed")),
+            "release": lambda: store.tasks.release(lease),
         }
         try:
             after = self.run(calls[write])
@@ -208,9 +208,9 @@ class ClaimProtocol(RuleBasedStateMachine):
                 return
             self.clock.advance(6)
             for worker in alive:
-                lease = self.run(self.sched.store.claim, worker, names=["job"])
+                lease = self.run(self.sched.store.tasks.claim, worker, names=["job"])
                 if lease is not None:
-                    self.run(self.sched.store.succeed, lease, "drained")
+                    self.run(self.sched.store.tasks.succeed, lease, "drained")
         stuck = [(t.key, t.state.value) for t in self.run(self.sched.store.get_many, list(KEYS))]
         raise AssertionError(f"tasks never finished: {stuck}")
 

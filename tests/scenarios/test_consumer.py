@@ -156,7 +156,7 @@ async def test_not_before_wakes_the_consumer_when_due_without_polling(clock):
 
 async def test_takeover_of_a_vanished_workers_task(scheduler: ms.Scheduler, clock):
     await scheduler.publish("orphan", None, name="job", options=FAST)
-    ghost = await scheduler.store.claim("ghost", names=["job"])
+    ghost = await scheduler.store.tasks.claim("ghost", names=["job"])
     assert ghost is not None
     recorder = Recorder()
     async with consumers(scheduler, recorder):
@@ -168,7 +168,7 @@ async def test_takeover_of_a_vanished_workers_task(scheduler: ms.Scheduler, cloc
         await until_idle()
         assert recorder.runs == [("orphan", "w0")]
     with pytest.raises(ms.LeaseLost):
-        await scheduler.store.succeed(ghost, "too late")
+        await scheduler.store.tasks.succeed(ghost, "too late")
     task = await scheduler.get("orphan")
     assert task is not None and task.state is S.SUCCESS and task.result == {"by": "w0"}
     assert [ws.state for ws in task.worker_states] == [K.TIMEOUT, K.SUCCESS]
@@ -320,7 +320,9 @@ async def test_graceful_stop_releases_running_tasks(scheduler: ms.Scheduler, clo
     task = await scheduler.get("k")
     assert task is not None and task.state is S.PENDING
     assert [ws.state for ws in task.worker_states] == [K.RELEASED]
-    assert await scheduler.store.claim("w1", names=["job"]) is not None, "not claimable at once"
+    assert await scheduler.store.tasks.claim("w1", names=["job"]) is not None, (
+        "not claimable at once"
+    )
 
 
 async def test_stop_now_during_the_grace_period_releases_at_once(scheduler: ms.Scheduler, clock):
@@ -343,7 +345,9 @@ async def test_stop_now_during_the_grace_period_releases_at_once(scheduler: ms.S
     task = await scheduler.get("k")
     assert task is not None and task.state is S.PENDING and task.unexpected_failures == 0
     assert [ws.state for ws in task.worker_states] == [K.RELEASED]
-    assert await scheduler.store.claim("w1", names=["job"]) is not None, "not claimable at once"
+    assert await scheduler.store.tasks.claim("w1", names=["job"]) is not None, (
+        "not claimable at once"
+    )
 
 
 async def test_graceful_stop_lets_a_handler_finish_within_grace(scheduler: ms.Scheduler):
@@ -371,9 +375,9 @@ async def test_hard_stop_leaves_the_lease_to_expire(scheduler: ms.Scheduler, clo
         tg.cancel_scope.cancel()
     task = await scheduler.get("k")
     assert task is not None and task.state is S.RUNNING
-    assert await scheduler.store.claim("w1", names=["job"]) is None
+    assert await scheduler.store.tasks.claim("w1", names=["job"]) is None
     clock.advance(5)
-    assert await scheduler.store.claim("w1", names=["job"]) is not None
+    assert await scheduler.store.tasks.claim("w1", names=["job"]) is not None
 
 
 async def test_stream_error_is_resumed_without_missing_a_task(
@@ -534,11 +538,11 @@ async def test_a_task_claimed_unseen_is_taken_over_at_its_last_pings_expiry(
         await scheduler.publish("blocker", None, name="job", options=FAST)
         await until_idle()
         await scheduler.publish("long", None, name="job", options=FAST)
-        ghost = await scheduler.store.claim("ghost", key="long")
+        ghost = await scheduler.store.tasks.claim("ghost", key="long")
         assert ghost is not None
         for _ in range(3):
             clock.advance(2)
-            await scheduler.store.ping(ghost)  # the ghost's last ping: expires in 5 s
+            await scheduler.store.tasks.ping(ghost)  # the ghost's last ping: expires in 5 s
             await until_idle()
         gate.set()  # the slot frees: "long" is found taken, and its expiry read
         await until_idle()

@@ -57,15 +57,15 @@ def csrf_of(page: str) -> str:
 
 
 async def finish(sched: ms.Scheduler, key: str, outcome: str) -> None:
-    lease = await sched.store.claim("w1", key=key)
+    lease = await sched.store.tasks.claim("w1", key=key)
     assert lease is not None
     if outcome == "success":
-        await sched.store.succeed(lease, {"sent": True})
+        await sched.store.tasks.succeed(lease, {"sent": True})
     else:
         try:
             raise RuntimeError("smtp refused")
         except RuntimeError as exc:  # raised, so the stored error has its traceback
-            await sched.store.fail(lease, exc, final=True)
+            await sched.store.tasks.fail(lease, exc, final=True)
 
 
 @pytest.fixture
@@ -127,10 +127,10 @@ async def test_the_task_page_shows_payload_result_error_history_and_links(
     await sched.publish("load", {"into": "warehouse"}, name="etl", depends_on=["extract"])
     await sched.publish("report", None, name="etl", depends_on=["load"])
     await finish(sched, "extract", "success")
-    lease = await sched.store.claim("w7", key="load")
+    lease = await sched.store.tasks.claim("w7", key="load")
     assert lease is not None
     await lease.progress(0.25, "copied 1/4")
-    await sched.store.ping(lease)
+    await sched.store.tasks.ping(lease)
     await sched.publish("bad", None, name="etl", options=ms.TaskOptions(max_unexpected_retries=0))
     await finish(sched, "bad", "fail")
     async with client(create_app(sched)) as http:
@@ -383,13 +383,13 @@ async def test_a_lease_ping_alone_refreshes_no_page(
     async with anyio.create_task_group() as group:
         group.start_soon(lambda: refresh_signals(scheduler, send, poll_interval=5, min_interval=1))
         await discover()
-        lease = await scheduler.store.claim("w1", key="k")
+        lease = await scheduler.store.tasks.claim("w1", key="k")
         assert lease is not None
         for _ in range(2):
             clock.advance(5)
             await discover()
         assert len(told) == 1  # the claim: started
-        await scheduler.store.ping(lease)
+        await scheduler.store.tasks.ping(lease)
         for _ in range(2):
             clock.advance(5)
             await discover()

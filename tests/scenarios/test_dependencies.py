@@ -29,11 +29,11 @@ async def state_of(sched: ms.Scheduler, key: str) -> ms.TaskState:
 
 
 async def finish(sched: ms.Scheduler, key: str, outcome: str = "success") -> ms.Task:
-    lease = await sched.store.claim("w", key=key)
+    lease = await sched.store.tasks.claim("w", key=key)
     assert lease is not None, f"{key} is not claimable"
     if outcome == "success":
-        return await sched.store.succeed(lease, key)
-    return await sched.store.fail(lease, RuntimeError(f"{key} broke"))
+        return await sched.store.tasks.succeed(lease, key)
+    return await sched.store.tasks.fail(lease, RuntimeError(f"{key} broke"))
 
 
 async def _unfinished(sched: ms.Scheduler) -> bool:
@@ -83,7 +83,7 @@ async def test_blocked_until_every_dependency_succeeded(scheduler: ms.Scheduler)
     await scheduler.publish("b", None, name="job")
     result = await scheduler.publish("c", None, name="job", depends_on=["a", "b"])
     assert result.task.state is S.BLOCKED and result.task.deps_pending == ["a", "b"]
-    assert await scheduler.store.claim("w", key="c") is None
+    assert await scheduler.store.tasks.claim("w", key="c") is None
     await finish(scheduler, "a")
     assert await state_of(scheduler, "c") is S.BLOCKED
     await finish(scheduler, "b")
@@ -176,7 +176,7 @@ async def test_on_dependency_failure_run_sees_what_failed(scheduler: ms.Schedule
     await finish(scheduler, "good")
     task = await scheduler.get("report")
     assert task is not None and task.state is S.PENDING and task.deps_failed == ["bad"]
-    lease = await scheduler.store.claim("w", key="report")
+    lease = await scheduler.store.tasks.claim("w", key="report")
     assert lease is not None and lease.task.deps_failed == ["bad"]
 
 
@@ -192,14 +192,14 @@ async def test_dependency_ending_during_publish_is_not_missed(scheduler: ms.Sche
     """The dependency finishes after the publisher read it as running but before the
     dependent is counted in: the re-read after insert catches it."""
     await scheduler.publish("a", None, name="job")
-    lease = await scheduler.store.claim("w", key="a")
+    lease = await scheduler.store.tasks.claim("w", key="a")
     assert lease is not None
     flows = scheduler.store.flows
     original = flows.resolve
 
     async def resolve_then_finish(*args: Any, **kwargs: Any) -> Any:
         resolved = await original(*args, **kwargs)
-        await scheduler.store.succeed(lease, "done")  # nobody depends on a yet
+        await scheduler.store.tasks.succeed(lease, "done")  # nobody depends on a yet
         return resolved
 
     monkeypatch.setattr(flows, "resolve", resolve_then_finish)
@@ -210,20 +210,20 @@ async def test_dependency_ending_during_publish_is_not_missed(scheduler: ms.Sche
 async def test_dependents_of_a_crashed_writer_are_told_on_recovery(scheduler: ms.Scheduler):
     await scheduler.publish("a", None, name="job")
     await scheduler.publish("b", None, name="job", depends_on=["a"])
-    lease = await scheduler.store.claim("w", key="a")
+    lease = await scheduler.store.tasks.claim("w", key="a")
     assert lease is not None
 
     async def crash(task: ms.Task) -> ms.Task:
         raise ConnectionError("the worker died right after its success was written")
 
-    scheduler.store.after_write = crash  # type: ignore[method-assign]
+    scheduler.store.tasks.after_write = crash  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
-        await scheduler.store.succeed(lease, "done")
-    del scheduler.store.after_write
+        await scheduler.store.tasks.succeed(lease, "done")
+    del scheduler.store.tasks.after_write
     assert await state_of(scheduler, "b") is S.BLOCKED
-    assert await scheduler.store.recover_dependents() == 1
+    assert await scheduler.store.tasks.recover_dependents() == 1
     assert await state_of(scheduler, "b") is S.PENDING
-    assert await scheduler.store.recover_dependents() == 0
+    assert await scheduler.store.tasks.recover_dependents() == 0
 
 
 async def test_add_dependencies_to_existing_tasks(scheduler: ms.Scheduler):
@@ -258,7 +258,7 @@ async def test_bad_edges_are_refused_and_write_nothing(
     await scheduler.publish("c", None, name="job", depends_on=["b"])
     for key in ("x", "y", "running", "done"):
         await scheduler.publish(key, None, name="job")
-    assert await scheduler.store.claim("w", key="running") is not None
+    assert await scheduler.store.tasks.claim("w", key="running") is not None
     await finish(scheduler, "done")
     before = {t.key: t.version for t in await scheduler.store.get_many(["a", "b", "c", "x", "y"])}
     with pytest.raises(error, match=message):
@@ -395,10 +395,10 @@ async def test_a_dead_writers_dependents_are_told_by_a_running_consumer(
     recorder = Recorder()
     async with consumers(scheduler, recorder):
         await discover()
-        lease = await other.store.claim("outsider", key="dep")
+        lease = await other.store.tasks.claim("outsider", key="dep")
         assert lease is not None
-        await other.store.succeed(lease, "done")  # landed; telling child did not
-        assert other.store.owed == {"dep"}
+        await other.store.tasks.succeed(lease, "done")  # landed; telling child did not
+        assert other.store.tasks.owed == {"dep"}
         await discover()
         assert recorder.runs == []
         for _ in range(12):
@@ -415,13 +415,13 @@ async def test_purge_keeps_a_finished_task_until_its_dependents_are_told(
     await scheduler.publish("dep", None, name="job")
     await scheduler.publish("child", None, name="job", depends_on=["dep"])
     other = ms.Scheduler(_TellingFails(scheduler.collection), clock=scheduler.store.clock)
-    lease = await other.store.claim("outsider", key="dep")
+    lease = await other.store.tasks.claim("outsider", key="dep")
     assert lease is not None
-    await other.store.succeed(lease, "done")  # telling child failed
+    await other.store.tasks.succeed(lease, "done")  # telling child failed
     clock.advance(3600)
     hour = dt.timedelta(minutes=1)
     assert await scheduler.purge(states=["success"], older_than=hour) == 0, "child stranded"
-    assert await scheduler.store.recover_dependents() == 1
+    assert await scheduler.store.tasks.recover_dependents() == 1
     assert await scheduler.purge(states=["success"], older_than=hour) == 1
     assert await _state(scheduler, "child") is S.PENDING
 

@@ -416,7 +416,7 @@ async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody
         clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
         await until_idle()
         await other.publish("k", None, name="job", options=short)
-        assert await other.store.claim("gone", key="k") is not None  # never pings
+        assert await other.store.tasks.claim("gone", key="k") is not None  # never pings
         clock.advance(POLL_MS / 1000)
         await until_idle()  # the poll reads the claim: nothing for the consumers
         assert ran == []
@@ -449,7 +449,7 @@ async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_else
         clock.advance(STATE_READ_INTERVAL.total_seconds() - 0.6)
         await until_idle()
         await other.publish("k", None, name="job", options=short)
-        assert await other.store.claim("gone", key="k") is not None  # never pings
+        assert await other.store.tasks.claim("gone", key="k") is not None  # never pings
         clock.advance(POLL_MS / 1000)
         await until_idle()  # the poll reads the claim: nothing for the consumers
         clock.advance(0.6)
@@ -478,7 +478,9 @@ async def test_a_waiter_hides_no_slot_freed_for_a_later_retry(
     its retry is due, not at its backstop fetch a minute later."""
     options = ms.TaskOptions(concurrent_worker_cnt=2, unexpected_retry_delay_ms=300)
     await scheduler.publish("k", None, name="job", options=options)
-    held = await scheduler.store.claim("other", key="k")  # the other slot, for the test's span
+    held = await scheduler.store.tasks.claim(
+        "other", key="k"
+    )  # the other slot, for the test's span
     assert held is not None
     runs: list[str] = []
 

@@ -368,19 +368,19 @@ class DiscoveryHubModel(RuleBasedStateMachine):
                 )
             elif write == "claim":
                 self.workers += 1
-                claimed = await store.claim(f"w{self.workers}", key=key)
+                claimed = await store.tasks.claim(f"w{self.workers}", key=key)
                 if claimed is not None:
                     self.leases.append(claimed)
             elif write == "ping" and lease is not None:
-                await store.ping(lease)
+                await store.tasks.ping(lease)
             elif write in ("fail", "succeed", "release") and lease is not None:
                 self.leases.remove(lease)
                 if write == "fail":
-                    await store.fail(lease, RuntimeError("one slot fails"))
+                    await store.tasks.fail(lease, RuntimeError("one slot fails"))
                 elif write == "succeed":
-                    await store.succeed(lease, "done")
+                    await store.tasks.succeed(lease, "done")
                 else:
-                    await store.release(lease)
+                    await store.tasks.release(lease)
             elif write == "cancel":
                 await sched.cancel(key)
             elif write == "retry":

@@ -48,7 +48,7 @@ async def test_options_at_their_maxima_are_published(
 
 
 async def _claim(sched: ms.Scheduler, key: str, worker: str = "w1") -> ms.Lease:
-    lease = await sched.store.claim(worker, key=key)
+    lease = await sched.store.tasks.claim(worker, key=key)
     assert lease is not None
     return lease
 
@@ -56,7 +56,7 @@ async def _claim(sched: ms.Scheduler, key: str, worker: str = "w1") -> ms.Lease:
 async def test_history_is_bounded_and_counted(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
     for _ in range(60):
-        await scheduler.store.retry_later(await _claim(scheduler, "k"), 0, "not yet")
+        await scheduler.store.tasks.retry_later(await _claim(scheduler, "k"), 0, "not yet")
     task = await scheduler.get("k")
     assert task is not None and task.state is S.PENDING
     assert len(task.worker_states) <= c.KEPT_FINISHED_STATES + 1
@@ -73,37 +73,41 @@ async def test_retries_count_failures_whose_states_were_dropped(scheduler: ms.Sc
     options = ms.TaskOptions(max_unexpected_retries=retries, **FAST)
     await scheduler.publish("k", None, name="job", options=options)
     for n in range(retries + 1):
-        await scheduler.store.retry_later(await _claim(scheduler, "k"), 0, "wait")
-        task = await scheduler.store.fail(await _claim(scheduler, "k"), RuntimeError(f"boom {n}"))
+        await scheduler.store.tasks.retry_later(await _claim(scheduler, "k"), 0, "wait")
+        task = await scheduler.store.tasks.fail(
+            await _claim(scheduler, "k"), RuntimeError(f"boom {n}")
+        )
         expected = S.FAIL if n == retries else S.PENDING
         assert task.state is expected, n
     assert task.dropped_failures > 0 and task.unexpected_failures == retries + 1
     assert task.error is not None and task.error.message == f"boom {retries}"
-    assert await scheduler.store.claim("w1", key="k") is None
+    assert await scheduler.store.tasks.claim("w1", key="k") is None
 
 
 async def test_max_tries_counts_dropped_attempts_and_says_why(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_tries=40, **FAST))
     for n in range(40):
-        task = await scheduler.store.retry_later(await _claim(scheduler, "k"), 0, "later")
+        task = await scheduler.store.tasks.retry_later(await _claim(scheduler, "k"), 0, "later")
         assert task.state is (S.FAIL if n == 39 else S.PENDING), n
     assert task.attempts == 40 and task.dropped_attempts > 0
     assert task.error is not None and task.error.type == "TriesExhausted"
-    assert await scheduler.store.claim("w1", key="k") is None
+    assert await scheduler.store.tasks.claim("w1", key="k") is None
 
 
 async def test_a_failed_task_always_has_an_error(scheduler: ms.Scheduler):
     """Also when ``max_tries`` runs out after a success short of concurrent_worker_cnt."""
     options = ms.TaskOptions(concurrent_worker_cnt=2, max_tries=2, **FAST)
     await scheduler.publish("k", None, name="job", options=options)
-    await scheduler.store.succeed(await _claim(scheduler, "k", "w1"), "ok")
-    task = await scheduler.store.retry_later(await _claim(scheduler, "k", "w2"), 0, "later")
+    await scheduler.store.tasks.succeed(await _claim(scheduler, "k", "w1"), "ok")
+    task = await scheduler.store.tasks.retry_later(await _claim(scheduler, "k", "w2"), 0, "later")
     assert task.state is S.FAIL
     assert task.error is not None and task.error.type == "TriesExhausted"
     # The last attempt failed: its own error says why.
     await scheduler.publish("j", None, name="job", options=options)
-    await scheduler.store.succeed(await _claim(scheduler, "j", "w1"), "ok")
-    task = await scheduler.store.fail(await _claim(scheduler, "j", "w2"), ValueError("bad row"))
+    await scheduler.store.tasks.succeed(await _claim(scheduler, "j", "w1"), "ok")
+    task = await scheduler.store.tasks.fail(
+        await _claim(scheduler, "j", "w2"), ValueError("bad row")
+    )
     assert task.state is S.FAIL and task.error is not None and task.error.message == "bad row"
 
 
@@ -132,11 +136,11 @@ async def test_a_task_at_the_size_limit_survives_its_whole_life(
     for n in range(100):
         lease = await _claim(scheduler, "k", f"w-{'é' * 200}-{n}")
         if n % 2:
-            await scheduler.store.retry_later(lease, 0, reason)
+            await scheduler.store.tasks.retry_later(lease, 0, reason)
         else:
-            await scheduler.store.fail(lease, RuntimeError(reason))
+            await scheduler.store.tasks.fail(lease, RuntimeError(reason))
     lease = await _claim(scheduler, "k")
-    task = await scheduler.store.succeed(lease, "y" * (result_limit(options) - 100))
+    task = await scheduler.store.tasks.succeed(lease, "y" * (result_limit(options) - 100))
     assert task.state is S.SUCCESS and task.attempts == 101
 
 

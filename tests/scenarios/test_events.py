@@ -196,10 +196,10 @@ async def test_events_iterated_bare_tell_the_same_in_order(
             await until_idle()
             await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
             await _step(clock, discover, 0.5, 2)
-            lease = await scheduler.store.claim("w1", key="k")
+            lease = await scheduler.store.tasks.claim("w1", key="k")
             assert lease is not None
             await _step(clock, discover, 0.5, 2)
-            await scheduler.store.succeed(lease, 7)
+            await scheduler.store.tasks.succeed(lease, 7)
             await _step(clock, discover, 0.5, 2)
             task_group.cancel_scope.cancel()
     assert [(event.kind, event.result) for event in heard] == [
@@ -222,11 +222,11 @@ async def test_a_missed_version_is_told_from_the_newest(
     options = ms.TaskOptions(max_unexpected_retries=2, unexpected_retry_delay_ms=0, **FAST)
     log = EventLog(clock.now())
     published = (await scheduler.publish("k", None, name="job", options=options)).task
-    lease = await scheduler.store.claim("w1", key="k")
+    lease = await scheduler.store.tasks.claim("w1", key="k")
     assert lease is not None
-    await scheduler.store.fail(lease, RuntimeError("boom"))
+    await scheduler.store.tasks.fail(lease, RuntimeError("boom"))
     clock.advance(1)
-    again = await scheduler.store.claim("w2", key="k")
+    again = await scheduler.store.tasks.claim("w2", key="k")
     assert again is not None
     newest = await scheduler.get("k")
     assert newest is not None
@@ -248,7 +248,7 @@ async def test_a_listener_started_later_tells_only_what_came_after(
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
     clock.advance(1)
     log = EventLog(clock.now())
-    lease = await scheduler.store.claim("w1", key="k")
+    lease = await scheduler.store.tasks.claim("w1", key="k")
     assert lease is not None
     task = await scheduler.get("k")
     assert task is not None
@@ -267,12 +267,12 @@ async def test_an_expired_lease_is_a_failed_attempt_before_the_next_start(
     write as its own start, told in that order."""
     log = EventLog(clock.now())
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
-    assert (await scheduler.store.claim("w1", key="k")) is not None
+    assert (await scheduler.store.tasks.claim("w1", key="k")) is not None
     running = await scheduler.get("k")
     assert running is not None
     assert [event.kind for event in log.take(running)] == ["published", "started"]
     clock.advance(FAST["worker_timeout_ms"] / 1000 + 1)
-    assert (await scheduler.store.claim("w2", key="k")) is not None
+    assert (await scheduler.store.tasks.claim("w2", key="k")) is not None
     again = await scheduler.get("k")
     assert again is not None
     told = log.take(again)
@@ -289,9 +289,9 @@ async def test_a_last_failure_is_told_once_without_retry(
     log = EventLog(clock.now())
     options = ms.TaskOptions(max_unexpected_retries=0, **FAST)
     await scheduler.publish("k", None, name="job", options=options)
-    lease = await scheduler.store.claim("w1", key="k")
+    lease = await scheduler.store.tasks.claim("w1", key="k")
     assert lease is not None
-    await scheduler.store.fail(lease, RuntimeError("boom"))
+    await scheduler.store.tasks.fail(lease, RuntimeError("boom"))
     failed = await scheduler.get("k")
     assert failed is not None and failed.state is ms.TaskState.FAIL
     assert [(e.kind, e.will_retry) for e in log.take(failed)] == [
@@ -318,7 +318,7 @@ async def test_a_forgotten_task_is_not_told_again(
     assert other is not None
     assert [e.kind for e in log.take(other)] == ["published"]  # "a" forgotten
     clock.advance(1)
-    assert (await scheduler.store.claim("w1", key="a")) is not None
+    assert (await scheduler.store.tasks.claim("w1", key="a")) is not None
     claimed = await scheduler.get("a")
     assert claimed is not None
     assert [e.kind for e in log.take(claimed)] == ["started"]

@@ -27,7 +27,7 @@ async def test_a_task_not_started_by_expires_at_is_cancelled_and_never_claimed(
 
     await scheduler.publish("late", None, name="job", options=ms.TaskOptions(expires_at=expires))
     clock.advance(10)
-    assert await scheduler.store.claim("w", key="late") is None  # expired: never claimed
+    assert await scheduler.store.tasks.claim("w", key="late") is None  # expired: never claimed
     async with scheduler.consumer({"job": job}, options=worker()):
         await discover()
     task = await scheduler.get("late")

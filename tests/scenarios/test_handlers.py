@@ -50,9 +50,9 @@ async def test_delay_sets_not_before_from_the_schedulers_clock(
     )
     assert second.task.not_before == now + dt.timedelta(minutes=2)
     assert second.task.options.priority == 3
-    assert await scheduler.store.claim("w", names=["job"]) is None  # not due yet
+    assert await scheduler.store.tasks.claim("w", names=["job"]) is None  # not due yet
     clock.advance(30)
-    lease = await scheduler.store.claim("w", names=["job"])
+    lease = await scheduler.store.tasks.claim("w", names=["job"])
     assert lease is not None and lease.key == "in-30s"
 
 

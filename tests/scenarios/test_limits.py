@@ -556,7 +556,7 @@ async def test_no_window_holds_more_than_rate_handler_starts_across_three_consum
     for n in range(24):
         await scheduler.publish(f"t{n}", n, name="thumb")
     slow = ms.Scheduler(scheduler.collection, clock=clock)
-    claim, calls = slow.store.claim, 0
+    claim, calls = slow.store.tasks.claim, 0
 
     async def late_reply(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
@@ -566,7 +566,7 @@ async def test_no_window_holds_more_than_rate_handler_starts_across_three_consum
             clock.advance(0.7)  # this reply took 0.7 s to come back
         return lease
 
-    slow.store.claim = late_reply  # type: ignore[method-assign]
+    slow.store.tasks.claim = late_reply  # type: ignore[method-assign]
     consumers = [
         (scheduler if n else slow).consumer(
             {"thumb": thumb},
@@ -675,14 +675,14 @@ async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
         starts.append(clock.now())
 
     slow = ms.Scheduler(scheduler.collection, clock=clock)
-    claim = slow.store.claim
+    claim = slow.store.tasks.claim
 
     async def late_reply(*args: Any, **kwargs: Any) -> Any:
         lease = await claim(*args, **kwargs)
         clock.advance(0.03)
         return lease
 
-    slow.store.claim = late_reply  # type: ignore[method-assign]
+    slow.store.tasks.claim = late_reply  # type: ignore[method-assign]
     async with contextlib.AsyncExitStack() as stack:
         for n in range(3):
             options = ms.WorkerOptions(worker_id=f"w{n}", poll_interval_ms=POLL_MS, max_running=4)

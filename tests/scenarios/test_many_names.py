@@ -47,9 +47,9 @@ async def test_claims_and_fetches_of_many_names_query_at_most_100_at_a_time(
     await scheduler.publish_many(specs)
     sizes = recording(scheduler)
 
-    lease = await scheduler.store.claim("w", names=NAMES)
+    lease = await scheduler.store.tasks.claim("w", names=NAMES)
     assert lease is not None and lease.key == "k249", "the best of all names, in the last group"
-    leases = await scheduler.store.claim_many("w", names=NAMES, limit=4)
+    leases = await scheduler.store.tasks.claim_many("w", names=NAMES, limit=4)
     assert [lease.key for lease in leases] == ["k0", "k1", "k2", "k3"], "oldest first"
     fetched = await scheduler.store.fetch(NAMES, "other", 1_000, 100)
     pending = {task.key for task in fetched if task.state is ms.TaskState.PENDING}

@@ -80,12 +80,12 @@ async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
     clock.advance(60)
     await sched.publish("waiting-new", None, name="email")
     await sched.publish("stuck", None, name="sms", options=short)
-    assert await sched.store.claim("vanished", key="stuck") is not None
+    assert await sched.store.tasks.claim("vanished", key="stuck") is not None
     await sched.publish("busy", None, name="sms")
-    busy = await sched.store.claim("worker-1", key="busy")
+    busy = await sched.store.tasks.claim("worker-1", key="busy")
     assert busy is not None
     await busy.progress(0.5, "half way")
-    await sched.store.ping(busy)
+    await sched.store.tasks.ping(busy)
     await sched.pause("sms", reason="provider outage")
     await sched.set_limit("email", rate=100, per=dt.timedelta(minutes=1))
     await sched.publish(

@@ -99,22 +99,22 @@ async def test_the_ttl_waits_until_the_dependents_are_told(scheduler: ms.Schedul
         assert document is not None
         return document.get(ttl_field)
 
-    lease = await scheduler.store.claim("w", key="alone")
+    lease = await scheduler.store.tasks.claim("w", key="alone")
     assert lease is not None
-    await scheduler.store.succeed(lease, "done")
+    await scheduler.store.tasks.succeed(lease, "done")
     assert await ttl_date("alone") is not None, "nothing to tell: deletable"
 
     async def crash(task: ms.Task) -> ms.Task:
         raise ConnectionError("the worker died right after its success was written")
 
-    lease = await scheduler.store.claim("w", key="a")
+    lease = await scheduler.store.tasks.claim("w", key="a")
     assert lease is not None
-    scheduler.store.after_write = crash  # type: ignore[method-assign]
+    scheduler.store.tasks.after_write = crash  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
-        await scheduler.store.succeed(lease, "done")
-    del scheduler.store.after_write
+        await scheduler.store.tasks.succeed(lease, "done")
+    del scheduler.store.tasks.after_write
     assert await ttl_date("a") is None, "its dependent is still to be told: not deletable"
-    assert await scheduler.store.recover_dependents() == 1
+    assert await scheduler.store.tasks.recover_dependents() == 1
     assert await ttl_date("a") is not None
 
 

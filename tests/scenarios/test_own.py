@@ -251,7 +251,7 @@ async def test_owning_n_costs_the_round_trips_of_the_consumers_batched_claim(
     await sched.ensure_indexes()
     for n in (1, 10, 20):
         counting.reset()
-        baseline = await sched.store.claim_many("consumer", names=["job"], limit=n)
+        baseline = await sched.store.tasks.claim_many("consumer", names=["job"], limit=n)
         claim_calls = counting.calls
         counting.reset()
         owned = await sched.own(["job"], worker_id="owner", max_tasks=n)

@@ -99,7 +99,7 @@ async def test_a_sync_handler_reports_progress_from_its_thread(
 
 async def test_bad_progress_names_the_field(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
-    lease = await scheduler.store.claim("w", key="k")
+    lease = await scheduler.store.tasks.claim("w", key="k")
     assert lease is not None
     with pytest.raises(ms.ConfigurationError, match="progress: fraction: must be at most 1"):
         await lease.progress(1.5)

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.store.transactions import SessionCollection
 from mscheduler.testing import CountingCollection
 from tests.scenarios.test_dependencies import finish, run_all, state_of
 
@@ -88,7 +89,7 @@ async def test_replace_a_waiting_task(scheduler: ms.Scheduler):
 
 async def test_replace_refuses_a_running_task_and_creates_a_missing_one(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
-    assert await scheduler.store.claim("w", key="k") is not None
+    assert await scheduler.store.tasks.claim("w", key="k") is not None
     with pytest.raises(ms.TaskRunning):
         await scheduler.replace("k", 2, name="job")
     assert (await scheduler.replace("new", 1, name="job")).created
@@ -98,7 +99,7 @@ async def test_commit_finishes_publishes_and_deletes_together(scheduler: ms.Sche
     await scheduler.publish("mine", None, name="job")
     await scheduler.publish("consumed", None, name="job")
     config = (await scheduler.publish("config", {"v": 1}, name="config")).task
-    lease = await scheduler.store.claim("w", key="mine")
+    lease = await scheduler.store.tasks.claim("w", key="mine")
     assert lease is not None
     published = await scheduler.commit(
         complete=[(lease, {"rows": 3})],
@@ -117,7 +118,7 @@ async def test_commit_with_a_stale_requirement_writes_nothing(scheduler: ms.Sche
     await scheduler.publish("mine", None, name="job")
     config = (await scheduler.publish("config", {"v": 1}, name="config")).task
     await scheduler.publish("config", {"v": 2}, name="config", update_payload=True)
-    lease = await scheduler.store.claim("w", key="mine")
+    lease = await scheduler.store.tasks.claim("w", key="mine")
     assert lease is not None
     before = await snapshot(scheduler)
     with pytest.raises(ms.PreconditionFailed, match="config") as info:
@@ -132,8 +133,8 @@ async def test_commit_with_a_lost_lease_writes_nothing(scheduler: ms.Scheduler, 
     opts = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
     await scheduler.publish("a", None, name="job", options=opts)
     await scheduler.publish("b", None, name="job")
-    lease_b = await scheduler.store.claim("w", key="b")
-    lease_a = await scheduler.store.claim("w", key="a")
+    lease_b = await scheduler.store.tasks.claim("w", key="b")
+    lease_a = await scheduler.store.tasks.claim("w", key="a")
     assert lease_a is not None and lease_b is not None
     clock.advance(5)  # a's lease expires; b's (60 s) does not
     before = await snapshot(scheduler)
@@ -148,8 +149,8 @@ async def test_replacing_in_a_commit_continues_the_version(scheduler: ms.Schedul
     old = (await scheduler.publish("barrier", {"done": []}, name="barrier")).task
     for n in range(2):
         await scheduler.publish(f"r{n}", None, name="job")
-    first = await scheduler.store.claim("w1", key="r0")
-    second = await scheduler.store.claim("w2", key="r1")
+    first = await scheduler.store.tasks.claim("w1", key="r0")
+    second = await scheduler.store.tasks.claim("w2", key="r1")
     assert first is not None and second is not None
     replaced = await scheduler.commit(
         complete=[first],
@@ -180,7 +181,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
     leases = []
     for key in keys:
         await scheduler.publish(key, None, name="part")
-        lease = await scheduler.store.claim(f"w-{key}", key=key)
+        lease = await scheduler.store.tasks.claim(f"w-{key}", key=key)
         assert lease is not None
         leases.append(lease)
     barrier = await scheduler.get("barrier")
@@ -394,7 +395,7 @@ async def test_a_flow_catches_up_with_a_dependency_that_ended_while_it_was_writt
     itself in on it, so its finisher saw no dependent to tell: the flow tells its task itself,
     which would otherwise stay blocked for ever."""
     await scheduler.publish("ext", name="job")
-    lease = await scheduler.store.claim("w", key="ext")
+    lease = await scheduler.store.tasks.claim("w", key="ext")
     assert lease is not None
     racer = _FinishesFirst(scheduler, lease)
     sched = ms.Scheduler(racer, clock=scheduler.store.clock)
@@ -422,7 +423,7 @@ class _FinishesFirst:
     async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
         if not self.finished:
             self.finished = True
-            await self.scheduler.store.succeed(self.lease, None)
+            await self.scheduler.store.tasks.succeed(self.lease, None)
         return await self.inner.bulk_write(requests, **kwargs)
 
 
@@ -459,7 +460,7 @@ async def test_a_commit_with_a_key_of_another_name_records_nothing(
 ):
     await scheduler.publish("taken", None, name="other")
     await scheduler.publish("mine", None, name="job")
-    lease = await scheduler.store.claim("w0", key="mine")
+    lease = await scheduler.store.tasks.claim("w0", key="mine")
     assert lease is not None
     with pytest.raises(ms.ConfigurationError, match="nothing written"):
         await scheduler.commit(
@@ -470,3 +471,31 @@ async def test_a_commit_with_a_key_of_another_name_records_nothing(
     mine = await scheduler.get("mine")
     assert mine is not None and mine.state is S.RUNNING, "the completion was recorded"
     assert await scheduler.get("next") is None
+
+
+async def test_a_batch_binds_its_session_for_its_own_task_only(scheduler: ms.Scheduler):
+    """Inside a batch the store writes through the session's view of the collection, in the
+    batch's task alone: a consumer's task running meanwhile writes outside the transaction
+    (its finishes batched as usual), and no part of the store is built again for the batch."""
+    store = scheduler.store
+    parts = (store.tasks, store.publisher, store.flows, store.task_hub, store.control_hub)
+    view = SessionCollection(scheduler.collection, session=None)
+    seen: list[tuple[bool, bool, bool]] = []
+    asked, answered = anyio.Event(), anyio.Event()
+
+    async def meanwhile() -> None:
+        await asked.wait()
+        seen.append(
+            (store.collection is scheduler.collection, store.in_batch, store.in_transaction)
+        )
+        answered.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(meanwhile)
+        with store.bound(view):
+            assert store.collection is view and store.in_batch and store.in_transaction
+            asked.set()
+            await answered.wait()
+        assert store.collection is scheduler.collection and not store.in_batch
+    assert seen == [(True, False, False)]
+    assert (store.tasks, store.publisher, store.flows, store.task_hub, store.control_hub) == parts

@@ -71,9 +71,9 @@ async def test_replace_finished_runs_the_task_again(scheduler: ms.Scheduler, out
     await scheduler.publish("k", {"n": 1}, name="job", options=opts)
     lease = await must_claim(scheduler, "w1")
     if outcome == "success":
-        await scheduler.store.succeed(lease, "done")
+        await scheduler.store.tasks.succeed(lease, "done")
     else:
-        await scheduler.store.fail(lease, RuntimeError("boom"))
+        await scheduler.store.tasks.fail(lease, RuntimeError("boom"))
     finished = await current(scheduler, "k")
     assert finished.state.value == outcome
 

@@ -359,12 +359,12 @@ async def test_a_worker_that_loses_the_advance_still_records_the_occurrence_it_p
     )
     clock.advance(60)
     await first.store.schedules.publish_due(["sync"])
-    lease = await first.store.claim("w", names=["sync"])
+    lease = await first.store.tasks.claim("w", names=["sync"])
     assert lease is not None and lease.key == "sync@20300101T000100Z"
     clock.advance(60)
     (stale,) = await second.schedules()
     await first.store.schedules.publish_due(["sync"])  # A: 00:01 runs, 00:02 skipped
-    await first.store.succeed(lease, None)
+    await first.store.tasks.succeed(lease, None)
     await second.store.schedules._publish_occurrences(stale, clock.now())  # B: publishes 00:02
     (listed,) = await first.schedules()
     assert listed.last_key == "sync@20300101T000200Z"

@@ -62,8 +62,8 @@ async def test_claims_by_name_behind_a_mongos_name_the_shard_key(
     scheduler = ms.Scheduler(Mongos(scheduler.collection), clock=clock)
     for n in range(4):
         await scheduler.publish(f"k{n}", None, name="job", options=ms.TaskOptions(priority=n))
-    lease = await scheduler.store.claim("w", names=["job"])
+    lease = await scheduler.store.tasks.claim("w", names=["job"])
     assert lease is not None and lease.key == "k3", "the best of the name"
-    leases = await scheduler.store.claim_many("w", names=["job"], limit=2)
+    leases = await scheduler.store.tasks.claim_many("w", names=["job"], limit=2)
     assert [lease.key for lease in leases] == ["k2", "k1"]
-    assert await scheduler.store.claim("w", key="k0") is not None
+    assert await scheduler.store.tasks.claim("w", key="k0") is not None

@@ -18,7 +18,7 @@ FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=10_000)
 
 
 async def claim(sched: ms.Scheduler, worker: str, name: str = "job") -> ms.Lease | None:
-    lease = await sched.store.claim(worker, names=[name])
+    lease = await sched.store.tasks.claim(worker, names=[name])
     if lease is not None:
         check_consistent(lease.task)
     return lease
@@ -95,7 +95,7 @@ async def test_claim_refused_once_retries_are_exhausted(scheduler: ms.Scheduler)
     opts = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
     await scheduler.publish("k", None, name="job", options=opts)
     for _ in range(2):
-        await scheduler.store.fail(await must_claim(scheduler, "w1"), ValueError("bad"))
+        await scheduler.store.tasks.fail(await must_claim(scheduler, "w1"), ValueError("bad"))
     task = await current(scheduler, "k")
     assert task.state is S.FAIL
     assert task.error is not None and task.error.type == "ValueError"
@@ -121,9 +121,9 @@ async def test_equal_priority_in_one_batch_is_strict_fifo(scheduler: ms.Schedule
 async def test_claim_by_key(scheduler: ms.Scheduler):
     await scheduler.publish("a", None, name="job")
     await scheduler.publish("b", None, name="job")
-    lease = await scheduler.store.claim("w1", key="b")
+    lease = await scheduler.store.tasks.claim("w1", key="b")
     assert lease is not None and lease.key == "b"
-    assert await scheduler.store.claim("w2", key="b") is None
+    assert await scheduler.store.tasks.claim("w2", key="b") is None
 
 
 # ------------------------------------------------------------------------ leases
@@ -147,7 +147,7 @@ async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ms.ManualC
     await scheduler.publish("k", None, name="job", options=FAST)
     lease = await must_claim(scheduler, "w1")
     clock.advance(8)
-    task = await scheduler.store.ping(lease)
+    task = await scheduler.store.tasks.ping(lease)
     check_consistent(task)
     assert task.worker_states[0].ping_expire_at == clock.now() + dt.timedelta(seconds=10)
     clock.advance(8)
@@ -162,10 +162,10 @@ async def test_late_worker_gets_lease_lost(scheduler: ms.Scheduler, clock, write
     await must_claim(scheduler, "w2")
     before = await current(scheduler, "k")
     calls = {
-        "ping": lambda: scheduler.store.ping(late),
-        "succeed": lambda: scheduler.store.succeed(late, "late result"),
-        "fail": lambda: scheduler.store.fail(late, RuntimeError("late")),
-        "release": lambda: scheduler.store.release(late),
+        "ping": lambda: scheduler.store.tasks.ping(late),
+        "succeed": lambda: scheduler.store.tasks.succeed(late, "late result"),
+        "fail": lambda: scheduler.store.tasks.fail(late, RuntimeError("late")),
+        "release": lambda: scheduler.store.tasks.release(late),
     }
     with pytest.raises(ms.LeaseLost, match="w1"):
         await calls[write]()
@@ -178,14 +178,14 @@ async def test_expired_lease_is_dead_even_before_takeover(scheduler: ms.Schedule
     lease = await must_claim(scheduler, "w1")
     clock.advance(10)
     with pytest.raises(ms.LeaseLost, match="expired"):
-        await scheduler.store.succeed(lease, 1)
+        await scheduler.store.tasks.succeed(lease, 1)
 
 
 async def test_success_stores_the_result(scheduler: ms.Scheduler, clock: ms.ManualClock):
     await scheduler.publish("k", None, name="job")
     lease = await must_claim(scheduler, "w1")
     clock.advance(2)
-    task = await scheduler.store.succeed(lease, {"rows": 3, "path": "$not.a.path"})
+    task = await scheduler.store.tasks.succeed(lease, {"rows": 3, "path": "$not.a.path"})
     check_consistent(task)
     assert task.state is S.SUCCESS
     assert task.result == {"rows": 3, "path": "$not.a.path"}
@@ -204,7 +204,7 @@ async def test_fail_stores_a_bounded_error_summary(scheduler: ms.Scheduler):
     try:
         deep(200)
     except KeyError as exc:
-        task = await scheduler.store.fail(lease, exc)
+        task = await scheduler.store.tasks.fail(lease, exc)
     assert task.state is S.FAIL and task.error is not None
     assert task.error.type == "KeyError"
     assert len(task.error.message) <= 4_000
@@ -214,11 +214,11 @@ async def test_fail_stores_a_bounded_error_summary(scheduler: ms.Scheduler):
 async def test_concurrency_two_needs_two_distinct_workers(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(concurrent_worker_cnt=2))
     one = await must_claim(scheduler, "w1")
-    await scheduler.store.succeed(one, "a")
+    await scheduler.store.tasks.succeed(one, "a")
     assert (await current(scheduler, "k")).state is S.PENDING
     assert await claim(scheduler, "w1") is None, "the same worker succeeded twice"
     two = await must_claim(scheduler, "w2")
-    task = await scheduler.store.succeed(two, "b")
+    task = await scheduler.store.tasks.succeed(two, "b")
     assert task.state is S.SUCCESS
     assert {ws.worker_id for ws in task.states(K.SUCCESS)} == {"w1", "w2"}
 
@@ -240,7 +240,7 @@ async def test_retries_exhausted_by_timeouts_end_in_fail(scheduler: ms.Scheduler
 async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ms.ManualClock):
     opts = ms.TaskOptions(unexpected_retry_delay_ms=3_000)
     await scheduler.publish("k", None, name="job", options=opts)
-    await scheduler.store.fail(await must_claim(scheduler, "w1"), RuntimeError("x"))
+    await scheduler.store.tasks.fail(await must_claim(scheduler, "w1"), RuntimeError("x"))
     clock.advance(2.999)
     assert await claim(scheduler, "w1") is None
     clock.advance(0.001)
@@ -250,7 +250,7 @@ async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ms.
 async def test_release_frees_the_slot_without_counting_a_failure(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await must_claim(scheduler, "w1")
-    task = await scheduler.store.release(lease, "shutting down")
+    task = await scheduler.store.tasks.release(lease, "shutting down")
     assert task.state is S.PENDING and task.unexpected_failures == 0
     assert await claim(scheduler, "w2") is not None
 
@@ -264,7 +264,7 @@ async def test_cancel_ends_the_task_and_fences_its_workers(scheduler: ms.Schedul
     assert task.error is not None and task.error.message == "no longer needed"
     assert [ws.state for ws in task.worker_states] == [K.RELEASED]
     with pytest.raises(ms.LeaseLost, match="cancelled"):
-        await scheduler.store.ping(lease)
+        await scheduler.store.tasks.ping(lease)
     assert not await scheduler.cancel("k"), "cancelling twice reports nothing done"
     assert await claim(scheduler, "w2") is None
 
@@ -275,19 +275,19 @@ async def test_ping_many_reports_only_lost_leases(scheduler: ms.Scheduler, clock
         await scheduler.publish(key, None, name="job", options=opts)
     leases = [await must_claim(scheduler, "w1") for _ in range(3)]
     await scheduler.cancel("b")
-    assert await scheduler.store.ping_many(leases) == [leases[1]]
+    assert await scheduler.store.tasks.ping_many(leases) == [leases[1]]
     clock.advance(4)
-    assert await scheduler.store.ping_many([leases[0], leases[2]]) == []
+    assert await scheduler.store.tasks.ping_many([leases[0], leases[2]]) == []
 
 
 async def test_result_that_cannot_be_stored_keeps_the_lease(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await must_claim(scheduler, "w1")
     with pytest.raises(ms.PayloadError, match="result"):
-        await scheduler.store.succeed(lease, {"blob": "x" * (2 * 1024 * 1024)})
+        await scheduler.store.tasks.succeed(lease, {"blob": "x" * (2 * 1024 * 1024)})
     with pytest.raises(ms.PayloadError, match="result"):
-        await scheduler.store.succeed(lease, object())
-    task = await scheduler.store.succeed(lease, "small")
+        await scheduler.store.tasks.succeed(lease, object())
+    task = await scheduler.store.tasks.succeed(lease, "small")
     assert task.state is S.SUCCESS
 
 
@@ -322,7 +322,9 @@ async def test_a_task_written_without_worker_states_does_not_break_claims(
     assert document is not None
     del document["_id"], document["worker_states"]
     await scheduler.collection.insert_one({**document, "key": "by-hand"})
-    claimed = {lease.key for lease in await scheduler.store.claim_many("w", names=["job"], limit=5)}
+    claimed = {
+        lease.key for lease in await scheduler.store.tasks.claim_many("w", names=["job"], limit=5)
+    }
     assert claimed == {"normal", "by-hand"}
     task = await scheduler.get("by-hand")
     assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w"]

@@ -22,12 +22,12 @@ async def _done_handler(task: ms.Task) -> None:
 
 async def _finish_later(sched: ms.Scheduler, key: str, outcome: str, discover: Discover) -> None:
     await until_idle()  # the waiter is blocked on its stream (or its poll) by now
-    lease = await sched.store.claim("w1", key=key)
+    lease = await sched.store.tasks.claim("w1", key=key)
     assert lease is not None
     if outcome == "success":
-        await sched.store.succeed(lease, {"answer": 42})
+        await sched.store.tasks.succeed(lease, {"answer": 42})
     elif outcome == "fail":
-        await sched.store.fail(lease, RuntimeError("broken"))
+        await sched.store.tasks.fail(lease, RuntimeError("broken"))
     else:
         await sched.cancel(key, "not needed")
     await discover()
@@ -190,9 +190,9 @@ async def test_wait_after_a_retry_waits_for_the_new_run(
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0))
     async with scheduler.consumer({"other": _done_handler}, options=worker("w0")):
         await discover()
-    lease = await scheduler.store.claim("w1", key="k")
+    lease = await scheduler.store.tasks.claim("w1", key="k")
     assert lease is not None
-    await scheduler.store.fail(lease, RuntimeError("broken"))
+    await scheduler.store.tasks.fail(lease, RuntimeError("broken"))
     await scheduler.retry("k")
     found: list[ms.Task] = []
 
@@ -214,9 +214,9 @@ async def test_wait_never_returns_a_version_older_than_it_read(
     stream reopened wider from a place behind both writes replays them): the waiter keeps
     the newer, pending version, and waits on."""
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(max_unexpected_retries=0))
-    lease = await scheduler.store.claim("w1", key="k")
+    lease = await scheduler.store.tasks.claim("w1", key="k")
     assert lease is not None
-    await scheduler.store.fail(lease, RuntimeError("broken"))
+    await scheduler.store.tasks.fail(lease, RuntimeError("broken"))
     failed = await scheduler.get("k")
     assert failed is not None and failed.state is S.FAIL
     await scheduler.retry("k")

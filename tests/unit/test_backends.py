@@ -78,9 +78,9 @@ async def test_a_motor_style_collection_works(clock: ms.ManualClock):
     collection = server.client["db"]["tasks"]
     sched = ms.Scheduler(collection, clock=clock)
     assert (await sched.publish("k", 1, name="job")).created
-    lease = await sched.store.claim("w1", names=["job"])
+    lease = await sched.store.tasks.claim("w1", names=["job"])
     assert lease is not None
-    assert (await sched.store.succeed(lease, 2)).state is ms.TaskState.SUCCESS
+    assert (await sched.store.tasks.succeed(lease, 2)).state is ms.TaskState.SUCCESS
     info = await collection.index_information()
     assert info["key_unique"]["unique"], "indexes are ensured before the first write"
 

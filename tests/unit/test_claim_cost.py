@@ -37,7 +37,7 @@ async def _backlog(pending: int) -> tuple[ms.Scheduler, MemoryCollection]:
         ms.TaskSpec(key=f"held:{n}", name="job", options=two) for n in range(HELD)
     )
     for n in range(HELD):
-        assert await sched.store.claim("w1", key=f"held:{n}") is not None
+        assert await sched.store.tasks.claim("w1", key=f"held:{n}") is not None
     await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(pending))
     return sched, collection
 
@@ -47,7 +47,7 @@ async def test_a_single_claim_examines_the_task_it_takes_and_those_it_skips(pend
     sched, collection = await _backlog(pending)
     for n in range(3):
         before = collection.docs_examined
-        lease = await sched.store.claim("w1", names=["job"])
+        lease = await sched.store.tasks.claim("w1", names=["job"])
         assert lease is not None and lease.key == f"job:{n}"
         assert collection.docs_examined - before <= 1 + SKIPPED
 
@@ -61,7 +61,7 @@ async def test_a_batched_claim_examines_its_batch_and_those_it_skips(pending: in
     batch = 16
     for round_ in range(3):
         before = collection.docs_examined
-        leases = await sched.store.claim_many("w1", names=["job"], limit=batch)
+        leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=batch)
         assert [lease.key for lease in leases] == [
             f"job:{n}" for n in range(round_ * batch, (round_ + 1) * batch)
         ]

@@ -178,7 +178,7 @@ def test_only_the_store_calls_the_collection():
 def test_the_checks_see_the_imports_they_judge():
     """Guards the guard: a parser that found no edge would pass everything above."""
     assert "mscheduler.queries.tasks" in GRAPH["mscheduler.store.tasks"]
-    assert "mscheduler.store.tasks" in GRAPH["mscheduler.consumer.consumer"]
+    assert "mscheduler.store.components" in GRAPH["mscheduler.consumer.consumer"]
     assert "mscheduler.store.base" in GRAPH["mscheduler.store.flows"]  # under TYPE_CHECKING
     assert _group("mscheduler.models") == "foundation"
 

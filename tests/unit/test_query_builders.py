@@ -233,17 +233,18 @@ async def seed_documents() -> list[dict[str, Any]]:
     ]:
         await sched.publish(key, {"k": key}, name="job", options=options)
     leases = {
-        key: await sched.store.claim("w1", key=key) for key in ("expired", "succeeded", "failed")
+        key: await sched.store.tasks.claim("w1", key=key)
+        for key in ("expired", "succeeded", "failed")
     }
     clock.advance(40)
-    leases["running-1"] = await sched.store.claim("w1", key="running-1")
-    leases["running-2a"] = await sched.store.claim("w1", key="running-2")
+    leases["running-1"] = await sched.store.tasks.claim("w1", key="running-1")
+    leases["running-2a"] = await sched.store.tasks.claim("w1", key="running-2")
     clock.advance(5)
-    leases["running-2b"] = await sched.store.claim("w2", key="running-2")
+    leases["running-2b"] = await sched.store.tasks.claim("w2", key="running-2")
     for key, lease in leases.items():
         assert lease is not None, key
-    await sched.store.succeed(leases["succeeded"], {"done": True})
-    await sched.store.fail(leases["failed"], RuntimeError("broken"))
+    await sched.store.tasks.succeed(leases["succeeded"], {"done": True})
+    await sched.store.tasks.fail(leases["failed"], RuntimeError("broken"))
     await sched.cancel("dep")  # "blocked" is cancelled with it
     await sched.publish("dep2", None, name="job")
     await sched.publish("blocked2", None, name="job", depends_on=["dep2"])

@@ -1,4 +1,4 @@
-"""The discovery hub: one task change stream per process (per `TaskStore`, so per `Scheduler`),
+"""The discovery hub: one task change stream per process (per `Store`, so per `Scheduler`),
 or on a server without change streams one poll loop, shared by every consumer, waiter and
 watch of that process. Each of them subscribes (`TaskHub.subscription`; a watch, an async
 iterator, with `TaskHub.follow`) with what it wants to
