@@ -11,8 +11,8 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.errors import ClaimUncertain
-from mscheduler.testing import CountingCollection
 from tests.faults import LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio

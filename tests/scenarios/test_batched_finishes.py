@@ -12,8 +12,8 @@ from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.errors import StoreError
-from mscheduler.testing import CountingCollection
 from tests.engines import settle
 from tests.faults import HeldWrites
 

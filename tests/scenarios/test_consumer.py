@@ -16,7 +16,7 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
 from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.oracle import check_consistent
 

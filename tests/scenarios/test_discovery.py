@@ -17,9 +17,9 @@ import pytest
 from pymongo import AsyncMongoClient
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory.server import memory_server
 from mscheduler.store.transactions import supports_transactions
-from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, settle
 from tests.faults import FaultyCollection
 

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.store.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
-from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, settle
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.consumer.heap import ClaimHeap
-from mscheduler.testing import CountingCollection
 from tests.engines import POLL_MS, settle
 from tests.faults import HeldWrites
 from tests.scenarios.test_consumer import FAST, Recorder, consumers

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
 from tests.engines import settle
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
 from tests.scenarios.test_dependencies import finish, run_all, state_of
 
 pytestmark = pytest.mark.anyio
