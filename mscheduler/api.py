@@ -23,13 +23,12 @@ from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .consumer.owner import Owner
 from .errors import ConfigurationError, WorkerNotLive
-from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
+from .models import ErrorInfo, Lease, Limit, PublishResult, StatsRow, Task, TaskOptions, WorkerInfo
 from .periodic import CatchUp, Schedule, new_schedule
 from .specs import PublishSpec, Step, publish_spec
 from .store.components import Store
-from .store.limits import Limit, limit_spec
+from .store.limits import limit_spec
 from .store.task_events import TaskEvents
-from .store.workers import WorkerInfo
 from .worker_options import Discovery, WorkerOptions
 
 

@@ -25,8 +25,8 @@ from anyio.abc import TaskGroup
 
 from ..backoff import Backoff
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
-from ..models import Lease, Task
-from ..store.limits import START_HOLD, Limit
+from ..models import Lease, Limit, Task
+from ..store.limits import START_HOLD
 from ..store.tasks import TaskStore
 
 log = logging.getLogger(__name__)

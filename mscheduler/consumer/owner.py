@@ -33,9 +33,8 @@ from typing import Any
 import anyio
 
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
-from ..models import ErrorInfo, Lease, Task, check_name, check_worker_id, checked
+from ..models import ErrorInfo, Lease, Limit, Task, check_name, check_worker_id, checked
 from ..store.discovery import Subscription
-from ..store.limits import Limit
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
 from .limits import FIRST_SLOT_LIFE

@@ -24,10 +24,10 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo import IndexModel
 
-from ..models import UtcDatetime
+from ..models import UtcDatetime, WorkerInfo
 from .base import BesideTasks, StoreBase
 from .driver import driver_errors
-from .workers import FORGET_AFTER, WorkerInfo
+from .workers import FORGET_AFTER
 
 SUFFIX = ".stops"
 _TTL_INDEX = "requested_ttl"

@@ -22,6 +22,9 @@ import mscheduler as ms
 from mscheduler.cli.dashboard import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
+from mscheduler.errors import ConfigurationError
+from mscheduler.models import WorkerInfo
+from mscheduler.testing import ManualClock
 from tests.engines import worker
 
 pytestmark = pytest.mark.anyio
@@ -70,12 +73,12 @@ async def finish(sched: ms.Scheduler, key: str, outcome: str) -> None:
 
 
 @pytest.fixture
-async def filled(scheduler: ms.Scheduler, clock: ms.ManualClock) -> ms.Scheduler:
+async def filled(scheduler: ms.Scheduler, clock: ManualClock) -> ms.Scheduler:
     await sched_fill(scheduler, clock)
     return scheduler
 
 
-async def sched_fill(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+async def sched_fill(sched: ms.Scheduler, clock: ManualClock) -> None:
     for n in range(3):
         await sched.publish(f"email:{n}", {"to": f"user{n}@example.com"}, name="email")
     await sched.publish("email:sent", {"to": "done@example.com"}, name="email")
@@ -201,7 +204,7 @@ async def every_page(sched: ms.Scheduler, **filters: str) -> list[list[str]]:
 
 
 async def test_the_task_list_pages_through_every_filter_on_an_index(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """The memory engine refuses a query no declared index serves (notablescan): every
     order, every filter and every later page here is served by one."""
@@ -380,7 +383,7 @@ async def test_a_dashboard_with_a_token_answers_nobody_without_it(filled: ms.Sch
     assert denied.headers["www-authenticate"].startswith("Basic")
     assert allowed.status_code == 200
     assert (await filled.get("email:0")).state is ms.TaskState.PENDING
-    with pytest.raises(ms.ConfigurationError, match="token"):
+    with pytest.raises(ConfigurationError, match="token"):
         create_app(filled, token=" ")
 
 
@@ -449,9 +452,9 @@ async def test_a_mounted_dashboard_answers_the_hosts_it_is_given_or_any_behind_a
     tokened = create_app(filled, token="s3cret")
     async with client(tokened, "https://ops.example.com", Authorization="Bearer s3cret") as http:
         assert (await http.get("/")).status_code == 200  # the token is what guards it
-    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+    with pytest.raises(ConfigurationError, match="allowed_hosts"):
         create_app(filled, allowed_hosts="ops.example.com")  # type: ignore[arg-type]
-    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+    with pytest.raises(ConfigurationError, match="allowed_hosts"):
         create_app(filled, allowed_hosts=[""])
 
 
@@ -469,7 +472,7 @@ async def test_every_asset_is_served_by_the_app(scheduler: ms.Scheduler):
 
 
 async def test_open_pages_are_told_when_tasks_change(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any], engine: str
 ):
     """A publish is told: from the change stream (memory), or from the process's poll (wire,
     every ``poll_interval``), as the task events tell it."""
@@ -492,7 +495,7 @@ async def test_open_pages_are_told_when_tasks_change(
 
 
 async def test_a_lease_ping_alone_refreshes_no_page(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any]
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any]
 ):
     """Pages refresh on task events: a ping (a write of the task that changes nothing shown)
     is none, a claim is."""
@@ -521,7 +524,7 @@ async def test_a_lease_ping_alone_refreshes_no_page(
 
 
 async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_leaves(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any], engine: str
 ):
     app = create_app(scheduler, poll_interval=5, min_refresh_interval=1)
     sent: list[dict[str, Any]] = []
@@ -573,14 +576,14 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
 
 
 async def test_the_live_workers_of_the_registry_are_shown_by_name(
-    filled: ms.Scheduler, clock: ms.ManualClock
+    filled: ms.Scheduler, clock: ManualClock
 ):
     """Each live worker of the registry shows under the names it serves; one that died
     without stopping (three heartbeats missed) nowhere."""
 
-    def entry(worker_id: str, names: list[str], running: int) -> ms.WorkerInfo:
+    def entry(worker_id: str, names: list[str], running: int) -> WorkerInfo:
         now = clock.now()
-        return ms.WorkerInfo(
+        return WorkerInfo(
             worker_id=worker_id,
             host="web-1",
             pid=4242,

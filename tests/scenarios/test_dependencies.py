@@ -8,6 +8,9 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import DependencyError, TaskRunning
+from mscheduler.handlers import Consumer
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, settle
 from tests.oracle import check_consistent
 
@@ -64,7 +67,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
         for _ in range(10_000):
             if not any(c.polling for c in consumers) or not await _unfinished(sched):
                 break
-            assert isinstance(clock, ms.ManualClock)
+            assert isinstance(clock, ManualClock)
             clock.advance(POLL_MS / 1000)
             await settle()
         for consumer in consumers:
@@ -93,7 +96,7 @@ async def test_dependencies_that_already_succeeded_count_at_once(scheduler: ms.S
 
 
 async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Scheduler):
-    with pytest.raises(ms.DependencyError, match="no task has the key"):
+    with pytest.raises(DependencyError, match="no task has the key"):
         await scheduler.publish("b", None, name="job", depends_on=["ghost"])
     assert await scheduler.get("b") is None, "a refused publish wrote something"
     result = await scheduler.publish(
@@ -103,7 +106,7 @@ async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Sched
 
 
 async def test_self_dependency_is_refused(scheduler: ms.Scheduler):
-    with pytest.raises(ms.DependencyError, match="cannot depend on itself"):
+    with pytest.raises(DependencyError, match="cannot depend on itself"):
         await scheduler.publish("a", None, name="job", depends_on=["a"])
 
 
@@ -235,13 +238,13 @@ async def test_add_dependencies_to_existing_tasks(scheduler: ms.Scheduler):
 @pytest.mark.parametrize(
     ("edges", "error", "message"),
     [
-        ([("b", "a")], ms.DependencyError, "closes a cycle"),
-        ([("c", "a")], ms.DependencyError, "closes a cycle"),
-        ([("x", "y"), ("y", "x")], ms.DependencyError, "closes a cycle"),
-        ([("a", "a")], ms.DependencyError, "cannot depend on itself"),
-        ([("a", "ghost")], ms.DependencyError, "no task has the key"),
-        ([("x", "running")], ms.TaskRunning, "already running"),
-        ([("x", "done")], ms.DependencyError, "has already success"),
+        ([("b", "a")], DependencyError, "closes a cycle"),
+        ([("c", "a")], DependencyError, "closes a cycle"),
+        ([("x", "y"), ("y", "x")], DependencyError, "closes a cycle"),
+        ([("a", "a")], DependencyError, "cannot depend on itself"),
+        ([("a", "ghost")], DependencyError, "no task has the key"),
+        ([("x", "running")], TaskRunning, "already running"),
+        ([("x", "done")], DependencyError, "has already success"),
     ],
 )
 async def test_bad_edges_are_refused_and_write_nothing(
@@ -265,8 +268,8 @@ async def test_bad_edges_are_refused_and_write_nothing(
 
 
 async def _run_one(
-    sched: ms.Scheduler, handler: Any, clock: ms.ManualClock, steps: int = 0
-) -> ms.Consumer:
+    sched: ms.Scheduler, handler: Any, clock: ManualClock, steps: int = 0
+) -> Consumer:
     consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w0"))
     async with consumer:
         await settle()

@@ -16,12 +16,15 @@ from pymongo.errors import AutoReconnect
 import mscheduler as ms
 from mscheduler.backends.counting import CountingCollection
 from mscheduler.consumer.heap import ClaimHeap
+from mscheduler.errors import ConfigurationError
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, settle
 from tests.faults import HeldWrites
 from tests.scenarios.test_consumer import FAST, Recorder, consumers
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 Discover = Callable[[], Awaitable[None]]
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -47,7 +50,7 @@ class _FetchLimit(CountingCollection):
 
 
 async def test_1_a_purged_and_republished_key_runs_again(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """The old task reached a high version; the new one starts at 1 with a new _id."""
     recorder = Recorder()
@@ -87,7 +90,7 @@ async def test_5_a_backlog_pinned_to_other_workers_does_not_spin_the_fetcher(
 
 
 async def test_9_a_busy_consumer_keeps_its_heap_bounded(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Each consumer sees the other's running tasks again on every ping (their leases move):
     superseded heap pairs must not pile up."""
@@ -141,7 +144,7 @@ class _LoseReplies(CountingCollection):
 
 @pytest.mark.parametrize("lookups_lost", [0, 1])
 async def test_4_a_claim_whose_reply_is_lost_still_runs_its_task(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, lookups_lost: int
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover, lookups_lost: int
 ):
     """With no retries left to spare, the task runs exactly once and succeeds: the worker
     finds the lease it took by the run_id it generated (lookups_lost=1: on its next turn)."""
@@ -184,7 +187,7 @@ async def _publish_pair(sched: ms.Scheduler) -> None:
 
 
 async def test_3_dependents_are_told_after_a_network_error_without_a_restart(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """The worker that finished ``dep`` could not tell ``child``: it does so itself once the
     network is back, and meanwhile ``dep`` is not purged (it would strand ``child``)."""
@@ -204,7 +207,7 @@ async def test_3_dependents_are_told_after_a_network_error_without_a_restart(
 
 
 async def test_3_a_dead_writers_dependents_are_told_by_a_running_consumer(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Another process finished ``dep`` and never told ``child`` (its network stayed down):
     a long-running consumer that saw ``dep`` end tells ``child`` after a grace period."""
@@ -230,7 +233,7 @@ async def test_3_a_dead_writers_dependents_are_told_by_a_running_consumer(
 
 
 async def test_2_purge_keeps_a_finished_task_until_its_dependents_are_told(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("dep", None, name="job")
     await scheduler.publish("child", None, name="job", depends_on=["dep"])
@@ -278,7 +281,7 @@ async def test_2_deleting_and_publishing_a_key_keeps_its_dependents_waiting(
 
 
 async def test_7_stop_returns_and_releases_when_a_handler_ignores_cancellation(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, caplog
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover, caplog
 ):
     await scheduler.publish("stubborn", None, name="job")
     release = anyio.Event()
@@ -317,7 +320,7 @@ async def test_7_stop_returns_and_releases_when_a_handler_ignores_cancellation(
 
 
 async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """A finish stuck on its way (a slow server, other consumers' batch ahead of it) gets
     ``cancel_timeout_ms`` past the grace, like a handler unwinding; then the stop goes on."""
@@ -427,7 +430,7 @@ async def test_10_an_unstorable_result_fails_only_its_task(
 async def test_12_a_batch_with_a_key_of_another_name_writes_nothing(scheduler: ms.Scheduler):
     await scheduler.publish("taken", None, name="other")
     specs = [ms.TaskSpec(key=f"new:{n}", name="job") for n in range(3)]
-    with pytest.raises(ms.ConfigurationError, match="'taken' names a task of name 'other'"):
+    with pytest.raises(ConfigurationError, match="'taken' names a task of name 'other'"):
         await scheduler.publish_many([*specs, ms.TaskSpec(key="taken", name="job")])
     assert await scheduler.store.get_many([spec.key for spec in specs]) == []
 
@@ -439,7 +442,7 @@ async def test_12_a_commit_with_a_key_of_another_name_records_nothing(
     await scheduler.publish("mine", None, name="job")
     lease = await scheduler.store.claim("w0", key="mine")
     assert lease is not None
-    with pytest.raises(ms.ConfigurationError, match="nothing written"):
+    with pytest.raises(ConfigurationError, match="nothing written"):
         await scheduler.commit(
             complete=[(lease, "done")],
             delete=["gone"],
@@ -470,7 +473,7 @@ class _LoseNextReply(CountingCollection):
 
 
 async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     await scheduler.publish("k", None, name="job")
     lossy = _LoseNextReply(scheduler.collection)

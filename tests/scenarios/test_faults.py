@@ -18,12 +18,16 @@ from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
 from mscheduler.backends.memory.server import memory_server
+from mscheduler.errors import BackendUnavailable
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, needs_change_streams, settle
 from tests.faults import BrokenCursor, FaultyCollection
 from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 Discover = Callable[[], Awaitable[None]]
 PATIENT = ms.TaskOptions(
@@ -34,7 +38,7 @@ PATIENT = ms.TaskOptions(
 )
 
 
-async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
+async def drive(clock: ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
     for _ in range(limit):
         await settle()
         if await done():
@@ -44,7 +48,7 @@ async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: i
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, seed: int):
+async def test_network_and_stream_faults_lose_no_task(clock: ManualClock, seed: int):
     memory = memory_server("").collection("db", "tasks", notablescan=True)
     producer = ms.Scheduler(memory, clock=clock)  # publishes without faults
     faulty = FaultyCollection(memory, rate=0.15, seed=seed)
@@ -75,7 +79,7 @@ async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, see
         idle = not any(consumer.running for consumer in started)
         return idle and await _terminal(producer, ["late-1", "late-2"])
 
-    started: list[ms.Consumer] = []
+    started: list[Consumer] = []
     async with contextlib.AsyncExitStack() as stack:
         for n in range(3):
             options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200, max_running=4)
@@ -178,7 +182,7 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
 
 
 async def test_a_worker_never_runs_a_key_it_is_still_running(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Its lease expired under a stalled handler that then ignores the stop: the task is
     claimable again, but not by this worker while that handler still runs (two attempts of
@@ -282,7 +286,7 @@ class _Unreachable:
 
 
 @pytest.mark.parametrize("read", ["list", "stats", "retry_failed", "purge"])
-async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.ManualClock, read: str):
+async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ManualClock, read: str):
     """The CLI turns `BackendUnavailable` into one line and exit 2; a raw driver error would
     reach the operator as a traceback."""
     collection = _Unreachable(memory_server("").collection("db", "tasks"))
@@ -295,5 +299,5 @@ async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.Manu
         "retry_failed": sched.retry_failed,
         "purge": lambda: sched.purge(states=["success"], older_than=dt.timedelta(days=1)),
     }
-    with pytest.raises(ms.BackendUnavailable, match="unreachable"):
+    with pytest.raises(BackendUnavailable, match="unreachable"):
         await calls[read]()

@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError, TaskNotFound
 from tests.scenarios.test_dependencies import finish
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +22,7 @@ async def test_list_newest_first_with_filters(scheduler: ms.Scheduler):
     await finish(scheduler, "e0")
     assert [t.key for t in await scheduler.list_tasks(limit=3)] == ["s0", "e4", "e3"]
     assert [t.key for t in await scheduler.list_tasks(name="email", state="success")] == ["e0"]
-    with pytest.raises(ms.ConfigurationError, match="'done' is not one of pending"):
+    with pytest.raises(ConfigurationError, match="'done' is not one of pending"):
         await scheduler.list_tasks(state="done")
 
 
@@ -36,9 +37,9 @@ async def test_retry_runs_a_failed_task_again(scheduler: ms.Scheduler):
 
 async def test_retry_refuses_what_did_not_fail(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="email")
-    with pytest.raises(ms.ConfigurationError, match="is pending: only failed or cancelled"):
+    with pytest.raises(ConfigurationError, match="is pending: only failed or cancelled"):
         await scheduler.retry("k")
-    with pytest.raises(ms.TaskNotFound):
+    with pytest.raises(TaskNotFound):
         await scheduler.retry("nope")
 
 
@@ -62,7 +63,7 @@ async def test_purge_deletes_finished_tasks_by_age(scheduler: ms.Scheduler, cloc
     assert deleted == 1
     assert await scheduler.get("old") is None
     assert await scheduler.get("recent") is not None and await scheduler.get("waiting") is not None
-    with pytest.raises(ms.ConfigurationError, match="only finished tasks"):
+    with pytest.raises(ConfigurationError, match="only finished tasks"):
         await scheduler.purge(states=["pending"], older_than=dt.timedelta(0))
 
 

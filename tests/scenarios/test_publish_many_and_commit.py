@@ -11,6 +11,15 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import (
+    ConfigurationError,
+    DependencyError,
+    LeaseLost,
+    PayloadError,
+    PreconditionFailed,
+    TaskRunning,
+)
+from mscheduler.models import Lease
 from tests.scenarios.test_dependencies import finish, run_all, state_of
 
 pytestmark = pytest.mark.anyio
@@ -54,11 +63,11 @@ async def test_publish_many_is_idempotent(scheduler: ms.Scheduler):
 @pytest.mark.parametrize(
     ("specs", "error", "message"),
     [
-        ([spec("a"), spec("b", payload={1, 2})], ms.PayloadError, "cannot be stored"),
-        ([spec("a"), spec("", payload=None)], ms.ConfigurationError, "key must be"),
-        ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], ms.DependencyError, "cycle"),
-        ([spec("a"), spec("a", payload=2)], ms.DependencyError, "given twice"),
-        ([spec("a"), spec("b", depends_on=("ghost",))], ms.DependencyError, "ghost"),
+        ([spec("a"), spec("b", payload={1, 2})], PayloadError, "cannot be stored"),
+        ([spec("a"), spec("", payload=None)], ConfigurationError, "key must be"),
+        ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], DependencyError, "cycle"),
+        ([spec("a"), spec("a", payload=2)], DependencyError, "given twice"),
+        ([spec("a"), spec("b", depends_on=("ghost",))], DependencyError, "ghost"),
     ],
 )
 async def test_one_bad_spec_writes_nothing(
@@ -89,7 +98,7 @@ async def test_replace_a_waiting_task(scheduler: ms.Scheduler):
 async def test_replace_refuses_a_running_task_and_creates_a_missing_one(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     assert await scheduler.store.claim("w", key="k") is not None
-    with pytest.raises(ms.TaskRunning):
+    with pytest.raises(TaskRunning):
         await scheduler.replace("k", 2, name="job")
     assert (await scheduler.replace("new", 1, name="job")).created
 
@@ -120,7 +129,7 @@ async def test_commit_with_a_stale_requirement_writes_nothing(scheduler: ms.Sche
     lease = await scheduler.store.claim("w", key="mine")
     assert lease is not None
     before = await snapshot(scheduler)
-    with pytest.raises(ms.PreconditionFailed, match="config") as info:
+    with pytest.raises(PreconditionFailed, match="config") as info:
         await scheduler.commit(
             complete=[lease], publish=[spec("x")], require={"config": config.version}
         )
@@ -137,7 +146,7 @@ async def test_commit_with_a_lost_lease_writes_nothing(scheduler: ms.Scheduler, 
     assert lease_a is not None and lease_b is not None
     clock.advance(5)  # a's lease expires; b's (60 s) does not
     before = await snapshot(scheduler)
-    with pytest.raises(ms.LeaseLost, match="'a'"):
+    with pytest.raises(LeaseLost, match="'a'"):
         await scheduler.commit(complete=[lease_b, lease_a], publish=[spec("x")])
     assert await snapshot(scheduler) == before
 
@@ -158,7 +167,7 @@ async def test_replacing_in_a_commit_continues_the_version(scheduler: ms.Schedul
         require={"barrier": old.version},
     )
     assert replaced[0].replaced and replaced[0].task.version == old.version + 1
-    with pytest.raises(ms.PreconditionFailed):
+    with pytest.raises(PreconditionFailed):
         await scheduler.commit(
             complete=[second],
             delete=["barrier"],
@@ -187,7 +196,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
     assert barrier is not None
     outcomes: dict[str, str] = {}
 
-    async def commit(lease: ms.Lease) -> None:
+    async def commit(lease: Lease) -> None:
         try:
             await scheduler.commit(
                 complete=[(lease, "out")],
@@ -196,7 +205,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
                 require={"barrier": barrier.version},
             )
             outcomes[lease.key] = "committed"
-        except ms.PreconditionFailed:
+        except PreconditionFailed:
             outcomes[lease.key] = "stale"
 
     async with anyio.create_task_group() as tg:
@@ -412,7 +421,7 @@ class _FinishesFirst:
     (`transactions.supports_transactions`), as a standalone server is, where the race is
     possible; inside a transaction it is a write conflict, and the transaction runs again."""
 
-    def __init__(self, scheduler: ms.Scheduler, lease: ms.Lease) -> None:
+    def __init__(self, scheduler: ms.Scheduler, lease: Lease) -> None:
         self.inner = scheduler.collection
         self.scheduler, self.lease, self.finished = scheduler, lease, False
 

@@ -40,6 +40,7 @@ LAYERS = {
     "backends": 2,
     "consumer": 3,
     "api": 4,
+    "handlers": 4,  # the public home of what handlers use: re-exports from consumer/
     "testing": 4,
     "metrics": 5,  # observes consumers and reads Scheduler.stats
     "dashboard": 5,  # pages over the Scheduler (and store.browse); the cli serves it
@@ -69,7 +70,7 @@ COLLECTION_METHODS = {
     "update_one",
     "watch",
 }
-TALKS_TO_MONGODB = {"store", "backends", "testing"}
+TALKS_TO_MONGODB = {"store", "backends"}
 
 
 def _modules() -> dict[str, pathlib.Path]:
