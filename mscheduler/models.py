@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Generator
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
+from typing import Annotated, Any, Literal, TypedDict
 
 from bson import ObjectId
 from pydantic import (
@@ -562,13 +562,60 @@ class Limit(BaseModel):
         return max(times, default=now + RUNNING_RECHECK)
 
 
+class PublishParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.publish` (and of `SyncScheduler.publish`, its
+    blocking twin), declared once: each method takes them as ``**params``, so the type
+    checker checks every call against these fields, and `specs.publish_spec` reads them
+    (with their defaults) into the one `PublishSpec` that travels down.
+
+    ``options``: the task's `TaskOptions`. ``update_payload``: an existing task not running
+    gets the new payload. ``replace_finished``: a finished task is published anew.
+    ``depends_on``: keys this task waits for; ``allow_missing``: a missing one counts as
+    met. ``delay`` (a timedelta or seconds): start that long from now. ``debounce`` (the
+    same): start that long from now, and a publish of the key again before it started gives
+    it the new payload and pushes its start back."""
+
+    options: TaskOptions | None
+    update_payload: bool
+    replace_finished: bool
+    depends_on: Sequence[str] | None
+    allow_missing: bool
+    delay: dt.timedelta | float | None
+    debounce: dt.timedelta | float | None
+
+
+CatchUp = Literal["latest", "all", "none"]
+
+
+class ScheduleParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.schedule` (and `SyncScheduler.schedule`), declared
+    once and read by `periodic.new_schedule`, which holds their defaults.
+
+    Either ``cron`` (an expression, in ``timezone``, an IANA name, ``UTC`` by default) or
+    ``every`` (a timedelta). ``payload`` and ``options``: each occurrence's.
+    ``skip_if_running``: no occurrence while the previous one has not ended. ``catch_up``
+    after downtime: ``latest`` (the default) runs the last missed occurrence, ``all`` each
+    one, ``none`` none. ``jitter``: each start is delayed by up to that much."""
+
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    payload: Any
+    options: TaskOptions | None
+    skip_if_running: bool
+    catch_up: CatchUp
+    jitter: dt.timedelta | None
+
+
 # Public: what the API takes and returns. The validators and check_* helpers stay inside.
 __all__ = [
     "ErrorInfo",
     "Lease",
     "Limit",
     "Progress",
+    "PublishParams",
     "PublishResult",
+    "ScheduleParams",
     "StatsRow",
     "Task",
     "TaskEvent",

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import anyio
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
+from typing_extensions import Unpack
 
 from . import constants as c
 from .api import Scheduler
@@ -28,8 +29,8 @@ from .backends.sync import AwaitableCollection, open_sync_collection, open_task_
 from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
 from .clock import Clock
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
-from .models import ErrorInfo, Lease, PublishResult, Task, TaskOptions
-from .specs import Step, publish_spec
+from .models import ErrorInfo, Lease, PublishParams, PublishResult, Task
+from .specs import Step
 from .store.streams import task_changes
 from .worker_options import Discovery
 
@@ -146,34 +147,10 @@ class SyncScheduler:
         return _blocking(self._scheduler.ensure_indexes)
 
     def publish(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        update_payload: bool = False,
-        replace_finished: bool = False,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-        delay: dt.timedelta | float | None = None,
-        debounce: dt.timedelta | float | None = None,
+        self, key: str, payload: Any = None, *, name: str, **params: Unpack[PublishParams]
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``: `Scheduler.publish`, blocking."""
-        spec = publish_spec(
-            key,
-            payload,
-            name=name,
-            options=options,
-            update_payload=update_payload,
-            replace_finished=replace_finished,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-            delay=delay,
-            debounce=debounce,
-            now=self._scheduler.clock.now(),
-        )
-        return _blocking(self._scheduler.store.publisher.publish, spec)
+        return _blocking(self._scheduler.publish, key, payload, name=name, **params)
 
     def publish_many(
         self, specs: Step | Iterable[Step], *, allow_missing: bool = False

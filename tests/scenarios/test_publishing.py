@@ -107,3 +107,17 @@ async def test_pydantic_payload_is_stored_as_plain_fields(scheduler: ms.Schedule
     when = dt.datetime(2030, 5, 1, tzinfo=dt.timezone.utc)
     await scheduler.publish("k", Email(to="x@y.z", at=when), name="email")
     assert (await current(scheduler, "k")).payload == {"to": "x@y.z", "at": "2030-05-01T00:00:00Z"}
+
+
+async def test_an_option_publish_or_schedule_does_not_know_is_refused_writing_nothing(
+    scheduler: ms.Scheduler,
+):
+    """The options are declared once and taken as keywords: one misspelt is refused as a
+    signature that listed it would refuse it, not dropped."""
+    options: dict[str, object] = {"delay_seconds": 5}
+    with pytest.raises(TypeError, match="delay_seconds"):
+        await scheduler.publish("email:1", name="email", **options)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delay_seconds"):
+        await scheduler.schedule("nightly", name="email", cron="0 3 * * *", **options)  # type: ignore[arg-type]
+    assert await scheduler.get("email:1") is None
+    assert await scheduler.schedules() == []

@@ -182,3 +182,32 @@ def test_a_moved_name_warns_and_names_its_new_home(name: str) -> None:
 def test_a_name_that_never_existed_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError):
         ms.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+
+
+PROBE = """
+import mscheduler as ms
+
+
+async def calls(sched: ms.Scheduler, sync: ms.SyncScheduler) -> None:
+    await sched.publish("k", name="n", delay="soon")
+    await sched.publish("k", name="n", no_such_option=True)
+    await sched.schedule("s", name="n", catch_up="sometimes")
+    sync.publish("k", name="n", update_payload="yes")
+    await sched.publish("k", name="n", delay=5, depends_on=["a"], update_payload=True)
+"""
+
+
+def test_the_type_checker_checks_every_call_of_publish_and_schedule(tmp_path: Any) -> None:
+    """The options of publish and schedule are declared once (`models.PublishParams`,
+    `ScheduleParams`), taken as ``**params``: the type checker still checks each call,
+    blocking or awaited."""
+    mypy = pytest.importorskip("mypy.api")
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    report, _, _ = mypy.run([str(probe), "--strict", "--no-error-summary"])
+    codes = {
+        int(line.split(":")[1]): line.rpartition("[")[2].rstrip("]")
+        for line in report.splitlines()
+        if line.startswith(str(probe)) and ": error:" in line
+    }
+    assert codes == {6: "arg-type", 7: "call-arg", 8: "arg-type", 9: "arg-type"}
