@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import threading
 import time
 import uuid
@@ -246,3 +247,52 @@ def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None
         clock.advance(60)
         with pytest.raises(LeaseLost):
             sync.succeed(found)
+
+
+# The Scheduler's operations that only async code can use: a consumer runs in an event loop
+# of its own for as long as it serves, and an iterator of changes outlives any one call.
+ASYNC_ONLY = {"consumer", "consumers", "watch", "events"}
+
+
+def test_every_operation_of_the_scheduler_is_offered_blocking() -> None:
+    """A public method added to `Scheduler` is one `SyncScheduler` must offer, or list here
+    as async-only: none is forgotten."""
+    operations = {
+        name
+        for name in vars(ms.Scheduler)
+        if not name.startswith("_") and callable(getattr(ms.Scheduler, name))
+    }
+    offered = {name for name in operations if callable(getattr(ms.SyncScheduler, name, None))}
+    assert operations - offered == ASYNC_ONLY
+    for name in offered - ASYNC_ONLY - {"connect", "close"}:
+        blocking = inspect.signature(getattr(ms.SyncScheduler, name))
+        assert blocking == inspect.signature(getattr(ms.Scheduler, name)), name
+
+
+def test_retry_list_and_stats_from_a_plain_function(target: Target) -> None:
+    with target.sync() as sync:
+        sync.publish("report:1", name="report")
+        assert sync.cancel("report:1")
+        assert [task.key for task in sync.list_tasks(name="report")] == ["report:1"]
+        retried = sync.retry("report:1")
+        assert retried.task.state is ms.TaskState.PENDING
+        rows = {(row.name, row.state): row.count for row in sync.stats()}
+        assert rows[("report", ms.TaskState.PENDING)] == 1
+
+
+def test_pause_resume_and_limits_from_a_plain_function(target: Target) -> None:
+    with target.sync() as sync:
+        assert sync.pause("report", "maintenance")
+        assert list(sync.paused()) == ["report"]
+        assert sync.resume("report")
+        limit = sync.set_limit("report", max_running=2)
+        assert sync.limits() == {"report": limit}
+        assert sync.remove_limit("report")
+
+
+def test_a_schedule_is_registered_from_a_plain_function(target: Target) -> None:
+    with target.sync() as sync:
+        made = sync.schedule("nightly", name="report", cron="0 3 * * *", timezone="Europe/Paris")
+        assert [schedule.id for schedule in sync.schedules()] == [made.id]
+        assert sync.unschedule("nightly")
+        assert sync.workers() == []

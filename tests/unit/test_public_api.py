@@ -193,14 +193,16 @@ async def calls(sched: ms.Scheduler, sync: ms.SyncScheduler) -> None:
     await sched.publish("k", name="n", no_such_option=True)
     await sched.schedule("s", name="n", catch_up="sometimes")
     sync.publish("k", name="n", update_payload="yes")
+    sync.retry(42)
     await sched.publish("k", name="n", delay=5, depends_on=["a"], update_payload=True)
+    sync.schedule("s", name="n", every=None, jitter=None)
 """
 
 
 def test_the_type_checker_checks_every_call_of_publish_and_schedule(tmp_path: Any) -> None:
     """The options of publish and schedule are declared once (`models.PublishParams`,
-    `ScheduleParams`), taken as ``**params``: the type checker still checks each call,
-    blocking or awaited."""
+    `ScheduleParams`) and reach `SyncScheduler` through the async methods' own signatures:
+    the type checker still checks each call, blocking or awaited."""
     mypy = pytest.importorskip("mypy.api")
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
@@ -210,4 +212,4 @@ def test_the_type_checker_checks_every_call_of_publish_and_schedule(tmp_path: An
         for line in report.splitlines()
         if line.startswith(str(probe)) and ": error:" in line
     }
-    assert codes == {6: "arg-type", 7: "call-arg", 8: "arg-type", 9: "arg-type"}
+    assert codes == {6: "arg-type", 7: "call-arg", 8: "arg-type", 9: "arg-type", 10: "arg-type"}
