@@ -207,9 +207,10 @@ def test_the_type_checker_checks_every_call_of_publish_and_schedule(tmp_path: An
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     report, _, _ = mypy.run([str(probe), "--strict", "--no-error-summary"])
+    # By line: mypy's cache may replay a probe of the same text under an earlier path.
     codes = {
-        int(line.split(":")[1]): line.rpartition("[")[2].rstrip("]")
+        int(line.partition("probe.py:")[2].split(":")[0]): line.rpartition("[")[2].rstrip("]")
         for line in report.splitlines()
-        if line.startswith(str(probe)) and ": error:" in line
+        if "probe.py:" in line and ": error:" in line
     }
     assert codes == {6: "arg-type", 7: "call-arg", 8: "arg-type", 9: "arg-type", 10: "arg-type"}
