@@ -23,7 +23,7 @@ from common import counted_scheduler, dispose, median_run
 from pymongo.errors import PyMongoError
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
 
 
 async def mscheduler_run(

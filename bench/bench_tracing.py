@@ -45,6 +45,7 @@ if mode == "sdk":
 import anyio
 
 import mscheduler as ms
+from mscheduler.models import Lease
 
 
 async def main() -> None:
@@ -75,7 +76,7 @@ async def main() -> None:
     # The hooks alone, without the database: a publish's span and carrier, a run's span.
     from mscheduler.observability import tracing
 
-    lease = ms.Lease(key=task.key, worker_id="bench", run_id="r", task=task)
+    lease = Lease(key=task.key, worker_id="bench", run_id="r", task=task)
     rounds = 20_000
     begun = time.perf_counter()
     for _ in range(rounds):

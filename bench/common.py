@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.uri import Connection, open_collection
-from mscheduler.testing import CountingCollection
 
 
 async def counted_scheduler(uri: str) -> tuple[ms.Scheduler, CountingCollection, Connection]:

@@ -17,6 +17,7 @@ import logging
 import anyio
 
 import mscheduler as ms
+from mscheduler.errors import PreconditionFailed
 
 RANGES = 12
 
@@ -53,7 +54,7 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                         require={"barrier": barrier.version},
                     )
                     return
-                except ms.PreconditionFailed:
+                except PreconditionFailed:
                     conflicts += 1  # another range committed first: read it again
 
         async def join(task: ms.Task) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 import mscheduler as ms
+from mscheduler.errors import TaskRunning
 
 BRANCH = "main"
 COMMITS: dict[str, dict[str, str]] = {
@@ -63,7 +64,7 @@ async def main(uri: str = "memory://") -> dict[str, Any]:
                         allow_missing=True,  # the first export has nothing to wait for
                     )
                     return
-                except ms.TaskRunning:  # it is starting the previous export right now
+                except TaskRunning:  # it is starting the previous export right now
                     await anyio.sleep(0.005)
 
         async def next_export(task: ms.Task) -> None:

@@ -17,6 +17,7 @@ import logging
 import anyio
 
 import mscheduler as ms
+from mscheduler.errors import PreconditionFailed
 
 TASKS = 20
 
@@ -46,7 +47,7 @@ async def main(uri: str = "memory://") -> dict[str, object]:
                     )
                     first_done.set()
                     return
-                except ms.PreconditionFailed:
+                except PreconditionFailed:
                     redone += 1  # the config changed under us: do it again with the new one
 
         async with contextlib.AsyncExitStack() as stack:

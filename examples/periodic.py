@@ -15,9 +15,10 @@ from typing import Any
 import anyio
 
 import mscheduler as ms
+from mscheduler.testing import Clock, ManualClock
 
 
-async def main(uri: str, clock: ms.Clock | None = None) -> dict[str, Any]:
+async def main(uri: str, clock: Clock | None = None) -> dict[str, Any]:
     async with await ms.Scheduler.connect(uri, collection="periodic", clock=clock) as sched:
         await sched.schedule(
             "nightly-report",
@@ -48,7 +49,7 @@ async def main(uri: str, clock: ms.Clock | None = None) -> dict[str, Any]:
         options = ms.WorkerOptions(worker_id="periodic", poll_interval_ms=100)
         async with sched.consumers(handlers, count=3, options=options):
             with anyio.fail_after(60):
-                if isinstance(clock, ms.ManualClock):  # a test's clock: moved, not waited for
+                if isinstance(clock, ManualClock):  # a test's clock: moved, not waited for
                     while not three.is_set():
                         clock.advance(1)
                         await anyio.sleep(0.02)

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from typing_extensions import Unpack
+
 from . import layout
 from .backends.uri import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
@@ -23,14 +25,24 @@ from .consumer.group import running as group_running
 from .consumer.handlers import Handler
 from .consumer.owner import Owner
 from .errors import ConfigurationError, WorkerNotLive
-from .models import ErrorInfo, Lease, PublishResult, StatsRow, Task, TaskOptions
-from .periodic import CatchUp, Schedule, new_schedule
+from .models import (
+    ErrorInfo,
+    Lease,
+    Limit,
+    PublishParams,
+    PublishResult,
+    ScheduleParams,
+    StatsRow,
+    Task,
+    TaskOptions,
+    WorkerInfo,
+)
+from .periodic import Schedule, new_schedule
 from .services.task_events import TaskEvents
 from .specs import PublishSpec, Step, publish_spec
 from .store.collection import TasksCollection
 from .store.components import Store
-from .store.limits import Limit, limit_spec
-from .store.workers import WorkerInfo
+from .store.limits import limit_spec
 from .worker_options import Discovery, WorkerOptions
 
 
@@ -124,18 +136,7 @@ class Scheduler:
         return await self.store.operations.purge(states, older_than, dry_run=dry_run)
 
     async def publish(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        update_payload: bool = False,
-        replace_finished: bool = False,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
-        delay: dt.timedelta | float | None = None,
-        debounce: dt.timedelta | float | None = None,
+        self, key: str, payload: Any = None, *, name: str, **params: Unpack[PublishParams]
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``: an existing key returns the existing task
         (``created=False``) and changes nothing, unless ``update_payload`` (a task not running
@@ -145,19 +146,7 @@ class Scheduler:
         ``debounce`` (the same): start that long from now, and a publish of the key again
         before it started gives it the new payload and pushes its start back
         (``payload_updated``), so a burst of publishes makes one run, with the last payload."""
-        spec = publish_spec(
-            key,
-            payload,
-            name=name,
-            options=options,
-            update_payload=update_payload,
-            replace_finished=replace_finished,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-            delay=delay,
-            debounce=debounce,
-            now=self.store.clock.now(),
-        )
+        spec = publish_spec(key, payload, name=name, now=self.store.clock.now(), **params)
         return await self.store.publisher.publish(spec)
 
     async def publish_many(
@@ -336,18 +325,7 @@ class Scheduler:
         )
 
     async def schedule(
-        self,
-        schedule_id: str,
-        *,
-        name: str,
-        cron: str | None = None,
-        every: dt.timedelta | None = None,
-        timezone: str = "UTC",
-        payload: Any = None,
-        options: TaskOptions | None = None,
-        skip_if_running: bool = False,
-        catch_up: CatchUp = "latest",
-        jitter: dt.timedelta | None = None,
+        self, schedule_id: str, *, name: str, **params: Unpack[ScheduleParams]
     ) -> Schedule:
         """A periodic task: a ``name`` task every ``every``, or at each time of the ``cron``
         expression in ``timezone`` (DST-correct). Consumers of ``name`` publish each
@@ -357,19 +335,8 @@ class Scheduler:
         one, ``none`` none. ``jitter``: each start is delayed by up to that much. The same
         id again changes nothing if the schedule is the same, and keeps its state (last
         occurrence, anchor, next occurrence) as far as a change allows (`reregistered`)."""
-        schedule = new_schedule(  # the spec: checked here, stored whole
-            schedule_id,
-            name=name,
-            now=self.store.clock.now(),
-            cron=cron,
-            every=every,
-            timezone=timezone,
-            payload=payload,
-            options=options,
-            skip_if_running=skip_if_running,
-            catch_up=catch_up,
-            jitter=jitter,
-        )
+        # the spec: checked here, stored whole
+        schedule = new_schedule(schedule_id, name=name, now=self.store.clock.now(), **params)
         return await self.store.schedules.put(schedule)
 
     async def schedules(self, *, names: Sequence[str] | None = None) -> list[Schedule]:

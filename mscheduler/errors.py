@@ -213,3 +213,24 @@ def phrase(error: Any) -> str:
         except (KeyError, IndexError):  # a context without the value we name: say less
             return phrase.split(" {", 1)[0]
     return str(error["msg"])
+
+
+# Public: what a caller catches, and what a handler raises. `ClaimUncertain` stays inside.
+__all__ = [
+    "Abort",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "DependencyError",
+    "HandlerProcessDied",
+    "HandlerSignal",
+    "LeaseLost",
+    "MSchedulerError",
+    "PayloadError",
+    "PreconditionFailed",
+    "RetryLater",
+    "StoreError",
+    "TaskNotFound",
+    "TaskRunning",
+    "TaskTimeout",
+    "WorkerNotLive",
+]

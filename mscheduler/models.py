@@ -1,12 +1,13 @@
-"""Pydantic models of the task document; field names are the document's, so the shell reads them."""
+"""Pydantic models of the documents (tasks, workers, limits) and of what the API returns;
+field names are the document's, so the shell reads them."""
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Generator
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
+from typing import Annotated, Any, Literal, TypedDict
 
 from bson import ObjectId
 from pydantic import (
@@ -479,3 +480,148 @@ class TaskEvent(BaseModel):
     result: Any = None  # ``succeeded`` only
     error: ErrorInfo | None = None  # ``failed`` and ``cancelled``
     progress: Progress | None = None  # ``progress`` only
+
+
+# A worker is stale once it missed this many heartbeats: one late write is not a death.
+STALE_AFTER_BEATS = 3
+
+
+class WorkerInfo(BaseModel):
+    """One consumer as it last described itself; ``alive`` is judged against a clock when
+    read (`is_alive`): a worker that stopped gracefully has no document at all."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    worker_id: str = Field(alias="_id")
+    host: str
+    pid: int
+    names: list[str]
+    max_running: int
+    running: int = 0
+    running_keys: list[str] = Field(default_factory=list)  # the first `MAX_LISTED_KEYS`
+    started_at: UtcDatetime
+    last_seen_at: UtcDatetime
+    heartbeat_ms: int
+    # Drawn afresh each time a consumer starts: tells a restarted worker from the one that had
+    # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
+    # written by a version that did not draw one.
+    instance: str = ""
+    alive: bool = True  # set by the reader, from `is_alive` and its clock
+
+    def stale_at(self) -> dt.datetime:
+        return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
+
+    def is_alive(self, now: dt.datetime) -> bool:
+        return now < self.stale_at()
+
+
+# A consumer held back by max_running asks again this often: a slot frees when a task ends,
+# which no write tells it of (a consumer of the same process is told at once).
+RUNNING_RECHECK = dt.timedelta(seconds=1)
+# A full window whose freeing start is still held (its handler about to start) is asked again
+# after ``per``, as that start will likely count until then, and never sooner than this.
+_HELD_RECHECK = dt.timedelta(milliseconds=50)
+
+
+class _Entry(BaseModel):
+    id: str
+    until: UtcDatetime | None = None
+
+
+class Limit(BaseModel):
+    """The limits of one name, and what counts against them now."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(alias="_id")
+    rate: int | None = None
+    per_ms: int | None = None
+    max_running: int | None = None
+    starts: list[_Entry] = Field(default_factory=list)
+    slots: list[_Entry] = Field(default_factory=list)
+
+    def free_at(self, now: dt.datetime) -> dt.datetime:
+        """When to ask for a token again: for a full window, when its oldest start leaves it
+        (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
+        from now, whichever is first (a task may end, and free its slot, at any moment)."""
+        # A start counting beyond ``per`` from now is held: no write tells us when its
+        # handler's start confirms it (which ends it sooner), so it is looked at again then.
+        held = now + max(dt.timedelta(milliseconds=self.per_ms or 0), _HELD_RECHECK)
+        times = []
+        for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
+            live = sorted(
+                min(e.until, held) if entries is self.starts else e.until
+                for e in entries
+                if e.until is not None and e.until > now
+            )
+            if limit is not None and len(live) >= limit:
+                free = live[len(live) - limit]
+                times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
+        # Not full when read: a slot freed between the refused write and this read. Asked
+        # again after the recheck, never at once (a loop of requests), never dropped.
+        return max(times, default=now + RUNNING_RECHECK)
+
+
+class PublishParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.publish` (and of `SyncScheduler.publish`, its
+    blocking twin), declared once: each method takes them as ``**params``, so the type
+    checker checks every call against these fields, and `specs.publish_spec` reads them
+    (with their defaults) into the one `PublishSpec` that travels down.
+
+    ``options``: the task's `TaskOptions`. ``update_payload``: an existing task not running
+    gets the new payload. ``replace_finished``: a finished task is published anew.
+    ``depends_on``: keys this task waits for; ``allow_missing``: a missing one counts as
+    met. ``delay`` (a timedelta or seconds): start that long from now. ``debounce`` (the
+    same): start that long from now, and a publish of the key again before it started gives
+    it the new payload and pushes its start back."""
+
+    options: TaskOptions | None
+    update_payload: bool
+    replace_finished: bool
+    depends_on: Sequence[str] | None
+    allow_missing: bool
+    delay: dt.timedelta | float | None
+    debounce: dt.timedelta | float | None
+
+
+CatchUp = Literal["latest", "all", "none"]
+
+
+class ScheduleParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.schedule` (and `SyncScheduler.schedule`), declared
+    once and read by `periodic.new_schedule`, which holds their defaults.
+
+    Either ``cron`` (an expression, in ``timezone``, an IANA name, ``UTC`` by default) or
+    ``every`` (a timedelta). ``payload`` and ``options``: each occurrence's.
+    ``skip_if_running``: no occurrence while the previous one has not ended. ``catch_up``
+    after downtime: ``latest`` (the default) runs the last missed occurrence, ``all`` each
+    one, ``none`` none. ``jitter``: each start is delayed by up to that much."""
+
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    payload: Any
+    options: TaskOptions | None
+    skip_if_running: bool
+    catch_up: CatchUp
+    jitter: dt.timedelta | None
+
+
+# Public: what the API takes and returns. The validators and check_* helpers stay inside.
+__all__ = [
+    "ErrorInfo",
+    "Lease",
+    "Limit",
+    "Progress",
+    "PublishParams",
+    "PublishResult",
+    "ScheduleParams",
+    "StatsRow",
+    "Task",
+    "TaskEvent",
+    "TaskOptions",
+    "TaskState",
+    "WorkerInfo",
+    "WorkerState",
+    "WorkerStateKind",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import zoneinfo
-from typing import Any, Literal
+from typing import Any
 
 from cronsim import CronSim, CronSimError
 from pydantic import (
@@ -24,13 +24,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from typing_extensions import Unpack
 
 from .clock import UTC, to_bson_time
 from .encoding import check_document_size
 from .errors import ConfigurationError, field_errors
-from .models import TaskOptions, UtcDatetime, check_key, check_name
+from .models import CatchUp, ScheduleParams, TaskOptions, UtcDatetime, check_key, check_name
 
-CatchUp = Literal["latest", "all", "none"]
 # With catch_up="none", an occurrence is still run if found at most this late (a consumer
 # busy for a moment is not downtime).
 MISFIRE_GRACE = dt.timedelta(seconds=60)
@@ -145,30 +145,27 @@ def due(schedule: Schedule, now: dt.datetime) -> tuple[list[dt.datetime], dt.dat
 
 
 def new_schedule(
-    schedule_id: str,
-    *,
-    name: str,
-    now: dt.datetime,
-    cron: str | None = None,
-    every: dt.timedelta | None = None,
-    timezone: str = "UTC",
-    payload: Any = None,
-    options: TaskOptions | None = None,
-    skip_if_running: bool = False,
-    catch_up: CatchUp = "latest",
-    jitter: dt.timedelta | None = None,
+    schedule_id: str, *, name: str, now: dt.datetime, **params: Unpack[ScheduleParams]
 ) -> Schedule:
-    """A validated schedule whose first occurrence is the first one after ``now``."""
+    """A validated schedule whose first occurrence is the first one after ``now``; the
+    options a call leaves out take their defaults here."""
+    unknown = sorted(set(params) - set(ScheduleParams.__annotations__))
+    if unknown:  # as a signature that lists them would (the type checker refuses them too)
+        raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
+    every = params.get("every")
+    jitter = params.get("jitter")
+    options = params.get("options")
+    payload = params.get("payload")
     fields: dict[str, Any] = {
         "_id": schedule_id,
         "name": name,
-        "cron": cron,
+        "cron": params.get("cron"),
         "every_ms": None if every is None else round(every.total_seconds() * 1000),
-        "timezone": timezone,
+        "timezone": params.get("timezone", "UTC"),
         "payload": payload,
         "options": options or TaskOptions(),
-        "skip_if_running": skip_if_running,
-        "catch_up": catch_up,
+        "skip_if_running": params.get("skip_if_running", False),
+        "catch_up": params.get("catch_up", "latest"),
         "jitter_ms": 0 if jitter is None else round(jitter.total_seconds() * 1000),
         "anchor": now,
         "next_at": now,  # replaced below, once the schedule can compute it

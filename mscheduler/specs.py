@@ -14,10 +14,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Unpack
 
 from .encoding import to_storable
 from .errors import ConfigurationError, DependencyError
-from .models import TaskOptions, check_key, check_name, checked
+from .models import PublishParams, TaskOptions, check_key, check_name, checked
 from .start_delay import with_start_delay
 
 
@@ -125,21 +126,19 @@ class PublishSpec:
 
 
 def publish_spec(
-    key: str,
-    payload: Any,
-    *,
-    name: str,
-    options: TaskOptions | None,
-    update_payload: bool,
-    replace_finished: bool,
-    depends_on: Sequence[str] | None,
-    allow_missing: bool,
-    delay: dt.timedelta | float | None,
-    debounce: dt.timedelta | float | None,
-    now: dt.datetime,
+    key: str, payload: Any, *, name: str, now: dt.datetime, **params: Unpack[PublishParams]
 ) -> PublishSpec:
-    """The spec of `Scheduler.publish`'s (and `SyncScheduler.publish`'s) arguments: a
-    ``delay`` or a ``debounce`` window becomes ``options.not_before``, from ``now``."""
+    """The spec of `Scheduler.publish`'s (and `SyncScheduler.publish`'s) arguments, with the
+    defaults of the options a call leaves out: a ``delay`` or a ``debounce`` window becomes
+    ``options.not_before``, from ``now``."""
+    unknown = sorted(set(params) - set(PublishParams.__annotations__))
+    if unknown:  # as a signature that lists them would (the type checker refuses them too)
+        raise TypeError(f"publish() got an unexpected keyword argument {unknown[0]!r}")
+    options = params.get("options")
+    depends_on = params.get("depends_on")
+    allow_missing = params.get("allow_missing", False)
+    debounce = params.get("debounce")
+    delay = params.get("delay")
     if debounce is not None:
         if delay is not None:
             raise ConfigurationError("debounce: give either debounce or delay, not both")
@@ -158,8 +157,8 @@ def publish_spec(
         payload,
         name=name,
         options=with_start_delay(options, delay, now),
-        update_payload=update_payload,
-        replace_finished=replace_finished,
+        update_payload=params.get("update_payload", False),
+        replace_finished=params.get("replace_finished", False),
         depends_on=depends_on,
         allow_missing=allow_missing,
     )

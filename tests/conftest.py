@@ -18,6 +18,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.memory import forget_memory_server
+from mscheduler.testing import Clock, ManualClock
 from tests.engines import (
     ENGINES,
     POLL_MS,
@@ -152,8 +153,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def clock() -> ms.ManualClock:
-    return ms.ManualClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture(scope="session")
@@ -222,7 +223,7 @@ def prepare_collection(engine: str, request: pytest.FixtureRequest) -> Callable[
 @pytest.fixture
 async def open_scheduler(
     engine: str,
-    clock: ms.ManualClock,
+    clock: ManualClock,
     request: pytest.FixtureRequest,
     server_database: str,
     prepare_collection: Callable[[str, str], None],
@@ -237,7 +238,7 @@ async def open_scheduler(
     async def open_one(
         *,
         collection: str = "tasks",
-        clock: ms.Clock = clock,
+        clock: Clock = clock,
         changestreams: bool = True,
         notablescan: bool = True,
     ) -> ms.Scheduler:
@@ -269,7 +270,7 @@ async def open_scheduler(
 
 
 @pytest.fixture
-def discover(engine: str, clock: ms.ManualClock) -> Callable[[], Awaitable[None]]:
+def discover(engine: str, clock: ManualClock) -> Callable[[], Awaitable[None]]:
     """Let consumers and waiters see what changed. On memory the change stream delivers it;
     on the wire (no change streams: they poll every `POLL_MS`) one poll interval passes."""
 

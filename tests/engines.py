@@ -21,6 +21,7 @@ import anyio
 from pymongo import monitoring
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("memory", "wire", "mongodb")  # mongodb: a real server (tests/mongodb.py)
@@ -39,7 +40,7 @@ def worker(worker_id: str = "w1", **fields: Any) -> ms.WorkerOptions:
 class SkewedClock:
     """A view of the shared manual clock off by a fixed amount: a worker on another machine."""
 
-    def __init__(self, base: ms.ManualClock, skew_s: float) -> None:
+    def __init__(self, base: ManualClock, skew_s: float) -> None:
         self.base = base
         self.skew = dt.timedelta(seconds=skew_s)
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 from pymongo.errors import AutoReconnect, NetworkTimeout, NotPrimaryError
 
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
 
 ERRORS = (
     lambda: AutoReconnect("connection reset by peer"),

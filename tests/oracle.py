@@ -8,8 +8,9 @@ from __future__ import annotations
 import datetime as dt
 
 import mscheduler as ms
+from mscheduler.models import WorkerStateKind
 
-K = ms.WorkerStateKind
+K = WorkerStateKind
 
 
 def check_consistent(task: ms.Task) -> None:

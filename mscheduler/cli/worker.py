@@ -79,8 +79,9 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--isolate",
                 envvar="MSCHEDULER_ISOLATE",
-                help="Run every plain def handler in a child process (as ms.isolated does): "
-                "one that crashes or outlives timeout_ms is killed, not the worker.",
+                help="Run every plain def handler in a child process "
+                "(as mscheduler.handlers.isolated does): one that crashes or outlives "
+                "timeout_ms is killed, not the worker.",
             ),
         ] = False,
     ) -> None:

@@ -12,7 +12,7 @@
 - ``executor``: running handlers: local retries, pings, the fenced finish, release;
 - ``calls``: one handler call (its own asyncio task, a thread for ``def``, the time limit);
 - ``handlers``: the registry (`Handlers`), ``retry_on``, `isolated`;
-- ``batching``: `ms.batch`, one handler call for many tasks;
+- ``batching``: `mscheduler.handlers.batch`, one handler call for many tasks;
 - ``isolation``: the worker's pool of child processes for isolated handlers;
 - ``child``: a child process's side of isolated handlers;
 - ``owner``: the pull API (`Scheduler.own`), through the same claim;

@@ -1,4 +1,5 @@
-"""Batch handlers (`ms.batch`): one call of a handler for many tasks claimed together.
+"""Batch handlers (`mscheduler.handlers.batch`): one call of a handler for many tasks
+claimed together.
 
 A batch handler is still run by the executor once per task: each task keeps its own lease,
 pings, time limit, local retries and fenced finish. What it changes is the call: each task's
@@ -63,7 +64,7 @@ class Batch:
 
     async def __call__(self, task: Task) -> Any:
         raise ConfigurationError(
-            "batch: a batch handler runs in a consumer (sched.consumer({name: ms.batch(...)}))"
+            "batch: a batch handler runs in a consumer (sched.consumer({name: batch(...)}))"
         )
 
 

@@ -28,8 +28,7 @@ import anyio.lowlevel
 
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, ClaimUncertain
-from ..models import Lease, Task
-from ..store.limits import Limit
+from ..models import Lease, Limit, Task
 from ..worker_options import WorkerOptions
 from .heap import ClaimHeap
 from .stats import ConsumerStats

@@ -24,10 +24,10 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
-from ..models import Lease, Task
+from ..models import Lease, Limit, Task
 from ..reconnect_backoff import Backoff
 from ..store.components import Store
-from ..store.limits import START_HOLD, Limit
+from ..store.limits import START_HOLD
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,9 @@ from typing import Any
 import anyio
 
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
-from ..models import ErrorInfo, Lease, Task, check_name, check_worker_id, checked
+from ..models import ErrorInfo, Lease, Limit, Task, check_name, check_worker_id, checked
 from ..services.discovery import Subscription
 from ..store.components import Store
-from ..store.limits import Limit
 from ..worker_options import WorkerOptions
 from .limits import FIRST_SLOT_LIFE
 

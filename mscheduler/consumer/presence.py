@@ -18,8 +18,9 @@ from anyio.abc import TaskGroup
 
 from ..clock import sleep
 from ..errors import BackendUnavailable, StoreError
+from ..models import WorkerInfo
 from ..store.components import Store
-from ..store.workers import MAX_LISTED_KEYS, WorkerInfo
+from ..store.workers import MAX_LISTED_KEYS
 from ..worker_options import WorkerOptions
 from .heap import ClaimHeap
 from .spread import ClaimSpread

@@ -9,11 +9,9 @@ import datetime as dt
 from typing import Any
 
 from ..api import Scheduler
-from ..models import TaskState
+from ..models import Limit, TaskState, WorkerInfo
 from ..periodic import Schedule
 from ..store import browse
-from ..store.limits import Limit
-from ..store.workers import WorkerInfo
 
 STATES = [state.value for state in TaskState]
 CHART_BUCKET = dt.timedelta(minutes=5)

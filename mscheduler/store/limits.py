@@ -10,12 +10,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
 from ..errors import ConfigurationError
-from ..models import UtcDatetime, check_name, checked
+from ..models import Limit, check_name, checked
 from ..queries import limits as lq
 from .base import BesideTasks
 from .driver import driver_errors
@@ -26,48 +25,6 @@ RUNNING_RECHECK = dt.timedelta(seconds=1)
 # How long a start is held beyond its window until its handler's start confirms it
 # (`queries.limits`): a handler that starts later than this after it takes a start of its own.
 START_HOLD = dt.timedelta(seconds=10)
-# A full window whose freeing start is still held (its handler about to start) is asked again
-# after ``per``, as that start will likely count until then, and never sooner than this.
-_HELD_RECHECK = dt.timedelta(milliseconds=50)
-
-
-class _Entry(BaseModel):
-    id: str
-    until: UtcDatetime | None = None
-
-
-class Limit(BaseModel):
-    """The limits of one name, and what counts against them now."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: str = Field(alias="_id")
-    rate: int | None = None
-    per_ms: int | None = None
-    max_running: int | None = None
-    starts: list[_Entry] = Field(default_factory=list)
-    slots: list[_Entry] = Field(default_factory=list)
-
-    def free_at(self, now: dt.datetime) -> dt.datetime:
-        """When to ask for a token again: for a full window, when its oldest start leaves it
-        (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
-        from now, whichever is first (a task may end, and free its slot, at any moment)."""
-        # A start counting beyond ``per`` from now is held: no write tells us when its
-        # handler's start confirms it (which ends it sooner), so it is looked at again then.
-        held = now + max(dt.timedelta(milliseconds=self.per_ms or 0), _HELD_RECHECK)
-        times = []
-        for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
-            live = sorted(
-                min(e.until, held) if entries is self.starts else e.until
-                for e in entries
-                if e.until is not None and e.until > now
-            )
-            if limit is not None and len(live) >= limit:
-                free = live[len(live) - limit]
-                times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
-        # Not full when read: a slot freed between the refused write and this read. Asked
-        # again after the recheck, never at once (a loop of requests), never dropped.
-        return max(times, default=now + RUNNING_RECHECK)
 
 
 def _ms(duration: dt.timedelta) -> int:

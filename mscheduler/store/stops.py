@@ -24,11 +24,10 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import layout
-from ..models import UtcDatetime
+from ..models import UtcDatetime, WorkerInfo
 from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
-from .workers import WorkerInfo
 
 
 class StopRequest(BaseModel):

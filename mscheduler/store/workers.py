@@ -3,20 +3,17 @@
 A consumer writes its document when it starts, rewrites it once per heartbeat (one small
 upsert: when it was last seen and what it runs now) and deletes it when it stops. A worker
 that died without stopping (kill -9, a lost host) leaves its document behind: it is shown as
-stale once ``last_seen_at`` is older than `STALE_AFTER_BEATS` heartbeats, and a TTL index
+stale once ``last_seen_at`` is older than `models.STALE_AFTER_BEATS` heartbeats, and a TTL index
 removes it a day later. Nothing else reads these documents to decide anything about a task:
 they are what operators (``mscheduler workers``, ``stats``, a dashboard) look at.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from .. import layout
-from ..models import UtcDatetime
+from ..models import WorkerInfo
 from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
@@ -26,35 +23,6 @@ STALE_AFTER_BEATS = 3
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
-
-
-class WorkerInfo(BaseModel):
-    """One consumer as it last described itself; ``alive`` is judged against a clock when
-    read (`is_alive`): a worker that stopped gracefully has no document at all."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    worker_id: str = Field(alias="_id")
-    host: str
-    pid: int
-    names: list[str]
-    max_running: int
-    running: int = 0
-    running_keys: list[str] = Field(default_factory=list)  # the first `MAX_LISTED_KEYS`
-    started_at: UtcDatetime
-    last_seen_at: UtcDatetime
-    heartbeat_ms: int
-    # Drawn afresh each time a consumer starts: tells a restarted worker from the one that had
-    # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
-    # written by a version that did not draw one.
-    instance: str = ""
-    alive: bool = True  # set by the reader, from `is_alive` and its clock
-
-    def stale_at(self) -> dt.datetime:
-        return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
-
-    def is_alive(self, now: dt.datetime) -> bool:
-        return now < self.stale_at()
 
 
 class Workers(BesideTasks):

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import mscheduler as ms
 from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
+from mscheduler.models import WorkerStateKind
 from tests.engines import WireServer
 
 runner = CliRunner()
@@ -390,7 +391,7 @@ def test_a_second_sigint_releases_the_running_tasks_at_once(wire_server: WireSer
     for task in anyio.run(states):
         assert task.state is ms.TaskState.PENDING, task
         assert task.unexpected_failures == 0
-        assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+        assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]
 
 
 def process_alive(pid: int) -> bool:

@@ -17,13 +17,15 @@ from typer.testing import CliRunner
 import mscheduler as ms
 from mscheduler.backends.memory import forget_memory_server
 from mscheduler.cli.main import app
+from mscheduler.models import ErrorInfo, Progress, TaskEvent
+from mscheduler.testing import ManualClock
 from tests.acceptance.test_cli import BIN, ROOT, needs_bin, read_until, wire_db
 from tests.engines import FAST, POLL_MS, WireServer, until_idle, worker
 
 
 async def _fail_once_then_succeed(uri: str) -> None:
     """Publish a task and consume it here: its first attempt fails, its retry succeeds."""
-    clock = ms.ManualClock()
+    clock = ManualClock()
     tries: list[int] = []
 
     async def flaky(task: ms.Task) -> dict[str, int]:
@@ -81,8 +83,8 @@ def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch) -> No
     """The command's own part, on a listener replaced by three made-up events."""
     at = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     made_up = [
-        ms.TaskEvent(kind="published", key="k", name="job", at=at, version=1),
-        ms.TaskEvent(
+        TaskEvent(kind="published", key="k", name="job", at=at, version=1),
+        TaskEvent(
             kind="failed",
             key="k",
             name="job",
@@ -91,9 +93,9 @@ def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch) -> No
             worker_id="w1",
             run_id="r1",
             will_retry=True,
-            error=ms.ErrorInfo.from_message("RuntimeError", "first try fails"),
+            error=ErrorInfo.from_message("RuntimeError", "first try fails"),
         ),
-        ms.TaskEvent(
+        TaskEvent(
             kind="progress",
             key="k",
             name="job",
@@ -101,7 +103,7 @@ def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch) -> No
             version=5,
             worker_id="w1",
             run_id="r2",
-            progress=ms.Progress(fraction=0.5, message="half"),
+            progress=Progress(fraction=0.5, message="half"),
         ),
     ]
 
@@ -112,7 +114,7 @@ def test_events_prints_one_line_per_event(monkeypatch: pytest.MonkeyPatch) -> No
         async def __aexit__(self, *exc_info: object) -> None:
             return None
 
-        async def __aiter__(self) -> AsyncIterator[ms.TaskEvent]:
+        async def __aiter__(self) -> AsyncIterator[TaskEvent]:
             for event in made_up:
                 yield event
 

@@ -19,6 +19,7 @@ import pytest
 from bson import Decimal128, ObjectId
 
 import mscheduler as ms
+from mscheduler.models import WorkerStateKind
 from tests.acceptance.test_cli import (
     BIN,
     ROOT,
@@ -181,7 +182,7 @@ def test_workers_stop_now_releases_the_running_task_and_the_worker_exits_0(uri: 
         process.kill()
     task = worker_states(uri, "slow:1")
     assert task.state is ms.TaskState.PENDING and task.unexpected_failures == 0
-    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+    assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]
 
 
 def test_workers_stop_of_a_worker_that_is_not_live_is_one_line(uri: str):

@@ -24,6 +24,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 from tests.engines import WireServer
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -70,7 +71,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def seed(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+async def seed(sched: ms.Scheduler, clock: ManualClock) -> None:
     """An hour of work: tasks of four names ended over the last hour, some failed, some
     running now, one name paused, one limited, one on a schedule."""
     start = clock.now()
@@ -114,7 +115,7 @@ def dashboard(wire_server: WireServer) -> Iterator[tuple[str, str, subprocess.Po
         pytest.skip("the mscheduler command is not installed")
     uri = wire_server.uri.replace("/?", f"/dash-{uuid.uuid4().hex[:8]}?")
     start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=59)
-    clock = ms.ManualClock(start)
+    clock = ManualClock(start)
     on(uri, lambda sched: seed(sched, clock), clock=clock)
     port = free_port()
     process = subprocess.Popen(

@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
@@ -132,7 +133,7 @@ def test_the_readmes_first_python_block_runs_as_written(tmp_path: pathlib.Path):
 
 
 async def test_periodic_publishes_each_heartbeat_once(example_uri: str):
-    clock = ms.ManualClock()
+    clock = ManualClock()
     summary = await load("periodic").main(example_uri, clock)
     beats = summary["heartbeats"]
     assert beats[:3] == [

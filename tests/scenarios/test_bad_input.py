@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError, PayloadError
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def _nothing_written(scheduler: ms.Scheduler) -> None:
     ],
 )
 async def test_bad_keys_and_names(scheduler: ms.Scheduler, key: Any, name: str, message: str):
-    with pytest.raises(ms.ConfigurationError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         await scheduler.publish(key, None, name=name)
     await _nothing_written(scheduler)
 
@@ -71,27 +72,27 @@ async def test_bad_keys_and_names(scheduler: ms.Scheduler, key: Any, name: str, 
     ],
 )
 async def test_payloads_that_cannot_be_stored(scheduler: ms.Scheduler, payload: Any, message: str):
-    with pytest.raises(ms.PayloadError, match=message):
+    with pytest.raises(PayloadError, match=message):
         await scheduler.publish("k", payload, name="job")
     await _nothing_written(scheduler)
 
 
 async def test_oversize_document_is_refused_before_writing(scheduler: ms.Scheduler):
-    with pytest.raises(ms.PayloadError, match="the limit is"):
+    with pytest.raises(PayloadError, match="the limit is"):
         await scheduler.publish("k", {"blob": "x" * (15 * 1024 * 1024)}, name="job")
     await _nothing_written(scheduler)
 
 
 async def test_options_of_the_wrong_type(scheduler: ms.Scheduler):
-    with pytest.raises(ms.ConfigurationError, match="options: expected TaskOptions"):
+    with pytest.raises(ConfigurationError, match="options: expected TaskOptions"):
         await scheduler.publish("k", None, name="job", options={"priority": 1})  # type: ignore[arg-type]
     await _nothing_written(scheduler)
 
 
 async def test_claim_needs_a_key_or_names(scheduler: ms.Scheduler):
-    with pytest.raises(ms.ConfigurationError, match="give a key or at least one task name"):
+    with pytest.raises(ConfigurationError, match="give a key or at least one task name"):
         await scheduler.store.tasks.claim("w1")
-    with pytest.raises(ms.ConfigurationError, match="worker_id"):
+    with pytest.raises(ConfigurationError, match="worker_id"):
         await scheduler.store.tasks.claim("", names=["job"])
 
 
@@ -111,7 +112,7 @@ async def test_a_debounced_payload_must_fit_the_tasks_own_budget(scheduler: ms.S
     roomy = ms.TaskOptions(concurrent_worker_cnt=4, max_unexpected_retries=50)
     await scheduler.publish("k", "small", name="job", options=roomy, debounce=5)
     big = "x" * (13 * 1024 * 1024)  # within the default options' budget, not within the task's
-    with pytest.raises(ms.PayloadError, match="payload"):
+    with pytest.raises(PayloadError, match="payload"):
         await scheduler.publish("k", big, name="job", debounce=5)
     task = await scheduler.get("k")
     assert task is not None and task.payload == "small", "nothing written"
@@ -131,7 +132,7 @@ async def test_late_dependency_edges_must_fit_the_tasks_budget(scheduler: ms.Sch
     overhead = len(bson.encode(probe)) - 1
     await scheduler.publish("full", "x" * (budget - overhead - 100), name="job")  # 100 spare
     await scheduler.publish("before-" + "b" * 200, None, name="job")
-    with pytest.raises(ms.PayloadError, match="depends_on"):
+    with pytest.raises(PayloadError, match="depends_on"):
         await scheduler.add_dependencies([("before-" + "b" * 200, "full")])
     task = await scheduler.get("full")
     assert task is not None and task.depends_on == [], "nothing written"

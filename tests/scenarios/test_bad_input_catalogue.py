@@ -14,6 +14,14 @@ from pydantic import ValidationError
 from pymongo import MongoClient
 
 import mscheduler as ms
+from mscheduler.errors import (
+    ConfigurationError,
+    DependencyError,
+    PayloadError,
+    PreconditionFailed,
+    TaskNotFound,
+    TaskRunning,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -63,162 +71,162 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
     (
         "empty key",
         lambda s: s.publish("", None, name="job"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "key must be a non-empty",
     ),
     (
         "huge key",
         lambda s: s.publish("k" * 600, None, name="job"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "key is 600 characters",
     ),
-    ("empty name", lambda s: s.publish("k", None, name=""), ms.ConfigurationError, "name must be"),
+    ("empty name", lambda s: s.publish("k", None, name=""), ConfigurationError, "name must be"),
     (
         "set payload",
         lambda s: s.publish("k", {1}, name="job"),
-        ms.PayloadError,
+        PayloadError,
         "payload: cannot be stored",
     ),
     (
         "$ field",
         lambda s: s.publish("k", {"$x": 1}, name="job"),
-        ms.PayloadError,
+        PayloadError,
         r"field name '\$x'",
     ),
     (
         "oversize payload",
         lambda s: s.publish("k", "x" * 15_000_000, name="job"),
-        ms.PayloadError,
+        PayloadError,
         "the limit is",
     ),
     (
         "lone surrogate in payload",
         lambda s: s.publish("k", {"text": "a\ud800"}, name="job"),
-        ms.PayloadError,
+        PayloadError,
         r"payload\.text: not valid UTF-8",
     ),
     (
         "lone surrogate in a field name",
         lambda s: s.publish("k", {"a\udfff": 1}, name="job"),
-        ms.PayloadError,
+        PayloadError,
         "field name .* not valid UTF-8",
     ),
     (
         "lone surrogate in key",
         lambda s: s.publish("k\ud800", None, name="job"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "key is not valid UTF-8",
     ),
     (
         "lone surrogate in name",
         lambda s: s.publish("k", None, name="job\ud800"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "name is not valid UTF-8",
     ),
     (
         "payload nested 5,000 deep",
         lambda s: s.publish("k", _nested(5_000), name="job"),
-        ms.PayloadError,
+        PayloadError,
         "nested too deep",
     ),
     (
         "payload nested past MongoDB's 100 levels",
         lambda s: s.publish("k", _nested(100), name="job"),
-        ms.PayloadError,
+        PayloadError,
         "at most 100 levels",
     ),
     (
         "payload that contains itself",
         lambda s: s.publish("k", _self_containing(), name="job"),
-        ms.PayloadError,
+        PayloadError,
         r"payload\.me: contains itself",
     ),
     (
         "options as dict",
         lambda s: s.publish("k", None, name="job", options={"priority": 1}),
-        ms.ConfigurationError,
+        ConfigurationError,
         "options: expected TaskOptions",
     ),  # type: ignore[arg-type]
     (
         "self dependency",
         lambda s: s.publish("k", None, name="job", depends_on=["k"]),
-        ms.DependencyError,
+        DependencyError,
         "cannot depend on itself",
     ),
     (
         "missing dependency",
         lambda s: s.publish("k", None, name="job", depends_on=["nope"]),
-        ms.DependencyError,
+        DependencyError,
         "no task has the key",
     ),
     (
         "other name, same key",
         lambda s: s.publish("existing", None, name="other"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "already names a task",
     ),
     # batches
     (
         "publish_many cycle",
         lambda s: s.publish_many([_spec("a", depends_on=("b",)), _spec("b", depends_on=("a",))]),
-        ms.DependencyError,
+        DependencyError,
         "cycle",
     ),
     (
         "publish_many bad payload",
         lambda s: s.publish_many([_spec("a"), _spec("b", payload={1})]),
-        ms.PayloadError,
+        PayloadError,
         "cannot be stored",
     ),
-    ("commit stale requirement", _stale_commit, ms.PreconditionFailed, "existing"),
-    ("commit unstorable result", _unstorable_result, ms.PayloadError, "result: cannot be stored"),
+    ("commit stale requirement", _stale_commit, PreconditionFailed, "existing"),
+    ("commit unstorable result", _unstorable_result, PayloadError, "result: cannot be stored"),
     (
         "replace a running task",
         lambda s: _claim_then(s, lambda: s.replace("existing", 1, name="job")),
-        ms.TaskRunning,
+        TaskRunning,
         "running",
     ),
     (
         "late edge cycle",
         lambda s: s.add_dependencies([("existing", "existing")]),
-        ms.DependencyError,
+        DependencyError,
         "itself",
     ),
     # options and consumers
     (
         "set_options as dict",
         lambda s: s.set_options("existing", {"priority": 1}),
-        ms.ConfigurationError,
+        ConfigurationError,
         "options: expected TaskOptions",
     ),  # type: ignore[arg-type]
     (
         "handlers empty",
         lambda s: _sync(lambda: s.consumer({})),
-        ms.ConfigurationError,
+        ConfigurationError,
         "non-empty mapping",
     ),
     (
         "handler not callable",
         lambda s: _sync(lambda: s.consumer({"job": 3})),
-        ms.ConfigurationError,
+        ConfigurationError,
         r"handlers\['job'\]",
     ),  # type: ignore[dict-item]
     (
         "retry_on not exceptions",
         lambda s: _sync(lambda: ms.Handlers().task("job", retry_on=(3,))(_async_handler)),
-        ms.ConfigurationError,
+        ConfigurationError,
         r"handlers\['job'\]: retry_on must be exception classes",
     ),  # type: ignore[arg-type]
     (
         "consumers count",
         lambda s: s.consumers({"job": _async_handler}, count=0).__aenter__(),
-        ms.ConfigurationError,
+        ConfigurationError,
         "count: expected an integer from 1 to 1000",
     ),
     (
         "negative delay",
         lambda s: s.publish("k", None, name="job", delay=-5),
-        ms.ConfigurationError,
+        ConfigurationError,
         "delay: -5 seconds is not between 0 and 100 years",
     ),
     (
@@ -232,37 +240,37 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
     (
         "schedule cron",
         lambda s: s.schedule("s", name="job", cron="every day"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "schedule: cron: 'every day' is not a cron expression",
     ),
     (
         "schedule timezone",
         lambda s: s.schedule("s", name="job", cron="0 3 * * *", timezone="Paris"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "schedule: timezone: 'Paris' is not an IANA timezone",
     ),
     (
         "schedule payload",
         lambda s: s.schedule("s", name="job", every=dt.timedelta(minutes=1), payload={1, 2}),
-        ms.PayloadError,
+        PayloadError,
         "payload",
     ),
     (
         "limit rate",
         lambda s: s.set_limit("job", rate=-1, per=dt.timedelta(minutes=1)),
-        ms.ConfigurationError,
+        ConfigurationError,
         "rate: expected an integer from 1",
     ),
     (
         "pause name",
         lambda s: s.pause(""),
-        ms.ConfigurationError,
+        ConfigurationError,
         "name must be a non-empty string",
     ),
     (
         "debounce type",
         lambda s: s.publish("k", None, name="job", debounce="5s"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "debounce: expected a timedelta or a number of seconds, got str",
     ),
     (
@@ -282,70 +290,70 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
     (
         "worker options as dict",
         lambda s: _sync(lambda: s.consumer({"job": _async_handler}, options={"max_running": 2})),
-        ms.ConfigurationError,
+        ConfigurationError,
         "options: expected WorkerOptions",
     ),  # type: ignore[arg-type]
     (
         "claim without names",
         lambda s: s.store.tasks.claim("w"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "give a key or at least one task name",
     ),
     (
         "claim with empty worker id",
         lambda s: s.store.tasks.claim("", names=["job"]),
-        ms.ConfigurationError,
+        ConfigurationError,
         "worker_id",
     ),
     # reads and operations
-    ("wait for an unknown key", lambda s: s.wait("nope", timeout=1), ms.TaskNotFound, "nope"),
+    ("wait for an unknown key", lambda s: s.wait("nope", timeout=1), TaskNotFound, "nope"),
     (
         "list an unknown state",
         lambda s: s.list_tasks(state="done"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "'done' is not one of",
     ),
     (
         "retry a pending task",
         lambda s: s.retry("existing"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "only failed or cancelled",
     ),
     (
         "purge unfinished tasks",
         lambda s: s.purge(states=["running"], older_than=__import__("datetime").timedelta(0)),
-        ms.ConfigurationError,
+        ConfigurationError,
         "only finished tasks",
     ),
     # connecting
     (
         "malformed uri",
         lambda s: ms.Scheduler.connect("mongodb://h:port"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "is not a valid MongoDB URI",
     ),
     (
         "unknown scheme",
         lambda s: ms.Scheduler.connect("postgres://h"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "unsupported scheme",
     ),
     (
         "misspelt uri option",
         lambda s: ms.Scheduler.connect("mongodb://h/?replicaSett=rs0"),
-        ms.ConfigurationError,
+        ConfigurationError,
         "'replicaSett' is not a MongoDB URI option",
     ),
     (
         "sync collection",
         lambda s: _sync(lambda: ms.Scheduler(MongoClient(connect=False)["d"]["t"])),
-        ms.ConfigurationError,
+        ConfigurationError,
         "synchronous pymongo Collection",
     ),
     (
         "not a collection",
         lambda s: _sync(lambda: ms.Scheduler([])),
-        ms.ConfigurationError,
+        ConfigurationError,
         "expected an async MongoDB collection",
     ),
 ]
@@ -390,7 +398,7 @@ async def test_commit_cases_write_nothing_beyond_their_claim(scheduler: ms.Sched
     assert lease is not None
     before = await _documents(scheduler)
     for bad in ({"existing": 0}, {"nope": 1}):
-        with pytest.raises(ms.PreconditionFailed):
+        with pytest.raises(PreconditionFailed):
             await scheduler.commit(complete=[lease], publish=[_spec("x")], require=bad)
     assert await _documents(scheduler) == before
 

@@ -1,4 +1,4 @@
-"""Batch handlers (`ms.batch`): one call for the tasks claimed together, one result per task,
+"""Batch handlers (`batch`): one call for the tasks claimed together, one result per task,
 each task with its own lease, pings and retries. Every engine, the manual clock."""
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.handlers import batch
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
@@ -20,7 +24,7 @@ def _options(**fields: object) -> ms.WorkerOptions:
     return ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS, **fields)  # type: ignore[arg-type]
 
 
-async def _until(clock: ms.ManualClock, done: Callable[[], bool], step: float = 0.0) -> None:
+async def _until(clock: ManualClock, done: Callable[[], bool], step: float = 0.0) -> None:
     with anyio.fail_after(30):
         while not done():
             await until_idle()
@@ -28,7 +32,7 @@ async def _until(clock: ms.ManualClock, done: Callable[[], bool], step: float = 
 
 
 async def test_a_batch_gets_the_tasks_claimed_together_and_each_its_own_result(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     calls: list[list[str]] = []
 
@@ -37,7 +41,7 @@ async def test_a_batch_gets_the_tasks_claimed_together_and_each_its_own_result(
         return [task.payload * 10 for task in tasks]
 
     await scheduler.publish_many(ms.TaskSpec(key=f"t{n}", name="job", payload=n) for n in range(12))
-    handlers = {"job": ms.batch(handle, max_size=5, max_wait=dt.timedelta(seconds=1))}
+    handlers = {"job": batch(handle, max_size=5, max_wait=dt.timedelta(seconds=1))}
     async with scheduler.consumer(handlers, options=_options(max_running=10)):
         await _until(clock, lambda: sum(map(len, calls)) == 12)
     assert sorted(map(len, calls)) == [2, 5, 5]  # two full, the rest after max_wait
@@ -47,7 +51,7 @@ async def test_a_batch_gets_the_tasks_claimed_together_and_each_its_own_result(
 
 
 async def test_a_batch_waits_at_most_max_wait_to_fill(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     calls: list[int] = []
 
@@ -55,7 +59,7 @@ async def test_a_batch_waits_at_most_max_wait_to_fill(
         calls.append(len(tasks))
         return [None] * len(tasks)
 
-    handlers = {"job": ms.batch(handle, max_size=50, max_wait=dt.timedelta(seconds=5))}
+    handlers = {"job": batch(handle, max_size=50, max_wait=dt.timedelta(seconds=5))}
     async with scheduler.consumer(handlers, options=_options(max_running=50)):
         await discover()
         await scheduler.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(3))
@@ -68,7 +72,7 @@ async def test_a_batch_waits_at_most_max_wait_to_fill(
 
 
 async def test_an_exception_fails_that_attempt_of_every_task_of_the_batch(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     tries: list[int] = []
 
@@ -82,7 +86,7 @@ async def test_an_exception_fails_that_attempt_of_every_task_of_the_batch(
     await scheduler.publish_many(
         ms.TaskSpec(key=f"t{n}", name="job", options=options) for n in range(4)
     )
-    handlers = {"job": ms.batch(handle, max_size=4, max_wait=dt.timedelta(seconds=1))}
+    handlers = {"job": batch(handle, max_size=4, max_wait=dt.timedelta(seconds=1))}
     async with scheduler.consumer(handlers, options=_options(max_running=4, handler_retries=0)):
         await _until(clock, lambda: sum(tries) == 8, step=0.5)
     assert tries == [4, 4]
@@ -90,13 +94,13 @@ async def test_an_exception_fails_that_attempt_of_every_task_of_the_batch(
         task = await scheduler.get(f"t{n}")
         assert task is not None and task.state is ms.TaskState.SUCCESS
         assert [ws.state for ws in task.worker_states] == [
-            ms.WorkerStateKind.FAIL,
-            ms.WorkerStateKind.SUCCESS,
+            WorkerStateKind.FAIL,
+            WorkerStateKind.SUCCESS,
         ]
 
 
 async def test_a_wrong_number_of_results_fails_the_attempts(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     async def handle(tasks: list[ms.Task]) -> list[int]:
         return [1]
@@ -105,7 +109,7 @@ async def test_a_wrong_number_of_results_fails_the_attempts(
     await scheduler.publish_many(
         ms.TaskSpec(key=f"t{n}", name="job", options=options) for n in range(2)
     )
-    handlers = {"job": ms.batch(handle, max_size=2, max_wait=dt.timedelta(seconds=1))}
+    handlers = {"job": batch(handle, max_size=2, max_wait=dt.timedelta(seconds=1))}
     async with scheduler.consumer(handlers, options=_options(max_running=2, handler_retries=0)):
 
         async def failed() -> bool:
@@ -119,7 +123,7 @@ async def test_a_wrong_number_of_results_fails_the_attempts(
 
 
 def test_batch_refuses_bad_arguments_naming_the_field() -> None:
-    with pytest.raises(ms.ConfigurationError, match="max_size"):
-        ms.batch(lambda tasks: tasks, max_size=0)
-    with pytest.raises(ms.ConfigurationError, match="max_wait"):
-        ms.batch(lambda tasks: tasks, max_wait=-1)
+    with pytest.raises(ConfigurationError, match="max_size"):
+        batch(lambda tasks: tasks, max_size=0)
+    with pytest.raises(ConfigurationError, match="max_wait"):
+        batch(lambda tasks: tasks, max_wait=-1)

@@ -11,8 +11,10 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.errors import ClaimUncertain
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import BackendUnavailable, ClaimUncertain
+from mscheduler.models import Lease, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.faults import LosesClaimAndLookUp
 
 pytestmark = pytest.mark.anyio
@@ -142,7 +144,7 @@ async def test_a_batch_that_never_arrived_is_a_network_error_not_nothing_to_clai
     the tasks would wait for a change that never comes."""
     await _publish(scheduler, 5)
     sched = ms.Scheduler(_BulkNeverArrives(scheduler.collection), clock=scheduler.store.clock)
-    with pytest.raises(ms.BackendUnavailable):
+    with pytest.raises(BackendUnavailable):
         await sched.store.tasks.claim_many("w1", names=["job"], limit=4)
     assert all(t.state is ms.TaskState.PENDING for t in await scheduler.store.get_many(["t0"]))
 
@@ -194,7 +196,7 @@ async def test_batches_of_one_store_take_turns_instead_of_splitting_the_same_can
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
     await sched.ensure_indexes()
     counting.reset()
-    won: dict[str, list[ms.Lease]] = {}
+    won: dict[str, list[Lease]] = {}
 
     async def claim(worker_id: str) -> None:
         won[worker_id] = await sched.store.tasks.claim_many(worker_id, names=["job"], limit=4)
@@ -243,7 +245,7 @@ class _ReplyLostAndReadsFail(_ReadsFail):
 
 
 async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The claims landed, their reply was lost and so was the read of their runs: each lease
     is looked up and run while it lives, none left to expire unrun."""
@@ -264,11 +266,11 @@ async def test_a_batch_whose_read_back_fails_runs_every_task_it_won(
         assert sorted(ran) == ["t0", "t1", "t2", "t3"]
     for task in await scheduler.store.get_many(["t0", "t1", "t2", "t3"]):
         assert task.state is ms.TaskState.SUCCESS
-        assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.SUCCESS]
+        assert [ws.state for ws in task.worker_states] == [WorkerStateKind.SUCCESS]
 
 
 async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """A candidate whose claim failed it (its retries exhausted by a timeout), whose dependents
     a read that fails was to tell: the other candidates' leases are still returned, the
@@ -297,7 +299,7 @@ async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
 
 
 async def test_a_graceful_stop_leaves_no_uncertain_claim_behind(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Stopped while a claim's outcome is unknown: the lease it took is found and run within
     the grace period (or released), not left to expire unrun."""

@@ -12,8 +12,10 @@ from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 import mscheduler as ms
-from mscheduler.errors import StoreError
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import LeaseLost, StoreError
+from mscheduler.models import Lease, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import until_idle
 from tests.faults import HeldWrites
 
@@ -22,7 +24,7 @@ S = ms.TaskState.SUCCESS
 pytestmark = pytest.mark.anyio
 
 
-async def _claimed(sched: ms.Scheduler, count: int) -> list[ms.Lease]:
+async def _claimed(sched: ms.Scheduler, count: int) -> list[Lease]:
     await sched.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(count))
     leases = [await sched.store.tasks.claim("w1", key=f"t{n}") for n in range(count)]
     assert all(lease is not None for lease in leases)
@@ -44,13 +46,13 @@ async def _held(scheduler: ms.Scheduler) -> tuple[ms.Scheduler, HeldWrites]:
     return sched, held
 
 
-async def _record_successes(sched: ms.Scheduler, leases: list[ms.Lease]) -> dict[str, Any]:
+async def _record_successes(sched: ms.Scheduler, leases: list[Lease]) -> dict[str, Any]:
     outcomes: dict[str, Any] = {}
 
-    async def finish(lease: ms.Lease) -> None:
+    async def finish(lease: Lease) -> None:
         try:
             outcomes[lease.key] = await sched.store.tasks.record_success(lease, lease.key)
-        except ms.LeaseLost as exc:
+        except LeaseLost as exc:
             outcomes[lease.key] = exc
 
     async with anyio.create_task_group() as group:
@@ -65,7 +67,7 @@ async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler)
     sched, counting = await _counting(scheduler)
     outcomes: dict[str, Any] = {}
 
-    async def finish(lease: ms.Lease) -> None:
+    async def finish(lease: Lease) -> None:
         try:
             if lease.key == "t1":
                 task = await sched.store.tasks.fail(lease, RuntimeError("bad input"))
@@ -74,7 +76,7 @@ async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler)
             else:
                 task = await sched.store.tasks.succeed(lease, {"key": lease.key})
             outcomes[lease.key] = task.state
-        except ms.LeaseLost as exc:
+        except LeaseLost as exc:
             outcomes[lease.key] = exc
 
     async with anyio.create_task_group() as group:
@@ -85,10 +87,10 @@ async def test_finishes_written_together_cost_two_calls(scheduler: ms.Scheduler)
     assert outcomes["t0"] is ms.TaskState.SUCCESS and outcomes["t4"] is ms.TaskState.SUCCESS
     assert outcomes["t1"] is ms.TaskState.PENDING  # retries left: pending again
     assert outcomes["t2"] is ms.TaskState.PENDING
-    assert isinstance(outcomes["t3"], ms.LeaseLost) and "cancelled" in str(outcomes["t3"])
+    assert isinstance(outcomes["t3"], LeaseLost) and "cancelled" in str(outcomes["t3"])
     stored = {t.key: t for t in await scheduler.store.get_many([f"t{n}" for n in range(5)])}
     assert stored["t0"].result == {"key": "t0"}
-    assert stored["t1"].worker_states[-1].state is ms.WorkerStateKind.FAIL
+    assert stored["t1"].worker_states[-1].state is WorkerStateKind.FAIL
     assert stored["t2"].retry_at is not None
 
 
@@ -142,7 +144,7 @@ async def test_a_task_claimed_with_dependents_is_read_back_with_its_batch(
 
 
 async def test_a_success_written_unread_still_reports_its_lost_lease(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """Lost to a cancel, or to its lease's expiry before anyone took it over: told by the read
     after the batch, never by writing again."""
@@ -168,7 +170,7 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
     sched, held = await _held(scheduler)
     returned: list[str] = []
 
-    async def finish(lease: ms.Lease) -> None:
+    async def finish(lease: Lease) -> None:
         await sched.store.tasks.record_success(lease, lease.key)
         returned.append(lease.key)
 
@@ -220,7 +222,7 @@ async def test_a_write_the_server_refuses_in_a_batch_fails_alone(
     await sched.ensure_indexes()
     outcomes: dict[str, Any] = {}
 
-    async def finish(lease: ms.Lease) -> None:
+    async def finish(lease: Lease) -> None:
         write = sched.store.tasks.record_success if quiet else sched.store.tasks.succeed
         try:
             await write(lease, lease.key)
@@ -254,7 +256,7 @@ async def test_a_finish_returns_once_its_own_outcome_is_written_not_after_the_ot
     sched, held = await _held(scheduler)
     returned: list[str] = []
 
-    async def finish(lease: ms.Lease) -> None:
+    async def finish(lease: Lease) -> None:
         await sched.store.tasks.succeed(lease, lease.key)
         returned.append(lease.key)
 
@@ -308,4 +310,4 @@ async def test_a_quick_success_that_misses_on_new_options_is_written_in_full(
     await scheduler.store.tasks.record_success(lease, None)
     task = await scheduler.get("t0")
     assert task is not None and task.state is ms.TaskState.PENDING  # one success of two
-    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.SUCCESS]
+    assert [ws.state for ws in task.worker_states] == [WorkerStateKind.SUCCESS]

@@ -16,6 +16,7 @@ import pytest
 from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 from tests.conftest import OpenScheduler
 from tests.engines import OpenStreams, needs_change_streams, until_idle
 
@@ -62,7 +63,7 @@ async def test_a_large_result_does_not_stop_the_consumers_stream(
 
 
 async def test_reads_failing_at_one_token_open_a_fresh_stream_and_fetch_again(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """An event too large even without what the consumer does not need fails every read from
     the token before it: after a few such failures the consumer starts afresh and fetches."""
@@ -82,7 +83,7 @@ async def test_reads_failing_at_one_token_open_a_fresh_stream_and_fetch_again(
 
 
 async def test_an_idle_consumer_resumes_after_the_oplog_rolled_past_its_last_event(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """Writes of other names move the consumer's resume token on (the server's post-batch
     token): when the history of its last own event is gone, it resumes without a re-fetch."""
@@ -130,7 +131,7 @@ async def test_watch_goes_on_after_the_collection_is_dropped(
 
 @pytest.mark.parametrize("on_database", [True, False], ids=["database-stream", "collection-stream"])
 async def test_a_consumer_goes_on_after_the_collection_is_dropped_without_a_refetch(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str, on_database: bool
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str, on_database: bool
 ):
     """A stream on the database reads the drop and goes on. One on the collection (where the
     server refuses one on the database) ends with the drop's ``invalidate`` and opens again
@@ -155,7 +156,7 @@ async def test_a_consumer_goes_on_after_the_collection_is_dropped_without_a_refe
 
 @pytest.mark.parametrize("discovery", ["auto", "stream"])
 async def test_a_transient_error_on_opening_is_retried_not_taken_for_a_refusal(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str, discovery: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str, discovery: str
 ):
     """A mongos in an election answers 91 (ShutdownInProgress) or 189 (PrimarySteppedDown):
     the stream is tried again after a backoff, neither polled for a minute nor an error."""
@@ -183,7 +184,7 @@ async def test_a_transient_error_on_opening_is_retried_not_taken_for_a_refusal(
 
 
 async def test_a_stream_refused_while_running_falls_back_to_polling(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """The ``changeStream`` privilege revoked: each reopen is refused (13), so the consumer
     polls (and tries the stream again now and then) instead of retrying for ever."""
@@ -204,7 +205,7 @@ async def test_a_stream_refused_while_running_falls_back_to_polling(
 
 
 async def test_a_stalled_stream_is_backed_by_a_periodic_fetch(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """A stream that stays open and sends nothing (a primary without its majority): the
     backstop fetch finds the work within ``backstop_interval_ms``."""
@@ -296,7 +297,7 @@ async def test_a_process_holds_one_change_stream_and_control_changes_reach_it(
 
 
 async def test_a_pause_holds_when_the_process_turns_to_polling_under_its_controls(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str
 ):
     """The controls ride on the process's stream; the server then refuses change streams
     (a role that lost ``changeStream``), and the process polls. The controls are told, and
@@ -329,7 +330,7 @@ async def test_a_pause_holds_when_the_process_turns_to_polling_under_its_control
 
 
 async def test_polling_gives_way_to_a_collection_stream_where_the_database_is_refused(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str
 ):
     """A process that polls (the server refused change streams) tries the stream again
     every ``stream_retry_interval_ms``: refused on the database (13), it takes one on the

@@ -31,11 +31,14 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, SkewedClock, until_idle
 from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 
@@ -66,14 +69,14 @@ class Ledger:
 
 
 class Chaos:
-    def __init__(self, seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+    def __init__(self, seed: int, sched: ms.Scheduler, clock: ManualClock) -> None:
         self.rnd = random.Random(seed)
         self.sched = sched
         self.clock = clock
         self.ledger = Ledger()
         self.keys: list[str] = []
         self.limited_keys: set[str] = set()
-        self.consumers: dict[str, ms.Consumer] = {}
+        self.consumers: dict[str, Consumer] = {}
         self.scopes: dict[str, anyio.CancelScope] = {}
 
     def handler_for(self, worker_id: str) -> Callable[[ms.Task], Awaitable[Any]]:
@@ -230,7 +233,7 @@ class Chaos:
                     )
 
 
-async def _one_run(seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> Chaos:
+async def _one_run(seed: int, sched: ms.Scheduler, clock: ManualClock) -> Chaos:
     chaos = Chaos(seed, sched, clock)
     rnd = chaos.rnd
     await sched.set_limit(LIMITED, max_running=LIMITED_RUNNING)
@@ -259,7 +262,7 @@ async def _one_run(seed: int, sched: ms.Scheduler, clock: ms.ManualClock) -> Cha
 
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + RUNS))
 async def test_chaos(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, engine: str, seed: int
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str, seed: int
 ) -> None:
     sched = await open_scheduler(collection=f"chaos{seed}")
     chaos = await _one_run(seed, sched, clock)

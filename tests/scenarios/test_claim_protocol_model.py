@@ -30,11 +30,14 @@ from hypothesis.stateful import (
 )
 
 import mscheduler as ms
+from mscheduler.errors import LeaseLost
+from mscheduler.models import Lease, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import ENGINES, WIRE_DATABASE
 from tests.oracle import check_consistent
 
 T = TypeVar("T")
-K = ms.WorkerStateKind
+K = WorkerStateKind
 KEYS = ("t0", "t1", "t2")
 WORKERS = ("w0", "w1", "w2")
 # Reported at the end of the session (conftest.py).
@@ -46,7 +49,7 @@ MODEL_RUNS = {
 }
 
 
-def _live_holder(task: ms.Task | None, lease: ms.Lease, now: dt.datetime) -> bool:
+def _live_holder(task: ms.Task | None, lease: Lease, now: dt.datetime) -> bool:
     if task is None or task.state.is_terminal:
         return False
     return any(
@@ -66,7 +69,7 @@ class ClaimProtocol(RuleBasedStateMachine):
         RUNS[self.ENGINE]["machines"] += 1
         self._portal_cm = start_blocking_portal("asyncio")
         self.portal: BlockingPortal = self._portal_cm.__enter__()
-        self.clock = ms.ManualClock()
+        self.clock = ManualClock()
         self.sched: ms.Scheduler = self.run(
             ms.Scheduler.connect,
             self.URI,
@@ -123,18 +126,18 @@ class ClaimProtocol(RuleBasedStateMachine):
         return lease
 
     @rule(lease=leases)
-    def ping(self, lease: ms.Lease) -> None:
+    def ping(self, lease: Lease) -> None:
         self._fenced(lease, "ping")
 
     @rule(lease=consumes(leases), success=st.booleans())
-    def finish(self, lease: ms.Lease, success: bool) -> None:
+    def finish(self, lease: Lease, success: bool) -> None:
         self._fenced(lease, "succeed" if success else "fail")
 
     @rule(lease=consumes(leases))
-    def release(self, lease: ms.Lease) -> None:
+    def release(self, lease: Lease) -> None:
         self._fenced(lease, "release")
 
-    def _fenced(self, lease: ms.Lease, write: str) -> None:
+    def _fenced(self, lease: Lease, write: str) -> None:
         if lease.worker_id in self.crashed:
             return
         before = self.task(lease.key)
@@ -148,7 +151,7 @@ class ClaimProtocol(RuleBasedStateMachine):
         }
         try:
             after = self.run(calls[write])
-        except ms.LeaseLost:
+        except LeaseLost:
             assert not holder, f"{write} by the live holder was refused"
             assert self.task(lease.key) == before, f"a refused {write} changed the task"
             return

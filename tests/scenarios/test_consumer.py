@@ -16,13 +16,17 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.consumer.heap import ClaimHeap
-from mscheduler.testing import CountingCollection
+from mscheduler.errors import ConfigurationError, LeaseLost
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, needs_change_streams, until_idle
 from tests.oracle import check_consistent
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 Discover = Callable[[], Awaitable[None]]
@@ -57,7 +61,7 @@ class Recorder:
 @contextlib.asynccontextmanager
 async def consumers(
     sched: ms.Scheduler, recorder: Recorder, count: int = 1, **options: Any
-) -> AsyncIterator[list[ms.Consumer]]:
+) -> AsyncIterator[list[Consumer]]:
     started = [
         sched.consumer(
             {"job": recorder.for_worker(f"w{i}")},
@@ -167,7 +171,7 @@ async def test_takeover_of_a_vanished_workers_task(scheduler: ms.Scheduler, cloc
         clock.advance(0.001)
         await until_idle()
         assert recorder.runs == [("orphan", "w0")]
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.store.tasks.succeed(ghost, "too late")
     task = await scheduler.get("orphan")
     assert task is not None and task.state is S.SUCCESS and task.result == {"by": "w0"}
@@ -484,7 +488,7 @@ async def test_polling_fallback_warns_and_keeps_working(clock, caplog):
     ],
 )
 async def test_bad_handlers_are_refused(scheduler: ms.Scheduler, handlers: Any, message: str):
-    with pytest.raises(ms.ConfigurationError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         scheduler.consumer(handlers)
 
 
@@ -500,7 +504,7 @@ def _memory_collection() -> Any:
 
 
 async def test_a_consumer_hears_one_event_per_task_and_none_of_its_pings(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """Not every ping, claim and finish of every task of its names (3 events and more per
     task per consumer, each looked up)."""
@@ -527,7 +531,7 @@ async def test_a_consumer_hears_one_event_per_task_and_none_of_its_pings(
 
 
 async def test_a_task_claimed_unseen_is_taken_over_at_its_last_pings_expiry(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """Claims and pings wake nobody now: a consumer that finds a task taken asks when it may
     be claimable next, and so still takes it over once its holder stops pinging."""
@@ -599,7 +603,7 @@ async def test_a_backlog_pinned_to_other_workers_does_not_spin_the_fetcher(
 
 
 async def test_a_busy_consumer_keeps_its_heap_bounded(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Each consumer sees the other's running tasks again on every ping (their leases move):
     superseded heap pairs must not pile up."""

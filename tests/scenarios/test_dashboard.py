@@ -21,6 +21,8 @@ import pytest
 import mscheduler as ms
 from mscheduler.dashboard import create_app
 from mscheduler.dashboard.events import refresh_signals
+from mscheduler.models import WorkerInfo
+from mscheduler.testing import ManualClock
 from tests.engines import worker
 
 pytestmark = pytest.mark.anyio
@@ -69,12 +71,12 @@ async def finish(sched: ms.Scheduler, key: str, outcome: str) -> None:
 
 
 @pytest.fixture
-async def filled(scheduler: ms.Scheduler, clock: ms.ManualClock) -> ms.Scheduler:
+async def filled(scheduler: ms.Scheduler, clock: ManualClock) -> ms.Scheduler:
     await sched_fill(scheduler, clock)
     return scheduler
 
 
-async def sched_fill(sched: ms.Scheduler, clock: ms.ManualClock) -> None:
+async def sched_fill(sched: ms.Scheduler, clock: ManualClock) -> None:
     for n in range(3):
         await sched.publish(f"email:{n}", {"to": f"user{n}@example.com"}, name="email")
     await sched.publish("email:sent", {"to": "done@example.com"}, name="email")
@@ -200,7 +202,7 @@ async def every_page(sched: ms.Scheduler, **filters: str) -> list[list[str]]:
 
 
 async def test_the_task_list_pages_through_every_filter_on_an_index(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """The memory engine refuses a query no declared index serves (notablescan): every
     order, every filter and every later page here is served by one."""
@@ -346,7 +348,7 @@ async def test_every_asset_is_served_by_the_app(scheduler: ms.Scheduler):
 
 
 async def test_open_pages_are_told_when_tasks_change(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any], engine: str
 ):
     """A publish is told: from the change stream (memory), or from the process's poll (wire,
     every ``poll_interval``), as the task events tell it."""
@@ -369,7 +371,7 @@ async def test_open_pages_are_told_when_tasks_change(
 
 
 async def test_a_lease_ping_alone_refreshes_no_page(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any]
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any]
 ):
     """Pages refresh on task events: a ping (a write of the task that changes nothing shown)
     is none, a claim is."""
@@ -398,7 +400,7 @@ async def test_a_lease_ping_alone_refreshes_no_page(
 
 
 async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_leaves(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Callable[[], Any], engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Callable[[], Any], engine: str
 ):
     app = create_app(scheduler, poll_interval=5, min_refresh_interval=1)
     sent: list[dict[str, Any]] = []
@@ -450,14 +452,14 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
 
 
 async def test_the_live_workers_of_the_registry_are_shown_by_name(
-    filled: ms.Scheduler, clock: ms.ManualClock
+    filled: ms.Scheduler, clock: ManualClock
 ):
     """Each live worker of the registry shows under the names it serves; one that died
     without stopping (three heartbeats missed) nowhere."""
 
-    def entry(worker_id: str, names: list[str], running: int) -> ms.WorkerInfo:
+    def entry(worker_id: str, names: list[str], running: int) -> WorkerInfo:
         now = clock.now()
-        return ms.WorkerInfo(
+        return WorkerInfo(
             worker_id=worker_id,
             host="web-1",
             pid=4242,

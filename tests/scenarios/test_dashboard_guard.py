@@ -12,13 +12,15 @@ import pytest
 import mscheduler as ms
 from mscheduler.cli.dashboard import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
+from mscheduler.errors import ConfigurationError
+from mscheduler.testing import ManualClock
 from tests.scenarios.test_dashboard import client, csrf_of, sched_fill
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def filled(scheduler: ms.Scheduler, clock: ms.ManualClock) -> ms.Scheduler:
+async def filled(scheduler: ms.Scheduler, clock: ManualClock) -> ms.Scheduler:
     await sched_fill(scheduler, clock)
     return scheduler
 
@@ -70,7 +72,7 @@ async def test_a_dashboard_with_a_token_answers_nobody_without_it(filled: ms.Sch
     assert denied.headers["www-authenticate"].startswith("Basic")
     assert allowed.status_code == 200
     assert (await filled.get("email:0")).state is ms.TaskState.PENDING
-    with pytest.raises(ms.ConfigurationError, match="token"):
+    with pytest.raises(ConfigurationError, match="token"):
         create_app(filled, token=" ")
 
 
@@ -139,9 +141,9 @@ async def test_a_mounted_dashboard_answers_the_hosts_it_is_given_or_any_behind_a
     tokened = create_app(filled, token="s3cret")
     async with client(tokened, "https://ops.example.com", Authorization="Bearer s3cret") as http:
         assert (await http.get("/")).status_code == 200  # the token is what guards it
-    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+    with pytest.raises(ConfigurationError, match="allowed_hosts"):
         create_app(filled, allowed_hosts="ops.example.com")  # type: ignore[arg-type]
-    with pytest.raises(ms.ConfigurationError, match="allowed_hosts"):
+    with pytest.raises(ConfigurationError, match="allowed_hosts"):
         create_app(filled, allowed_hosts=[""])
 
 

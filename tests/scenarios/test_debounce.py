@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.testing import ManualClock
 from tests.engines import FAST, worker
 
 pytestmark = pytest.mark.anyio
@@ -16,7 +18,7 @@ S = ms.TaskState
 
 
 async def test_debounced_publishes_make_one_run_with_the_last_payload(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     ran: list[Any] = []
 
@@ -43,7 +45,7 @@ async def test_debounced_publishes_make_one_run_with_the_last_payload(
 
 
 async def test_a_debounce_leaves_a_failed_attempt_waiting_for_its_retry_alone(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """It started: its retry runs with the payload it had, when it was due (as publish)."""
     ran: list[Any] = []
@@ -71,8 +73,8 @@ async def test_a_debounce_leaves_a_failed_attempt_waiting_for_its_retry_alone(
 
 
 async def test_a_bad_debounce_names_it(scheduler: ms.Scheduler):
-    with pytest.raises(ms.ConfigurationError, match="debounce: -1 seconds is not between"):
+    with pytest.raises(ConfigurationError, match="debounce: -1 seconds is not between"):
         await scheduler.publish("k", None, name="job", debounce=-1)
-    with pytest.raises(ms.ConfigurationError, match="give either debounce or delay"):
+    with pytest.raises(ConfigurationError, match="give either debounce or delay"):
         await scheduler.publish("k", None, name="job", debounce=1, delay=1)
     assert await scheduler.get("k") is None

@@ -11,7 +11,10 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import DependencyError, TaskRunning
+from mscheduler.handlers import Consumer
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 from tests.oracle import check_consistent
 from tests.scenarios.test_consumer import Recorder, consumers
@@ -70,7 +73,7 @@ async def run_all(sched: ms.Scheduler, *, workers: int = 3) -> list[str]:
         for _ in range(10_000):
             if not any(c.polling for c in consumers) or not await _unfinished(sched):
                 break
-            assert isinstance(clock, ms.ManualClock)
+            assert isinstance(clock, ManualClock)
             clock.advance(POLL_MS / 1000)
             await until_idle()
         for consumer in consumers:
@@ -99,7 +102,7 @@ async def test_dependencies_that_already_succeeded_count_at_once(scheduler: ms.S
 
 
 async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Scheduler):
-    with pytest.raises(ms.DependencyError, match="no task has the key"):
+    with pytest.raises(DependencyError, match="no task has the key"):
         await scheduler.publish("b", None, name="job", depends_on=["ghost"])
     assert await scheduler.get("b") is None, "a refused publish wrote something"
     result = await scheduler.publish(
@@ -109,7 +112,7 @@ async def test_missing_dependency_is_an_error_unless_allowed(scheduler: ms.Sched
 
 
 async def test_self_dependency_is_refused(scheduler: ms.Scheduler):
-    with pytest.raises(ms.DependencyError, match="cannot depend on itself"):
+    with pytest.raises(DependencyError, match="cannot depend on itself"):
         await scheduler.publish("a", None, name="job", depends_on=["a"])
 
 
@@ -241,13 +244,13 @@ async def test_add_dependencies_to_existing_tasks(scheduler: ms.Scheduler):
 @pytest.mark.parametrize(
     ("edges", "error", "message"),
     [
-        ([("b", "a")], ms.DependencyError, "closes a cycle"),
-        ([("c", "a")], ms.DependencyError, "closes a cycle"),
-        ([("x", "y"), ("y", "x")], ms.DependencyError, "closes a cycle"),
-        ([("a", "a")], ms.DependencyError, "cannot depend on itself"),
-        ([("a", "ghost")], ms.DependencyError, "no task has the key"),
-        ([("x", "running")], ms.TaskRunning, "already running"),
-        ([("x", "done")], ms.DependencyError, "has already success"),
+        ([("b", "a")], DependencyError, "closes a cycle"),
+        ([("c", "a")], DependencyError, "closes a cycle"),
+        ([("x", "y"), ("y", "x")], DependencyError, "closes a cycle"),
+        ([("a", "a")], DependencyError, "cannot depend on itself"),
+        ([("a", "ghost")], DependencyError, "no task has the key"),
+        ([("x", "running")], TaskRunning, "already running"),
+        ([("x", "done")], DependencyError, "has already success"),
     ],
 )
 async def test_bad_edges_are_refused_and_write_nothing(
@@ -271,8 +274,8 @@ async def test_bad_edges_are_refused_and_write_nothing(
 
 
 async def _run_one(
-    sched: ms.Scheduler, handler: Any, clock: ms.ManualClock, steps: int = 0
-) -> ms.Consumer:
+    sched: ms.Scheduler, handler: Any, clock: ManualClock, steps: int = 0
+) -> Consumer:
     consumer = sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="w0"))
     async with consumer:
         await until_idle()
@@ -364,7 +367,7 @@ async def _publish_pair(sched: ms.Scheduler) -> None:
 
 
 async def test_dependents_are_told_after_a_network_error_without_a_restart(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """The worker that finished ``dep`` could not tell ``child``: it does so itself once the
     network is back, and meanwhile ``dep`` is not purged (it would strand ``child``)."""
@@ -384,7 +387,7 @@ async def test_dependents_are_told_after_a_network_error_without_a_restart(
 
 
 async def test_a_dead_writers_dependents_are_told_by_a_running_consumer(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Another process finished ``dep`` and never told ``child`` (its network stayed down):
     a long-running consumer that saw ``dep`` end tells ``child`` after a grace period."""
@@ -410,7 +413,7 @@ async def test_a_dead_writers_dependents_are_told_by_a_running_consumer(
 
 
 async def test_purge_keeps_a_finished_task_until_its_dependents_are_told(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("dep", None, name="job")
     await scheduler.publish("child", None, name="job", depends_on=["dep"])

@@ -14,8 +14,9 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.services.discovery import DUE_PAGE, RESYNC, STATE_READ_INTERVAL, Subscription
-from mscheduler.testing import CountingCollection
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, OpenStreams, SkewedClock, needs_change_streams, until_idle
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +84,7 @@ async def test_wait_many_shares_the_consumers_stream(scheduler: ms.Scheduler, en
 
 
 async def test_a_polling_process_polls_once_per_interval_whatever_its_consumers(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """Idle, with 1 and then 6 consumers and a waiter, for five intervals of a second: one
     read of the tasks collection each interval for the whole process (the writes since the
@@ -200,7 +201,7 @@ async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
 
 
 async def test_a_shared_watch_goes_on_after_the_consumers_stop(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock
 ) -> None:
     """The watch joined the consumers' hub; they stop, and it runs the hub itself while it
     waits (from the kept resume token, or poll time, at the watch's own interval of 1 s): a
@@ -266,7 +267,7 @@ async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
 
 
 async def test_a_waiter_beside_the_consumers_holds_back_no_page_of_the_backlog(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     """A waiter widens the process's stream (or poll) to every state change of its tasks,
     claims included. A consumer that took those for work would fill its heap with running
@@ -293,7 +294,7 @@ async def test_a_waiter_beside_the_consumers_holds_back_no_page_of_the_backlog(
 
 
 async def test_a_polling_consumer_finds_a_write_that_showed_long_after_it_was_stamped(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """A write is stamped before it is sent, and a poll reads by that stamp: a slow
     transaction's writes, or a writer whose clock is behind ours, show up after the poll has
@@ -313,7 +314,7 @@ async def test_a_polling_consumer_finds_a_write_that_showed_long_after_it_was_st
 
 
 async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stamped(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """The same for `wait`: a task cancelled by a writer whose clock is behind ours ends the
     wait within a poll interval, where reading by the time of the write would wait forever."""
@@ -337,7 +338,7 @@ async def test_a_polling_waiter_sees_an_end_that_showed_long_after_it_was_stampe
 
 
 async def test_a_missed_write_is_found_whatever_the_backlog_of_another_name(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """The poll reads the due tasks name by name: a paused name's backlog, due for ever, does
     not hide a task of another name that the read of writes missed (stamped by a clock
@@ -361,7 +362,7 @@ async def test_a_missed_write_is_found_whatever_the_backlog_of_another_name(
 
 
 async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """A task published after the poll read the writes but before it read the due tasks goes
     to the consumers at once (read as due); the watch beside them still shows it, from the
@@ -401,7 +402,7 @@ async def test_a_shared_watch_shows_a_write_that_came_between_the_polls_reads(
 
 
 async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """Another process claims a task with a short lease: the poll reads that claim (which
     gives no consumer work) and, its lease expired a moment later, reads the task as due.
@@ -429,7 +430,7 @@ async def test_a_polling_consumer_gets_a_task_due_after_a_write_that_woke_nobody
 
 
 async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_elsewhere(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock
+    open_scheduler: OpenScheduler, clock: ManualClock
 ) -> None:
     """The poll reads a page of each name's due tasks: tasks pinned to workers of other
     processes, due sooner and more than a page of them, do not hide a lease that expired
@@ -460,7 +461,7 @@ async def test_a_polling_consumer_gets_an_expired_lease_behind_tasks_pinned_else
         assert ran == [("k", "w")]
 
 
-async def _read_by_state(clock: ms.ManualClock) -> None:
+async def _read_by_state(clock: ManualClock) -> None:
     """Time for the poll's next read by state (and a poll after it)."""
     clock.advance(STATE_READ_INTERVAL.total_seconds())
     await until_idle()
@@ -469,7 +470,7 @@ async def _read_by_state(clock: ms.ManualClock) -> None:
 
 
 async def test_a_waiter_hides_no_slot_freed_for_a_later_retry(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     """One slot of a task run by two workers at once fails: the task stays running, its
     free slot claimable once the retry delay passes, and the failure's write wakes the

@@ -45,7 +45,9 @@ from hypothesis.stateful import (
 from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
+from mscheduler.models import Lease
 from mscheduler.services.discovery import RESYNC, Subscription
+from mscheduler.testing import ManualClock
 from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, until_idle
 
 T = TypeVar("T")
@@ -145,7 +147,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
         self.streams = self.ENGINE == "memory"
         self._portal_cm = start_blocking_portal("asyncio")
         self.portal: BlockingPortal = self._portal_cm.__enter__()
-        self.clock = ms.ManualClock()
+        self.clock = ManualClock()
         self.sched: ms.Scheduler = self.portal.call(
             lambda: ms.Scheduler.connect(
                 self.URI,
@@ -156,7 +158,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
         )
         self.hub = self.sched.store.task_hub
         self.subscribers: list[Subscriber] = []
-        self.leases: list[ms.Lease] = []
+        self.leases: list[Lease] = []
         self.workers = 0
         # The stream was broken and no step has moved the clock to reopen it since: the
         # streams the hub had opened then.

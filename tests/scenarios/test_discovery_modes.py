@@ -16,8 +16,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory import memory_server
-from mscheduler.testing import CountingCollection
+from mscheduler.errors import ConfigurationError
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
@@ -40,7 +42,7 @@ def _leaf_errors(error: BaseException) -> list[BaseException]:
 
 
 async def test_auto_polls_with_one_warning_naming_the_servers_refusal(
-    open_scheduler: OpenScheduler, clock: ms.ManualClock, caplog: pytest.LogCaptureFixture
+    open_scheduler: OpenScheduler, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ):
     sched = await open_scheduler(changestreams=False)  # the wire engine refuses by itself
     caplog.set_level(logging.WARNING, logger="mscheduler")
@@ -64,12 +66,10 @@ async def test_stream_discovery_fails_loudly_when_refused(open_scheduler: OpenSc
         async with consumer:
             pass
     errors = _leaf_errors(raised.value)
-    assert any(isinstance(e, ms.ConfigurationError) and "discovery" in str(e) for e in errors), (
-        errors
-    )
+    assert any(isinstance(e, ConfigurationError) and "discovery" in str(e) for e in errors), errors
 
 
-async def test_poll_discovery_never_opens_a_stream(clock: ms.ManualClock):
+async def test_poll_discovery_never_opens_a_stream(clock: ManualClock):
     counted = CountingCollection(memory_server("").collection("db", "poll_only"))
     sched = ms.Scheduler(counted, clock=clock)
     async with sched.consumer({"job": _done}, options=_options(discovery="poll")) as consumer:
@@ -82,7 +82,7 @@ async def test_poll_discovery_never_opens_a_stream(clock: ms.ManualClock):
     assert (await sched.get("k")).state is ms.TaskState.SUCCESS  # type: ignore[union-attr]
 
 
-async def test_auto_takes_the_stream_back_when_the_server_offers_it(clock: ms.ManualClock):
+async def test_auto_takes_the_stream_back_when_the_server_offers_it(clock: ManualClock):
     collection = memory_server("").collection("db", "comes_back", change_streams=False)
     sched = ms.Scheduler(collection, clock=clock)
     options = _options(stream_retry_interval_ms=60_000, poll_interval_ms=3_600_000)
@@ -101,9 +101,9 @@ async def test_auto_takes_the_stream_back_when_the_server_offers_it(clock: ms.Ma
 async def test_wait_follows_the_same_rule(open_scheduler: OpenScheduler):
     sched = await open_scheduler(changestreams=False)
     await sched.publish("k", None, name="job")
-    with pytest.raises(ms.ConfigurationError, match="discovery"):
+    with pytest.raises(ConfigurationError, match="discovery"):
         await sched.wait("k", timeout=1, discovery="stream")
-    with pytest.raises(ms.ConfigurationError, match="discovery: 'sometimes'"):
+    with pytest.raises(ConfigurationError, match="discovery: 'sometimes'"):
         await sched.wait("k", timeout=1, discovery="sometimes")  # type: ignore[arg-type]
     await sched.cancel("k")
     assert (await sched.wait("k", timeout=1, discovery="poll")).state is ms.TaskState.CANCELLED
@@ -114,7 +114,7 @@ def test_discovery_option_is_validated():
         ms.WorkerOptions(discovery="sometimes")  # type: ignore[arg-type]
 
 
-async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ms.ManualClock) -> None:
+async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: ManualClock) -> None:
     """A waiter that asked to poll runs the process's hub when a consumer joins it: the
     consumer, which asked for a stream, gets one (the hub streams as soon as one of its
     subscribers wants to), rather than polling while the waiter waits, or failing."""

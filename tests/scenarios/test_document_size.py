@@ -14,6 +14,8 @@ from pymongo.errors import DocumentTooLarge, WriteError
 import mscheduler as ms
 from mscheduler import constants as c
 from mscheduler.encoding import growth_reserve, result_limit
+from mscheduler.errors import DependencyError, PayloadError
+from mscheduler.models import Lease
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +49,7 @@ async def test_options_at_their_maxima_are_published(
     assert published.created and published.task.options == ms.TaskOptions(**fields)
 
 
-async def _claim(sched: ms.Scheduler, key: str, worker: str = "w1") -> ms.Lease:
+async def _claim(sched: ms.Scheduler, key: str, worker: str = "w1") -> Lease:
     lease = await sched.store.tasks.claim(worker, key=key)
     assert lease is not None
     return lease
@@ -130,7 +132,7 @@ async def test_a_task_at_the_size_limit_survives_its_whole_life(
     probe = await scheduler.collection.find_one({"key": "p"})
     payload = "x" * (budget - len(bson.encode(probe)))
     await scheduler.publish("k", payload, name="job", options=options)
-    with pytest.raises(ms.PayloadError, match="the limit is"):
+    with pytest.raises(PayloadError, match="the limit is"):
         await scheduler.publish("q", payload + "x", name="job", options=options)
     reason = "\U0001f600" * c.MAX_ERROR_MESSAGE_BYTES  # four bytes each: cut to the byte limit
     for n in range(100):
@@ -174,9 +176,9 @@ async def test_replace_refuses_a_dependency_cycle(scheduler: ms.Scheduler):
     await scheduler.publish("b", None, name="job", depends_on=["a"])
     await scheduler.publish("c", None, name="job", depends_on=["b"])
     before = await _documents(scheduler)
-    with pytest.raises(ms.DependencyError, match=r"replace: 'c' → 'a' closes a cycle"):
+    with pytest.raises(DependencyError, match=r"replace: 'c' → 'a' closes a cycle"):
         await scheduler.replace("a", None, name="job", depends_on=["c"])
-    with pytest.raises(ms.DependencyError, match=r"commit: 'b' → 'a' closes a cycle"):
+    with pytest.raises(DependencyError, match=r"commit: 'b' → 'a' closes a cycle"):
         await scheduler.commit(
             delete=["a"], publish=[ms.TaskSpec(key="a", name="job", depends_on=("b",))]
         )

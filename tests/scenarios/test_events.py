@@ -13,7 +13,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.models import TaskEvent
 from mscheduler.services.task_events import EventLog
+from mscheduler.testing import ManualClock
 from tests.engines import FAST, OpenStreams, until_idle, worker
 
 pytestmark = pytest.mark.anyio
@@ -23,9 +26,9 @@ Discover = Callable[[], Awaitable[None]]
 @contextlib.asynccontextmanager
 async def listening(
     sched: ms.Scheduler, names: list[str] | None = None
-) -> AsyncIterator[list[ms.TaskEvent]]:
+) -> AsyncIterator[list[TaskEvent]]:
     """A listener collecting the events of ``names`` for the block, subscribed before it."""
-    heard: list[ms.TaskEvent] = []
+    heard: list[TaskEvent] = []
     async with sched.events(names) as events:
 
         async def listen() -> None:
@@ -39,7 +42,7 @@ async def listening(
             task_group.cancel_scope.cancel()
 
 
-def kinds(heard: list[ms.TaskEvent], key: str) -> list[tuple[str, Any]]:
+def kinds(heard: list[TaskEvent], key: str) -> list[tuple[str, Any]]:
     return [
         (event.kind, event.will_retry) if event.kind == "failed" else (event.kind, None)
         for event in heard
@@ -47,14 +50,14 @@ def kinds(heard: list[ms.TaskEvent], key: str) -> list[tuple[str, Any]]:
     ]
 
 
-async def _step(clock: ms.ManualClock, discover: Discover, seconds: float, times: int) -> None:
+async def _step(clock: ManualClock, discover: Discover, seconds: float, times: int) -> None:
     for _ in range(times):
         clock.advance(seconds)
         await discover()
 
 
 async def test_a_task_that_fails_once_then_succeeds_is_told_in_order(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     tries: list[int] = []
 
@@ -90,7 +93,7 @@ async def test_a_task_that_fails_once_then_succeeds_is_told_in_order(
 
 
 async def test_a_cancelled_task_is_told_cancelled(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     async with listening(scheduler, ["job"]) as heard:
         await scheduler.publish("k", None, name="job")
@@ -102,7 +105,7 @@ async def test_a_cancelled_task_is_told_cancelled(
 
 
 async def test_progress_is_told_between_start_and_success(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     reported, finish = anyio.Event(), anyio.Event()
 
@@ -133,7 +136,7 @@ async def test_progress_is_told_between_start_and_success(
 
 
 async def test_events_of_other_names_are_not_told(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     async with listening(scheduler, ["job"]) as heard:
         await scheduler.publish("other", None, name="other")
@@ -180,11 +183,11 @@ async def test_a_listener_alone_keeps_one_stream_open_for_its_block(
 
 
 async def test_events_iterated_bare_tell_the_same_in_order(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ) -> None:
     """Without ``async with``: subscribed from the first step to the close, the listener
     serving the hub itself while it waits (alone in the process here)."""
-    heard: list[ms.TaskEvent] = []
+    heard: list[TaskEvent] = []
     async with contextlib.aclosing(scheduler.events(["job"])) as events:
 
         async def listen() -> None:
@@ -215,7 +218,7 @@ def _version(task: ms.Task, **fields: Any) -> ms.Task:
 
 
 async def test_a_missed_version_is_told_from_the_newest(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     """As a poll sees it: the task published, failed once and running again, in one read;
     then a replay of an older version, which tells nothing."""
@@ -243,7 +246,7 @@ async def test_a_missed_version_is_told_from_the_newest(
 
 
 async def test_a_listener_started_later_tells_only_what_came_after(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(**FAST))
     clock.advance(1)
@@ -256,12 +259,12 @@ async def test_a_listener_started_later_tells_only_what_came_after(
 
 
 async def test_a_bad_poll_interval_is_refused_at_once(scheduler: ms.Scheduler) -> None:
-    with pytest.raises(ms.ConfigurationError, match="poll_interval_ms"):
+    with pytest.raises(ConfigurationError, match="poll_interval_ms"):
         scheduler.events(poll_interval_ms=0)
 
 
 async def test_an_expired_lease_is_a_failed_attempt_before_the_next_start(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     """The worker stopped pinging: the next claim marks its attempt ``timeout`` in the same
     write as its own start, told in that order."""
@@ -284,7 +287,7 @@ async def test_an_expired_lease_is_a_failed_attempt_before_the_next_start(
 
 
 async def test_a_last_failure_is_told_once_without_retry(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     log = EventLog(clock.now())
     options = ms.TaskOptions(max_unexpected_retries=0, **FAST)
@@ -302,7 +305,7 @@ async def test_a_last_failure_is_told_once_without_retry(
 
 
 async def test_a_forgotten_task_is_not_told_again(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ) -> None:
     """Past what a listener remembers, the task written least recently is forgotten; its
     next write tells only what came after its last one seen."""

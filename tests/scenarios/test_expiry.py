@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 from tests.engines import FAST, until_idle, worker
 
 pytestmark = pytest.mark.anyio
@@ -17,7 +18,7 @@ S = ms.TaskState
 
 
 async def test_a_task_not_started_by_expires_at_is_cancelled_and_never_claimed(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     expires = clock.now() + dt.timedelta(seconds=10)
     ran: list[str] = []
@@ -36,7 +37,7 @@ async def test_a_task_not_started_by_expires_at_is_cancelled_and_never_claimed(
 
 
 async def test_a_task_started_before_it_expires_runs_to_the_end(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     gate = anyio.Event()
 

@@ -17,14 +17,18 @@ import pytest
 from pymongo.errors import AutoReconnect
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory import memory_server
-from mscheduler.testing import CountingCollection
+from mscheduler.errors import BackendUnavailable
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, needs_change_streams, until_idle
 from tests.faults import BrokenCursor, FaultyCollection, HeldWrites
 from tests.scenarios.test_consumer import Recorder, consumers
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 Discover = Callable[[], Awaitable[None]]
 PATIENT = ms.TaskOptions(
@@ -35,7 +39,7 @@ PATIENT = ms.TaskOptions(
 )
 
 
-async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
+async def drive(clock: ManualClock, done: Any, *, step: float = 0.5, limit: int = 600) -> None:
     for _ in range(limit):
         await until_idle()
         if await done():
@@ -45,7 +49,7 @@ async def drive(clock: ms.ManualClock, done: Any, *, step: float = 0.5, limit: i
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, seed: int):
+async def test_network_and_stream_faults_lose_no_task(clock: ManualClock, seed: int):
     memory = memory_server("").collection("db", "tasks", notablescan=True)
     producer = ms.Scheduler(memory, clock=clock)  # publishes without faults
     faulty = FaultyCollection(memory, rate=0.15, seed=seed)
@@ -76,7 +80,7 @@ async def test_network_and_stream_faults_lose_no_task(clock: ms.ManualClock, see
         idle = not any(consumer.running for consumer in started)
         return idle and await _terminal(producer, ["late-1", "late-2"])
 
-    started: list[ms.Consumer] = []
+    started: list[Consumer] = []
     async with contextlib.AsyncExitStack() as stack:
         for n in range(3):
             options = ms.WorkerOptions(worker_id=f"w{n}", reconnect_backoff_ms=200, max_running=4)
@@ -179,7 +183,7 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
 
 
 async def test_a_worker_never_runs_a_key_it_is_still_running(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """Its lease expired under a stalled handler that then ignores the stop: the task is
     claimable again, but not by this worker while that handler still runs (two attempts of
@@ -283,7 +287,7 @@ class _Unreachable:
 
 
 @pytest.mark.parametrize("read", ["list", "stats", "retry_failed", "purge"])
-async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.ManualClock, read: str):
+async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ManualClock, read: str):
     """The CLI turns `BackendUnavailable` into one line and exit 2; a raw driver error would
     reach the operator as a traceback."""
     collection = _Unreachable(memory_server("").collection("db", "tasks"))
@@ -296,7 +300,7 @@ async def test_an_operators_read_on_an_unreachable_server_says_so(clock: ms.Manu
         "retry_failed": sched.retry_failed,
         "purge": lambda: sched.purge(states=["success"], older_than=dt.timedelta(days=1)),
     }
-    with pytest.raises(ms.BackendUnavailable, match="unreachable"):
+    with pytest.raises(BackendUnavailable, match="unreachable"):
         await calls[read]()
 
 
@@ -325,7 +329,7 @@ class _LoseReplies(CountingCollection):
 
 @pytest.mark.parametrize("lookups_lost", [0, 1])
 async def test_a_claim_whose_reply_is_lost_still_runs_its_task(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, lookups_lost: int
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover, lookups_lost: int
 ):
     """With no retries left to spare, the task runs exactly once and succeeds: the worker
     finds the lease it took by the run_id it generated (lookups_lost=1: on its next turn)."""
@@ -367,7 +371,7 @@ class _LoseNextReply(CountingCollection):
 
 
 async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     await scheduler.publish("k", None, name="job")
     lossy = _LoseNextReply(scheduler.collection)
@@ -389,7 +393,7 @@ async def test_a_finish_whose_reply_is_lost_is_not_reported_as_a_lost_lease(
 
 
 async def test_stop_returns_and_releases_when_a_handler_ignores_cancellation(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover, caplog
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover, caplog
 ):
     await scheduler.publish("stubborn", None, name="job")
     release = anyio.Event()
@@ -428,7 +432,7 @@ async def test_stop_returns_and_releases_when_a_handler_ignores_cancellation(
 
 
 async def test_stop_returns_when_an_outcome_write_outlasts_the_grace(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """A finish stuck on its way (a slow server, other consumers' batch ahead of it) gets
     ``cancel_timeout_ms`` past the grace, like a handler unwinding; then the stop goes on."""

@@ -16,6 +16,8 @@ import anyio.from_thread
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.testing import ManualClock
 from tests.engines import FAST, POLL_MS, until_idle, worker
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +25,7 @@ S = ms.TaskState
 Discover = Callable[[], Awaitable[None]]
 
 
-async def finished(sched: ms.Scheduler, key: str, clock: ms.ManualClock) -> ms.Task:
+async def finished(sched: ms.Scheduler, key: str, clock: ManualClock) -> ms.Task:
     """The task once it ended; a sync handler runs in a thread, so real time must pass, and
     on the wire the clock must move for the poll. Ten real seconds at most."""
     with anyio.fail_after(10):
@@ -40,7 +42,7 @@ async def finished(sched: ms.Scheduler, key: str, clock: ms.ManualClock) -> ms.T
 
 
 async def test_delay_sets_not_before_from_the_schedulers_clock(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     now = clock.now()
     first = await scheduler.publish("in-30s", None, name="job", delay=30)
@@ -72,7 +74,7 @@ async def test_delay_sets_not_before_from_the_schedulers_clock(
 async def test_a_bad_delay_is_refused_and_nothing_written(
     scheduler: ms.Scheduler, delay: Any, options: ms.TaskOptions | None, message: str
 ):
-    with pytest.raises(ms.ConfigurationError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
         await scheduler.publish("k", None, name="job", delay=delay, options=options)
     assert await scheduler.get("k") is None
 
@@ -81,7 +83,7 @@ async def test_a_bad_delay_is_refused_and_nothing_written(
 
 
 async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     cancelled: list[str] = []
 
@@ -121,7 +123,7 @@ async def test_a_hung_handler_is_cancelled_at_timeout_ms_and_the_attempt_fails(
 
 
 async def test_a_sync_handler_runs_in_a_worker_thread_with_its_lease(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     seen: dict[str, Any] = {}
 
@@ -139,7 +141,7 @@ async def test_a_sync_handler_runs_in_a_worker_thread_with_its_lease(
 
 
 async def test_a_sync_handler_that_checks_for_cancellation_stops_at_its_time_limit(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     stopped, running = threading.Event(), threading.Event()
 
@@ -172,7 +174,7 @@ async def test_a_sync_handler_that_checks_for_cancellation_stops_at_its_time_lim
 
 
 async def test_a_registry_retries_only_the_listed_exceptions(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     handlers = ms.Handlers()
 
@@ -201,7 +203,7 @@ async def test_a_registry_retries_only_the_listed_exceptions(
     ],
 )
 def test_a_bad_registration_names_the_problem(build: Any, message: str):
-    with pytest.raises(ms.ConfigurationError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         build(ms.Handlers())
 
 
@@ -249,7 +251,7 @@ async def test_consumers_runs_n_consumers_and_stops_them_all(
         await discover()
     assert len(ran) == 30 and set(ran) <= {"box-1", "box-2", "box-3"}
     assert all(c.stop_requested for c in group)
-    with pytest.raises(ms.ConfigurationError, match="count: expected an integer from 1"):
+    with pytest.raises(ConfigurationError, match="count: expected an integer from 1"):
         async with scheduler.consumers({"job": job}, count=0):
             pass
 

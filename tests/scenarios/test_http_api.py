@@ -13,6 +13,8 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.http import create_app
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret"
@@ -109,7 +111,7 @@ async def test_own_extend_and_succeed_over_http(client: httpx.AsyncClient):
 
 
 async def test_a_lease_fenced_after_its_expiry_is_409(
-    client: httpx.AsyncClient, clock: ms.ManualClock
+    client: httpx.AsyncClient, clock: ManualClock
 ):
     await client.post("/v1/tasks", json={"key": "t", "name": "job"})
     [lease] = await _own(client, lease_ms=5_000)
@@ -282,4 +284,4 @@ async def test_leases_won_for_a_worker_that_left_are_released(scheduler: ms.Sche
     await app(scope, receive, send)
     task = await scheduler.get("t")
     assert task is not None and task.state is ms.TaskState.PENDING
-    assert [ws.state for ws in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+    assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]

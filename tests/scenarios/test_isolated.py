@@ -1,4 +1,4 @@
-"""Isolated handlers (`ms.isolated`): plain ``def`` handlers run in child processes of the
+"""Isolated handlers (`isolated`): plain ``def`` handlers run in child processes of the
 worker's pool. A child that dies fails its attempt alone, ``timeout_ms`` kills it, children
 run side by side and are replaced after ``max_tasks_per_child`` tasks or past
 ``max_memory_mb``, and none outlives its worker. Every engine.
@@ -18,6 +18,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.handlers import Isolated, isolated
+from mscheduler.models import Progress, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests import isolated_handlers as h
 from tests.engines import POLL_MS, worker
 
@@ -27,7 +31,7 @@ REAL_WAIT_S = 20.0  # a child starts in well under a second; this bounds a hang,
 NO_RETRY = ms.TaskOptions(max_unexpected_retries=0)
 
 
-async def until(check: Callable[[], Any], clock: ms.ManualClock | None = None) -> Any:
+async def until(check: Callable[[], Any], clock: ManualClock | None = None) -> Any:
     """``check()`` once it is truthy, polling in real time (a child works meanwhile); with a
     clock, one poll interval of the scheduler's time passes each round (the wire engine's
     consumers poll)."""
@@ -43,7 +47,7 @@ async def until(check: Callable[[], Any], clock: ms.ManualClock | None = None) -
             await anyio.sleep(0.01)
 
 
-async def finished(sched: ms.Scheduler, key: str, clock: ms.ManualClock | None) -> ms.Task:
+async def finished(sched: ms.Scheduler, key: str, clock: ManualClock | None) -> ms.Task:
     async def ended() -> ms.Task | None:
         task = await sched.get(key)
         return task if task is not None and task.state.is_terminal else None
@@ -64,10 +68,10 @@ def alive(pid: int) -> bool:
 
 
 async def test_the_task_its_result_and_its_lease_cross_to_the_child_and_back(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("k", {"size": 21}, name="pid")
-    async with scheduler.consumer({"pid": ms.isolated(h.pid)}, options=worker()):
+    async with scheduler.consumer({"pid": isolated(h.pid)}, options=worker()):
         task = await finished(scheduler, "k", clock)
     assert task.state is S.SUCCESS, task.error
     assert task.result["payload"] == {"size": 21}
@@ -76,13 +80,13 @@ async def test_the_task_its_result_and_its_lease_cross_to_the_child_and_back(
 
 
 async def test_progress_reported_in_the_child_is_written_by_the_worker(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, tmp_path: pathlib.Path
+    scheduler: ms.Scheduler, clock: ManualClock, tmp_path: pathlib.Path
 ):
     go = tmp_path / "go"
     await scheduler.publish("k", str(go), name="reports")
-    async with scheduler.consumer({"reports": ms.isolated(h.reports)}, options=worker()):
+    async with scheduler.consumer({"reports": isolated(h.reports)}, options=worker()):
 
-        async def reported() -> ms.Progress | None:
+        async def reported() -> Progress | None:
             task = await scheduler.get("k")
             return None if task is None else task.progress
 
@@ -94,17 +98,17 @@ async def test_progress_reported_in_the_child_is_written_by_the_worker(
 
 
 async def test_the_handlers_exceptions_and_signals_cross_as_raised_and_a_bad_result_fails(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("bad", 7, name="fails", options=NO_RETRY)
     await scheduler.publish("abort", None, name="aborts")
     await scheduler.publish("later", None, name="later")
     await scheduler.publish("lock", None, name="lock", options=NO_RETRY)
     handlers = {
-        "lock": ms.isolated(h.returns_a_lock),
-        "fails": ms.isolated(h.fails),
-        "aborts": ms.isolated(h.aborts),
-        "later": ms.isolated(h.retries_later),
+        "lock": isolated(h.returns_a_lock),
+        "fails": isolated(h.fails),
+        "aborts": isolated(h.aborts),
+        "later": isolated(h.retries_later),
     }
     async with scheduler.consumer(handlers, options=worker()):
         bad = await finished(scheduler, "bad", clock)
@@ -129,11 +133,11 @@ async def test_the_handlers_exceptions_and_signals_cross_as_raised_and_a_bad_res
 
 
 async def test_a_child_that_exits_fails_its_attempt_and_the_next_task_runs_on_the_same_worker(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=1_000)
     await scheduler.publish("dies", None, name="exit_3", options=options)
-    handlers = {"exit_3": ms.isolated(h.exit_3), "pid": ms.isolated(h.pid)}
+    handlers = {"exit_3": isolated(h.exit_3), "pid": isolated(h.pid)}
     async with scheduler.consumer(handlers, options=worker(max_running=1)) as consumer:
 
         async def failed_once() -> ms.Task | None:
@@ -155,21 +159,21 @@ async def test_a_child_that_exits_fails_its_attempt_and_the_next_task_runs_on_th
 
 
 async def test_a_child_killed_by_a_signal_fails_its_attempt_naming_the_signal(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("k", None, name="killed", options=NO_RETRY)
-    async with scheduler.consumer({"killed": ms.isolated(h.killed)}, options=worker()):
+    async with scheduler.consumer({"killed": isolated(h.killed)}, options=worker()):
         task = await finished(scheduler, "k", clock)
     assert task.state is S.FAIL and task.error is not None
     assert task.error.type == "HandlerProcessDied" and "killed by SIGKILL" in task.error.message
 
 
 async def test_sys_exit_ends_the_child_and_keyboard_interrupt_fails_the_attempt_alone(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("exit", None, name="exits", options=NO_RETRY)
     await scheduler.publish("interrupt", None, name="interrupted", options=NO_RETRY)
-    handlers = {"exits": ms.isolated(h.exits), "interrupted": ms.isolated(h.interrupted)}
+    handlers = {"exits": isolated(h.exits), "interrupted": isolated(h.interrupted)}
     async with scheduler.consumer(handlers, options=worker()) as consumer:
         exited = await finished(scheduler, "exit", clock)
         interrupted = await finished(scheduler, "interrupt", clock)
@@ -185,13 +189,13 @@ async def test_sys_exit_ends_the_child_and_keyboard_interrupt_fails_the_attempt_
 
 
 async def test_a_child_past_timeout_ms_is_killed_and_its_slot_reused_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, tmp_path: pathlib.Path
+    scheduler: ms.Scheduler, clock: ManualClock, tmp_path: pathlib.Path
 ):
     pid_file = tmp_path / "stuck.pid"
     timed = ms.TaskOptions(timeout_ms=500, max_unexpected_retries=0, priority=1)
     await scheduler.publish("stuck", str(pid_file), name="stuck", options=timed)
     await scheduler.publish("after", None, name="pid")
-    handlers = {"stuck": ms.isolated(h.stuck), "pid": ms.isolated(h.pid)}
+    handlers = {"stuck": isolated(h.stuck), "pid": isolated(h.pid)}
     async with scheduler.consumer(handlers, options=worker(max_running=1)):
         await until(pid_file.exists)
         pid = int(pid_file.read_text())
@@ -207,11 +211,11 @@ async def test_a_child_past_timeout_ms_is_killed_and_its_slot_reused_at_once(
 
 
 async def test_a_remote_cancel_kills_the_child_running_the_task(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, tmp_path: pathlib.Path
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, tmp_path: pathlib.Path
 ):
     pid_file = tmp_path / "stuck.pid"
     await scheduler.publish("stuck", str(pid_file), name="stuck")
-    async with scheduler.consumer({"stuck": ms.isolated(h.stuck)}, options=worker()) as consumer:
+    async with scheduler.consumer({"stuck": isolated(h.stuck)}, options=worker()) as consumer:
         await until(pid_file.exists)
         pid = int(pid_file.read_text())
         assert await scheduler.cancel("stuck")
@@ -228,31 +232,31 @@ async def test_a_stopping_worker_kills_the_child_still_running_past_its_grace(
     pid_file = tmp_path / "stuck.pid"
     await scheduler.publish("stuck", str(pid_file), name="stuck")
     options = worker(shutdown_grace_ms=0)
-    async with scheduler.consumer({"stuck": ms.isolated(h.stuck)}, options=options):
+    async with scheduler.consumer({"stuck": isolated(h.stuck)}, options=options):
         await until(pid_file.exists)
         pid = int(pid_file.read_text())
     assert not alive(pid)
     task = await scheduler.get("stuck")
     assert task is not None and task.state is S.PENDING  # released for another worker
-    assert task.worker_states[-1].state is ms.WorkerStateKind.RELEASED
+    assert task.worker_states[-1].state is WorkerStateKind.RELEASED
 
 
 # ------------------------------------------------------------------------ the pool
 
 
 async def test_isolated_handlers_of_one_worker_run_in_different_processes_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, tmp_path: pathlib.Path
+    scheduler: ms.Scheduler, clock: ManualClock, tmp_path: pathlib.Path
 ):
     for key in ("a", "b"):
         await scheduler.publish(key, str(tmp_path), name="meet", options=NO_RETRY)
-    async with scheduler.consumer({"meet": ms.isolated(h.meet)}, options=worker(max_running=2)):
+    async with scheduler.consumer({"meet": isolated(h.meet)}, options=worker(max_running=2)):
         tasks = [await finished(scheduler, key, clock) for key in ("a", "b")]
     assert [t.state for t in tasks] == [S.SUCCESS, S.SUCCESS], [t.error for t in tasks]
     assert tasks[0].result != tasks[1].result != os.getpid()
 
 
 async def pids_of_three_tasks(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, handler: ms.Isolated
+    scheduler: ms.Scheduler, clock: ManualClock, handler: Isolated
 ) -> list[int]:
     """Three tasks one after another on one worker: the pid each ran in. The children are
     gone once the worker has stopped."""
@@ -265,21 +269,21 @@ async def pids_of_three_tasks(
     return pids
 
 
-async def test_a_child_runs_task_after_task(scheduler: ms.Scheduler, clock: ms.ManualClock):
-    assert len(set(await pids_of_three_tasks(scheduler, clock, ms.isolated(h.pid)))) == 1
+async def test_a_child_runs_task_after_task(scheduler: ms.Scheduler, clock: ManualClock):
+    assert len(set(await pids_of_three_tasks(scheduler, clock, isolated(h.pid)))) == 1
 
 
 async def test_max_tasks_per_child_1_gives_each_task_a_fresh_process(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
-    handler = ms.isolated(h.pid, max_tasks_per_child=1)
+    handler = isolated(h.pid, max_tasks_per_child=1)
     assert len(set(await pids_of_three_tasks(scheduler, clock, handler))) == 3
 
 
 async def test_a_child_past_max_memory_mb_after_a_task_is_replaced(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
-    handler = ms.isolated(h.pid, max_memory_mb=1)  # any interpreter holds more
+    handler = isolated(h.pid, max_memory_mb=1)  # any interpreter holds more
     assert len(set(await pids_of_three_tasks(scheduler, clock, handler))) == 3
 
 
@@ -302,5 +306,5 @@ async def _an_async_handler(task: ms.Task) -> None:
 def test_what_cannot_run_in_a_child_is_refused_at_once(
     function: Any, limits: dict[str, Any], message: str
 ):
-    with pytest.raises(ms.ConfigurationError, match=message):
-        ms.isolated(function, **limits)
+    with pytest.raises(ConfigurationError, match=message):
+        isolated(function, **limits)

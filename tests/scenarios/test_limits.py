@@ -14,7 +14,9 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.store.limits import Limit
+from mscheduler.errors import BackendUnavailable, ConfigurationError
+from mscheduler.models import Limit
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 from tests.faults import LosesBesideWrites, LosesClaimAndLookUp
 
@@ -26,7 +28,7 @@ def worker(**fields: Any) -> ms.WorkerOptions:
 
 
 async def test_five_consumers_never_exceed_the_rate_in_any_window(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     tasks = 1_000 if engine == "memory" else 200  # the wire engine is ~10x slower per call
     await scheduler.set_limit("email", rate=100, per=dt.timedelta(minutes=1))
@@ -66,7 +68,7 @@ async def test_five_consumers_never_exceed_the_rate_in_any_window(
 
 
 async def test_max_running_holds_across_consumers(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     await scheduler.set_limit("render", max_running=2)
     running, most = 0, 0
@@ -100,7 +102,7 @@ async def test_max_running_holds_across_consumers(
 
 
 async def test_a_crashed_holders_slot_frees_with_its_lease(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.set_limit("render", max_running=1)
     until = clock.now() + dt.timedelta(seconds=5)
@@ -129,7 +131,7 @@ async def test_a_crashed_holders_slot_frees_with_its_lease(
 async def test_a_bad_limit_names_the_field_and_writes_nothing(
     scheduler: ms.Scheduler, fields: dict[str, Any], message: str
 ):
-    with pytest.raises(ms.ConfigurationError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         await scheduler.set_limit("email", **fields)
     assert await scheduler.limits() == {}
 
@@ -159,7 +161,7 @@ async def _live_slots(sched: ms.Scheduler, name: str, now: dt.datetime) -> int:
 
 
 async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The second token request of a claim fails on the network: the lease won by the first
     runs, and its slot lives exactly as long as its run (the limit stays usable: 2 at once)."""
@@ -174,7 +176,7 @@ async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
         nonlocal calls
         calls += 1
         if calls == 2:
-            raise ms.BackendUnavailable("MongoDB is unreachable: connection reset")
+            raise BackendUnavailable("MongoDB is unreachable: connection reset")
         return await acquire(name, until)
 
     sched.store.limits.acquire = second_fails  # type: ignore[method-assign]
@@ -195,7 +197,7 @@ async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
 
 @pytest.mark.parametrize("change", ["remove", "raise"])
 async def test_removing_or_raising_a_limit_starts_the_waiting_tasks_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, change: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, change: str
 ):
     await scheduler.set_limit("render", max_running=1)
     for n in range(2):
@@ -216,7 +218,7 @@ async def test_removing_or_raising_a_limit_starts_the_waiting_tasks_at_once(
 
 @pytest.mark.parametrize("seen", [True, False], ids=["removal_seen", "removal_unseen"])
 async def test_a_limit_removed_and_set_again_counts_the_tasks_still_running(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, seen: bool
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, seen: bool
 ):
     """A task runs under ``max_running=1``; the limit is removed and set again (the
     consumers told of the removal in between, or not): the running task still holds its
@@ -259,7 +261,7 @@ async def test_a_limit_removed_and_set_again_counts_the_tasks_still_running(
 
 
 async def test_a_dead_holders_slot_outlives_its_limit_removed_and_set_again(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """The slot of a worker that died holding it counts until its lease would have ended,
     whatever happened to the limit meanwhile; a removed limit is listed no more."""
@@ -277,7 +279,7 @@ async def test_a_dead_holders_slot_outlives_its_limit_removed_and_set_again(
 
 @pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
 async def test_a_limit_removed_while_its_signal_is_lost_frees_the_waiting_tasks(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, retried: bool
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, retried: bool
 ):
     """The removal is written and the version bump that tells the consumers of it is lost on
     the network: retried (it finds the limit gone), the call tells them at once; not
@@ -291,7 +293,7 @@ async def test_a_limit_removed_while_its_signal_is_lost_frees_the_waiting_tasks(
     async with scheduler.consumer({"render": runs.handler}, options=options):
         await discover()
         assert runs.started == ["r0"]
-        with pytest.raises(ms.BackendUnavailable):
+        with pytest.raises(BackendUnavailable):
             await operator.remove_limit("render")
         if retried:
             assert not await operator.remove_limit("render")  # removed already
@@ -306,7 +308,7 @@ async def test_a_limit_removed_while_its_signal_is_lost_frees_the_waiting_tasks(
 
 
 async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Another worker holds the only slot; this consumer asks again once a second (a slot
     may free at any moment), and starts the task soon after that slot frees."""
@@ -346,7 +348,7 @@ def test_a_slot_freed_between_the_refusal_and_its_read_is_asked_again_soon():
 
 
 async def test_max_running_holds_whatever_the_ping_interval(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """A slot lives as long as its lease, even when the first ping comes after a minute."""
     await scheduler.set_limit("render", max_running=1)
@@ -370,7 +372,7 @@ async def test_max_running_holds_whatever_the_ping_interval(
 
 
 async def test_a_recovered_claim_holds_its_slot_until_its_run_ends(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The claim's reply and its look-up are lost (`ClaimUncertain`): the lease recovered
     later runs under the token taken for it, extended while it runs, released at its end."""
@@ -395,7 +397,7 @@ async def test_a_recovered_claim_holds_its_slot_until_its_run_ends(
 
 
 async def test_a_graceful_stop_releases_the_slots_of_the_runs_it_ended(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     await scheduler.set_limit("render", max_running=1)
     await scheduler.publish("r0", 0, name="render")
@@ -413,7 +415,7 @@ async def test_a_graceful_stop_releases_the_slots_of_the_runs_it_ended(
 
 @pytest.mark.parametrize("limit", ["worker", "name"])
 async def test_an_abandoned_sync_handler_keeps_its_slot_until_it_returns(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, limit: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, limit: str
 ):
     """A blocking sync handler past ``timeout_ms`` is abandoned: its thread still runs, so
     no other handler takes its slot (``WorkerOptions.max_running`` or the name's limit)."""
@@ -448,7 +450,7 @@ async def test_an_abandoned_sync_handler_keeps_its_slot_until_it_returns(
 
 
 async def test_local_retries_count_against_the_rate(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Every handler start takes a start in the window, a local retry's too."""
     await scheduler.set_limit("flaky", rate=2, per=dt.timedelta(seconds=1))
@@ -470,7 +472,7 @@ async def test_local_retries_count_against_the_rate(
 
 
 async def test_a_limit_set_changed_and_removed_while_consumers_run_holds_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Three consumers: each change holds within one change event (one poll interval without
     change streams), runs that started before the limit included: no start beyond it."""
@@ -521,7 +523,7 @@ async def test_a_limit_set_changed_and_removed_while_consumers_run_holds_at_once
 
 
 async def test_a_limit_set_while_tasks_wait_holds_for_them(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Tasks already known to a consumer when their name gets a limit: claimed under it,
     none left behind."""
@@ -543,7 +545,7 @@ async def test_a_limit_set_while_tasks_wait_holds_for_them(
 
 
 async def test_no_window_holds_more_than_rate_handler_starts_across_three_consumers(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Measured where users measure it, at handler start: claims whose replies come late (a
     busy machine) start their handlers later than their tokens were taken."""
@@ -606,7 +608,7 @@ def _busiest(starts: list[dt.datetime], per: dt.timedelta) -> int:
 )
 async def test_a_consumer_at_its_rate_claims_again_as_its_window_frees(
     scheduler: ms.Scheduler,
-    clock: ms.ManualClock,
+    clock: ManualClock,
     discover: Any,
     rate: int,
     per_ms: int,
@@ -636,7 +638,7 @@ async def test_a_consumer_at_its_rate_claims_again_as_its_window_frees(
 
 
 async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Keys of a limited name beyond ``heap_size`` are dropped from the heap, and their names
     with them: nothing the consumer keeps per key outlives the heap's bound."""
@@ -662,7 +664,7 @@ async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
 
 
 async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Three consumers, 5 per second: one's claim replies come 30 ms late, so its handlers
     start after their starts were taken. No window of ``per`` holds more than ``rate``
@@ -700,7 +702,7 @@ async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(
 
 
 async def test_a_task_that_never_completes_does_not_block_the_rate(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """A rate without ``max_running``: a handler still running holds no start beyond its
     window, so the next windows' tasks start as they free."""
@@ -726,7 +728,7 @@ async def test_a_task_that_never_completes_does_not_block_the_rate(
 
 
 async def test_rate_limited_tasks_still_start_by_priority(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Tasks that wait for the window start in priority order, whenever they were published."""
     await scheduler.set_limit("nv", rate=1, per=dt.timedelta(seconds=1))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 from tests.engines import NO_GRAPH_LOOKUP
 from tests.scenarios.test_dependencies import finish
 
@@ -72,7 +73,7 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def filled(open_scheduler: Any, clock: ms.ManualClock) -> ms.Scheduler:
+async def filled(open_scheduler: Any, clock: ManualClock) -> ms.Scheduler:
     sched = await open_scheduler(notablescan=False)  # operators' ad-hoc queries
     await sched.schedule("digest", name="digest", every=dt.timedelta(seconds=30))
     short = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)

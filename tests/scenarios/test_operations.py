@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError, TaskNotFound
+from mscheduler.testing import ManualClock
 from tests.scenarios.test_consumer import Recorder, consumers
 from tests.scenarios.test_dependencies import finish
 
@@ -24,7 +26,7 @@ async def test_list_newest_first_with_filters(scheduler: ms.Scheduler):
     await finish(scheduler, "e0")
     assert [t.key for t in await scheduler.list_tasks(limit=3)] == ["s0", "e4", "e3"]
     assert [t.key for t in await scheduler.list_tasks(name="email", state="success")] == ["e0"]
-    with pytest.raises(ms.ConfigurationError, match="'done' is not one of pending"):
+    with pytest.raises(ConfigurationError, match="'done' is not one of pending"):
         await scheduler.list_tasks(state="done")
 
 
@@ -39,9 +41,9 @@ async def test_retry_runs_a_failed_task_again(scheduler: ms.Scheduler):
 
 async def test_retry_refuses_what_did_not_fail(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="email")
-    with pytest.raises(ms.ConfigurationError, match="is pending: only failed or cancelled"):
+    with pytest.raises(ConfigurationError, match="is pending: only failed or cancelled"):
         await scheduler.retry("k")
-    with pytest.raises(ms.TaskNotFound):
+    with pytest.raises(TaskNotFound):
         await scheduler.retry("nope")
 
 
@@ -65,7 +67,7 @@ async def test_purge_deletes_finished_tasks_by_age(scheduler: ms.Scheduler, cloc
     assert deleted == 1
     assert await scheduler.get("old") is None
     assert await scheduler.get("recent") is not None and await scheduler.get("waiting") is not None
-    with pytest.raises(ms.ConfigurationError, match="only finished tasks"):
+    with pytest.raises(ConfigurationError, match="only finished tasks"):
         await scheduler.purge(states=["pending"], older_than=dt.timedelta(0))
 
 
@@ -137,7 +139,7 @@ async def _state(sched: ms.Scheduler, key: str) -> S:
 
 
 async def test_a_purged_and_republished_key_runs_again(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
 ):
     """The old task reached a high version; the new one starts at 1 with a new _id."""
     recorder = Recorder()

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("opentelemetry.sdk")
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 from tests import otel
 from tests.engines import POLL_MS
 
@@ -45,7 +46,7 @@ def options(worker_id: str = "w1") -> ms.WorkerOptions:
 
 
 async def test_runs_are_counted_by_outcome_and_timed_and_claims_by_latency(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock
 ):
     otel.install()
     name = f"job-{uuid.uuid4().hex[:8]}"
@@ -72,7 +73,7 @@ async def test_runs_are_counted_by_outcome_and_timed_and_claims_by_latency(
 
 
 async def test_task_counts_by_name_and_state_once_a_reader_collects(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock
 ):
     otel.install()
     name = f"idle-{uuid.uuid4().hex[:8]}"

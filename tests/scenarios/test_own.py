@@ -12,7 +12,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.testing import CountingCollection
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import ConfigurationError, LeaseLost
+from mscheduler.models import Lease
+from mscheduler.testing import ManualClock
 from tests.engines import until_idle
 
 pytestmark = pytest.mark.anyio
@@ -47,25 +50,23 @@ async def test_one_or_two_tasks_are_owned_as_asked(scheduler: ms.Scheduler):
     assert await scheduler.own(["job"], worker_id="w", max_tasks=2) == []
 
 
-async def test_a_lease_is_fenced_after_its_expiry(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_a_lease_is_fenced_after_its_expiry(scheduler: ms.Scheduler, clock: ManualClock):
     await _publish(scheduler, 1)
     [lease] = await scheduler.own(["job"], worker_id="w1", lease=10 * SECONDS)
     assert lease.ping_expire_at == clock.now() + 10 * SECONDS
     clock.advance(11)
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.succeed(lease)
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.extend(lease, 10 * SECONDS)
     [taken] = await scheduler.own(["job"], worker_id="w2")
     assert taken.key == lease.key and taken.run_id != lease.run_id
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.fail(lease, "late")
     assert (await scheduler.succeed(taken)).state is ms.TaskState.SUCCESS
 
 
-async def test_extend_keeps_a_lease_past_its_first_end(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
-):
+async def test_extend_keeps_a_lease_past_its_first_end(scheduler: ms.Scheduler, clock: ManualClock):
     await _publish(scheduler, 1)
     [lease] = await scheduler.own(["job"], worker_id="w1", lease=10 * SECONDS)
     clock.advance(8)
@@ -88,7 +89,7 @@ async def test_release_hands_the_task_back_without_counting_an_attempt(scheduler
     assert failed.state is ms.TaskState.FAIL
 
 
-async def test_fail_retries_by_the_tasks_rules(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_fail_retries_by_the_tasks_rules(scheduler: ms.Scheduler, clock: ManualClock):
     await _publish(scheduler, 1, max_unexpected_retries=1, unexpected_retry_delay_ms=5_000)
     [lease] = await scheduler.own(["job"], worker_id="w1")
     retried = await scheduler.fail(lease, "first try broke")
@@ -119,7 +120,7 @@ async def test_own_takes_nothing_of_a_paused_name(scheduler: ms.Scheduler):
 
 
 async def test_an_owned_lease_holds_its_max_running_slot_until_it_ends_or_expires(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.set_limit("job", max_running=2)
     await _publish(scheduler, 5)
@@ -135,13 +136,11 @@ async def test_an_owned_lease_holds_its_max_running_slot_until_it_ends_or_expire
     assert await scheduler.own(["job"], worker_id="w3", max_tasks=5) == []
     clock.advance(11)  # both leases expired: their slots lapse with them
     assert len(await scheduler.own(["job"], worker_id="w3", max_tasks=5)) == 2
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.succeed(second)
 
 
-async def test_an_owned_lease_counts_against_the_rate(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
-):
+async def test_an_owned_lease_counts_against_the_rate(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.set_limit("job", rate=2, per=dt.timedelta(minutes=1))
     await _publish(scheduler, 4)
     leases = await scheduler.own(["job"], worker_id="w1", max_tasks=4)
@@ -154,11 +153,11 @@ async def test_an_owned_lease_counts_against_the_rate(
 
 
 async def test_own_waits_for_a_task_through_the_hub(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, engine: str
 ):
     """On a change stream the publish wakes the waiting owner with no time passing (no sleep
     loop); a server without streams is polled, once per interval for the whole process."""
-    found: list[ms.Lease] = []
+    found: list[Lease] = []
 
     async def owner() -> None:
         found.extend(await scheduler.own(["job"], worker_id="w", wait=60 * SECONDS))
@@ -179,10 +178,10 @@ async def test_own_waits_for_a_task_through_the_hub(
 
 
 async def test_own_waits_for_a_not_before_that_no_write_announces(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.publish("soon", None, name="job", delay=30)
-    found: list[ms.Lease] = []
+    found: list[Lease] = []
 
     async def owner() -> None:
         found.extend(await scheduler.own(["job"], worker_id="w", wait=60 * SECONDS))
@@ -201,9 +200,9 @@ async def test_own_waits_for_a_not_before_that_no_write_announces(
 
 
 async def test_own_returns_nothing_once_its_wait_is_over(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
-    result: list[list[ms.Lease]] = []
+    result: list[list[Lease]] = []
 
     async def owner() -> None:
         result.append(await scheduler.own(["job"], worker_id="w", wait=5 * SECONDS))
@@ -223,10 +222,10 @@ async def test_find_lease_rebuilds_a_live_lease_from_its_three_fields(scheduler:
     [lease] = await scheduler.own(["job"], worker_id="w")
     found = await scheduler.find_lease(lease.key, worker_id="w", run_id=lease.run_id)
     assert found.run_id == lease.run_id and found.task.key == "t0"
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.find_lease(lease.key, worker_id="w", run_id="not-a-run")
     await scheduler.succeed(found)
-    with pytest.raises(ms.LeaseLost):
+    with pytest.raises(LeaseLost):
         await scheduler.find_lease(lease.key, worker_id="w", run_id=lease.run_id)
 
 
@@ -234,7 +233,7 @@ async def test_find_lease_rebuilds_a_live_lease_from_its_three_fields(scheduler:
 async def test_own_refuses_bad_arguments_naming_the_field(
     scheduler: ms.Scheduler, bad: dict[str, object]
 ):
-    with pytest.raises(ms.ConfigurationError, match=next(iter(bad))):
+    with pytest.raises(ConfigurationError, match=next(iter(bad))):
         await scheduler.own(["job"], worker_id="w", **bad)  # type: ignore[arg-type]
 
 
@@ -322,13 +321,13 @@ async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
 
 
 async def test_a_waiting_owner_wakes_when_its_name_is_resumed(
-    scheduler: ms.Scheduler, discover: Callable[[], Awaitable[None]], clock: ms.ManualClock
+    scheduler: ms.Scheduler, discover: Callable[[], Awaitable[None]], clock: ManualClock
 ):
     """A resume writes no task: a consumer of the process runs the control hub, whose change
     wakes the owner."""
     await _publish(scheduler, 1)
     await scheduler.pause("job")
-    found: list[ms.Lease] = []
+    found: list[Lease] = []
 
     async def other(task: ms.Task) -> None: ...
 

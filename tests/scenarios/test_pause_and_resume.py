@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import BackendUnavailable
+from mscheduler.testing import ManualClock
 from tests.engines import worker
 from tests.faults import LosesBesideWrites
 
@@ -16,7 +18,7 @@ S = ms.TaskState
 
 
 async def test_a_paused_name_is_not_claimed_until_resumed(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     ran: list[str] = []
 
@@ -50,7 +52,7 @@ async def test_a_paused_name_is_not_claimed_until_resumed(
 @pytest.mark.parametrize("change", ["pause", "resume"])
 @pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
 async def test_a_pause_or_resume_whose_signal_is_lost_still_reaches_the_consumers(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, change: str, retried: bool
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, change: str, retried: bool
 ):
     """The pause (or resume) is written and the version bump that tells the consumers of it
     is lost on the network: retried (it finds the change made), the call tells them at once;
@@ -66,7 +68,7 @@ async def test_a_pause_or_resume_whose_signal_is_lost_still_reaches_the_consumer
     options = worker()
     async with scheduler.consumer({"email": job}, options=options) as consumer:
         await discover()
-        with pytest.raises(ms.BackendUnavailable):
+        with pytest.raises(BackendUnavailable):
             await getattr(operator, change)("email")
         if retried:
             assert await getattr(operator, change)("email") is False  # made already

@@ -12,6 +12,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
+from mscheduler.testing import ManualClock
 from tests.engines import until_idle, worker
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +21,7 @@ S = ms.TaskState
 
 
 async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_end(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The first report is written at once, later ones at most once a second per task, and
     the reports of several tasks go in one write; cleared when the attempt ends."""
@@ -68,7 +70,7 @@ async def test_progress_is_visible_within_a_second_coalesced_and_cleared_at_the_
 
 
 async def test_a_sync_handler_reports_progress_from_its_thread(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The same call, without ``await``, in a plain ``def`` handler (its worker thread): the
     report is written as an async handler's is, and nothing is left unawaited."""
@@ -101,8 +103,8 @@ async def test_bad_progress_names_the_field(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await scheduler.store.tasks.claim("w", key="k")
     assert lease is not None
-    with pytest.raises(ms.ConfigurationError, match="progress: fraction: must be at most 1"):
+    with pytest.raises(ConfigurationError, match="progress: fraction: must be at most 1"):
         await lease.progress(1.5)
-    with pytest.raises(ms.ConfigurationError, match="progress: message: must have at most 1000"):
+    with pytest.raises(ConfigurationError, match="progress: message: must have at most 1000"):
         await lease.progress(0.5, "x" * 1001)
     assert lease.reported_progress is None

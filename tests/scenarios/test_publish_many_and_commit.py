@@ -10,8 +10,17 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import (
+    ConfigurationError,
+    DependencyError,
+    LeaseLost,
+    PayloadError,
+    PreconditionFailed,
+    TaskRunning,
+)
+from mscheduler.models import Lease
 from mscheduler.store.transactions import SessionCollection
-from mscheduler.testing import CountingCollection
 from tests.scenarios.test_dependencies import finish, run_all, state_of
 
 pytestmark = pytest.mark.anyio
@@ -55,11 +64,11 @@ async def test_publish_many_is_idempotent(scheduler: ms.Scheduler):
 @pytest.mark.parametrize(
     ("specs", "error", "message"),
     [
-        ([spec("a"), spec("b", payload={1, 2})], ms.PayloadError, "cannot be stored"),
-        ([spec("a"), spec("", payload=None)], ms.ConfigurationError, "key must be"),
-        ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], ms.DependencyError, "cycle"),
-        ([spec("a"), spec("a", payload=2)], ms.DependencyError, "given twice"),
-        ([spec("a"), spec("b", depends_on=("ghost",))], ms.DependencyError, "ghost"),
+        ([spec("a"), spec("b", payload={1, 2})], PayloadError, "cannot be stored"),
+        ([spec("a"), spec("", payload=None)], ConfigurationError, "key must be"),
+        ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], DependencyError, "cycle"),
+        ([spec("a"), spec("a", payload=2)], DependencyError, "given twice"),
+        ([spec("a"), spec("b", depends_on=("ghost",))], DependencyError, "ghost"),
     ],
 )
 async def test_one_bad_spec_writes_nothing(
@@ -90,7 +99,7 @@ async def test_replace_a_waiting_task(scheduler: ms.Scheduler):
 async def test_replace_refuses_a_running_task_and_creates_a_missing_one(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     assert await scheduler.store.tasks.claim("w", key="k") is not None
-    with pytest.raises(ms.TaskRunning):
+    with pytest.raises(TaskRunning):
         await scheduler.replace("k", 2, name="job")
     assert (await scheduler.replace("new", 1, name="job")).created
 
@@ -121,7 +130,7 @@ async def test_commit_with_a_stale_requirement_writes_nothing(scheduler: ms.Sche
     lease = await scheduler.store.tasks.claim("w", key="mine")
     assert lease is not None
     before = await snapshot(scheduler)
-    with pytest.raises(ms.PreconditionFailed, match="config") as info:
+    with pytest.raises(PreconditionFailed, match="config") as info:
         await scheduler.commit(
             complete=[lease], publish=[spec("x")], require={"config": config.version}
         )
@@ -138,7 +147,7 @@ async def test_commit_with_a_lost_lease_writes_nothing(scheduler: ms.Scheduler, 
     assert lease_a is not None and lease_b is not None
     clock.advance(5)  # a's lease expires; b's (60 s) does not
     before = await snapshot(scheduler)
-    with pytest.raises(ms.LeaseLost, match="'a'"):
+    with pytest.raises(LeaseLost, match="'a'"):
         await scheduler.commit(complete=[lease_b, lease_a], publish=[spec("x")])
     assert await snapshot(scheduler) == before
 
@@ -159,7 +168,7 @@ async def test_replacing_in_a_commit_continues_the_version(scheduler: ms.Schedul
         require={"barrier": old.version},
     )
     assert replaced[0].replaced and replaced[0].task.version == old.version + 1
-    with pytest.raises(ms.PreconditionFailed):
+    with pytest.raises(PreconditionFailed):
         await scheduler.commit(
             complete=[second],
             delete=["barrier"],
@@ -188,7 +197,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
     assert barrier is not None
     outcomes: dict[str, str] = {}
 
-    async def commit(lease: ms.Lease) -> None:
+    async def commit(lease: Lease) -> None:
         try:
             await scheduler.commit(
                 complete=[(lease, "out")],
@@ -197,7 +206,7 @@ async def test_concurrent_commits_on_one_barrier_one_wins_the_other_is_told(
                 require={"barrier": barrier.version},
             )
             outcomes[lease.key] = "committed"
-        except ms.PreconditionFailed:
+        except PreconditionFailed:
             outcomes[lease.key] = "stale"
 
     async with anyio.create_task_group() as tg:
@@ -413,7 +422,7 @@ class _FinishesFirst:
     (`transactions.supports_transactions`), as a standalone server is, where the race is
     possible; inside a transaction it is a write conflict, and the transaction runs again."""
 
-    def __init__(self, scheduler: ms.Scheduler, lease: ms.Lease) -> None:
+    def __init__(self, scheduler: ms.Scheduler, lease: Lease) -> None:
         self.inner = scheduler.collection
         self.scheduler, self.lease, self.finished = scheduler, lease, False
 
@@ -450,7 +459,7 @@ async def test_a_flow_larger_than_one_read_is_read_in_parts(
 async def test_a_batch_with_a_key_of_another_name_writes_nothing(scheduler: ms.Scheduler):
     await scheduler.publish("taken", None, name="other")
     specs = [ms.TaskSpec(key=f"new:{n}", name="job") for n in range(3)]
-    with pytest.raises(ms.ConfigurationError, match="'taken' names a task of name 'other'"):
+    with pytest.raises(ConfigurationError, match="'taken' names a task of name 'other'"):
         await scheduler.publish_many([*specs, ms.TaskSpec(key="taken", name="job")])
     assert await scheduler.store.get_many([spec.key for spec in specs]) == []
 
@@ -462,7 +471,7 @@ async def test_a_commit_with_a_key_of_another_name_records_nothing(
     await scheduler.publish("mine", None, name="job")
     lease = await scheduler.store.tasks.claim("w0", key="mine")
     assert lease is not None
-    with pytest.raises(ms.ConfigurationError, match="nothing written"):
+    with pytest.raises(ConfigurationError, match="nothing written"):
         await scheduler.commit(
             complete=[(lease, "done")],
             delete=["gone"],

@@ -9,13 +9,16 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError, TaskRunning
+from mscheduler.models import PublishResult
+from mscheduler.testing import ManualClock
 from tests.scenarios.test_task_lifecycle import claim, current, must_claim
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
 
 
-async def test_publish_creates_a_pending_task(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_publish_creates_a_pending_task(scheduler: ms.Scheduler, clock: ManualClock):
     result = await scheduler.publish("email:1", {"to": "a@b.c"}, name="email")
     assert result.created
     task = await current(scheduler, "email:1")
@@ -35,7 +38,7 @@ async def test_publish_is_idempotent_by_key(scheduler: ms.Scheduler):
 
 
 async def test_fifty_concurrent_publishes_make_one_task(scheduler: ms.Scheduler):
-    results: list[ms.PublishResult] = []
+    results: list[PublishResult] = []
 
     async def publish(i: int) -> None:
         results.append(await scheduler.publish("same", {"i": i}, name="job"))
@@ -58,9 +61,9 @@ async def test_update_payload_changes_a_waiting_task(scheduler: ms.Scheduler):
 async def test_running_task_is_never_replaced_or_updated(scheduler: ms.Scheduler):
     await scheduler.publish("k", {"n": 1}, name="job")
     await must_claim(scheduler, "w1")
-    with pytest.raises(ms.TaskRunning):
+    with pytest.raises(TaskRunning):
         await scheduler.publish("k", {"n": 2}, name="job", update_payload=True)
-    with pytest.raises(ms.TaskRunning):
+    with pytest.raises(TaskRunning):
         await scheduler.publish("k", {"n": 2}, name="job", replace_finished=True)
     assert (await current(scheduler, "k")).payload == {"n": 1}
 
@@ -90,7 +93,7 @@ async def test_replace_finished_runs_the_task_again(scheduler: ms.Scheduler, out
 
 async def test_publish_under_another_name_is_refused(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
-    with pytest.raises(ms.ConfigurationError, match="name 'job'"):
+    with pytest.raises(ConfigurationError, match="name 'job'"):
         await scheduler.publish("k", None, name="other")
 
 
@@ -104,3 +107,17 @@ async def test_pydantic_payload_is_stored_as_plain_fields(scheduler: ms.Schedule
     when = dt.datetime(2030, 5, 1, tzinfo=dt.timezone.utc)
     await scheduler.publish("k", Email(to="x@y.z", at=when), name="email")
     assert (await current(scheduler, "k")).payload == {"to": "x@y.z", "at": "2030-05-01T00:00:00Z"}
+
+
+async def test_an_option_publish_or_schedule_does_not_know_is_refused_writing_nothing(
+    scheduler: ms.Scheduler,
+):
+    """The options are declared once and taken as keywords: one misspelt is refused as a
+    signature that listed it would refuse it, not dropped."""
+    options: dict[str, object] = {"delay_seconds": 5}
+    with pytest.raises(TypeError, match="delay_seconds"):
+        await scheduler.publish("email:1", name="email", **options)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delay_seconds"):
+        await scheduler.schedule("nightly", name="email", cron="0 3 * * *", **options)  # type: ignore[arg-type]
+    assert await scheduler.get("email:1") is None
+    assert await scheduler.schedules() == []

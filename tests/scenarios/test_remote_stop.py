@@ -11,6 +11,10 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import BackendUnavailable, ConfigurationError, WorkerNotLive
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerInfo, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import worker
 from tests.faults import LosesBesideWrites
 
@@ -21,7 +25,7 @@ S = ms.TaskState
 class Run:
     """A consumer run in the background, so a test sees it end by itself."""
 
-    def __init__(self, consumer: ms.Consumer) -> None:
+    def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
         self.ended = False
 
@@ -31,7 +35,7 @@ class Run:
 
 
 async def test_a_draining_stop_lets_running_tasks_finish_claims_nothing_more_and_ends_the_run(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     release = anyio.Event()
     ran: list[str] = []
@@ -66,7 +70,7 @@ async def test_a_draining_stop_lets_running_tasks_finish_claims_nothing_more_and
 
 
 async def test_a_stop_without_drain_releases_running_tasks_for_others_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     started = anyio.Event()
 
@@ -86,7 +90,7 @@ async def test_a_stop_without_drain_releases_running_tasks_for_others_at_once(
         assert run.ended, "a stop without drain waited for the running task"
     task = await scheduler.get("long")
     assert task is not None and task.state is S.PENDING
-    assert [s.state for s in task.worker_states] == [ms.WorkerStateKind.RELEASED]
+    assert [s.state for s in task.worker_states] == [WorkerStateKind.RELEASED]
     taken: list[str] = []
 
     async def quick(task: ms.Task) -> None:
@@ -99,7 +103,7 @@ async def test_a_stop_without_drain_releases_running_tasks_for_others_at_once(
 
 
 async def test_a_stop_without_drain_hurries_a_draining_one(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     async def stuck(task: ms.Task) -> None:
         await anyio.sleep_forever()
@@ -122,14 +126,14 @@ async def test_a_stop_without_drain_hurries_a_draining_one(
 
 
 async def test_a_stop_for_a_worker_that_is_not_live_says_so_and_changes_nothing(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     async def job(task: ms.Task) -> None:
         pass
 
-    with pytest.raises(ms.WorkerNotLive):
+    with pytest.raises(WorkerNotLive):
         await scheduler.stop_worker("nobody")
-    dead = ms.WorkerInfo(
+    dead = WorkerInfo(
         worker_id="dead",
         host="h",
         pid=1,
@@ -143,9 +147,9 @@ async def test_a_stop_for_a_worker_that_is_not_live_says_so_and_changes_nothing(
     await scheduler.store.workers.beat(dead)
     clock.advance(10)  # it missed its heartbeats: stale
     async with scheduler.consumer({"email": job}, options=worker("w1")) as consumer:
-        with pytest.raises(ms.WorkerNotLive):
+        with pytest.raises(WorkerNotLive):
             await scheduler.stop_worker("dead")
-        with pytest.raises(ms.WorkerNotLive):
+        with pytest.raises(WorkerNotLive):
             await scheduler.stop_worker("w")  # ids are whole: no prefix of one
         await discover()
         assert not consumer.stop_requested
@@ -154,10 +158,10 @@ async def test_a_stop_for_a_worker_that_is_not_live_says_so_and_changes_nothing(
 
 
 async def test_a_stop_for_a_worker_of_a_release_without_remote_stop_is_refused(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     """Its entry names no run (``instance``): it would never read the stop."""
-    older = ms.WorkerInfo(
+    older = WorkerInfo(
         worker_id="old-1",
         host="h",
         pid=1,
@@ -168,13 +172,13 @@ async def test_a_stop_for_a_worker_of_a_release_without_remote_stop_is_refused(
         heartbeat_ms=30_000,
     )
     await scheduler.store.workers.beat(older)
-    with pytest.raises(ms.ConfigurationError):
+    with pytest.raises(ConfigurationError):
         await scheduler.stop_worker("old-1")
     assert await scheduler.store.stops.of("old-1") is None
 
 
 async def test_a_stop_meant_for_an_earlier_run_of_an_id_does_not_stop_a_later_one(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """The worker w1 was asked to stop but died before it read the request (its entry still
     looked alive); w1 started again is another run: it goes on, and clears the request."""
@@ -198,7 +202,7 @@ async def test_a_stop_meant_for_an_earlier_run_of_an_id_does_not_stop_a_later_on
 
 @pytest.mark.parametrize("retried", [True, False], ids=["retried", "not_retried"])
 async def test_a_stop_whose_signal_is_lost_still_reaches_the_worker(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any, retried: bool
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, retried: bool
 ):
     """The stop is written and the version bump that tells the consumers of it is lost:
     retried, the call tells them at once; not retried, the worker reads its controls again
@@ -214,7 +218,7 @@ async def test_a_stop_whose_signal_is_lost_still_reaches_the_worker(
     async with anyio.create_task_group() as tg:
         await tg.start(run)
         await discover()
-        with pytest.raises(ms.BackendUnavailable):
+        with pytest.raises(BackendUnavailable):
             await operator.stop_worker("w1")
         await discover()
         assert not consumer.stop_requested

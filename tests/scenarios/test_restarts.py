@@ -10,11 +10,13 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.models import WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
-K = ms.WorkerStateKind
+K = WorkerStateKind
 FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
 
 
@@ -24,7 +26,7 @@ def _options(worker_id: str) -> ms.WorkerOptions:
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["any-worker", "pinned-to-it"])
 async def test_a_worker_restarted_under_its_id_runs_the_task_its_previous_life_held(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, pinned: bool
+    scheduler: ms.Scheduler, clock: ManualClock, pinned: bool
 ):
     options = FAST.model_copy(update={"specific_worker_ids": ["w1"] if pinned else []})
     await scheduler.publish("k", {"n": 1}, name="job", options=options)

@@ -11,7 +11,9 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import ConfigurationError
 from mscheduler.periodic import Schedule, due, new_schedule
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS
 
 pytestmark = pytest.mark.anyio
@@ -87,7 +89,7 @@ def test_jitter_is_the_same_for_every_worker_and_within_bounds():
 
 
 async def test_many_consumers_run_each_occurrence_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     ran: list[str] = []
 
@@ -113,7 +115,7 @@ async def test_many_consumers_run_each_occurrence_once(
 
 
 async def test_workers_publishing_the_same_occurrence_at_once_make_one_task(
-    open_scheduler: Any, clock: ms.ManualClock
+    open_scheduler: Any, clock: ManualClock
 ):
     first = await open_scheduler()
     others = [await open_scheduler() for _ in range(4)]  # the same collection
@@ -132,7 +134,7 @@ async def test_workers_publishing_the_same_occurrence_at_once_make_one_task(
 
 
 async def test_skip_if_running_starts_no_occurrence_while_the_last_one_runs(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     gate = anyio.Event()
     options = ms.TaskOptions(ping_interval_ms=20_000, worker_timeout_ms=600_000)
@@ -158,7 +160,7 @@ async def test_skip_if_running_starts_no_occurrence_while_the_last_one_runs(
 
 
 async def test_a_schedule_added_or_removed_while_consumers_run_holds_at_once(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """Within one change event (one poll interval without change streams), not at the next
     ``schedule_refresh_ms``."""
@@ -186,7 +188,7 @@ async def test_a_schedule_added_or_removed_while_consumers_run_holds_at_once(
 
 
 async def test_schedules_are_listed_replaced_and_removed(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.schedule("a", name="job", cron="*/5 * * * *")
     await scheduler.schedule("b", name="other", every=dt.timedelta(minutes=1))
@@ -224,9 +226,9 @@ async def test_schedules_are_listed_replaced_and_removed(
 async def test_a_bad_schedule_names_the_field_and_writes_nothing(
     scheduler: ms.Scheduler, fields: dict[str, Any], message: str
 ):
-    with pytest.raises(ms.ConfigurationError, match=f"schedule: .*{message}"):
+    with pytest.raises(ConfigurationError, match=f"schedule: .*{message}"):
         await scheduler.schedule("s", name="job", **fields)
-    with pytest.raises(ms.ConfigurationError, match="must not contain '@'"):
+    with pytest.raises(ConfigurationError, match="must not contain '@'"):
         await scheduler.schedule("a@b", name="job", every=dt.timedelta(minutes=1))
     assert await scheduler.schedules() == []
 
@@ -235,7 +237,7 @@ async def test_a_bad_schedule_names_the_field_and_writes_nothing(
 
 
 async def test_registering_an_unchanged_schedule_at_start_up_catches_up_every_missed_one(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     """As `examples/periodic.py` does: every start registers the schedules again."""
     ran: list[str] = []
@@ -266,7 +268,7 @@ async def test_registering_an_unchanged_schedule_at_start_up_catches_up_every_mi
 
 
 async def test_registering_again_keeps_skip_if_running_from_overlapping(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     gate = anyio.Event()
     options = ms.TaskOptions(ping_interval_ms=20_000, worker_timeout_ms=600_000)
@@ -304,7 +306,7 @@ async def test_registering_again_keeps_skip_if_running_from_overlapping(
 
 
 async def test_registering_again_keeps_an_every_schedules_anchor(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover: Any
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
 ):
     ran: list[str] = []
 
@@ -329,7 +331,7 @@ async def test_registering_again_keeps_an_every_schedules_anchor(
 
 
 async def test_a_new_cron_applies_from_the_first_occurrence_not_yet_handled(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     await scheduler.schedule("report", name="report", cron="0 * * * *", catch_up="all")
     clock.advance(3 * 3600 + 60)  # down since 00:00: 01:00, 02:00 and 03:00 were missed
@@ -346,7 +348,7 @@ async def test_a_new_cron_applies_from_the_first_occurrence_not_yet_handled(
 
 
 async def test_a_worker_that_loses_the_advance_still_records_the_occurrence_it_published(
-    open_scheduler: Any, clock: ms.ManualClock
+    open_scheduler: Any, clock: ManualClock
 ):
     """Two workers at 00:02: A sees 00:01 still running and skips 00:02; then 00:01 ends and
     B, which read the schedule before A advanced it, publishes 00:02 and loses the advance.

@@ -10,6 +10,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 import mscheduler as ms
+from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 SHARD_KEY_NOT_FOUND = 61
@@ -57,7 +58,7 @@ class _Database:
 
 
 async def test_claims_by_name_behind_a_mongos_name_the_shard_key(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     scheduler = ms.Scheduler(Mongos(scheduler.collection), clock=clock)
     for n in range(4):

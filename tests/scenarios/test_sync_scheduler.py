@@ -17,6 +17,14 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.memory import forget_memory_server
+from mscheduler.errors import (
+    ConfigurationError,
+    DependencyError,
+    LeaseLost,
+    PayloadError,
+    TaskNotFound,
+)
+from mscheduler.testing import Clock, ManualClock
 from tests.engines import MEMORY_ONE_THREAD
 
 
@@ -28,7 +36,7 @@ class Target:
     database: str | None
     collection: str
 
-    def sync(self, clock: ms.Clock | None = None) -> ms.SyncScheduler:
+    def sync(self, clock: Clock | None = None) -> ms.SyncScheduler:
         return ms.SyncScheduler.connect(
             self.uri, database=self.database, collection=self.collection, clock=clock
         )
@@ -77,16 +85,16 @@ def test_publish_is_idempotent_and_writes_the_async_schedulers_document(target: 
 
 def test_bad_input_names_the_field_and_writes_nothing(target: Target) -> None:
     with target.sync() as sync:
-        with pytest.raises(ms.ConfigurationError, match="name"):
+        with pytest.raises(ConfigurationError, match="name"):
             sync.publish("job:1", name="")
-        with pytest.raises(ms.PayloadError, match=r"payload\.items\[0\]"):
+        with pytest.raises(PayloadError, match=r"payload\.items\[0\]"):
             sync.publish("job:1", {"items": ["\ud800"]}, name="job")  # not UTF-8
         assert sync.get("job:1") is None
 
 
 def test_publish_many_writes_a_flow_or_nothing(target: Target) -> None:
     with target.sync() as sync:
-        with pytest.raises(ms.DependencyError, match="missing:0"):
+        with pytest.raises(DependencyError, match="missing:0"):
             sync.publish_many([ms.TaskSpec(key="x", name="step", depends_on=["missing:0"])])
         assert sync.get("x") is None
         results = sync.publish_many(
@@ -109,14 +117,14 @@ def test_cancel_reaches_the_dependents_and_is_done_once(target: Target) -> None:
 
 
 def test_wait_times_out_on_the_clock_and_refuses_a_missing_key(target: Target) -> None:
-    clock = ms.ManualClock()
+    clock = ManualClock()
     with target.sync(clock) as sync:
         sync.publish("slow", name="job")
         with pytest.raises(TimeoutError, match="slow"):
             sync.wait("slow", timeout=0)
-        with pytest.raises(ms.TaskNotFound, match="nothing"):
+        with pytest.raises(TaskNotFound, match="nothing"):
             sync.wait("nothing", timeout=0)
-        with pytest.raises(ms.ConfigurationError, match="discovery"):
+        with pytest.raises(ConfigurationError, match="discovery"):
             sync.wait("slow", discovery="sometimes")  # type: ignore[arg-type]
 
 
@@ -177,7 +185,7 @@ def test_called_from_async_code_says_what_to_use(target: Target) -> None:
         sync.publish("k", name="n")
 
     with target.sync() as sync:
-        with pytest.raises(ms.ConfigurationError, match=r"use ms\.Scheduler"):
+        with pytest.raises(ConfigurationError, match=r"use ms\.Scheduler"):
             anyio.run(publish_in_a_loop, sync)
         assert sync.get("k") is None
 
@@ -215,7 +223,7 @@ def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch) -
         def close(self) -> None: ...
 
     monkeypatch.setattr(sync_module, "MongoClient", RefusingClient)
-    with pytest.raises(ms.ConfigurationError) as refused:
+    with pytest.raises(ConfigurationError) as refused:
         ms.SyncScheduler.connect("mongodb://ops:secret@db.example:27017/")
     assert str(refused.value) == (
         "uri: MongoDB at 'mongodb://ops:***@db.example:27017/' refused the credentials: "
@@ -224,7 +232,7 @@ def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None:
-    clock = ms.ManualClock()
+    clock = ManualClock()
     with target.sync(clock) as sync:
         sync.publish("a", name="job")
         sync.publish("b", name="job")
@@ -236,5 +244,5 @@ def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None
         found = sync.find_lease(again.key, worker_id="w", run_id=again.run_id)
         sync.fail(found, "broken")
         clock.advance(60)
-        with pytest.raises(ms.LeaseLost):
+        with pytest.raises(LeaseLost):
             sync.succeed(found)

@@ -8,23 +8,26 @@ import datetime as dt
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import LeaseLost, PayloadError
+from mscheduler.models import Lease, WorkerStateKind
+from mscheduler.testing import ManualClock
 from tests.oracle import check_consistent
 
 pytestmark = pytest.mark.anyio
-K = ms.WorkerStateKind
+K = WorkerStateKind
 S = ms.TaskState
 
 FAST = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=10_000)
 
 
-async def claim(sched: ms.Scheduler, worker: str, name: str = "job") -> ms.Lease | None:
+async def claim(sched: ms.Scheduler, worker: str, name: str = "job") -> Lease | None:
     lease = await sched.store.tasks.claim(worker, names=[name])
     if lease is not None:
         check_consistent(lease.task)
     return lease
 
 
-async def must_claim(sched: ms.Scheduler, worker: str, name: str = "job") -> ms.Lease:
+async def must_claim(sched: ms.Scheduler, worker: str, name: str = "job") -> Lease:
     lease = await claim(sched, worker, name)
     assert lease is not None, f"{worker} could not claim"
     return lease
@@ -46,7 +49,7 @@ async def test_claim_takes_only_the_names_asked_for(scheduler: ms.Scheduler):
     assert await claim(scheduler, "w1", "email") is not None
 
 
-async def test_claim_waits_for_not_before(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_claim_waits_for_not_before(scheduler: ms.Scheduler, clock: ManualClock):
     later = clock.now() + dt.timedelta(minutes=5)
     await scheduler.publish("k", None, name="job", options=ms.TaskOptions(not_before=later))
     assert (await current(scheduler, "k")).next_claim_at == later
@@ -102,7 +105,7 @@ async def test_claim_refused_once_retries_are_exhausted(scheduler: ms.Scheduler)
     assert await claim(scheduler, "w2") is None
 
 
-async def test_claim_order_is_priority_then_age(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_claim_order_is_priority_then_age(scheduler: ms.Scheduler, clock: ManualClock):
     for key, priority in [("old-low", 0), ("old-high", 5), ("new-high", 5), ("new-low", 0)]:
         await scheduler.publish(key, None, name="job", options=ms.TaskOptions(priority=priority))
         clock.advance(1)
@@ -143,7 +146,7 @@ async def test_takeover_after_expiry_and_not_before(scheduler: ms.Scheduler, clo
     assert task.unexpected_failures == 1
 
 
-async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.publish("k", None, name="job", options=FAST)
     lease = await must_claim(scheduler, "w1")
     clock.advance(8)
@@ -167,7 +170,7 @@ async def test_late_worker_gets_lease_lost(scheduler: ms.Scheduler, clock, write
         "fail": lambda: scheduler.store.tasks.fail(late, RuntimeError("late")),
         "release": lambda: scheduler.store.tasks.release(late),
     }
-    with pytest.raises(ms.LeaseLost, match="w1"):
+    with pytest.raises(LeaseLost, match="w1"):
         await calls[write]()
     after = await current(scheduler, "k")
     assert after.version == before.version, "a late worker's write changed the task"
@@ -177,11 +180,11 @@ async def test_expired_lease_is_dead_even_before_takeover(scheduler: ms.Schedule
     await scheduler.publish("k", None, name="job", options=FAST)
     lease = await must_claim(scheduler, "w1")
     clock.advance(10)
-    with pytest.raises(ms.LeaseLost, match="expired"):
+    with pytest.raises(LeaseLost, match="expired"):
         await scheduler.store.tasks.succeed(lease, 1)
 
 
-async def test_success_stores_the_result(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_success_stores_the_result(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.publish("k", None, name="job")
     lease = await must_claim(scheduler, "w1")
     clock.advance(2)
@@ -237,7 +240,7 @@ async def test_retries_exhausted_by_timeouts_end_in_fail(scheduler: ms.Scheduler
     assert task.error is not None and task.error.type == "WorkerTimeout"
 
 
-async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ManualClock):
     opts = ms.TaskOptions(unexpected_retry_delay_ms=3_000)
     await scheduler.publish("k", None, name="job", options=opts)
     await scheduler.store.tasks.fail(await must_claim(scheduler, "w1"), RuntimeError("x"))
@@ -263,7 +266,7 @@ async def test_cancel_ends_the_task_and_fences_its_workers(scheduler: ms.Schedul
     assert task.state is S.CANCELLED
     assert task.error is not None and task.error.message == "no longer needed"
     assert [ws.state for ws in task.worker_states] == [K.RELEASED]
-    with pytest.raises(ms.LeaseLost, match="cancelled"):
+    with pytest.raises(LeaseLost, match="cancelled"):
         await scheduler.store.tasks.ping(lease)
     assert not await scheduler.cancel("k"), "cancelling twice reports nothing done"
     assert await claim(scheduler, "w2") is None
@@ -283,9 +286,9 @@ async def test_ping_many_reports_only_lost_leases(scheduler: ms.Scheduler, clock
 async def test_result_that_cannot_be_stored_keeps_the_lease(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     lease = await must_claim(scheduler, "w1")
-    with pytest.raises(ms.PayloadError, match="result"):
+    with pytest.raises(PayloadError, match="result"):
         await scheduler.store.tasks.succeed(lease, {"blob": "x" * (2 * 1024 * 1024)})
-    with pytest.raises(ms.PayloadError, match="result"):
+    with pytest.raises(PayloadError, match="result"):
         await scheduler.store.tasks.succeed(lease, object())
     task = await scheduler.store.tasks.succeed(lease, "small")
     assert task.state is S.SUCCESS
@@ -294,7 +297,7 @@ async def test_result_that_cannot_be_stored_keeps_the_lease(scheduler: ms.Schedu
 # ------------------------------------------------------------------------ statistics
 
 
-async def test_stats_count_by_name_and_state(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_stats_count_by_name_and_state(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.publish("old", None, name="email")
     clock.advance(30)
     await scheduler.publish("new", None, name="email")

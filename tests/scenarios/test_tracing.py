@@ -20,6 +20,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 import mscheduler as ms
+from mscheduler.handlers import Consumer
+from mscheduler.testing import ManualClock
 from tests import otel
 from tests.engines import POLL_MS, ROOT, WIRE_DATABASE, WireServer, until_idle
 
@@ -36,7 +38,7 @@ def spans() -> Iterator[otel.Spans]:
 @contextlib.asynccontextmanager
 async def running(
     sched: ms.Scheduler, handlers: dict[str, Any], worker_id: str = "w1"
-) -> AsyncIterator[ms.Consumer]:
+) -> AsyncIterator[Consumer]:
     options = ms.WorkerOptions(worker_id=worker_id, poll_interval_ms=POLL_MS)
     async with sched.consumer(handlers, options=options) as consumer:
         yield consumer
@@ -107,7 +109,7 @@ async def test_a_sync_handler_runs_in_the_consumer_span_in_its_thread(
 
 
 async def test_each_attempt_is_a_span_and_a_failure_is_an_error_with_its_exception(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock, spans: otel.Spans
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock, spans: otel.Spans
 ):
     calls = 0
 
@@ -140,7 +142,7 @@ async def test_each_attempt_is_a_span_and_a_failure_is_an_error_with_its_excepti
 
 
 async def test_retry_later_is_not_an_error_and_a_stopped_run_is(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock, spans: otel.Spans
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock, spans: otel.Spans
 ):
     gate = anyio.Event()
 
@@ -242,7 +244,7 @@ async def test_a_task_without_a_trace_context_runs_in_a_new_trace(
 
 
 async def test_a_periodic_occurrence_starts_a_trace_of_its_own(
-    scheduler: ms.Scheduler, discover: Discover, clock: ms.ManualClock, spans: otel.Spans
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock, spans: otel.Spans
 ):
     import datetime as dt
 
@@ -285,7 +287,7 @@ anyio.run(main)
 
 
 async def test_a_publisher_and_a_worker_in_two_processes_share_the_trace(
-    wire_server: WireServer, clock: ms.ManualClock, spans: otel.Spans
+    wire_server: WireServer, clock: ManualClock, spans: otel.Spans
 ):
     """Two Schedulers on the wire engine: the publisher in a process of its own (its own
     tracer provider), the worker here; the trace travels in the task document."""

@@ -9,6 +9,8 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.errors import TaskNotFound
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, needs_change_streams, until_idle, worker
 
 pytestmark = pytest.mark.anyio
@@ -49,7 +51,7 @@ async def test_wait_returns_the_terminal_task(
         assert task.error is not None
 
 
-async def test_wait_times_out_on_the_clock(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_wait_times_out_on_the_clock(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.publish("k", None, name="job")
     outcome: list[BaseException] = []
 
@@ -76,7 +78,7 @@ async def test_wait_on_a_finished_task_returns_at_once(scheduler: ms.Scheduler):
 
 
 async def test_wait_on_an_unknown_key(scheduler: ms.Scheduler):
-    with pytest.raises(ms.TaskNotFound, match="nope"):
+    with pytest.raises(TaskNotFound, match="nope"):
         await scheduler.wait("nope")
 
 
@@ -95,7 +97,7 @@ async def test_wait_many_returns_all_in_order(scheduler: ms.Scheduler, discover:
     assert all(task.state is S.SUCCESS for task in tasks.values())
 
 
-async def test_wait_without_change_streams_polls(clock: ms.ManualClock):
+async def test_wait_without_change_streams_polls(clock: ManualClock):
     sched = await ms.Scheduler.connect("memory://?changestreams=0", clock=clock)
     await sched.publish("k", None, name="job")
     found: list[ms.Task] = []
@@ -150,7 +152,7 @@ async def test_watch_yields_every_change(scheduler: ms.Scheduler, engine: str):
 
 async def test_watch_polls_a_server_without_change_streams(caplog: pytest.LogCaptureFixture):
     """Said once; each write shown once, a write published after the watch started included."""
-    clock = ms.ManualClock()
+    clock = ManualClock()
     sched = await ms.Scheduler.connect("memory://?changestreams=0", clock=clock)
     await sched.publish("before", None, name="job")
     clock.advance(0.001)  # writes of the millisecond the watch starts in are shown (at least once)

@@ -12,6 +12,9 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.handlers import Consumer
+from mscheduler.models import WorkerInfo
+from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 
 pytestmark = pytest.mark.anyio
@@ -24,7 +27,7 @@ def options(worker_id: str, **more: int) -> ms.WorkerOptions:
 
 
 async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     gate = anyio.Event()
 
@@ -57,10 +60,10 @@ async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
     assert await scheduler.workers() == []
 
 
-async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock: ms.ManualClock):
+async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock: ManualClock):
     """A kill -9 leaves the entry: alive until three heartbeats were missed."""
     now = clock.now()
-    dead = ms.WorkerInfo(
+    dead = WorkerInfo(
         worker_id="gone",
         host="h",
         pid=1,
@@ -79,7 +82,7 @@ async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock:
 
 
 async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
-    scheduler: ms.Scheduler, clock: ms.ManualClock
+    scheduler: ms.Scheduler, clock: ManualClock
 ):
     async def noop(task: ms.Task) -> None: ...
 
@@ -105,8 +108,8 @@ async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
 
 
 def _run_burst(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, workers: int, **policy: int
-) -> tuple[dict[str, list[str]], anyio.Event, list[ms.Consumer]]:
+    scheduler: ms.Scheduler, clock: ManualClock, discover, workers: int, **policy: int
+) -> tuple[dict[str, list[str]], anyio.Event, list[Consumer]]:
     gate = anyio.Event()
     ran: dict[str, list[str]] = {}
 
@@ -127,7 +130,7 @@ def _run_burst(
 
 
 async def test_spread_shares_a_burst_of_long_tasks_among_live_workers(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, engine: str
+    scheduler: ms.Scheduler, clock: ManualClock, discover, engine: str
 ):
     ran, gate, consumers = _run_burst(scheduler, clock, discover, 3, claim_spread_ms=500)
     async with contextlib.AsyncExitStack() as stack:
@@ -150,13 +153,13 @@ async def test_spread_shares_a_burst_of_long_tasks_among_live_workers(
 
 
 async def test_spread_still_claims_what_no_peer_takes(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
     """Two peers listed alive that never claim (hung, or about to be found stale): the one
     working consumer takes its share, then, after two waits, everything left."""
     now = clock.now()
     for peer in ("hung-1", "hung-2"):
-        hung = ms.WorkerInfo(
+        hung = WorkerInfo(
             worker_id=peer,
             host="h",
             pid=1,
@@ -183,7 +186,7 @@ async def test_spread_still_claims_what_no_peer_takes(
 
 
 async def test_greedy_by_default_takes_what_its_slots_allow(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+    scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
     ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
     async with consumers[0]:

@@ -9,11 +9,11 @@ from typing import Any
 from motor.motor_asyncio import AsyncIOMotorCollection
 from pymongo.asynchronous.collection import AsyncCollection
 
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory.server import MemoryCollection
 from mscheduler.backends.sync import AwaitableCollection
 from mscheduler.store.collection import TasksCollection, TasksDatabase
 from mscheduler.store.transactions import SessionCollection
-from mscheduler.testing import CountingCollection
 
 
 def pymongo_async(collection: AsyncCollection[dict[str, Any]]) -> TasksCollection:

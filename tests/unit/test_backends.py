@@ -9,10 +9,12 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory import MemoryServer, memory_server
 from mscheduler.backends.uri import redact
+from mscheduler.errors import BackendUnavailable, ConfigurationError
 from mscheduler.store.transactions import supports_transactions
-from mscheduler.testing import CountingCollection
+from mscheduler.testing import ManualClock
 from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
@@ -34,13 +36,13 @@ pytestmark = pytest.mark.anyio
     ],
 )
 async def test_malformed_uris_are_refused(uri: str, message: str):
-    with pytest.raises(ms.ConfigurationError, match=message) as info:
+    with pytest.raises(ConfigurationError, match=message) as info:
         await ms.Scheduler.connect(uri)
     assert "secret" not in str(info.value)
 
 
 async def test_a_misspelt_uri_option_is_named_with_the_option_it_resembles():
-    with pytest.raises(ms.ConfigurationError) as info:
+    with pytest.raises(ConfigurationError) as info:
         await ms.Scheduler.connect("mongodb://h/?replicaSett=rs0")
     assert str(info.value) == (
         "uri: 'replicaSett' is not a MongoDB URI option; did you mean 'replicaset'? "
@@ -50,7 +52,7 @@ async def test_a_misspelt_uri_option_is_named_with_the_option_it_resembles():
 
 async def test_unreachable_server_fails_within_the_timeout():
     started = time.monotonic()
-    with pytest.raises(ms.BackendUnavailable, match="cannot reach MongoDB"):
+    with pytest.raises(BackendUnavailable, match="cannot reach MongoDB"):
         await ms.Scheduler.connect("mongodb://127.0.0.1:1/", server_selection_timeout_ms=300)
     assert time.monotonic() - started < 5
 
@@ -61,16 +63,16 @@ def test_password_is_redacted():
 
 def test_a_sync_collection_is_refused():
     client: MongoClient[dict[str, object]] = MongoClient("mongodb://127.0.0.1:1", connect=False)
-    with pytest.raises(ms.ConfigurationError, match="synchronous pymongo Collection"):
+    with pytest.raises(ConfigurationError, match="synchronous pymongo Collection"):
         ms.Scheduler(client["db"]["tasks"])
 
 
 def test_something_else_is_refused():
-    with pytest.raises(ms.ConfigurationError, match="expected an async MongoDB collection"):
+    with pytest.raises(ConfigurationError, match="expected an async MongoDB collection"):
         ms.Scheduler({"not": "a collection"})
 
 
-async def test_a_motor_style_collection_works(clock: ms.ManualClock):
+async def test_a_motor_style_collection_works(clock: ManualClock):
     # mongomock-motor's collection stands in for Motor's, on the memory server's own engine:
     # stock mongomock lacks operators the store's updates use ($unset, $add of a date).
     server = MemoryServer()
@@ -86,7 +88,7 @@ async def test_a_motor_style_collection_works(clock: ms.ManualClock):
 
 
 async def test_invalid_collection_name():
-    with pytest.raises(ms.ConfigurationError, match="collection"):
+    with pytest.raises(ConfigurationError, match="collection"):
         await ms.Scheduler.connect("memory://", collection="bad$name")
 
 

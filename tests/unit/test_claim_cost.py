@@ -16,6 +16,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.memory import MemoryCollection, memory_server
+from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +28,7 @@ SKIPPED = PINNED + HELD
 
 async def _backlog(pending: int) -> tuple[ms.Scheduler, MemoryCollection]:
     collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)
-    sched = ms.Scheduler(collection, clock=ms.ManualClock(T0))
+    sched = ms.Scheduler(collection, clock=ManualClock(T0))
     pinned = ms.TaskOptions(priority=5, specific_worker_ids=["elsewhere"])
     await sched.publish_many(
         ms.TaskSpec(key=f"pinned:{n}", name="job", options=pinned) for n in range(PINNED)

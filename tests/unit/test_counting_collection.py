@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mscheduler import testing
+from mscheduler.backends import counting as counted
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +26,7 @@ class FakeProcessTime:
 @pytest.fixture
 def cpu(monkeypatch: pytest.MonkeyPatch) -> FakeProcessTime:
     fake = FakeProcessTime()
-    monkeypatch.setattr(testing.time, "process_time", fake)
+    monkeypatch.setattr(counted.time, "process_time", fake)
     return fake
 
 
@@ -71,7 +71,7 @@ async def _while_others_run(cpu: FakeProcessTime, reply: anyio.Event) -> None:
 
 async def test_a_call_counts_its_own_steps_not_what_runs_while_it_waits(cpu):
     wrapped = WaitingCollection(cpu)
-    counting = testing.CountingCollection(wrapped)
+    counting = counted.CountingCollection(wrapped)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(_while_others_run, cpu, wrapped.reply)
         assert await counting.find_one({}) == {"n": 1}
@@ -81,7 +81,7 @@ async def test_a_call_counts_its_own_steps_not_what_runs_while_it_waits(cpu):
 
 async def test_a_cursors_reads_count_as_time_in_the_database(cpu):
     wrapped = WaitingCollection(cpu)
-    counting = testing.CountingCollection(wrapped)
+    counting = counted.CountingCollection(wrapped)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(_while_others_run, cpu, wrapped.reply)
         assert await counting.find({}).__anext__() == {"n": 1}
@@ -90,7 +90,7 @@ async def test_a_cursors_reads_count_as_time_in_the_database(cpu):
 
 async def test_a_change_streams_reads_count_as_time_in_the_database(cpu):
     wrapped = WaitingCollection(cpu)
-    counting = testing.CountingCollection(wrapped)
+    counting = counted.CountingCollection(wrapped)
     stream = await counting.watch([])
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(_while_others_run, cpu, wrapped.reply)
@@ -101,7 +101,7 @@ async def test_a_change_streams_reads_count_as_time_in_the_database(cpu):
 
 async def test_a_call_cancelled_while_it_waits_is_cancelled(cpu):
     wrapped = WaitingCollection(cpu)
-    counting = testing.CountingCollection(wrapped)
+    counting = counted.CountingCollection(wrapped)
     finished = []
 
     async def call() -> None:

@@ -28,6 +28,7 @@ from mscheduler.queries import browse, derived, limits, retry_delay, schedules, 
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
 from mscheduler.queries import tasks as queries
+from mscheduler.testing import ManualClock
 from tests.engines import WIRE_DATABASE, WireServer
 
 pytestmark = pytest.mark.anyio
@@ -212,7 +213,7 @@ def test_the_vocabulary_lists_nothing_unused():
 
 async def seed_documents() -> list[dict[str, Any]]:
     """Task documents in every state the store makes, written by the real store."""
-    clock = ms.ManualClock(T0)
+    clock = ManualClock(T0)
     sched = ms.Scheduler(memory_server("").collection("seed", uuid.uuid4().hex), clock=clock)
     fast = ms.TaskOptions(ping_interval_ms=10_000, worker_timeout_ms=60_000)
     await sched.publish("pending", {"n": 1}, name="job")

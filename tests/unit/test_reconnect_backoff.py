@@ -11,6 +11,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.errors import BackendUnavailable, StoreError
 from mscheduler.reconnect_backoff import Backoff, retrying
+from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +34,7 @@ class Flaky:
         return "done"
 
 
-async def _waits(clock: ms.ManualClock, count: int) -> list[float]:
+async def _waits(clock: ManualClock, count: int) -> list[float]:
     """Step ``clock`` through ``count`` sleeps of the retry loop; the seconds of each."""
     waits = []
     for _ in range(count):
