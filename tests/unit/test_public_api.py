@@ -217,3 +217,10 @@ def test_the_type_checker_checks_every_call_of_publish_and_schedule(tmp_path: An
         if "probe.py:" in line and ": error:" in line
     }
     assert codes == {6: "arg-type", 7: "call-arg", 8: "arg-type", 9: "arg-type", 10: "arg-type"}
+
+
+def test_the_round_trip_counter_still_loads_from_testing_with_a_warning() -> None:
+    from mscheduler.backends.counting import CountingCollection
+
+    with pytest.warns(DeprecationWarning, match=r"mscheduler\.backends\.counting"):
+        assert testing.CountingCollection is CountingCollection  # type: ignore[attr-defined]
