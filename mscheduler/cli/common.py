@@ -52,7 +52,24 @@ def one_line(exc: BaseException) -> str:
 
 
 class Commands(TyperGroup):
-    """A group of commands that names an unknown command in our words."""
+    """A group of commands that names an unknown command in our words, and ends with success
+    when the reader of its output went away (``mscheduler ls | head -1``)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        """A write to a pipe whose reader closed it is refused (``BrokenPipeError``): the
+        reader has all it asked for, so the command succeeds (exit 0), like any that printed
+        all it had. Its stdout then goes to /dev/null, so that the flush at exit, and any
+        write still pending, cannot fail in its turn."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            import os
+            import sys
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise typer.Exit(0) from None
 
     def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
         name = args[0] if args else ""
@@ -148,11 +165,13 @@ def run(
 
 async def check_database(sched: Scheduler, settings: Settings) -> None:
     """A read of an empty collection nobody uses is most likely a typo in --database or
-    --collection: say so (exit 2) rather than print an empty table."""
+    --collection: say so in a note on stderr. The result stays what it is, an empty list
+    and exit 0, so that a script reading stdout and the status gets the truth."""
     if settings.private_memory or await sched.store.in_use():
         return
     namespace = getattr(sched.collection, "full_name", None) or sched.collection.name
-    fail(
-        f"database: {namespace} holds no task, schedule, limit, pause or worker; check "
-        "--database and --collection (or MSCHEDULER_DATABASE, MSCHEDULER_COLLECTION)"
+    typer.echo(
+        f"note: database: {namespace} holds no task, schedule, limit, pause or worker; check "
+        "--database and --collection (or MSCHEDULER_DATABASE, MSCHEDULER_COLLECTION)",
+        err=True,
     )

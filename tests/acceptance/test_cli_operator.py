@@ -471,12 +471,12 @@ def test_purge_counts_first_and_asks(uri: str):
     assert ok(cli(uri, "purge", "--older-than", "0s", "--yes")) == "deleted 2 task(s)\n"
 
 
-def test_an_unknown_database_is_said_not_shown_empty(wire_server: WireServer):
+def test_an_unknown_database_is_said_beside_the_empty_result(wire_server: WireServer):
     typo = wire_server.uri.replace("/?", "/typo_db_for_tests?")
     for command in (["stats"], ["ls"]):
-        one_line_error(
-            cli(typo, *command), "error: database: typo_db_for_tests.tasks holds no task"
-        )
+        done = cli(typo, *command, "--json")
+        assert json.loads(ok(done)) == []
+        assert done.stderr.startswith("note: database: typo_db_for_tests.tasks holds no task")
 
 
 def test_a_pause_reason_is_seen_even_without_tasks(uri: str):
@@ -512,3 +512,58 @@ def test_claim_spread_shares_a_burst_of_long_tasks(uri: str):
     by_worker = Counter(task.result for task in done.values())
     assert all(task.state is ms.TaskState.SUCCESS for task in done.values())
     assert len(by_worker) >= 2 and max(by_worker.values()) <= 3, by_worker
+
+
+# ------------------------------------------------------------------ 10. exit codes scripts rely on
+
+
+def publish_long_keys(uri: str, count: int) -> None:
+    """``count`` tasks whose keys and payloads are long: any listing of them overflows a pipe."""
+
+    async def work() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            specs = [
+                ms.TaskSpec(key=f"long:{n:04d}:{'k' * 300}", name="echo", payload="p" * 1000)
+                for n in range(count)
+            ]
+            await sched.publish_many(specs)
+            await sched.publish("big", {"text": "b" * 200_000}, name="echo")
+
+    anyio.run(work)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ls", "--limit", "400"],
+        ["ls", "--limit", "400", "--json"],
+        ["show", "big"],
+        ["show", "big", "--json"],
+    ],
+)
+def test_a_reader_that_stops_early_is_success(uri: str, command: list[str]):
+    """``mscheduler ls | head -1``: the reader closes the pipe while the command still writes;
+    that is what the reader asked for, not a failure of the command."""
+    publish_long_keys(uri, 400)
+    for _ in range(3):
+        process = subprocess.Popen(
+            [str(BIN), "--uri", uri, *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.read(10)
+        process.stdout.close()
+        assert process.wait(timeout=60) == 0
+        assert process.stderr.read() == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["stats"], ["workers"], ["limit", "ls"], ["schedule", "ls"]],
+)
+def test_an_empty_listing_is_an_empty_list(uri: str, command: list[str]):
+    assert json.loads(ok(cli(uri, *command, "--json"))) == []
+    assert ok(cli(uri, *command)).count("\n") <= 1  # the header line at most
