@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .common import fail, run
+from .inputs import parse_duration
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to print --help
     from ..api import Scheduler
@@ -65,13 +67,19 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         poll_interval: Annotated[
-            float,
+            str,
             typer.Option(
-                min=0.1, help="Seconds between polls for changes where there are no change streams."
+                help="How often open pages look for changes where there are no change streams."
             ),
-        ] = 2.0,
+        ] = "2s",
     ) -> None:
         """A web dashboard of the queue: names, counts, tasks, workers, and actions."""
+        every = parse_duration(
+            poll_interval,
+            "poll-interval",
+            minimum=dt.timedelta(milliseconds=100),
+            maximum=dt.timedelta(hours=1),
+        )
         if not is_loopback(host) and not token:
             fail(
                 f"dashboard: binding {host} opens it to the network; give --token (or "
@@ -89,7 +97,7 @@ def register(app: typer.Typer) -> None:
                 sched,
                 read_only=read_only,
                 token=token,
-                poll_interval=poll_interval,
+                poll_interval=every.total_seconds(),
                 allowed_hosts=allowed_hosts(host, token=token, extra=allowed_host or []),
             )
             # Open pages hold an event stream each: a stop waits that long for them, no more.

@@ -1,4 +1,5 @@
-"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``), times
+"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``, or ``5``:
+seconds, as the API takes them), times
 with their timezone, JSON from an argument, a file (``@FILE``) or stdin (``-``). Each refusal
 is one line naming the flag, in the flag's own units (`common.fail`)."""
 
@@ -20,14 +21,18 @@ _PAIR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|[wdhms])", re.IGNORECASE)
 _COMPACT = re.compile(rf"(?:{_PAIR.pattern}\s*)+", re.IGNORECASE)
 _DATE_UNITS = {"w": "W", "d": "D"}
 _TIME_UNITS = {"h": "H", "m": "M", "s": "S"}
-_EXAMPLES = "such as 90s, 15m, 1h30m, 1.5h, 7d or PT30M"
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_EXAMPLES = "such as 90s, 15m, 1h30m, 1.5h, 7d, PT30M or 5 (seconds)"
 
 
 def _iso(text: str) -> str | None:
-    """The ISO 8601 duration that ``text`` means, or None if it is no duration."""
+    """The ISO 8601 duration that ``text`` means, or None if it is no duration. A bare number
+    is seconds, as every duration of the API (``delay=5``) is."""
     stripped = text.strip()
     if stripped[:1] in ("P", "p"):
         return stripped.upper()
+    if _SECONDS.fullmatch(stripped):
+        stripped += "s"
     if not _COMPACT.fullmatch(stripped):
         return None
     date, time, seconds = "", "", None
@@ -67,7 +72,8 @@ def parse_duration(
     maximum: dt.timedelta = dt.timedelta(days=3650),
 ) -> dt.timedelta:
     """A duration within ``[minimum, maximum]``; refused in the flag's units, not the field's
-    (``--per 0s``: "per: 0s is shorter than 1ms", not ``per_ms`` or a ``timedelta(0)``)."""
+    (``--per 0s``: "per: 0s is shorter than 1ms", not ``per_ms`` or a ``timedelta(0)``).
+    Every duration flag of every command goes through here: one grammar for all of them."""
     from pydantic import TypeAdapter, ValidationError
 
     iso = _iso(text)
