@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from .clock import UTC, to_bson_time
-from .encoding import check_document_size
+from .encoding import check_document_size, to_storable
 from .errors import ConfigurationError, field_errors
 from .models import TaskOptions, UtcDatetime, check_key, check_name
 
@@ -165,7 +165,7 @@ def new_schedule(
         "cron": cron,
         "every_ms": None if every is None else round(every.total_seconds() * 1000),
         "timezone": timezone,
-        "payload": payload,
+        "payload": to_storable(payload, "payload"),  # as each occurrence's is
         "options": options or TaskOptions(),
         "skip_if_running": skip_if_running,
         "catch_up": catch_up,

@@ -120,7 +120,11 @@ def read_text(text: str, field: str) -> str:
 
 
 def parse_json(text: str, field: str) -> Any:
-    """Strict JSON: NaN, Infinity and numbers too large for a double (1e999) are refused."""
+    """Strict JSON: NaN, Infinity and numbers too large for a double (1e999) are refused.
+    MongoDB's extended JSON in it, canonical or relaxed, names the BSON values it stands for
+    (`encoding.from_extended`): what ``show --json`` prints is published back as it was."""
+    from ..encoding import from_extended
+    from ..errors import PayloadError
 
     def constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
@@ -132,8 +136,12 @@ def parse_json(text: str, field: str) -> Any:
         return value
 
     try:
-        return json.loads(text, parse_constant=constant, parse_float=number)
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as exc:
         fail(f"{field}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
     except ValueError as exc:
         fail(f"{field}: not valid JSON ({exc})")
+    try:
+        return from_extended(value, field)
+    except PayloadError as exc:
+        fail(str(exc))

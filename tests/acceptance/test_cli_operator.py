@@ -16,7 +16,7 @@ from collections import Counter
 
 import anyio
 import pytest
-from bson import Decimal128, ObjectId
+from bson import Decimal128, Int64, ObjectId
 
 import mscheduler as ms
 from tests.acceptance.test_cli import (
@@ -326,6 +326,67 @@ def test_any_bson_payload_is_shown_as_extended_json(uri: str):
     assert '"$binary"' in ok(cli(uri, "show", "odd:1"))
     page = json.loads(ok(cli(uri, "ls", "--json")))
     assert sorted(task["key"] for task in page) == ["odd:1", "plain:1"]  # one odd row hides none
+
+
+def test_what_show_json_prints_can_be_published_back(uri: str, tmp_path: pathlib.Path):
+    odd = {
+        "raw": b"\xff\x00",
+        "oid": ObjectId("65a1b2c3d4e5f60718293a4b"),
+        "price": Decimal128("9.99"),
+        "at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc),
+        "big": Int64(5),
+    }
+
+    async def publish_and_read() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            await sched.publish("odd:1", odd, name="echo")
+
+    anyio.run(publish_and_read)
+    printed = json.loads(ok(cli(uri, "show", "odd:1", "--json")))["payload"]
+    ok(cli(uri, "publish", "copy:1", "--name", "echo", "--payload", json.dumps(printed)))
+    canonical = '{"n": {"$numberLong": "7"}, "at": {"$date": {"$numberLong": "1893456000000"}}}'
+    ok(cli(uri, "publish", "canonical:1", "--name", "echo", "--payload", canonical))
+    line = json.dumps({"key": "line:1", "name": "echo", "payload": printed})
+    ok(cli(uri, "publish-many", "-", stdin=line + "\n"))
+    ok(cli(uri, "schedule", "add", "s", "--name", "echo", "--every", "1h", "--payload", canonical))
+
+    async def read() -> tuple[ms.Task | None, ms.Task | None, ms.Task | None, object]:
+        async with await ms.Scheduler.connect(uri) as sched:
+            [schedule] = await sched.schedules()
+            return (
+                await sched.get("copy:1"),
+                await sched.get("canonical:1"),
+                await sched.get("line:1"),
+                schedule.payload,
+            )
+
+    copy, canonical_task, line_task, scheduled = anyio.run(read)
+    assert copy is not None and line_task is not None and canonical_task is not None
+    for task in (copy, line_task):
+        assert task.payload["raw"] == b"\xff\x00" and task.payload["oid"] == odd["oid"]
+        assert task.payload["price"] == Decimal128("9.99") and task.payload["big"] == 5
+        assert task.payload["at"].replace(tzinfo=dt.timezone.utc) == odd["at"]
+    assert canonical_task.payload["n"] == 7 and canonical_task.payload["at"].year == 2030
+    assert isinstance(scheduled, dict) and scheduled["n"] == 7
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"x": {"$oid": "zz"}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$date": "soon"}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$binary": 5}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$where": "1"}}', "error: payload.x: field name '$where' starts with '$'"),
+    ],
+)
+def test_a_dollar_field_that_is_not_extended_json_is_refused_naming_the_flag(
+    uri: str, payload: str, message: str
+):
+    one_line_error(cli(uri, "publish", "k", "--name", "echo", "--payload", payload), message)
+    one_line_error(
+        cli(uri, "schedule", "add", "s", "--name", "x", "--every", "1h", "--payload", payload),
+        message,
+    )
 
 
 # ------------------------------------------------------------------ 6. input the shell expects
