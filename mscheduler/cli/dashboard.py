@@ -15,6 +15,24 @@ if TYPE_CHECKING:  # the library is imported when the command runs, not to print
     from ..api import Scheduler
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
+# A token is all that guards a served app, and plain HTTP lets anyone on the path try many:
+# it must be long and varied enough not to be guessed (a random one of 16 characters drawn
+# from 8 or more is at least 48 bits).
+TOKEN_LENGTH, TOKEN_DISTINCT = 16, 8
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(24))'"
+
+
+def check_token(token: str | None, envvar: str) -> None:
+    """Refuse (one line naming --token, exit 2) a token short or plain enough to guess. The
+    token itself is never printed: it may be nearly right."""
+    if token is None:
+        return
+    if len(token) < TOKEN_LENGTH or len(set(token)) < TOKEN_DISTINCT:
+        fail(
+            f"token: the --token (or {envvar}) given is too easy to guess: use at least "
+            f"{TOKEN_LENGTH} characters, {TOKEN_DISTINCT} or more of them different, e.g. "
+            f"from {MAKE_TOKEN}; over a network, put TLS in front (docs: the dashboard page)"
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -74,6 +92,7 @@ def register(app: typer.Typer) -> None:
         ] = "2s",
     ) -> None:
         """A web dashboard of the queue: names, counts, tasks, workers, and actions."""
+        check_token(token, "MSCHEDULER_DASHBOARD_TOKEN")
         every = parse_duration(
             poll_interval,
             "poll-interval",
