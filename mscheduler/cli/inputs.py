@@ -1,7 +1,7 @@
-"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``, or ``5``:
-seconds, as the API takes them), times
-with their timezone, JSON from an argument, a file (``@FILE``) or stdin (``-``). Each refusal
-is one line naming the flag, in the flag's own units (`common.fail`)."""
+"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``, or
+``5``: seconds, as the API takes them), times with their timezone, JSON (extended JSON
+included) from an argument, a file (``@FILE``) or stdin (``-``). Each refusal is one line
+naming the flag, in the flag's own units (`common.fail`)."""
 
 from __future__ import annotations
 

@@ -301,6 +301,7 @@ def test_the_task_list_and_pages_tell_what_an_operator_needs(
         assert 1_000 < len(shown) < 100_000, len(shown)
         raw = page.locator("#payload-whole")
         expect(raw).to_be_visible()
+        page.screenshot(path=str(SHOTS / "i42-cli-big-payload.png"))
         href = raw.get_attribute("href")
         assert href is not None
         with urllib.request.urlopen(url + href, timeout=30) as reply:
