@@ -17,7 +17,7 @@ from typing import Any
 
 import bson
 from bson import json_util
-from bson.errors import InvalidDocument
+from bson.errors import BSONError, InvalidDocument
 from pydantic import BaseModel
 
 from . import constants as c
@@ -193,6 +193,28 @@ def extended(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return json.loads(json_util.dumps(value, json_options=json_util.RELAXED_JSON_OPTIONS))
+
+
+# Extended JSON read as input: canonical and relaxed alike; a date is an aware UTC datetime.
+_EXTENDED_INPUT = json_util.JSONOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+
+
+def from_extended(value: Any, field: str) -> Any:
+    """The inverse of `extended`: JSON data in which MongoDB's extended JSON, canonical or
+    relaxed (``{"$binary": ...}``, ``{"$date": ...}``, ``{"$oid": ...}``,
+    ``{"$numberLong": ...}``), names BSON values, with those values; so what `task_json`
+    prints can be published back. An object whose ``$`` field is no extended JSON type is
+    left as it is, for `to_storable` to refuse naming its path; one that names a type but
+    is malformed (``{"$oid": "zz"}``) is a `PayloadError` naming ``field``."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    try:
+        return json_util.loads(json.dumps(value), json_options=_EXTENDED_INPUT)
+    except (BSONError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        said = " ".join(str(exc).split())
+        raise PayloadError(
+            f"{field}: not valid extended JSON ({type(exc).__name__}: {said[:160]})"
+        ) from exc
 
 
 def task_json(task: Task) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pydantic import (
 from typing_extensions import Unpack
 
 from .clock import UTC, to_bson_time
-from .encoding import check_document_size
+from .encoding import check_document_size, to_storable
 from .errors import ConfigurationError, field_errors
 from .models import CatchUp, ScheduleParams, TaskOptions, UtcDatetime, check_key, check_name
 
@@ -162,7 +162,7 @@ def new_schedule(
         "cron": params.get("cron"),
         "every_ms": None if every is None else round(every.total_seconds() * 1000),
         "timezone": params.get("timezone", "UTC"),
-        "payload": payload,
+        "payload": to_storable(payload, "payload"),  # as each occurrence's is
         "options": options or TaskOptions(),
         "skip_if_running": params.get("skip_if_running", False),
         "catch_up": params.get("catch_up", "latest"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
@@ -51,8 +51,51 @@ def one_line(exc: BaseException) -> str:
     return short
 
 
+# A library parameter a command sets from a flag -> that flag's name, as refusals say it.
+Flags = Mapping[str, str]
+
+
+def flag_words(exc: BaseException, flags: Flags) -> str:
+    """`one_line`, naming the flag the user typed where the library names the parameter the
+    flag set (``--retries -1``: "retries: must be at least 0", not the option's field
+    ``max_unexpected_retries``). The library's refusals of a parameter start with its name
+    (`errors.field_errors`, a ``ConfigurationError``'s ``name: ...``): that name is replaced."""
+    from pydantic import ValidationError
+
+    from ..errors import phrase
+
+    if isinstance(exc, ValidationError):
+        said = []
+        for error in exc.errors():
+            where = [str(part) for part in error["loc"]]
+            if where and where[0] in flags:
+                where[0] = flags[where[0]]
+            said.append(f"{'.'.join(where) or 'value'}: {phrase(error)}")
+        return "; ".join(said)
+    text = one_line(exc)
+    name, colon, rest = text.partition(": ")
+    return f"{flags[name]}: {rest}" if colon and name in flags else text
+
+
 class Commands(TyperGroup):
-    """A group of commands that names an unknown command in our words."""
+    """A group of commands that names an unknown command in our words, and ends with success
+    when the reader of its output went away (``mscheduler ls | head -1``)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        """A write to a pipe whose reader closed it is refused (``BrokenPipeError``): the
+        reader has all it asked for, so the command succeeds (exit 0), like any that printed
+        all it had. Its stdout then goes to /dev/null, so that the flush at exit, and any
+        write still pending, cannot fail in its turn."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            import os
+            import sys
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise typer.Exit(0) from None
 
     def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
         name = args[0] if args else ""
@@ -66,12 +109,13 @@ _EXPECTED = {"integer": "an integer", "float": "a number", "boolean": "true or f
 
 
 def usage_error(exc: Exception) -> str:
-    """A usage error of the command line on one line, naming the flag the user typed and
+    """A usage error of the command line on one line, naming the flag the user typed as
+    every refusal of a value does (``priority: must be an integer``, `flag_words`) and
     saying in our words what it takes; an error we have no words for keeps click's."""
     kind = type(exc).__name__
     param = getattr(exc, "param", None)
     opts = [opt for opt in getattr(param, "opts", []) if opt.startswith("--")]
-    flag = max(opts, key=len) if opts else getattr(param, "human_readable_name", None)
+    flag = max(opts, key=len)[2:] if opts else getattr(param, "human_readable_name", None)
     if kind == "NoSuchOption":
         close = sorted(getattr(exc, "possibilities", None) or ())
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -108,12 +152,15 @@ def run(
     work: Callable[[Scheduler], Awaitable[T]],
     *,
     private: Literal["note", "refuse", "fine"] = "note",
+    flags: Flags | None = None,
 ) -> T:
     """Run ``work`` on the database. On a private ``memory://`` one (what is published there
     vanishes with the process, and a worker there waits for ever on an empty database) a
     command says so in one line (``note``), or refuses (``refuse``: a worker, a watch, which
     only make sense on a database other processes write); the demo is ``fine`` with it. The
-    note comes after the command's output, and not after an error, which stays the one line."""
+    note comes after the command's output, and not after an error, which stays the one line.
+    ``flags``: the library parameters ``work`` sets from flags, so that a refusal of one names
+    the flag (`flag_words`)."""
     import anyio
     from pydantic import ValidationError
     from pymongo.errors import PyMongoError
@@ -137,7 +184,7 @@ def run(
     try:
         done = anyio.run(session)
     except (MSchedulerError, ValidationError, ValueError, TimeoutError) as exc:
-        fail(one_line(exc))  # one line, the note left out: the error is what matters
+        fail(flag_words(exc, flags or {}))  # one line, no note: the error is what matters
     except PyMongoError as exc:  # the server refused what the library did not foresee
         log.debug("the server's error", exc_info=exc)
         fail(f"MongoDB: {one_line(exc)} (the traceback with --log-level debug)")
@@ -148,11 +195,13 @@ def run(
 
 async def check_database(sched: Scheduler, settings: Settings) -> None:
     """A read of an empty collection nobody uses is most likely a typo in --database or
-    --collection: say so (exit 2) rather than print an empty table."""
+    --collection: say so in a note on stderr. The result stays what it is, an empty list
+    and exit 0, so that a script reading stdout and the status gets the truth."""
     if settings.private_memory or await sched.store.in_use():
         return
     namespace = getattr(sched.collection, "full_name", None) or sched.collection.name
-    fail(
-        f"database: {namespace} holds no task, schedule, limit, pause or worker; check "
-        "--database and --collection (or MSCHEDULER_DATABASE, MSCHEDULER_COLLECTION)"
+    typer.echo(
+        f"note: database: {namespace} holds no task, schedule, limit, pause or worker; check "
+        "--database and --collection (or MSCHEDULER_DATABASE, MSCHEDULER_COLLECTION)",
+        err=True,
     )

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .common import fail, run
+from .inputs import parse_duration
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to print --help
     from ..api import Scheduler
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
+# A token is all that guards a served app, and plain HTTP lets anyone on the path try many:
+# it must be long and varied enough not to be guessed (a random one of 16 characters drawn
+# from 8 or more is at least 48 bits).
+TOKEN_LENGTH, TOKEN_DISTINCT = 16, 8
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(24))'"
+
+
+def check_token(token: str | None, envvar: str) -> None:
+    """Refuse (one line naming --token, exit 2) a token short or plain enough to guess. The
+    token itself is never printed: it may be nearly right."""
+    if token is None:
+        return
+    if len(token) < TOKEN_LENGTH or len(set(token)) < TOKEN_DISTINCT:
+        fail(
+            f"token: the --token (or {envvar}) given is too easy to guess: use at least "
+            f"{TOKEN_LENGTH} characters, {TOKEN_DISTINCT} or more of them different, e.g. "
+            f"from {MAKE_TOKEN}; over a network, put TLS in front (docs: the dashboard page)"
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -65,13 +85,20 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         poll_interval: Annotated[
-            float,
+            str,
             typer.Option(
-                min=0.1, help="Seconds between polls for changes where there are no change streams."
+                help="How often open pages look for changes where there are no change streams."
             ),
-        ] = 2.0,
+        ] = "2s",
     ) -> None:
         """A web dashboard of the queue: names, counts, tasks, workers, and actions."""
+        check_token(token, "MSCHEDULER_DASHBOARD_TOKEN")
+        every = parse_duration(
+            poll_interval,
+            "poll-interval",
+            minimum=dt.timedelta(milliseconds=100),
+            maximum=dt.timedelta(hours=1),
+        )
         if not is_loopback(host) and not token:
             fail(
                 f"dashboard: binding {host} opens it to the network; give --token (or "
@@ -89,7 +116,7 @@ def register(app: typer.Typer) -> None:
                 sched,
                 read_only=read_only,
                 token=token,
-                poll_interval=poll_interval,
+                poll_interval=every.total_seconds(),
                 allowed_hosts=allowed_hosts(host, token=token, extra=allowed_host or []),
             )
             # Open pages hold an event stream each: a stop waits that long for them, no more.

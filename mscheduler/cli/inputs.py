@@ -1,6 +1,7 @@
-"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``), times
-with their timezone, JSON from an argument, a file (``@FILE``) or stdin (``-``). Each refusal
-is one line naming the flag, in the flag's own units (`common.fail`)."""
+"""What the shell hands the command: durations (``90s``, ``1h30m``, ``1.5h``, ``PT30M``, or
+``5``: seconds, as the API takes them), times with their timezone, JSON (extended JSON
+included) from an argument, a file (``@FILE``) or stdin (``-``). Each refusal is one line
+naming the flag, in the flag's own units (`common.fail`)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,18 @@ _PAIR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|[wdhms])", re.IGNORECASE)
 _COMPACT = re.compile(rf"(?:{_PAIR.pattern}\s*)+", re.IGNORECASE)
 _DATE_UNITS = {"w": "W", "d": "D"}
 _TIME_UNITS = {"h": "H", "m": "M", "s": "S"}
-_EXAMPLES = "such as 90s, 15m, 1h30m, 1.5h, 7d or PT30M"
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_EXAMPLES = "such as 90s, 15m, 1h30m, 1.5h, 7d, PT30M or 5 (seconds)"
 
 
 def _iso(text: str) -> str | None:
-    """The ISO 8601 duration that ``text`` means, or None if it is no duration."""
+    """The ISO 8601 duration that ``text`` means, or None if it is no duration. A bare number
+    is seconds, as every duration of the API (``delay=5``) is."""
     stripped = text.strip()
     if stripped[:1] in ("P", "p"):
         return stripped.upper()
+    if _SECONDS.fullmatch(stripped):
+        stripped += "s"
     if not _COMPACT.fullmatch(stripped):
         return None
     date, time, seconds = "", "", None
@@ -67,7 +72,8 @@ def parse_duration(
     maximum: dt.timedelta = dt.timedelta(days=3650),
 ) -> dt.timedelta:
     """A duration within ``[minimum, maximum]``; refused in the flag's units, not the field's
-    (``--per 0s``: "per: 0s is shorter than 1ms", not ``per_ms`` or a ``timedelta(0)``)."""
+    (``--per 0s``: "per: 0s is shorter than 1ms", not ``per_ms`` or a ``timedelta(0)``).
+    Every duration flag of every command goes through here: one grammar for all of them."""
     from pydantic import TypeAdapter, ValidationError
 
     iso = _iso(text)
@@ -114,7 +120,11 @@ def read_text(text: str, field: str) -> str:
 
 
 def parse_json(text: str, field: str) -> Any:
-    """Strict JSON: NaN, Infinity and numbers too large for a double (1e999) are refused."""
+    """Strict JSON: NaN, Infinity and numbers too large for a double (1e999) are refused.
+    MongoDB's extended JSON in it, canonical or relaxed, names the BSON values it stands for
+    (`encoding.from_extended`): what ``show --json`` prints is published back as it was."""
+    from ..encoding import from_extended
+    from ..errors import PayloadError
 
     def constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
@@ -126,8 +136,12 @@ def parse_json(text: str, field: str) -> Any:
         return value
 
     try:
-        return json.loads(text, parse_constant=constant, parse_float=number)
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as exc:
         fail(f"{field}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
     except ValueError as exc:
         fail(f"{field}: not valid JSON ({exc})")
+    try:
+        return from_extended(value, field)
+    except PayloadError as exc:
+        fail(str(exc))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .common import Commands, fail, run
+from .common import Commands, run
 from .inputs import parse_duration, show_duration
 from .output import emit, rows
 
@@ -35,7 +35,7 @@ def set_limit(
         limit = await sched.set_limit(name, rate=rate, per=window, max_running=max_running)
         typer.echo(f"limited: {limit.name}")
 
-    run(ctx, work)
+    run(ctx, work, flags={"max_running": "max-running"})
 
 
 @limits.command("ls")
@@ -75,12 +75,11 @@ def list_limits(
 
 @limits.command("rm")
 def remove_limit(ctx: typer.Context, name: str) -> None:
-    """Remove the limits of NAME."""
+    """Remove the limits of NAME; one it does not have is already gone (exit 0, said)."""
 
     async def work(sched: Scheduler) -> None:
-        if not await sched.remove_limit(name):
-            fail(f"{name!r} has no limit")
-        typer.echo(f"unlimited: {name}")
+        removed = await sched.remove_limit(name)
+        typer.echo(f"unlimited: {name}" if removed else f"was not limited: {name}")
 
     run(ctx, work)
 

@@ -100,7 +100,10 @@ def main(
 
 
 @app.command()
-def demo(ctx: typer.Context, emails: int = 24) -> None:
+def demo(
+    ctx: typer.Context,
+    emails: Annotated[int, typer.Option(min=0, help="How many email tasks.")] = 24,
+) -> None:
     """Run the main job: publish a realistic mix of tasks and let three consumers run them."""
     from rich.console import Console
 

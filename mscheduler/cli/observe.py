@@ -124,11 +124,17 @@ def stop_worker(
     """Ask the live worker ID to stop.
 
     It claims nothing more, lets its running tasks finish within its grace period (with --now
-    releases them at once), then exits. A worker that is not live is an error (exit 2), and
-    nothing is changed."""
+    releases them at once), then exits. A worker that is not live has stopped already: that
+    is said, nothing is changed, and the command succeeds."""
 
     async def work(sched: Scheduler) -> None:
-        told = await sched.stop_worker(worker_id, drain=not now)
+        from ..errors import WorkerNotLive
+
+        try:
+            told = await sched.stop_worker(worker_id, drain=not now)
+        except WorkerNotLive:
+            typer.echo(f"not running: {worker_id} (no live worker has this id)")
+            return
         how = (
             "its running tasks are released at once"
             if now
@@ -166,7 +172,7 @@ def event_line(event: TaskEvent) -> str:
 
 # The options `watch` and `events` share.
 NamesFilter = Annotated[list[str] | None, typer.Option(help="Only these names; repeatable.")]
-EventLimit = Annotated[int, typer.Option(help="Stop after this many events (0: never).")]
+EventLimit = Annotated[int, typer.Option(min=0, help="Stop after this many events (0: never).")]
 
 
 def register(app: typer.Typer) -> None:

@@ -97,11 +97,13 @@ def list_schedules(
 
 @app.command("rm")
 def remove(ctx: typer.Context, schedule_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
-    """Remove a schedule; the tasks it already published stay."""
+    """Remove a schedule; the tasks it already published stay. One that does not exist is
+    already gone (exit 0, said)."""
 
     async def work(sched: Scheduler) -> None:
-        if not await sched.unschedule(schedule_id):
-            fail(f"no schedule has the id {schedule_id!r}")
-        typer.echo(f"removed: {schedule_id}")
+        if await sched.unschedule(schedule_id):
+            typer.echo(f"removed: {schedule_id}")
+        else:
+            typer.echo(f"no schedule to remove: {schedule_id}")
 
     run(ctx, work)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .common import fail, run
-from .dashboard import is_loopback
+from .dashboard import check_token, is_loopback
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to print --help
     from ..api import Scheduler
@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """The HTTP API: publish, own, extend and return tasks over JSON (/openapi.json)."""
+        check_token(token, "MSCHEDULER_HTTP_TOKEN")
         if not is_loopback(host) and not token:
             fail(
                 f"serve: binding {host} opens the API to the network; give --token (or "

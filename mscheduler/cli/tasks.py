@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from ..api import Scheduler
 
 _BULK_CHUNK = 500  # tasks per publish_many call: one read and one bulk write each
+# The options `publish` sets from its flags, named as the flags in its refusals.
+PUBLISH_FLAGS = {
+    "max_unexpected_retries": "retries",
+    "concurrent_worker_cnt": "concurrency",
+    "timeout_ms": "timeout",
+    "not_before": "not-before",
+    "expires_at": "expires-in",
+    "depends_on": "depends-on",
+}
 
 
 async def warn_if_unserved(sched: Scheduler, names: list[str]) -> None:
@@ -117,7 +126,7 @@ def register(app: typer.Typer) -> None:
             if not ctx.obj.private_memory:  # no worker can ever serve that one
                 await warn_if_unserved(sched, [name])
 
-        run(ctx, work)
+        run(ctx, work, flags=PUBLISH_FLAGS)
 
     @app.command("publish-many")
     def publish_many(
@@ -219,14 +228,17 @@ def register(app: typer.Typer) -> None:
     def cancel(
         ctx: typer.Context, key: str, reason: str = "cancelled from the command line"
     ) -> None:
-        """Cancel a task that has not finished; its running handlers are stopped."""
+        """Cancel a task that has not finished; its running handlers are stopped. One that
+        has finished will not run again either: that is said, and the command succeeds."""
 
         async def work(sched: Scheduler) -> None:
-            if await sched.get(key) is None:
+            if await sched.cancel(key, reason):
+                typer.echo(f"cancelled: {key}")
+                return
+            task = await sched.get(key)
+            if task is None:  # a key that names nothing is a mistake, not a task to stop
                 fail(f"no task has the key {key!r}")
-            if not await sched.cancel(key, reason):
-                fail(f"task {key!r} has already finished")
-            typer.echo(f"cancelled: {key}")
+            typer.echo(f"already finished: {key} ({task.state.value})")
 
         run(ctx, work)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .common import fail, one_line, run
+from .common import fail, flag_words, run
 from .inputs import parse_duration
 
 if TYPE_CHECKING:
@@ -25,6 +25,16 @@ if TYPE_CHECKING:
     from ..api import Scheduler
     from ..consumer.handlers import Handler
     from ..worker_options import WorkerOptions
+
+# The options `worker` sets from its flags, named as the flags in its refusals.
+WORKER_FLAGS = {
+    "max_running": "max-running",
+    "worker_id": "worker-id",
+    "poll_interval_ms": "poll-interval",
+    "shutdown_grace_ms": "grace",
+    "claim_spread_ms": "claim-spread",
+    "heartbeat_ms": "heartbeat",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -140,7 +150,7 @@ def register(app: typer.Typer) -> None:
 
                 require_prometheus()  # fail now, with a clear line, if the extra is missing
         except (MSchedulerError, ValidationError) as exc:
-            fail(one_line(exc).replace("max_running:", "max-running:"))
+            fail(flag_words(exc, WORKER_FLAGS))
 
         async def work(sched: Scheduler) -> None:
             await serve_worker(sched, handlers, options, metrics_port)

@@ -15,21 +15,24 @@ from typing import Any
 
 import anyio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from ..api import Scheduler
+from ..encoding import task_json
 from ..errors import ConfigurationError, MSchedulerError
 from ..host_guard import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from ..models import TaskState
 from ..store import browse
 from .events import refresh_signals
+from .listing import elapsed, listed
 from .overview import STATES, overview
 from .security import CSRF_FIELD, CSRF_HEADER, NoFraming, RequireToken, csrf_token, same_token
 
@@ -37,10 +40,42 @@ HERE = pathlib.Path(__file__).parent
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 64 * 1024
 MAX_LINKS = 100  # dependencies and dependents shown on a task's page
+# Characters of a payload or result a task's page shows: past them, the page stays small and
+# fast whatever the task holds (16 MB at most), and links to the whole document as JSON.
+SHOWN_CHARS = 20_000
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _clipped_json(value: Any, limit: int = SHOWN_CHARS) -> tuple[str, int]:
+    """``value`` as `_json` shows it, cut at ``limit`` characters, and the whole's length."""
+    text = _json(value)
+    return (text if len(text) <= limit else text[:limit] + "\n…"), len(text)
+
+
+def _at(moment: dt.datetime | None) -> str:
+    """An absolute time, in UTC, to the second: ``2030-01-01 09:00:00 UTC``."""
+    if moment is None:
+        return "-"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _when(moment: dt.datetime | None, now: dt.datetime, *, shown: bool = False) -> Markup:
+    """A relative time (``3m ago``) that gives its absolute time on hover, and with ``shown``
+    beside it too: a relative time alone cannot be compared with a log line."""
+    if moment is None:
+        return Markup("-")
+    absolute = _at(moment)
+    html = Markup('<time datetime="{}" title="{}">{}</time>').format(
+        moment.isoformat(), absolute, _age(moment, now)
+    )
+    if shown:
+        html += Markup(' <span class="sub">{}</span>').format(absolute)
+    return html
 
 
 def _age(moment: dt.datetime | None, now: dt.datetime) -> str:
@@ -76,6 +111,9 @@ def _environment() -> Environment:
     )
     environment.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
     environment.filters["json"] = _json
+    environment.filters["clipped_json"] = _clipped_json
+    environment.filters["at"] = _at
+    environment.filters["elapsed"] = elapsed
     environment.filters["duration"] = _duration
     environment.globals["states"] = STATES
     return environment
@@ -175,6 +213,7 @@ def create_app(
             csrf_field=CSRF_FIELD,
             now=scheduler.clock.now(),
             age=_age,
+            when=_when,
             request=request,
             **values,
         )
@@ -203,8 +242,15 @@ def create_app(
         if page.after is not None:
             kept = {k: v for k, v in chosen.items() if v and k != "after"}
             following = urllib.parse.urlencode({**kept, "after": page.after})
+        now = scheduler.clock.now()
         return render(
-            request, "tasks.html", page=page, names=names, chosen=chosen, following=following
+            request,
+            "tasks.html",
+            page=page,
+            rows=[listed(task, now) for task in page.tasks],
+            names=names,
+            chosen=chosen,
+            following=following,
         )
 
     async def task(request: Request) -> Response:
@@ -226,6 +272,15 @@ def create_app(
             terminal=found.state.is_terminal,
             retryable=found.state in (TaskState.FAIL, TaskState.CANCELLED),
         )
+
+    async def document(request: Request) -> Response:
+        """The whole task as JSON (`encoding.task_json`, BSON values as extended JSON): what
+        the task's page links to where it cuts a payload or result."""
+        key = request.path_params["key"]
+        found = await scheduler.get(key)
+        if found is None:
+            return JSONResponse({"error": f"no task has the key {key!r}"}, status_code=404)
+        return JSONResponse(task_json(found))
 
     def action(
         work: Callable[[Request, dict[str, str]], Awaitable[str]],
@@ -293,6 +348,7 @@ def create_app(
         Route("/fragments/overview", overview_fragment),
         Route("/events", events),
         Route("/tasks", tasks),
+        Route("/documents/{key:path}", document),
     ]
     if not read_only:
         routes += [

@@ -16,7 +16,12 @@ from ..store import browse
 STATES = [state.value for state in TaskState]
 CHART_BUCKET = dt.timedelta(minutes=5)
 CHART_BUCKETS = 12  # the last hour
-CHART_WIDTH, CHART_HEIGHT = 480, 90
+CHART_WIDTH = 480
+# The chart's two panes, in pixels from its top: successes grow up to SUCCESS_BASE, failures
+# down from FAIL_TOP over FAIL_SCALE, each on its own scale; the labels go under both.
+SUCCESS_BASE, FAIL_TOP, FAIL_SCALE = 62, 68, 30
+CHART_HEIGHT = FAIL_TOP + FAIL_SCALE + 16
+MIN_BAR = 2.0  # a count above zero stays visible, however small beside the peak
 
 
 @dataclasses.dataclass
@@ -50,8 +55,7 @@ class Bar:
     width: float
     success_y: float
     success_height: float
-    fail_y: float
-    fail_height: float
+    fail_height: float  # drawn down from FAIL_TOP
     label: str
 
 
@@ -60,9 +64,13 @@ class Chart:
     bars: list[Bar]
     success: int
     fail: int
-    peak: int
+    success_peak: int
+    fail_peak: int
     width: int = CHART_WIDTH
     height: int = CHART_HEIGHT
+    success_base: int = SUCCESS_BASE
+    fail_top: int = FAIL_TOP
+    fail_scale: int = FAIL_SCALE
 
 
 @dataclasses.dataclass
@@ -93,24 +101,27 @@ def _limit_view(limit: Limit, now: dt.datetime) -> LimitView:
     )
 
 
+def _height(count: int, peak: int, scale: float) -> float:
+    return 0.0 if not count else max(scale * count / peak, MIN_BAR)
+
+
 def chart(finished: list[browse.Finished]) -> Chart:
-    """Stacked bars (successes under failures), one per bucket, scaled to the busiest."""
-    peak = max((bucket.success + bucket.fail for bucket in finished), default=0)
+    """One bar per bucket: successes up, failures down, each scaled to its own busiest bucket,
+    so that 3 failures beside 290 successes are as plain as 290 failures would be (the
+    counts are in each bar's label and the legend)."""
+    success_peak = max((bucket.success for bucket in finished), default=0)
+    fail_peak = max((bucket.fail for bucket in finished), default=0)
     slot = CHART_WIDTH / max(len(finished), 1)
-    usable = CHART_HEIGHT - 14  # room for the labels under the bars
     bars = []
     for n, bucket in enumerate(finished):
-        success_height = usable * bucket.success / peak if peak else 0.0
-        fail_height = usable * bucket.fail / peak if peak else 0.0
-        success_y = usable - success_height
+        success_height = _height(bucket.success, success_peak, SUCCESS_BASE)
         bars.append(
             Bar(
                 x=n * slot + 2,
                 width=slot - 4,
-                success_y=success_y,
+                success_y=SUCCESS_BASE - success_height,
                 success_height=success_height,
-                fail_y=success_y - fail_height,
-                fail_height=fail_height,
+                fail_height=_height(bucket.fail, fail_peak, FAIL_SCALE),
                 label=f"{bucket.until:%H:%M}: {bucket.success} succeeded, {bucket.fail} failed",
             )
         )
@@ -118,7 +129,8 @@ def chart(finished: list[browse.Finished]) -> Chart:
         bars=bars,
         success=sum(bucket.success for bucket in finished),
         fail=sum(bucket.fail for bucket in finished),
-        peak=peak,
+        success_peak=success_peak,
+        fail_peak=fail_peak,
     )
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
 import anyio
-from bson import json_util
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from ..__about__ import __version__
 from ..api import Scheduler
-from ..encoding import task_json
+from ..encoding import from_extended, task_json
 from ..errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -73,13 +71,6 @@ _BEARER = HTTPBearer(auto_error=False, description="the server's token (mschedul
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": code, "message": message}, status_code=status)
-
-
-def _from_extended(value: Any) -> Any:
-    """A payload or result sent as relaxed extended JSON, as the BSON values it names."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return json_util.loads(json.dumps(value))
 
 
 def _lease_out(lease: Lease) -> b.LeaseOut:
@@ -175,7 +166,7 @@ def create_app(
         that had the key already."""
         result = await scheduler.publish(
             body.key,
-            _from_extended(body.payload),
+            from_extended(body.payload, "payload"),
             name=body.name,
             options=body.options,
             depends_on=body.depends_on,
@@ -272,7 +263,7 @@ def create_app(
     async def succeed(body: b.SucceedBody) -> b.Task:
         lease = await lease_of(body)
         known.forget(lease.run_id)
-        return task_json(await scheduler.succeed(lease, _from_extended(body.result)))
+        return task_json(await scheduler.succeed(lease, from_extended(body.result, "result")))
 
     @v1.post("/leases/fail", responses=lost)
     async def fail(body: b.FailBody) -> b.Task:

@@ -3,7 +3,8 @@ bad body is refused before anything is written) and writes the OpenAPI document 
 
 A task is JSON with the task's field names (`encoding.task_json`: times as ISO 8601 strings;
 a payload or result holding other BSON values as relaxed extended JSON); a payload or result
-sent in relaxed extended JSON (``{"$date": ...}``) is stored as the BSON value it names.
+sent in extended JSON, canonical or relaxed (``{"$date": ...}``), is stored as the BSON value it
+names (`encoding.from_extended`).
 """
 
 from __future__ import annotations

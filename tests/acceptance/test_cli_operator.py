@@ -16,7 +16,7 @@ from collections import Counter
 
 import anyio
 import pytest
-from bson import Decimal128, ObjectId
+from bson import Decimal128, Int64, ObjectId
 
 import mscheduler as ms
 from mscheduler.models import WorkerStateKind
@@ -185,8 +185,9 @@ def test_workers_stop_now_releases_the_running_task_and_the_worker_exits_0(uri: 
     assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]
 
 
-def test_workers_stop_of_a_worker_that_is_not_live_is_one_line(uri: str):
-    one_line_error(cli(uri, "workers", "stop", "nobody"), "error: no live worker")
+def test_workers_stop_of_a_worker_that_is_not_live_is_success_with_a_note(uri: str):
+    done = cli(uri, "workers", "stop", "nobody")
+    assert ok(done) == "not running: nobody (no live worker has this id)\n"
 
 
 # ------------------------------------------------------------------ 2. a log line per task
@@ -328,6 +329,67 @@ def test_any_bson_payload_is_shown_as_extended_json(uri: str):
     assert sorted(task["key"] for task in page) == ["odd:1", "plain:1"]  # one odd row hides none
 
 
+def test_what_show_json_prints_can_be_published_back(uri: str, tmp_path: pathlib.Path):
+    odd = {
+        "raw": b"\xff\x00",
+        "oid": ObjectId("65a1b2c3d4e5f60718293a4b"),
+        "price": Decimal128("9.99"),
+        "at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc),
+        "big": Int64(5),
+    }
+
+    async def publish_and_read() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            await sched.publish("odd:1", odd, name="echo")
+
+    anyio.run(publish_and_read)
+    printed = json.loads(ok(cli(uri, "show", "odd:1", "--json")))["payload"]
+    ok(cli(uri, "publish", "copy:1", "--name", "echo", "--payload", json.dumps(printed)))
+    canonical = '{"n": {"$numberLong": "7"}, "at": {"$date": {"$numberLong": "1893456000000"}}}'
+    ok(cli(uri, "publish", "canonical:1", "--name", "echo", "--payload", canonical))
+    line = json.dumps({"key": "line:1", "name": "echo", "payload": printed})
+    ok(cli(uri, "publish-many", "-", stdin=line + "\n"))
+    ok(cli(uri, "schedule", "add", "s", "--name", "echo", "--every", "1h", "--payload", canonical))
+
+    async def read() -> tuple[ms.Task | None, ms.Task | None, ms.Task | None, object]:
+        async with await ms.Scheduler.connect(uri) as sched:
+            [schedule] = await sched.schedules()
+            return (
+                await sched.get("copy:1"),
+                await sched.get("canonical:1"),
+                await sched.get("line:1"),
+                schedule.payload,
+            )
+
+    copy, canonical_task, line_task, scheduled = anyio.run(read)
+    assert copy is not None and line_task is not None and canonical_task is not None
+    for task in (copy, line_task):
+        assert task.payload["raw"] == b"\xff\x00" and task.payload["oid"] == odd["oid"]
+        assert task.payload["price"] == Decimal128("9.99") and task.payload["big"] == 5
+        assert task.payload["at"].replace(tzinfo=dt.timezone.utc) == odd["at"]
+    assert canonical_task.payload["n"] == 7 and canonical_task.payload["at"].year == 2030
+    assert isinstance(scheduled, dict) and scheduled["n"] == 7
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"x": {"$oid": "zz"}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$date": "soon"}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$binary": 5}}', "error: payload: not valid extended JSON"),
+        ('{"x": {"$where": "1"}}', "error: payload.x: field name '$where' starts with '$'"),
+    ],
+)
+def test_a_dollar_field_that_is_not_extended_json_is_refused_naming_the_flag(
+    uri: str, payload: str, message: str
+):
+    one_line_error(cli(uri, "publish", "k", "--name", "echo", "--payload", payload), message)
+    one_line_error(
+        cli(uri, "schedule", "add", "s", "--name", "x", "--every", "1h", "--payload", payload),
+        message,
+    )
+
+
 # ------------------------------------------------------------------ 6. input the shell expects
 
 
@@ -443,6 +505,21 @@ def test_the_command_starts_without_loading_the_library():
             ["publish", "k", "--name", "n", "--delay", "1x"],
             "error: delay: '1x' is not a duration such as 90s",
         ),
+        (["publish", "k", "--name", "n", "--retries", "-1"], "error: retries: must be at least 0"),
+        (
+            ["publish", "k", "--name", "n", "--concurrency", "0"],
+            "error: concurrency: must be at least 1",
+        ),
+        (["publish", "k", "--name", "n", "--priority", "x"], "error: priority: must be an integer"),
+        (["limit", "set", "x", "--max-running", "0"], "error: max-running: expected an integer"),
+        (["worker", HANDLERS, "--max-running", "0"], "error: max-running: must be at least 1"),
+        (["watch", "--limit", "-1"], "error: limit: must be at least 0"),
+        (["events", "--limit", "-1"], "error: limit: must be at least 0"),
+        (["demo", "--emails", "-1"], "error: emails: must be at least 0"),
+        (
+            ["dashboard", "--poll-interval", "1x"],
+            "error: poll-interval: '1x' is not a duration such as 90s",
+        ),
     ],
 )
 def test_errors_are_one_line_naming_the_flag_in_its_units(uri: str, args: list[str], message: str):
@@ -472,12 +549,12 @@ def test_purge_counts_first_and_asks(uri: str):
     assert ok(cli(uri, "purge", "--older-than", "0s", "--yes")) == "deleted 2 task(s)\n"
 
 
-def test_an_unknown_database_is_said_not_shown_empty(wire_server: WireServer):
+def test_an_unknown_database_is_said_beside_the_empty_result(wire_server: WireServer):
     typo = wire_server.uri.replace("/?", "/typo_db_for_tests?")
     for command in (["stats"], ["ls"]):
-        one_line_error(
-            cli(typo, *command), "error: database: typo_db_for_tests.tasks holds no task"
-        )
+        done = cli(typo, *command, "--json")
+        assert json.loads(ok(done)) == []
+        assert done.stderr.startswith("note: database: typo_db_for_tests.tasks holds no task")
 
 
 def test_a_pause_reason_is_seen_even_without_tasks(uri: str):
@@ -513,3 +590,110 @@ def test_claim_spread_shares_a_burst_of_long_tasks(uri: str):
     by_worker = Counter(task.result for task in done.values())
     assert all(task.state is ms.TaskState.SUCCESS for task in done.values())
     assert len(by_worker) >= 2 and max(by_worker.values()) <= 3, by_worker
+
+
+# ------------------------------------------------------------------ 10. exit codes scripts rely on
+
+
+def publish_long_keys(uri: str, count: int) -> None:
+    """``count`` tasks whose keys and payloads are long: any listing of them overflows a pipe."""
+
+    async def work() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            specs = [
+                ms.TaskSpec(key=f"long:{n:04d}:{'k' * 300}", name="echo", payload="p" * 1000)
+                for n in range(count)
+            ]
+            await sched.publish_many(specs)
+            await sched.publish("big", {"text": "b" * 200_000}, name="echo")
+
+    anyio.run(work)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ls", "--limit", "400"],
+        ["ls", "--limit", "400", "--json"],
+        ["show", "big"],
+        ["show", "big", "--json"],
+    ],
+)
+def test_a_reader_that_stops_early_is_success(uri: str, command: list[str]):
+    """``mscheduler ls | head -1``: the reader closes the pipe while the command still writes;
+    that is what the reader asked for, not a failure of the command."""
+    publish_long_keys(uri, 400)
+    for _ in range(3):
+        process = subprocess.Popen(
+            [str(BIN), "--uri", uri, *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.read(10)
+        process.stdout.close()
+        assert process.wait(timeout=60) == 0
+        assert process.stderr.read() == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["stats"], ["workers"], ["limit", "ls"], ["schedule", "ls"]],
+)
+def test_an_empty_listing_is_an_empty_list(uri: str, command: list[str]):
+    assert json.loads(ok(cli(uri, *command, "--json"))) == []
+    assert ok(cli(uri, *command)).count("\n") <= 1  # the header line at most
+
+
+# ------------------------------------------------------------------ 11. one grammar, one rule
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["worker", HANDLERS, "--grace", "5", "--heartbeat", "5", "--poll-interval", "5"],
+        ["worker", HANDLERS, "--claim-spread", "5"],
+        ["dashboard", "--poll-interval", "2s"],
+        ["dashboard", "--poll-interval", "0.5"],
+    ],
+)
+def test_every_duration_flag_takes_the_same_forms(args: list[str]):
+    """A bare number is seconds, as the API's ``delay=5``; a unit form is taken by every
+    command. (On memory:// the command then refuses the database: its flags were taken.)"""
+    done = cli("memory://", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: {args[0]}: memory:// is a database"), done.stderr
+
+
+def test_a_bare_number_is_seconds(uri: str):
+    task = json.loads(ok(cli(uri, "publish", "d", "--name", "n", "--delay", "5", "--json")))
+    waits = dt.datetime.fromisoformat(task["task"]["not_before"]) - dt.datetime.fromisoformat(
+        task["task"]["created_at"]
+    )
+    assert dt.timedelta(seconds=4) < waits <= dt.timedelta(seconds=5)
+    ok(cli(uri, "limit", "set", "x", "--rate", "5", "--per", "60"))
+    assert json.loads(ok(cli(uri, "limit", "ls", "--json")))[0]["per_ms"] == 60_000
+    ok(cli(uri, "schedule", "add", "s", "--name", "x", "--every", "90", "--jitter", "1.5"))
+    [schedule] = json.loads(ok(cli(uri, "schedule", "ls", "--json")))
+    assert schedule["every_ms"] == 90_000 and schedule["jitter_ms"] == 1_500
+    assert ok(cli(uri, "purge", "--older-than", "60", "--dry-run")).startswith("would delete 0")
+
+
+def test_undoing_what_is_not_there_is_success_with_a_note(uri: str):
+    """Asked twice, a command that removes or undoes something succeeds twice: the second
+    time it says there was nothing to do (as ``resume`` does), and exits 0."""
+    ok(cli(uri, "limit", "set", "x", "--max-running", "2"))
+    assert ok(cli(uri, "limit", "rm", "x")) == "unlimited: x\n"
+    assert ok(cli(uri, "limit", "rm", "x")) == "was not limited: x\n"
+    ok(cli(uri, "schedule", "add", "s", "--name", "x", "--every", "1h"))
+    assert ok(cli(uri, "schedule", "rm", "s")) == "removed: s\n"
+    assert ok(cli(uri, "schedule", "rm", "s")) == "no schedule to remove: s\n"
+    ok(cli(uri, "pause", "x"))
+    assert ok(cli(uri, "resume", "x")) == "resumed: x\n"
+    assert ok(cli(uri, "resume", "x")) == "was not paused: x\n"
+    ok(cli(uri, "publish", "k", "--name", "x"))
+    assert ok(cli(uri, "cancel", "k")) == "cancelled: k\n"
+    assert ok(cli(uri, "cancel", "k")) == "already finished: k (cancelled)\n"
+    one_line_error(cli(uri, "cancel", "nope"), "error: no task has the key 'nope'")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import json
 import os
 import pathlib
 import signal
@@ -195,7 +196,8 @@ def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
         page.get_by_role("link", name="email:queued-2").click()
         expect(page.locator("#payload")).to_contain_text('"to": "late2@example.com"')
 
-        # Cancelling through the page's button changes the task.
+        # Cancelling through the page's button (it asks first) changes the task.
+        page.once("dialog", lambda dialog: dialog.accept())
         page.get_by_role("button", name="Cancel").click()
         expect(page.locator("#task-state")).to_have_text("cancelled")
         browser.close()
@@ -239,3 +241,112 @@ def test_the_command_refuses_a_private_database_and_an_open_address_without_a_to
     )
     assert done.returncode == 2
     assert done.stderr.startswith(message), done.stderr
+
+
+SHOTS = pathlib.Path(os.environ.get("MSCHEDULER_SHOTS", tempfile.gettempdir()))
+
+
+async def add_big_and_progressing(sched: ms.Scheduler) -> None:
+    """A task whose payload is 5 MB, and a running one that reports progress."""
+    await sched.publish("export:big", {"rows": "r" * 5_000_000}, name="export")
+    await sched.publish("render:1", {"frames": 100}, name="render")
+    lease = await sched.store.claim("renderer-7", key="render:1")
+    assert lease is not None
+    lease.progress(0.4, "frame 40 of 100")
+    await sched.store.ping(lease)
+
+
+def test_the_task_list_and_pages_tell_what_an_operator_needs(
+    dashboard: tuple[str, str, subprocess.Popen[str]],
+):
+    """The list has the worker, progress, duration and error of each task and absolute times;
+    a 5 MB payload is cut with a link to the whole document; the chart gives failures their
+    own scale; Cancel and Retry ask first."""
+    if not CHROMIUM.exists():
+        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        browser_unavailable("no playwright (pip install -e '.[dev]')")
+    url, uri, _ = dashboard
+    on(uri, add_big_and_progressing)
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 900},
+        )
+        page = browser.new_page()
+        page.set_default_timeout(10_000)
+
+        # The list: worker, progress, duration and error columns; absolute times.
+        page.goto(url + "/tasks")
+        headers = page.locator("table.tasks thead th").all_inner_texts()
+        for column in ("WORKER", "PROGRESS", "DURATION", "ERROR"):
+            assert column in [header.upper() for header in headers], headers
+        render = page.locator('tr[data-key="render:1"]')
+        expect(render.locator("td.worker")).to_have_text("renderer-7")
+        expect(render.locator("td.progress")).to_contain_text("40%")
+        expect(render.locator("td.duration")).not_to_be_empty()
+        failed = page.locator("tr[data-state=fail]").first
+        expect(failed.locator("td.error")).to_contain_text("ConnectionError: smtp: 421")
+        year = str(dt.datetime.now(dt.timezone.utc).year)
+        title = render.locator("td.created time").get_attribute("title") or ""
+        assert title.startswith(year), title  # the absolute time, on hover
+        expect(render.locator("td.created")).to_contain_text(year)  # and in the page
+        page.screenshot(path=str(SHOTS / "i42-cli-tasks.png"), full_page=True)
+
+        # A 5 MB payload: a part of it, and a link to the whole document.
+        page.goto(url + "/tasks/export%3Abig")
+        shown = page.locator("#payload").inner_text()
+        assert 1_000 < len(shown) < 100_000, len(shown)
+        raw = page.locator("#payload-whole")
+        expect(raw).to_be_visible()
+        page.screenshot(path=str(SHOTS / "i42-cli-big-payload.png"))
+        href = raw.get_attribute("href")
+        assert href is not None
+        with urllib.request.urlopen(url + href, timeout=30) as reply:
+            document = json.loads(reply.read())
+        assert document["key"] == "export:big" and len(document["payload"]["rows"]) == 5_000_000
+
+        # The chart: the busiest bucket of failures fills the failures' own scale.
+        page.goto(url + "/")
+        heights = [
+            float(rect.get_attribute("height") or 0)
+            for rect in page.locator("svg.chart rect.bad").all()
+        ]
+        scale = float(page.locator("svg.chart").get_attribute("data-fail-scale") or 0)
+        assert heights and scale > 0 and max(heights) == scale
+
+        # Cancel asks first: dismissed, nothing changes; accepted, the task is cancelled.
+        page.goto(url + "/tasks/email%3Aqueued-3")
+        questions: list[str] = []
+        page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+        page.get_by_role("button", name="Cancel").click()
+        expect(page.locator("#task-state")).to_have_text("pending")
+        assert questions and "email:queued-3" in questions[0]
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.get_by_role("button", name="Cancel").click()
+        expect(page.locator("#task-state")).to_have_text("cancelled")
+        # Retry asks too.
+        page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+        page.get_by_role("button", name="Retry").click()
+        expect(page.locator("#task-state")).to_have_text("cancelled")
+        assert len(questions) == 2 and "email:queued-3" in questions[1]
+        browser.close()
+
+
+@needs_bin
+@pytest.mark.parametrize("command", ["dashboard", "serve"])
+def test_a_weak_token_is_refused_naming_the_rule(command: str):
+    done = subprocess.run(
+        [str(BIN), "--uri", "mongodb://127.0.0.1:1/", command, "--host", "0.0.0.0", "--token", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: token: "), done.stderr
+    assert "16 characters" in done.stderr and done.stderr.count("\n") == 1

@@ -67,6 +67,22 @@ async def test_bson_values_travel_as_relaxed_extended_json(
     assert task is not None and task.payload["at"].year == 2030  # stored as a BSON date
 
 
+async def test_canonical_extended_json_is_taken_and_a_malformed_value_is_422(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler
+):
+    canonical = {"n": {"$numberLong": "5"}, "at": {"$date": {"$numberLong": "1893456000000"}}}
+    reply = await client.post("/v1/tasks", json={"key": "c", "name": "job", "payload": canonical})
+    assert reply.status_code == 201, reply.text
+    task = await scheduler.get("c")
+    assert task is not None and task.payload["n"] == 5 and task.payload["at"].year == 2030
+    for bad in ({"$oid": "zz"}, {"$date": "soon"}, {"$binary": 5}):
+        body = {"key": "bad", "name": "job", "payload": {"x": bad}}
+        reply = await client.post("/v1/tasks", json=body)
+        assert reply.status_code == 422, reply.text
+        assert reply.json()["message"].startswith("payload")
+    assert await scheduler.get("bad") is None
+
+
 async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
     reply = await client.get("/v1/tasks/nothing")
     assert reply.status_code == 404

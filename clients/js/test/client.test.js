@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import { ApiError, Client, LeaseLost } from "../index.js";
 import { serve } from "./server.js";
 
-const TOKEN = "js-token";
+const TOKEN = "js-token-0123456789abcdef";
 /** @type {{url: string, stop: () => Promise<void>}} */
 let server;
 /** @type {Client} */
