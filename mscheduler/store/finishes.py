@@ -53,8 +53,9 @@ Document = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class Quiet:
-    """How a quiet finish is written: ``fence``, conditions added to the lease filter (at
-    least ``dependent_count: 0``), and ``update``, the update that holds under them."""
+    """How a quiet finish is written: ``fence``, its whole filter: the lease filter
+    (`queries.lease.lease_filter`) with conditions added (at least ``dependent_count: 0``),
+    and ``update``, the update that holds under them."""
 
     fence: Document
     update: list[Document] | Document
@@ -205,14 +206,12 @@ class FinishBatcher:
 
 
 def _fence(finish: _Finish) -> Document:
-    """The lease filter, and a quiet finish's added conditions (the module's doc)."""
-    fence = lq.lease_filter(
+    """The lease filter, or a quiet finish's (the lease filter and more: the module's doc)."""
+    if finish.quiet is not None:
+        return finish.quiet.fence
+    return lq.lease_filter(
         finish.lease.key, finish.lease.worker_id, finish.lease.run_id, finish.now
     )
-    if finish.quiet is None:
-        return fence
-    assert not set(fence) & set(finish.quiet.fence), "an added condition would replace the fence"
-    return {**fence, **finish.quiet.fence}
 
 
 def _interrupted() -> BackendUnavailable:
