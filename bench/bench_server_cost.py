@@ -70,9 +70,11 @@ def cpu_seconds(pid: int) -> float:
 class WireServer:
     """mongoeco's wire server in its own interpreter (tests/wire/serve.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, profile: str | None = None) -> None:
+        # ``profile``: a file the server's cProfile statistics are written to when it stops.
+        profiling = ["-m", "cProfile", "-o", profile] if profile else []
         self.process = subprocess.Popen(
-            [WIRE_PYTHON, str(ROOT / "tests" / "wire" / "serve.py")],
+            [WIRE_PYTHON, *profiling, str(ROOT / "tests" / "wire" / "serve.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -563,6 +565,9 @@ def main() -> None:
         "--by-command", action="store_true", help="also each system's commands by name"
     )
     parser.add_argument("--only", default="", help="comma-separated name prefixes to run")
+    parser.add_argument(
+        "--profile", default=None, help="run the server under cProfile, its statistics to this file"
+    )
     args = parser.parse_args()
     chosen = [
         s
@@ -576,7 +581,7 @@ def main() -> None:
             runnable.append(system)
         else:
             print(f"{system.name}: skipped: {why}", flush=True)
-    server = WireServer()
+    server = WireServer(args.profile)
     print(
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} with "
         f"{os.cpu_count() or 1} cores, Python {platform.python_version()}, wire engine "

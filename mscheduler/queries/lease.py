@@ -133,7 +133,7 @@ def success_update(worker_id: str, run_id: str, result: Any, now: dt.datetime) -
 def quick_success_possible(lease_task: Task, run_id: str) -> bool:
     """Whether the task as its lease holder knows it is in the form `quick_success` writes:
     its one worker state is this run's, ``concurrent_worker_cnt`` 1, no dependents. The write
-    checks all three again (`QUICK_SUCCESS_FENCE`), so a task that changed meanwhile is
+    checks all three again (`quick_success_filter`), so a task that changed meanwhile is
     missed, not overwritten."""
     states = lease_task.worker_states
     return (
@@ -144,19 +144,23 @@ def quick_success_possible(lease_task: Task, run_id: str) -> bool:
     )
 
 
-# Added to `lease_filter` (which requires this run's state live): the only state is ours.
-# The size goes under ``$and``: a key ``worker_states`` here would replace the lease filter's
-# own (its ``$elemMatch``, the fencing) when the two are merged.
-QUICK_SUCCESS_FENCE: Document = {
-    "$and": [{"worker_states": {"$size": 1}}],
-    "options.concurrent_worker_cnt": 1,
-    "dependent_count": 0,
-}
+def quick_success_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
+    """`lease_filter` (this run's state live) and the conditions `quick_success` holds under:
+    that state is the only one, one worker runs the task, nobody waits for it. The size and
+    the fence go in one operator document of ``worker_states`` (both must hold of the one
+    array): the smallest form of this filter, sent once per task."""
+    fence = lease_filter(key, worker_id, run_id, now)
+    return {
+        "key": key,
+        "worker_states": {"$size": 1, **fence["worker_states"]},
+        "options.concurrent_worker_cnt": 1,
+        "dependent_count": 0,
+    }
 
 
 def quick_success(result: Any, now: dt.datetime) -> Document:
     """`success_update` as a classic update of the fields it changes, for a task matched by
-    `lease_filter` and `QUICK_SUCCESS_FENCE`. Invariant that makes it safe: under that filter
+    `quick_success_filter`. Invariant that makes it safe: under that filter
     the task holds one worker state, this run's, live (nothing to sweep or trim), one worker
     runs it and nobody waits for it; for such a task `recompute` gives exactly this: the
     state succeeded with ``result``, the task ``success`` with ``result``, finished and

@@ -78,6 +78,18 @@ def attempts() -> Document:
     return {"$add": [{"$size": WORKER_STATES}, {"$ifNull": ["$dropped_attempts", 0]}]}
 
 
+# A task nobody has claimed: no worker state, nothing dropped from the history. Plain
+# fields, no expression, so a claim's candidate read matches it at the cost of a plain
+# find. For such a task every count the claim filter's ``$expr`` takes is 0 (`failures`,
+# `attempts`, the live and succeeded states), so that ``$expr`` holds whatever its
+# (validated) options: 0 live or succeeded < ``concurrent_worker_cnt`` (at least 1),
+# 0 failures <= ``max_unexpected_retries`` (at least 0), 0 attempts < ``max_tries`` (at
+# least 1, or none). Kept in step with `failures` and `attempts`: a count they add must be
+# 0 here too. A task that lacks a counter (written by hand) is not untouched: it takes the
+# general filter, which reads a missing counter as 0.
+UNTOUCHED: Document = {"worker_states": {"$size": 0}, "dropped_attempts": 0, "dropped_failures": 0}
+
+
 def is_live(now: dt.datetime) -> Document:
     return {"$and": [{"$eq": ["$$ws.state", RUNNING]}, {"$gt": ["$$ws.ping_expire_at", now]}]}
 

@@ -33,6 +33,7 @@ from .stages import (
     RUNNING,
     SUCCESS,
     TERMINAL,
+    UNTOUCHED,
     WORKER_STATES,
     Document,
     Pipeline,
@@ -194,10 +195,13 @@ def claim_filter(
     ``not_before``/``retry_at`` (both folded into ``next_claim_at``) or while dependencies
     are pending. ``next_claim_at`` serves the index; the ``$expr`` re-derives the slot count
     from the states themselves, so safety never rests on a derived field.
+
+    A task nobody has claimed yet (`stages.UNTOUCHED`: no worker state, no attempt or
+    failure dropped from the history) satisfies the worker-state rules by its plain fields:
+    it is matched by them first, and the ``$expr`` (evaluated in the server per candidate)
+    is read only for the others. The cheap, selective conditions come first: an engine
+    that evaluates a filter in its order stops at the first that fails.
     """
-    live = count_states(is_live(now))
-    succeeded = count_states(state_is(SUCCESS))
-    failed = failures()
     query: Document = {}
     if key is not None:
         query["key"] = key
@@ -214,34 +218,45 @@ def claim_filter(
                 {"options.specific_worker_ids": {"$size": 0}},
                 {"options.specific_worker_ids": worker_id},
             ],
-            "$nor": [
-                expired_by(now),
-                {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}},
-                {
-                    "worker_states": {
-                        "$elemMatch": {
-                            "worker_id": worker_id,
-                            "state": RUNNING,
-                            "ping_expire_at": {"$gt": now},
-                        }
-                    }
-                },
-            ],
-            "$expr": {
-                "$and": [
-                    {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
-                    {"$lte": [failed, "$options.max_unexpected_retries"]},
-                    {
-                        "$or": [
-                            {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
-                            {"$lt": [attempts(), "$options.max_tries"]},
-                        ]
-                    },
-                ]
-            },
+            "$nor": [expired_by(now)],
+            "$and": [{"$or": [UNTOUCHED, _claimable_by_states(worker_id, now)]}],
         }
     )
     return query
+
+
+def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
+    """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
+    live or succeeded state of ``worker_id``, retries and tries left."""
+    live = count_states(is_live(now))
+    succeeded = count_states(state_is(SUCCESS))
+    failed = failures()
+    return {
+        "$nor": [
+            {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}},
+            {
+                "worker_states": {
+                    "$elemMatch": {
+                        "worker_id": worker_id,
+                        "state": RUNNING,
+                        "ping_expire_at": {"$gt": now},
+                    }
+                }
+            },
+        ],
+        "$expr": {
+            "$and": [
+                {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
+                {"$lte": [failed, "$options.max_unexpected_retries"]},
+                {
+                    "$or": [
+                        {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
+                        {"$lt": [attempts(), "$options.max_tries"]},
+                    ]
+                },
+            ]
+        },
+    }
 
 
 def expired_by(now: dt.datetime) -> Document:

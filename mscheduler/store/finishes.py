@@ -23,8 +23,9 @@ Document = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class Quiet:
-    """How a quiet finish is written: ``fence``, conditions added to the lease filter (at
-    least ``dependent_count: 0``), and ``update``, the update that holds under them."""
+    """How a quiet finish is written: ``fence``, its whole filter: the lease filter
+    (`queries.lease.lease_filter`) with conditions added (at least ``dependent_count: 0``),
+    and ``update``, the update that holds under them."""
 
     fence: Document
     update: list[Document] | Document

@@ -348,9 +348,11 @@ class TaskStore:
         update = lq.success_update(lease.worker_id, lease.run_id, stored, now)
         how = None
         if quiet:
-            how = Quiet({"dependent_count": 0}, update)
+            fence = lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now)
+            how = Quiet({**fence, "dependent_count": 0}, update)
             if lq.quick_success_possible(lease.task, lease.run_id):
-                how = Quiet(lq.QUICK_SUCCESS_FENCE, lq.quick_success(stored, now))
+                fence = lq.quick_success_filter(lease.key, lease.worker_id, lease.run_id, now)
+                how = Quiet(fence, lq.quick_success(stored, now))
         found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=how)
         # A quiet write that came back without its document left no dependents to tell.
         task = None if found is None else await self.after_write(Task.model_validate(found))

@@ -79,3 +79,55 @@ async def test_the_candidate_read_stops_at_the_batch():
     cursor = collection.find(claim, q.CANDIDATE_PROJECTION, sort=q.CLAIM_SORT, limit=16)
     assert len([document async for document in cursor]) == 16
     assert collection.docs_examined - before <= 16 + SKIPPED
+
+
+async def test_a_batched_claim_of_tasks_nobody_claimed_evaluates_no_expression(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """An engine that evaluates a filter in its order (the memory backend, the wire engine)
+    matches a task nobody claimed yet by its plain fields (`stages.UNTOUCHED`): the claim
+    filter's ``$expr`` over the worker states, costly per candidate, is for tasks with a
+    history. Counted by wrapping the memory backend's ``$expr`` evaluator."""
+    from mscheduler.backends.memory import engine
+
+    evaluated = 0
+    original = engine.filtering._Filterer.parse_expression[0]
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal evaluated
+        evaluated += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine.filtering._Filterer, "parse_expression", [counting])
+    collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)
+    sched = ms.Scheduler(collection, clock=ms.ManualClock(T0))
+    await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(50))
+    leases = await sched.store.claim_many("w1", names=["job"], limit=16)
+    assert [lease.key for lease in leases] == [f"job:{n}" for n in range(16)]
+    assert evaluated == 0
+
+
+def test_a_quick_claim_and_a_quick_success_send_at_most_960_bytes():
+    """What the server parses per task in the common case, besides its share of one
+    candidate read per batch: the claim's statement and the success's (BSON, as a bulk write
+    sends them), for a consumer's worker id and a claim's run id of the usual lengths. The
+    bound is their size now: a statement that grows is a decision, taken here."""
+    import bson
+
+    from mscheduler.queries import lease as lq
+    from mscheduler.queries import tasks as q
+
+    task = q.new_task_document(
+        key="job:123",
+        name="job",
+        payload=None,
+        options=ms.TaskOptions(),
+        now=T0,
+        task_id=bson.ObjectId(),
+    )
+    worker_id, run_id = "build-host-12345-a1b2c3", uuid.uuid4().hex  # host-pid-random
+    query, update, _ = q.quick_claim(task, worker_id, run_id, T0)
+    claim = {"q": query, "u": update, "multi": False, "upsert": False}
+    fence = lq.quick_success_filter(task["key"], worker_id, run_id, T0)
+    success = {"q": fence, "u": lq.quick_success(None, T0), "multi": False, "upsert": False}
+    assert len(bson.encode(claim)) + len(bson.encode(success)) <= 960

@@ -320,7 +320,8 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
         return "update", built
     if isinstance(built, list):
         return "update", ({}, built)
-    if isinstance(built, dict) and set(built) & {
+    # An expression is operators alone; a filter may use some of them (``$and``) beside fields.
+    if isinstance(built, dict) and set(built) < {
         "$set",
         "$filter",
         "$size",
