@@ -22,6 +22,8 @@ def check_consistent(task: ms.Task) -> None:
     assert len(running) + len(succeeded) <= max(opts.concurrent_worker_cnt, len(succeeded))
     assert len({ws.worker_id for ws in running}) == len(running), "a worker holds two states"
     assert (task.finished_at is not None) == task.state.is_terminal
+    if task.state not in (ms.TaskState.FAIL, ms.TaskState.CANCELLED):
+        assert task.error is None, "an error beside an outcome it did not decide"
     if task.state.is_terminal:
         assert not running, "a finished task still has running workers"
         assert task.next_claim_at is None

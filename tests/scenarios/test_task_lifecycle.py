@@ -237,6 +237,25 @@ async def test_retries_exhausted_by_timeouts_end_in_fail(scheduler: ms.Scheduler
     assert task.error is not None and task.error.type == "WorkerTimeout"
 
 
+async def test_a_task_s_error_is_the_error_of_its_outcome(scheduler: ms.Scheduler, clock):
+    """An attempt's error stays with that attempt: the task carries one only when it ended
+    in it (fail, cancelled), never while it waits to run again nor once it succeeded."""
+    opts = ms.TaskOptions(max_unexpected_retries=2, ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await scheduler.publish("k", None, name="job", options=opts)
+    await scheduler.store.fail(await must_claim(scheduler, "w1"), RuntimeError("first"))
+    waiting = await current(scheduler, "k")
+    assert waiting.state is S.PENDING and waiting.error is None
+    clock.advance(60)
+    await must_claim(scheduler, "w2")
+    clock.advance(5)  # its lease expires
+    lease = await must_claim(scheduler, "w3")
+    task = await scheduler.store.succeed(lease, "done")
+    check_consistent(task)
+    assert task.state is S.SUCCESS and task.error is None
+    errors = [ws.error.type if ws.error else None for ws in task.worker_states]
+    assert errors == ["RuntimeError", "WorkerTimeout", None]
+
+
 async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ms.ManualClock):
     opts = ms.TaskOptions(unexpected_retry_delay_ms=3_000)
     await scheduler.publish("k", None, name="job", options=opts)
