@@ -11,7 +11,6 @@ import datetime as dt
 from ..models import TaskState
 from .stages import (
     CLAIMABLE,
-    FAIL,
     RELEASED,
     RUNNING,
     SUCCESS,
