@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         WorkerNotLive,
     )
     from .models import (
+        EarlierAttempt,
         ErrorInfo,
         Lease,
         Progress,
@@ -93,6 +94,7 @@ _HOMES = {
     ),
     **dict.fromkeys(
         (
+            "EarlierAttempt",
             "ErrorInfo",
             "Lease",
             "Progress",
@@ -143,6 +145,7 @@ __all__ = [
     "Consumer",
     "ConsumerStats",
     "DependencyError",
+    "EarlierAttempt",
     "ErrorInfo",
     "Flow",
     "HandlerProcessDied",

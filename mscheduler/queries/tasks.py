@@ -488,6 +488,17 @@ def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Documen
     }
 
 
+def cancelled_by_filter(key: str) -> Document:
+    """The dependents that ``key``'s failure or cancellation cancelled (served by the
+    dependents index): a ``DependencyFailed`` cancellation that lists it among the failed."""
+    return {
+        "depends_on": key,
+        "deps_failed": key,
+        "state": TaskState.CANCELLED.value,
+        "error.type": "DependencyFailed",
+    }
+
+
 def failed_filter(name: str | None) -> Document:
     query: Document = {"state": TaskState.FAIL.value}
     if name is not None:
