@@ -43,6 +43,13 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
+def _took(start: dt.datetime | None, end: dt.datetime | None) -> str:
+    """How long an attempt lasted, to the millisecond; ``-`` while it runs."""
+    if start is None or end is None:
+        return "-"
+    return f"{(end - start).total_seconds():.3f}s"
+
+
 def _age(moment: dt.datetime | None, now: dt.datetime) -> str:
     """A short relative time: ``3s ago``, ``in 5m``."""
     if moment is None:
@@ -175,6 +182,7 @@ def create_app(
             csrf_field=CSRF_FIELD,
             now=scheduler.clock.now(),
             age=_age,
+            took=_took,
             request=request,
             **values,
         )
@@ -216,6 +224,10 @@ def create_app(
         states = await scheduler.store.browse.states_of(shown)
         dependencies = {dependency: states.get(dependency) for dependency in shown}
         dependents = await scheduler.store.browse.dependents(key, limit=MAX_LINKS)
+        retryable = found.state in (TaskState.FAIL, TaskState.CANCELLED)
+        # What a retry with its dependents would revive (only asked of a task to retry).
+        cancelled = await scheduler.store.operations.cancelled_by(key) if retryable else []
+        revived = request.query_params.get("revived")
         return render(
             request,
             "task.html",
@@ -224,7 +236,11 @@ def create_app(
             more_dependencies=len(found.depends_on) - len(shown),
             dependents=dependents,
             terminal=found.state.is_terminal,
-            retryable=found.state in (TaskState.FAIL, TaskState.CANCELLED),
+            retryable=retryable,
+            cancelled_dependents=[task.key for task in cancelled],
+            revived=None if revived is None else [k for k in revived.split(",") if k],
+            attempts=[(a.run, a) for a in found.earlier_attempts]
+            + [(found.runs, ws) for ws in found.worker_states],
         )
 
     def action(
@@ -267,9 +283,14 @@ def create_app(
         return task_path(key)
 
     async def retry(request: Request, form: dict[str, str]) -> str:
+        """Run the task again; with ``with_dependents``, the dependents its failure cancelled
+        too, and the page it returns to names them."""
         key = request.path_params["key"]
-        await scheduler.retry(key)
-        return task_path(key)
+        if not form.get("with_dependents"):
+            await scheduler.retry(key)
+            return task_path(key)
+        result = await scheduler.retry(key, with_dependents=True)
+        return task_path(key) + "?" + urllib.parse.urlencode({"revived": ",".join(result.revived)})
 
     async def pause(request: Request, form: dict[str, str]) -> str:
         await scheduler.pause(request.path_params["name"], form.get("reason", ""))

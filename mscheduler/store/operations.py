@@ -126,7 +126,7 @@ class Operations:
         again = {key}
         while queue:
             dependency = queue.pop(0)
-            for dependent in await self._cancelled_by(dependency):
+            for dependent in await self.cancelled_by(dependency):
                 if dependent.key in again or not set(dependent.deps_failed) <= again:
                     continue
                 await self._retry_one(dependent.key)
@@ -141,7 +141,7 @@ class Operations:
         return result.model_copy(update={"revived": revived})
 
     @driver_errors
-    async def _cancelled_by(self, key: str) -> list[Task]:
+    async def cancelled_by(self, key: str) -> list[Task]:
         """The dependents of ``key`` that its failure or cancellation cancelled, in key order."""
         store = self._store
         await store.ready()
