@@ -362,6 +362,19 @@ class Task(BaseModel):
         included)."""
         return self.attempts + len(self.earlier_attempts) + self.earlier_dropped
 
+    def taken_over_by(self, run_id: str) -> WorkerState | None:
+        """The attempt whose expired lease the claim ``run_id`` took over, or None: the
+        attempt just before that claim's, when it ended by its lease expiring (``timeout``)
+        rather than by an outcome, a release or a cancel. Claims are appended in order, so
+        the attempt just before is the one whose slot the claim took."""
+        for index, ws in enumerate(self.worker_states):
+            if ws.run_id == run_id:
+                if index == 0:
+                    return None
+                before = self.worker_states[index - 1]
+                return before if before.state is WorkerStateKind.TIMEOUT else None
+        return None
+
     def next_claim_for(
         self, worker_id: str, now: dt.datetime, held: Collection[str] = ()
     ) -> dt.datetime | None:

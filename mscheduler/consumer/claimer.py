@@ -25,6 +25,7 @@ from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Task
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from . import takeover
 from .executor import Executor
 from .heap import ClaimHeap
 from .limits import Limiter
@@ -187,6 +188,7 @@ class Claimer:
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
         self._stats.record("claimed", lease.task.name)
+        takeover.report(lease, self._stats)
         self._executor.start(lease)
 
     async def start_uncertain_claims(self) -> None:

@@ -38,6 +38,7 @@ from ..store.discovery import Subscription
 from ..store.limits import Limit
 from ..store.tasks import TaskStore
 from ..worker_options import WorkerOptions
+from . import takeover
 from .limits import FIRST_SLOT_LIFE
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,8 @@ class Owner:
             if not leases:
                 raise
             log.warning(str(exc), extra={"action": "own_partial", "leases": len(leases)})
+        for lease in leases:
+            takeover.report(lease)
         return leases, freed
 
     async def _claim_limited(
