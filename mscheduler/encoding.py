@@ -117,6 +117,7 @@ def _worker_state_bytes() -> int:
         "state": "released",
         "started_at": now,
         "ping_expire_at": now,
+        "pinged_at": now,
         "finished_at": now,
         "error": None,
         "result": None,

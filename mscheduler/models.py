@@ -255,6 +255,9 @@ class WorkerState(BaseModel):
     state: WorkerStateKind
     started_at: UtcDatetime
     ping_expire_at: UtcDatetime | None = None  # set only while running
+    # The holder's last ping (None: none since the claim): when it was last heard, which for
+    # an attempt whose lease expired is when its worker died, as far as anyone can tell.
+    pinged_at: UtcDatetime | None = None
     finished_at: UtcDatetime | None = None
     error: ErrorInfo | None = None
     result: Any = None

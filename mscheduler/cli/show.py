@@ -12,7 +12,7 @@ import pathlib
 import re
 from typing import Any
 
-from ..models import Task, TaskOptions, TaskState, WorkerState
+from ..models import Task, TaskOptions, TaskState, WorkerState, WorkerStateKind
 from .output import extended, when
 
 # A frame of `traceback.format_tb`: its "File" line and the source line under it, if any.
@@ -45,6 +45,14 @@ def _seconds(start: dt.datetime | None, end: dt.datetime | None) -> str:
     return "" if start is None or end is None else f"{(end - start).total_seconds():.3f}s"
 
 
+def _took(ws: WorkerState) -> str:
+    """How long the attempt ran; for one whose lease expired, how long its worker was heard
+    from (its last ping): it ended, as ``ended`` says, when the lease then expired."""
+    if ws.state is WorkerStateKind.TIMEOUT:
+        return f"{_seconds(ws.started_at, ws.pinged_at or ws.started_at)}, then silent"
+    return _seconds(ws.started_at, ws.finished_at)
+
+
 def _attempts(task: Task) -> list[str]:
     """Every attempt kept, the earlier runs' first (oldest first), with the run each was part
     of when the key ran more than once; then how many older ones were dropped."""
@@ -66,7 +74,7 @@ def _attempts(task: Task) -> list[str]:
                     ws.state.value,
                     when(ws.started_at),
                     when(ws.finished_at),
-                    _seconds(ws.started_at, ws.finished_at),
+                    _took(ws),
                     " ".join(error.split()),
                 )
             )

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from ..api import Scheduler
 from ..errors import ConfigurationError, MSchedulerError
 from ..host_guard import ANY_HOST, LOOPBACK_HOSTS, HostGuard
-from ..models import TaskState
+from ..models import TaskState, WorkerState, WorkerStateKind
 from ..store import browse
 from .events import refresh_signals
 from .overview import STATES, overview
@@ -43,11 +43,16 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def _took(start: dt.datetime | None, end: dt.datetime | None) -> str:
-    """How long an attempt lasted, to the millisecond; ``-`` while it runs."""
-    if start is None or end is None:
+def _took(ws: WorkerState) -> str:
+    """How long an attempt lasted, to the millisecond; ``-`` while it runs. For one whose
+    lease expired, how long its worker was heard from (its last ping): it ended, as its end
+    time says, when the lease then expired."""
+    if ws.state is WorkerStateKind.TIMEOUT:
+        heard = (ws.pinged_at or ws.started_at) - ws.started_at
+        return f"{heard.total_seconds():.3f}s, then silent"
+    if ws.finished_at is None:
         return "-"
-    return f"{(end - start).total_seconds():.3f}s"
+    return f"{(ws.finished_at - ws.started_at).total_seconds():.3f}s"
 
 
 def _age(moment: dt.datetime | None, now: dt.datetime) -> str:

@@ -143,6 +143,33 @@ async def test_takeover_after_expiry_and_not_before(scheduler: ms.Scheduler, clo
     assert task.unexpected_failures == 1
 
 
+async def test_a_dead_attempt_records_when_it_was_last_heard_and_when_its_lease_expired(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """A worker that died 8 s in: its attempt ended when its lease expired (its last ping
+    plus the worker timeout), however much later a claim noticed; and it says when the worker
+    was last heard, which is when it died as far as anyone can tell."""
+    await scheduler.publish("k", None, name="job", options=FAST)
+    lease = await must_claim(scheduler, "w1")
+    started = clock.now()
+    clock.advance(8)
+    await scheduler.store.ping(lease)
+    clock.advance(60)  # noticed long after the lease expired (at 18 s)
+    task = (await must_claim(scheduler, "w2")).task
+    dead = task.worker_states[0]
+    assert dead.state is K.TIMEOUT
+    assert dead.finished_at == started + dt.timedelta(seconds=18)
+    assert dead.pinged_at == started + dt.timedelta(seconds=8)
+    assert task.worker_states[1].pinged_at is None  # a claim is no ping
+    # As `mscheduler show` and the dashboard's task page tell it: heard for 8 s, then silent.
+    from mscheduler.cli.show import render
+    from mscheduler.dashboard.app import _took
+
+    [row] = [line for line in render(task, clock.now()).splitlines() if " timeout " in line]
+    assert "8.000s, then silent" in row and "18.000s" not in row
+    assert _took(dead) == "8.000s, then silent"
+
+
 async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ms.ManualClock):
     await scheduler.publish("k", None, name="job", options=FAST)
     lease = await must_claim(scheduler, "w1")
