@@ -129,7 +129,10 @@ class Operations:
             for dependent in await self.cancelled_by(dependency):
                 if dependent.key in again or not set(dependent.deps_failed) <= again:
                     continue
-                await self._retry_one(dependent.key)
+                try:
+                    await self._retry_one(dependent.key)
+                except (ConfigurationError, TaskNotFound):
+                    continue  # retried, changed or deleted meanwhile: not ours to revive
                 again.add(dependent.key)
                 revived.append(dependent.key)
                 queue.append(dependent.key)
