@@ -84,7 +84,7 @@ def test_workers_are_listed_and_stats_say_who_serves_what(uri: str):
         read_until(second, " running ")
         listed = {w["worker_id"]: w for w in json.loads(ok(cli(uri, "workers", "--json")))}
         assert set(listed) == {"w-a", "w-b"}
-        assert listed["w-a"]["names"] == ["boom", "echo", "nap", "slow"]
+        assert listed["w-a"]["names"] == ["boom", "echo", "flaky", "nap", "slow"]
         assert listed["w-a"]["max_running"] == 4 and listed["w-b"]["names"] == ["nap"]
         assert all(w["alive"] and w["pid"] > 0 and w["host"] for w in listed.values())
         table = ok(cli(uri, "workers")).splitlines()
