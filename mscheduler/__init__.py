@@ -67,6 +67,7 @@ _MOVED = {
     ),
     **dict.fromkeys(
         (
+            "EarlierAttempt",
             "ErrorInfo",
             "Lease",
             "Limit",

@@ -120,9 +120,11 @@ class Scheduler:
         """The newest tasks, optionally of one name and one state."""
         return await self.store.operations.list_tasks(name=name, state=state, limit=limit)
 
-    async def retry(self, key: str) -> PublishResult:
-        """Run a failed or cancelled task again (same name, payload and options)."""
-        return await self.store.operations.retry(key)
+    async def retry(self, key: str, *, with_dependents: bool = False) -> PublishResult:
+        """Run a failed or cancelled task again (same name, payload and options), keeping the
+        attempts of its earlier runs (``Task.earlier_attempts``). ``with_dependents``: run
+        again too the dependents its end cancelled (and theirs), named in ``revived``."""
+        return await self.store.operations.retry(key, with_dependents=with_dependents)
 
     async def retry_failed(self, *, name: str | None = None) -> list[PublishResult]:
         """The dead-letter queue: run every failed task (of ``name``) again."""

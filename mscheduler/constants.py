@@ -45,6 +45,11 @@ MAX_ERROR_MESSAGE_BYTES: Final = 4_000
 MAX_TRACEBACK_LINES: Final = 20
 MAX_TRACEBACK_BYTES: Final = 8_000
 MAX_ERROR_BYTES: Final = 16 * 1024  # the three above, with field names and BSON framing
+# The attempts of a key's earlier runs (before a retry or a ``replace_finished`` publish ran
+# it again): the last KEPT_EARLIER_ATTEMPTS in ``earlier_attempts``, without their results
+# (the run's outcome is what it left behind; errors are bounded), older ones counted in
+# ``earlier_dropped``.
+KEPT_EARLIER_ATTEMPTS: Final = 10
 # MongoDB documents "no more than 100 levels of nesting" (the top-level document is level 1;
 # its source tolerates 180 for storage: maxBSONDepth 200 less 20 system levels). We keep to the
 # documented limit, so a payload may nest 99 levels below the task document.

@@ -117,9 +117,11 @@ def _worker_state_bytes() -> int:
         "state": "released",
         "started_at": now,
         "ping_expire_at": now,
+        "pinged_at": now,
         "finished_at": now,
         "error": None,
         "result": None,
+        "run": 2**31 - 1,  # an earlier run's attempt carries its run's number
     }
     return len(bson.encode({"0": state}))
 
@@ -134,9 +136,11 @@ def growth_reserve(options: TaskOptions) -> int:
     """Bytes a task may still grow by after publish, whatever happens to it: at most
     ``concurrent_worker_cnt`` running or succeeded states, the last KEPT_FINISHED_STATES
     others and the one that just ended (see `queries.stages.trim_history`), their errors,
-    the task's own error and the results (`result_limit`), plus the fields writes add."""
-    states = options.concurrent_worker_cnt + c.KEPT_FINISHED_STATES + 1
-    errors = c.KEPT_FINISHED_STATES + 2
+    the task's own error and the results (`result_limit`), plus the fields writes add; and
+    the earlier runs' last KEPT_EARLIER_ATTEMPTS attempts, with their errors and without
+    results, that a retry or a ``replace_finished`` publish carries over (`queries.history`)."""
+    states = options.concurrent_worker_cnt + c.KEPT_FINISHED_STATES + 1 + c.KEPT_EARLIER_ATTEMPTS
+    errors = c.KEPT_FINISHED_STATES + 2 + c.KEPT_EARLIER_ATTEMPTS
     results = (options.concurrent_worker_cnt + 1) * result_limit(options)
     return states * _worker_state_bytes() + errors * c.MAX_ERROR_BYTES + results + 1024
 

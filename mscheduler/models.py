@@ -256,6 +256,9 @@ class WorkerState(BaseModel):
     state: WorkerStateKind
     started_at: UtcDatetime
     ping_expire_at: UtcDatetime | None = None  # set only while running
+    # The holder's last ping (None: none since the claim): when it was last heard, which for
+    # an attempt whose lease expired is when its worker died, as far as anyone can tell.
+    pinged_at: UtcDatetime | None = None
     finished_at: UtcDatetime | None = None
     error: ErrorInfo | None = None
     result: Any = None
@@ -266,6 +269,14 @@ class WorkerState(BaseModel):
             and self.ping_expire_at is not None
             and self.ping_expire_at > now
         )
+
+
+class EarlierAttempt(WorkerState):
+    """An attempt of an earlier run of the key, as it ended (kept across a retry or a
+    ``replace_finished`` publish, without its result): ``run`` says which run it was part
+    of, 1 for the key's first."""
+
+    run: int = 1
 
 
 class Progress(BaseModel):
@@ -307,6 +318,14 @@ class Task(BaseModel):
     # Finished states dropped from worker_states to bound the document (constants), counted.
     dropped_attempts: int = 0
     dropped_failures: int = 0  # of those, failed or timed out
+    # The key's earlier runs (a retry or a replace_finished publish starts the next one): which
+    # run this is, when the first was published, the last KEPT_EARLIER_ATTEMPTS attempts of
+    # the earlier runs (oldest first) and how many older ones were dropped. Written only when
+    # a run is replaced (`queries.history`); no other write reads or changes them.
+    runs: int = 1
+    first_created_at: UtcDatetime | None = None
+    earlier_attempts: list[EarlierAttempt] = Field(default_factory=list)
+    earlier_dropped: int = 0
     # Bumped by each write that may give a consumer work: what consumers' change streams wake on.
     wakes: int = 0
     progress: Progress | None = None  # the latest a running handler reported; null once none runs
@@ -340,6 +359,25 @@ class Task(BaseModel):
     def attempts(self) -> int:
         """Claims made in all, those whose states were dropped from the history included."""
         return len(self.worker_states) + self.dropped_attempts
+
+    @property
+    def attempts_in_all(self) -> int:
+        """Attempts of every run of the key: this run's and the earlier runs' (dropped ones
+        included)."""
+        return self.attempts + len(self.earlier_attempts) + self.earlier_dropped
+
+    def taken_over_by(self, run_id: str) -> WorkerState | None:
+        """The attempt whose expired lease the claim ``run_id`` took over, or None: the
+        attempt just before that claim's, when it ended by its lease expiring (``timeout``)
+        rather than by an outcome, a release or a cancel. Claims are appended in order, so
+        the attempt just before is the one whose slot the claim took."""
+        for index, ws in enumerate(self.worker_states):
+            if ws.run_id == run_id:
+                if index == 0:
+                    return None
+                before = self.worker_states[index - 1]
+                return before if before.state is WorkerStateKind.TIMEOUT else None
+        return None
 
     def next_claim_for(
         self, worker_id: str, now: dt.datetime, held: Collection[str] = ()
@@ -389,6 +427,9 @@ class PublishResult(BaseModel):
     created: bool
     replaced: bool = False
     payload_updated: bool = False
+    # `Scheduler.retry` with ``with_dependents``: the keys of the dependents it ran again
+    # (cancelled by this task's failure, or by a dependency they revive), in the order revived.
+    revived: list[str] = Field(default_factory=list)
 
 
 class _Reported:

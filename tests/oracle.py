@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 
 import mscheduler as ms
+from mscheduler.constants import KEPT_EARLIER_ATTEMPTS
 from mscheduler.models import WorkerStateKind
 
 K = WorkerStateKind
@@ -23,6 +24,10 @@ def check_consistent(task: ms.Task) -> None:
     assert len(running) + len(succeeded) <= max(opts.concurrent_worker_cnt, len(succeeded))
     assert len({ws.worker_id for ws in running}) == len(running), "a worker holds two states"
     assert (task.finished_at is not None) == task.state.is_terminal
+    assert len(task.earlier_attempts) <= KEPT_EARLIER_ATTEMPTS
+    assert all(a.state is not K.RUNNING and a.run < task.runs for a in task.earlier_attempts)
+    if task.state not in (ms.TaskState.FAIL, ms.TaskState.CANCELLED):
+        assert task.error is None, "an error beside an outcome it did not decide"
     if task.state.is_terminal:
         assert not running, "a finished task still has running workers"
         assert task.next_claim_at is None

@@ -12,7 +12,7 @@ import pathlib
 import re
 from typing import Any
 
-from ..models import Task, TaskOptions, TaskState
+from ..models import Task, TaskOptions, TaskState, WorkerState, WorkerStateKind
 from .output import extended, when
 
 # A frame of `traceback.format_tb`: its "File" line and the source line under it, if any.
@@ -45,6 +45,48 @@ def _seconds(start: dt.datetime | None, end: dt.datetime | None) -> str:
     return "" if start is None or end is None else f"{(end - start).total_seconds():.3f}s"
 
 
+def _took(ws: WorkerState) -> str:
+    """How long the attempt ran; for one whose lease expired, how long its worker was heard
+    from (its last ping): it ended, as ``ended`` says, when the lease then expired."""
+    if ws.state is WorkerStateKind.TIMEOUT:
+        return f"{_seconds(ws.started_at, ws.pinged_at or ws.started_at)}, then silent"
+    return _seconds(ws.started_at, ws.finished_at)
+
+
+def _attempts(task: Task) -> list[str]:
+    """Every attempt kept, the earlier runs' first (oldest first), with the run each was part
+    of when the key ran more than once; then how many older ones were dropped."""
+    attempts: list[tuple[int, WorkerState]] = [(a.run, a) for a in task.earlier_attempts]
+    attempts += [(task.runs, ws) for ws in task.worker_states]
+    dropped = task.dropped_attempts + task.earlier_dropped
+    lines: list[str] = []
+    if attempts:
+        lines.append("attempts:")
+        runs = task.runs > 1
+        header = ("run",) * runs + ("worker", "state", "started", "ended", "took", "error")
+        table = [header]
+        for run, ws in attempts:
+            error = f"{ws.error.type}: {ws.error.message}" if ws.error else ""
+            table.append(
+                (str(run),) * runs
+                + (
+                    ws.worker_id,
+                    ws.state.value,
+                    when(ws.started_at),
+                    when(ws.finished_at),
+                    _took(ws),
+                    " ".join(error.split()),
+                )
+            )
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+            lines.append("  " + "  ".join(cells).rstrip())
+    if dropped:
+        lines.append(f"  (and {dropped} older attempts, dropped from the history)")
+    return lines
+
+
 def render(task: Task, now: dt.datetime) -> str:
     lines: list[str] = []
 
@@ -58,6 +100,9 @@ def render(task: Task, now: dt.datetime) -> str:
     field("name", task.name)
     field("state", f"{task.state.value} (attempt {task.attempts}; {tries} allowed on failures)")
     field("created", when(task.created_at, now))
+    if task.runs > 1:  # retried or published anew over a finished run
+        first = when(task.first_created_at, now)
+        field("runs", f"{task.runs} (this is run {task.runs}; the first was created {first})")
     field("updated", when(task.updated_at, now))
     field("finished", when(task.finished_at, now))
     if not task.state.is_terminal:  # a retry time after the end says nothing true
@@ -72,28 +117,7 @@ def render(task: Task, now: dt.datetime) -> str:
         progress = task.progress
         field("progress", f"{progress.fraction:.0%} {progress.message}".rstrip())
     lines.append(f"{'payload:':<13}{_json(task.payload)}")
-    if task.worker_states:
-        lines.append("attempts:")
-        header = ("worker", "state", "started", "ended", "took", "error")
-        table = [header]
-        for ws in task.worker_states:
-            error = f"{ws.error.type}: {ws.error.message}" if ws.error else ""
-            table.append(
-                (
-                    ws.worker_id,
-                    ws.state.value,
-                    when(ws.started_at),
-                    when(ws.finished_at),
-                    _seconds(ws.started_at, ws.finished_at),
-                    " ".join(error.split()),
-                )
-            )
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
-            lines.append("  " + "  ".join(cells).rstrip())
-    if task.dropped_attempts:
-        lines.append(f"  (and {task.dropped_attempts} older attempts, dropped from the history)")
+    lines += _attempts(task)
     if task.result is not None:
         lines.append(f"{'result:':<13}{_json(task.result)}")
     if task.error is not None:

@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
                         task.name,
                         task.state.value,
                         str(task.options.priority),
-                        str(task.attempts),
+                        str(task.attempts_in_all),  # earlier runs' too
                         f"{done.fraction:.0%} {done.message}".rstrip() if done else "",
                         when(task.updated_at),
                         error,
@@ -248,18 +248,35 @@ def register(app: typer.Typer) -> None:
         key: Annotated[str | None, typer.Argument()] = None,
         failed: Annotated[bool, typer.Option("--failed", help="Every failed task.")] = False,
         name: Annotated[str | None, typer.Option(help="With --failed: of this name only.")] = None,
+        with_dependents: Annotated[
+            bool,
+            typer.Option(
+                "--with-dependents",
+                help="With a KEY: run again too the dependents its failure cancelled.",
+            ),
+        ] = False,
     ) -> None:
-        """Run a failed or cancelled task again, or (--failed) every failed task."""
+        """Run a failed or cancelled task again, or (--failed) every failed task. The attempts
+        of the earlier runs stay in its history (`show`)."""
         if key is None and not failed:
             fail("retry: give the KEY of a task to run again, or --failed for every failed one")
         if key is not None and failed:
             fail("retry: give a KEY or --failed, not both")
         if name is not None and not failed:
             fail("name: --name goes with --failed (a KEY names its task already)")
+        if with_dependents and key is None:
+            fail("with-dependents: --with-dependents goes with a KEY")
 
         async def work(sched: Scheduler) -> None:
-            results = [await sched.retry(key)] if key else await sched.retry_failed(name=name)
-            typer.echo(f"retried {len(results)} task(s)")
+            if key is None:
+                results = await sched.retry_failed(name=name)
+                typer.echo(f"retried {len(results)} task(s)")
+                return
+            result = await sched.retry(key, with_dependents=with_dependents)
+            typer.echo("retried 1 task(s)")
+            if with_dependents:
+                revived = ", ".join(result.revived) or "none were cancelled by it"
+                typer.echo(f"revived dependents: {revived}")
 
         run(ctx, work)
 

@@ -30,6 +30,7 @@ from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Limit, Task
 from ..worker_options import WorkerOptions
+from . import takeover
 from .heap import ClaimHeap
 from .stats import ConsumerStats
 
@@ -266,6 +267,7 @@ class Claimer:
     def _start(self, lease: Lease) -> None:
         self._heap.discard(lease.key)
         self._stats.record("claimed", lease.task.name)
+        takeover.report(lease, self._stats)
         self._slots.start(lease)
 
     async def start_uncertain_claims(self) -> None:

@@ -37,6 +37,7 @@ from ..models import ErrorInfo, Lease, Limit, Task, check_name, check_worker_id,
 from ..services.discovery import Subscription
 from ..store.components import Store
 from ..worker_options import WorkerOptions
+from . import takeover
 from .limits import FIRST_SLOT_LIFE
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,8 @@ class Owner:
             if not leases:
                 raise
             log.warning(str(exc), extra={"action": "own_partial", "leases": len(leases)})
+        for lease in leases:
+            takeover.report(lease)
         return leases, freed
 
     async def _claim_limited(

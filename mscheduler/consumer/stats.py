@@ -30,6 +30,7 @@ class ConsumerStats:
     deferred: int = 0  # RetryLater
     handler_retries: int = 0
     lease_lost: int = 0
+    takeovers: int = 0  # claims that took over an attempt whose lease expired (`takeover`)
     timeouts: int = 0  # this worker's lease expired before a ping got through
     released: int = 0
     cancelled: int = 0

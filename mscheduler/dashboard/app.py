@@ -29,7 +29,7 @@ from ..api import Scheduler
 from ..encoding import task_json
 from ..errors import ConfigurationError, MSchedulerError
 from ..host_guard import ANY_HOST, LOOPBACK_HOSTS, HostGuard
-from ..models import TaskState
+from ..models import TaskState, WorkerState, WorkerStateKind
 from ..store import browse
 from .events import refresh_signals
 from .listing import elapsed, listed
@@ -76,6 +76,18 @@ def _when(moment: dt.datetime | None, now: dt.datetime, *, shown: bool = False) 
     if shown:
         html += Markup(' <span class="sub">{}</span>').format(absolute)
     return html
+
+
+def _took(ws: WorkerState) -> str:
+    """How long an attempt lasted, to the millisecond; ``-`` while it runs. For one whose
+    lease expired, how long its worker was heard from (its last ping): it ended, as its end
+    time says, when the lease then expired."""
+    if ws.state is WorkerStateKind.TIMEOUT:
+        heard = (ws.pinged_at or ws.started_at) - ws.started_at
+        return f"{heard.total_seconds():.3f}s, then silent"
+    if ws.finished_at is None:
+        return "-"
+    return f"{(ws.finished_at - ws.started_at).total_seconds():.3f}s"
 
 
 def _age(moment: dt.datetime | None, now: dt.datetime) -> str:
@@ -214,6 +226,7 @@ def create_app(
             now=scheduler.clock.now(),
             age=_age,
             when=_when,
+            took=_took,
             request=request,
             **values,
         )
@@ -262,6 +275,10 @@ def create_app(
         states = await scheduler.store.browse.states_of(shown)
         dependencies = {dependency: states.get(dependency) for dependency in shown}
         dependents = await scheduler.store.browse.dependents(key, limit=MAX_LINKS)
+        retryable = found.state in (TaskState.FAIL, TaskState.CANCELLED)
+        # What a retry with its dependents would revive (only asked of a task to retry).
+        cancelled = await scheduler.store.operations.cancelled_by(key) if retryable else []
+        revived = request.query_params.get("revived")
         return render(
             request,
             "task.html",
@@ -270,7 +287,11 @@ def create_app(
             more_dependencies=len(found.depends_on) - len(shown),
             dependents=dependents,
             terminal=found.state.is_terminal,
-            retryable=found.state in (TaskState.FAIL, TaskState.CANCELLED),
+            retryable=retryable,
+            cancelled_dependents=[task.key for task in cancelled],
+            revived=None if revived is None else [k for k in revived.split(",") if k],
+            attempts=[(a.run, a) for a in found.earlier_attempts]
+            + [(found.runs, ws) for ws in found.worker_states],
         )
 
     async def document(request: Request) -> Response:
@@ -322,9 +343,14 @@ def create_app(
         return task_path(key)
 
     async def retry(request: Request, form: dict[str, str]) -> str:
+        """Run the task again; with ``with_dependents``, the dependents its failure cancelled
+        too, and the page it returns to names them."""
         key = request.path_params["key"]
-        await scheduler.retry(key)
-        return task_path(key)
+        if not form.get("with_dependents"):
+            await scheduler.retry(key)
+            return task_path(key)
+        result = await scheduler.retry(key, with_dependents=True)
+        return task_path(key) + "?" + urllib.parse.urlencode({"revived": ",".join(result.revived)})
 
     async def pause(request: Request, form: dict[str, str]) -> str:
         await scheduler.pause(request.path_params["name"], form.get("reason", ""))

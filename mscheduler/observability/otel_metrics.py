@@ -4,6 +4,8 @@ figures (`prometheus`) through OpenTelemetry's metrics API, for applications tha
 - ``mscheduler.task.claims`` (counter) and ``mscheduler.task.finished`` (counter, by
   ``mscheduler.run.outcome``: success, fail (aborts included), retry_later, timeout,
   lease_lost), by task name (``messaging.destination.name``);
+- ``mscheduler.task.takeovers`` (counter): claims that took over an attempt whose lease
+  expired (its worker died or stopped pinging), by task name;
 - ``mscheduler.task.duration`` (histogram, s): handler wall time, local retries included;
 - ``mscheduler.task.claim_latency`` (histogram, s): from when a task could first be claimed
   (published, or its ``not_before``) to its first claim; tasks with dependencies are left
@@ -63,6 +65,11 @@ class OtelMetrics:
         self.finished = meter.create_counter(
             "mscheduler.task.finished", unit="{run}", description="Runs ended, by outcome"
         )
+        self.takeovers = meter.create_counter(
+            "mscheduler.task.takeovers",
+            unit="{claim}",
+            description="Claims that took over an attempt whose lease expired, by name",
+        )
         self.duration = meter.create_histogram(
             "mscheduler.task.duration",
             unit="s",
@@ -102,6 +109,8 @@ class OtelMetrics:
             self.claims.add(1, attributes)
         if event == "progress_reports":
             self.progress_reports.add(1, attributes)
+        if event == "takeovers":
+            self.takeovers.add(1, attributes)
         outcome = _OUTCOMES.get(event)
         if outcome is None:
             return
@@ -177,6 +186,13 @@ def claimed(lease: Lease) -> None:
     found = instance()
     if found is not None:
         found.claimed(lease)
+
+
+def taken_over(name: str) -> None:
+    """A takeover by a claim that no consumer counts (`Scheduler.own`)."""
+    found = instance()
+    if found is not None:
+        found.record("takeovers", name, None)
 
 
 def observers() -> list[OtelMetrics]:

@@ -1,7 +1,8 @@
 """Prometheus metrics (``pip install 'mscheduler[metrics]'``): what workers do and queue sizes.
 
-- counters of claims, successes, failures, aborts, retries-later, timeouts and lease losses,
-  and a histogram of handler durations, all by task name (fed by `ConsumerStats`);
+- counters of claims, successes, failures, aborts, retries-later, timeouts, lease losses and
+  takeovers (claims of a task whose previous attempt's lease expired), and a histogram of
+  handler durations, all by task name (fed by `ConsumerStats`);
 - a counter of progress reports and a gauge of the last fraction reported, by task name,
   updated as the handler reports (before the coalesced write to the task);
 - a gauge of tasks by name and state, refreshed from `Scheduler.stats` every ``refresh_s``
@@ -28,6 +29,7 @@ _COUNTED = {
     "deferred": "retries_later",
     "timeouts": "timeouts",
     "lease_lost": "lease_losses",
+    "takeovers": "takeovers",
     "progress_reports": "progress_reports",
 }
 _TIMED = {"succeeded", "failed", "deferred"}

@@ -11,12 +11,10 @@ import datetime as dt
 from ..models import TaskState
 from .stages import (
     CLAIMABLE,
-    FAIL,
     RELEASED,
     RUNNING,
     SUCCESS,
     TERMINAL,
-    TIMEOUT,
     Document,
     Pipeline,
     count_states,
@@ -111,7 +109,8 @@ def wakes_consumers(now: dt.datetime) -> Document:
 
 @templated
 def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
-    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` from the worker states,
+    """Derive ``state``, ``next_claim_at``, ``result`` and ``error`` (the outcome's: null
+    unless the task failed or was cancelled) from the worker states,
     after `trim_history` (``run_id``: the writer's own state, kept whatever its age).
 
     Runs after `sweep_expired`, so every running state here is live. Invariants:
@@ -205,6 +204,10 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                     "$cond": [{"$gt": [running, 0]}, {"$ifNull": ["$progress", None]}, None]
                 },
                 "result": latest([SUCCESS], "result"),
+                # The error of the task's outcome, and only of it: a task that waits to run
+                # again, runs or succeeded has none (each attempt keeps its own error in its
+                # worker state), so nothing shows a success, or a retry still to come, with
+                # the error of an attempt that did not decide it.
                 "error": {
                     "$switch": {
                         "branches": [
@@ -217,7 +220,7 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                                 "then": failure_error(running),
                             },
                         ],
-                        "default": latest([FAIL, TIMEOUT], "error"),
+                        "default": None,
                     }
                 },
             }

@@ -37,8 +37,12 @@ def dependency_failed(key: str, outcome: str, now: dt.datetime) -> Pipeline:
     """A dependency failed, was cancelled or was deleted (``outcome`` says which, e.g. "ended
     as fail"): the dependent is cancelled with a reason naming it, unless it was published with
     ``on_dependency_failure="run"`` (then it runs, and sees the failed ones in
-    ``deps_failed``)."""
+    ``deps_failed``). A dependent that ended already (cancelled by an operator while it
+    waited) keeps its state and the error that says why: the dependency did not end it."""
     runs_anyway = {"$eq": ["$options.on_dependency_failure", "run"]}
+    cancels = {
+        "$cond": [{"$in": ["$state", TERMINAL]}, False, {"$cond": [runs_anyway, False, True]}]
+    }
     error = ErrorInfo.from_message("DependencyFailed", f"dependency {key!r} {outcome}").model_dump()
     return [
         sweep_expired(now),
@@ -46,8 +50,8 @@ def dependency_failed(key: str, outcome: str, now: dt.datetime) -> Pipeline:
             "$set": {
                 _WAITING_FOR: _without(key),
                 "deps_failed": {"$concatArrays": ["$deps_failed", [literal(key)]]},
-                "state": {"$cond": [runs_anyway, "$state", TaskState.CANCELLED.value]},
-                "error": {"$cond": [runs_anyway, "$error", literal(error)]},
+                "state": {"$cond": [cancels, TaskState.CANCELLED.value, "$state"]},
+                "error": {"$cond": [cancels, literal(error), "$error"]},
             }
         },
         *recompute(now),

@@ -103,7 +103,7 @@ def ping_update(
 def _extend_lease(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
-        _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now)),
+        _own_state(worker_id, run_id, ping_expire_at=lease_expiry(now), pinged_at=now),
         *recompute(now, run_id),
     ]
 
@@ -112,7 +112,7 @@ def _extend_lease(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
 def _extend_lease_to(worker_id: str, run_id: str, now: dt.datetime, until: dt.datetime) -> Pipeline:
     return [
         sweep_expired(now),
-        _own_state(worker_id, run_id, ping_expire_at=until),
+        _own_state(worker_id, run_id, ping_expire_at=until, pinged_at=now),
         *recompute(now, run_id),
     ]
 

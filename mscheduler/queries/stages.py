@@ -32,6 +32,7 @@ WORKER_STATE_FIELDS = (
     "state",
     "started_at",
     "ping_expire_at",
+    "pinged_at",
     "finished_at",
     "error",
     "result",

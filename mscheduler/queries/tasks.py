@@ -325,6 +325,7 @@ def quick_claim(
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
+        "pinged_at": None,
         "finished_at": None,
         "error": None,
         "result": None,
@@ -385,6 +386,7 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
+        "pinged_at": None,
         "finished_at": None,
         "error": None,
         "result": None,
@@ -507,6 +509,17 @@ def purge_filter(states: Sequence[str], finished_before: dt.datetime) -> Documen
         "state": {"$in": list(states)},
         "finished_at": {"$lt": finished_before},
         "dependents_notified": {"$ne": False},
+    }
+
+
+def cancelled_by_filter(key: str) -> Document:
+    """The dependents that ``key``'s failure or cancellation cancelled (served by the
+    dependents index): a ``DependencyFailed`` cancellation that lists it among the failed."""
+    return {
+        "depends_on": key,
+        "deps_failed": key,
+        "state": TaskState.CANCELLED.value,
+        "error.type": "DependencyFailed",
     }
 
 

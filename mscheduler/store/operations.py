@@ -110,8 +110,49 @@ class Operations:
         cursor = store.collection.find(q.list_filter(name, state), sort=q.LIST_SORT, limit=limit)
         return [Task.model_validate(document) async for document in cursor]
 
-    async def retry(self, key: str) -> PublishResult:
-        """Run a failed or cancelled task again: same name, payload and options, no history."""
+    async def retry(self, key: str, *, with_dependents: bool = False) -> PublishResult:
+        """Run a failed or cancelled task again: same name, payload and options, as the next
+        run of its key (the attempts of the earlier runs are kept: `queries.history`).
+
+        ``with_dependents``: also run again the dependents that its end cancelled, and theirs
+        in turn (the cancellations it caused, a ``DependencyFailed`` naming it), dependencies
+        first, so each waits for the one revived before it; a dependent that another failed
+        dependency also cancelled stays as it is (it would only be cancelled again). Their
+        keys are in the result's ``revived``."""
+        result = await self._retry_one(key)
+        if not with_dependents:
+            return result
+        revived: list[str] = []
+        queue = [key]
+        again = {key}
+        while queue:
+            dependency = queue.pop(0)
+            for dependent in await self.cancelled_by(dependency):
+                if dependent.key in again or not set(dependent.deps_failed) <= again:
+                    continue
+                try:
+                    await self._retry_one(dependent.key)
+                except (ConfigurationError, TaskNotFound):
+                    continue  # retried, changed or deleted meanwhile: not ours to revive
+                again.add(dependent.key)
+                revived.append(dependent.key)
+                queue.append(dependent.key)
+        if revived:
+            log.info(
+                "dependents revived",
+                extra={"action": "dependents_revived", "key": key, "revived": revived},
+            )
+        return result.model_copy(update={"revived": revived})
+
+    @driver_errors
+    async def cancelled_by(self, key: str) -> list[Task]:
+        """The dependents of ``key`` that its failure or cancellation cancelled, in key order."""
+        store = self._store
+        await store.ready()
+        cursor = store.collection.find(q.cancelled_by_filter(key), sort=[("key", 1)])
+        return [Task.model_validate(document) async for document in cursor]
+
+    async def _retry_one(self, key: str) -> PublishResult:
         task = await self._store.get(key)
         if task is None:
             raise TaskNotFound(f"no task has the key {key!r}")

@@ -19,6 +19,7 @@ from ..encoding import check_document_size
 from ..errors import ConfigurationError, StoreError, TaskRunning
 from ..models import PublishResult, Task, TaskState
 from ..observability import tracing
+from ..queries import history as hq
 from ..queries import tasks as q
 from ..queries import timing as tq
 from ..specs import PublishSpec
@@ -174,10 +175,12 @@ class Publisher:
         self, current: Task, document: dict[str, Any], query: dict[str, Any]
     ) -> Task | None:
         """Replace ``current`` (matched by ``query``, which pins its version) keeping its
-        identity and its count of dependents; None if it changed meanwhile."""
+        identity, its count of dependents and its history (`queries.history`: the attempts
+        of its earlier runs); None if it changed meanwhile."""
         replacement = {k: v for k, v in document.items() if k != "_id"}
         replacement["version"] = current.version + 1
         replacement["dependent_count"] = current.dependent_count
+        replacement.update(hq.carried_history(current, self._store.clock.now()))
         replaced = await self._store.collection.find_one_and_replace(
             query, replacement, return_document=ReturnDocument.AFTER
         )

@@ -34,4 +34,11 @@ async def slow(task: ms.Task) -> object:
     return None
 
 
-handlers = {"echo": echo, "boom": boom, "nap": nap, "slow": slow}
+async def flaky(task: ms.Task) -> object:
+    """Fails on the first attempt of a key's first run only: what a retry then fixes."""
+    if task.runs == 1 and task.attempts == 1:
+        raise RuntimeError("the first attempt fails")
+    return "fine"
+
+
+handlers = {"echo": echo, "boom": boom, "nap": nap, "slow": slow, "flaky": flaky}

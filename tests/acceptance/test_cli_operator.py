@@ -85,7 +85,7 @@ def test_workers_are_listed_and_stats_say_who_serves_what(uri: str):
         read_until(second, " running ")
         listed = {w["worker_id"]: w for w in json.loads(ok(cli(uri, "workers", "--json")))}
         assert set(listed) == {"w-a", "w-b"}
-        assert listed["w-a"]["names"] == ["boom", "echo", "nap", "slow"]
+        assert listed["w-a"]["names"] == ["boom", "echo", "flaky", "nap", "slow"]
         assert listed["w-a"]["max_running"] == 4 and listed["w-b"]["names"] == ["nap"]
         assert all(w["alive"] and w["pid"] > 0 and w["host"] for w in listed.values())
         table = ok(cli(uri, "workers")).splitlines()
@@ -261,6 +261,55 @@ def test_show_reads_as_a_report_and_json_stays_whole(uri: str):
     whole = json.loads(ok(cli(uri, "show", "cfg:1", "--json")))
     assert "mscheduler" in whole["error"]["traceback"]  # --json keeps every frame
     assert whole["worker_states"][0]["worker_id"] == "w-show"
+
+
+def _run_worker_until(uri: str, keys: list[str], worker_id: str) -> None:
+    process = start_worker(uri, "worker", HANDLERS, "--worker-id", worker_id, cwd=ROOT)
+    try:
+        read_until(process, " running ")
+        wait_for_tasks(uri, keys)
+    finally:
+        stop(process)
+        process.kill()
+
+
+def test_a_retry_keeps_the_history_and_revives_the_cancelled_dependents(uri: str):
+    async def publish_flow() -> None:
+        async with await ms.Scheduler.connect(uri) as sched:
+            once = ms.TaskOptions(max_unexpected_retries=0)
+            twice = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+            await sched.publish("doomed:0", None, name="flaky", options=once)
+            await sched.publish("after:0", None, name="echo", depends_on=["doomed:0"])
+            await sched.publish("export:0", None, name="flaky", options=twice)
+
+    anyio.run(publish_flow)
+    _run_worker_until(uri, ["doomed:0", "after:0", "export:0"], "w-first")
+    # A success after a failed attempt shows no error: the failed attempt keeps its own.
+    shown = ok(cli(uri, "show", "export:0"))
+    assert "state:       success" in shown and "\nerror:" not in shown
+    assert "RuntimeError: the first attempt fails" in shown[shown.index("attempts:") :]
+    [listed] = ok(cli(uri, "ls", "--name", "flaky", "--state", "success")).splitlines()[1:]
+    assert "RuntimeError" not in listed
+    said = ok(cli(uri, "retry", "doomed:0", "--with-dependents"))
+    assert "revived dependents: after:0" in said
+    shown = ok(cli(uri, "show", "doomed:0"))
+    assert "state:       pending" in shown and "\nruns:        2 " in shown
+    attempts = shown[shown.index("attempts:") :].splitlines()
+    assert attempts[1].split()[:3] == ["run", "worker", "state"]
+    assert attempts[2].split()[:3] == ["1", "w-first", "fail"]
+    assert "RuntimeError: the first attempt fails" in attempts[2]
+    assert "state:       blocked" in ok(cli(uri, "show", "after:0"))
+    _run_worker_until(uri, ["doomed:0", "after:0"], "w-second")
+    shown = ok(cli(uri, "show", "doomed:0"))
+    assert "state:       success" in shown and "\nerror:" not in shown
+    attempts = shown[shown.index("attempts:") :].splitlines()
+    assert [line.split()[:3] for line in attempts[2:4]] == [
+        ["1", "w-first", "fail"],
+        ["2", "w-second", "success"],
+    ]
+    assert "state:       success" in ok(cli(uri, "show", "after:0"))
+    whole = json.loads(ok(cli(uri, "show", "doomed:0", "--json")))
+    assert whole["runs"] == 2 and whole["earlier_attempts"][0]["worker_id"] == "w-first"
 
 
 # ------------------------------------------------------------------ 4. pipes, and --json

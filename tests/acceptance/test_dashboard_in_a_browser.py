@@ -218,6 +218,64 @@ def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
         assert process.wait(timeout=8) in (0, -signal.SIGTERM)
 
 
+# Where the screenshot of a retried task's page goes, when asked (not part of the docs).
+RETRIED_SHOT = os.environ.get("MSCHEDULER_RETRIED_SCREENSHOT")
+
+
+async def failed_flow(sched: ms.Scheduler) -> None:
+    """``doomed:0`` failed twice (two workers), which cancelled ``notify:0``, its dependent."""
+    options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+    await sched.publish("doomed:0", {"rows": 120}, name="report", options=options)
+    await sched.publish("notify:0", {"to": "ops"}, name="report", depends_on=["doomed:0"])
+    for worker in ("reporter-1", "reporter-2"):
+        lease = await sched.store.tasks.claim(worker, key="doomed:0")
+        assert lease is not None
+        try:
+            raise ConnectionError("warehouse: connection reset")
+        except ConnectionError as exc:
+            await sched.store.tasks.fail(lease, exc)
+
+
+def test_an_operator_retries_a_failed_task_with_its_dependents_and_sees_its_history(
+    dashboard: tuple[str, str, subprocess.Popen[str]],
+):
+    if not CHROMIUM.exists():
+        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        browser_unavailable("no playwright (pip install -e '.[dev]')")
+    url, uri, _ = dashboard
+    on(uri, failed_flow)
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        page = browser.new_page()
+        page.set_default_timeout(10_000)
+        page.goto(url + "/tasks/doomed%3A0")
+        expect(page.locator("#task-state")).to_have_text("fail")
+        page.get_by_role("button", name="Retry with 1 cancelled dependent").click()
+        expect(page.locator("#task-state")).to_have_text("pending")
+        expect(page.locator("#revived")).to_have_text("Revived dependents: notify:0")
+        expect(page.locator("#runs")).to_contain_text("run 2 of this key")
+        rows = page.locator("#attempts tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0)).to_contain_text("reporter-1")
+        expect(rows.nth(1)).to_contain_text("reporter-2")
+        expect(rows.nth(1)).to_contain_text("ConnectionError: warehouse: connection reset")
+        expect(page.locator("h3", has_text="Error")).to_have_count(0)  # no outcome yet
+        if RETRIED_SHOT:
+            page.screenshot(path=RETRIED_SHOT, full_page=True)
+        page.get_by_role("link", name="notify:0").first.click()
+        expect(page.locator("#task-state")).to_have_text("blocked")
+        browser.close()
+
+
 @needs_bin
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -250,10 +308,10 @@ async def add_big_and_progressing(sched: ms.Scheduler) -> None:
     """A task whose payload is 5 MB, and a running one that reports progress."""
     await sched.publish("export:big", {"rows": "r" * 5_000_000}, name="export")
     await sched.publish("render:1", {"frames": 100}, name="render")
-    lease = await sched.store.claim("renderer-7", key="render:1")
+    lease = await sched.store.tasks.claim("renderer-7", key="render:1")
     assert lease is not None
     lease.progress(0.4, "frame 40 of 100")
-    await sched.store.ping(lease)
+    await sched.store.tasks.ping(lease)
 
 
 def test_the_task_list_and_pages_tell_what_an_operator_needs(

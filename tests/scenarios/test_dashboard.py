@@ -152,6 +152,33 @@ async def test_the_task_page_shows_payload_result_error_history_and_links(
     assert missing.status_code == 404 and "no task has the key 'nothing'" in text_of(missing.text)
 
 
+async def test_a_retried_task_s_page_shows_every_run_and_revives_its_dependents(
+    scheduler: ms.Scheduler,
+):
+    sched = scheduler
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await sched.publish("export", None, name="etl", options=once)
+    await sched.publish("mail", None, name="etl", depends_on=["export"])
+    await finish(sched, "export", "fail")
+    async with client(create_app(sched)) as http:
+        failed = (await http.get("/tasks/export")).text
+        assert "Retry with 1 cancelled dependent" in text_of(failed)
+        retried = await http.post(
+            "/tasks/export/retry", data={"csrf": csrf_of(failed), "with_dependents": "1"}
+        )
+        assert retried.status_code == 303
+        assert retried.headers["location"] == "/tasks/export?revived=mail"
+        page = (await http.get(retried.headers["location"])).text
+    shown = text_of(page)
+    assert "Revived dependents: mail" in shown and "run 2 of this key" in shown
+    assert "Attempts: not started" not in shown
+    rows = re.findall(r'<tr data-run="(\d+)">(.*?)</tr>', page, re.S)
+    assert [run for run, _ in rows] == ["1"]
+    assert "w1" in text_of(rows[0][1]) and "RuntimeError: smtp refused" in text_of(rows[0][1])
+    assert "<section><h3>Error</h3>" not in page  # pending: no outcome, no error box
+    assert (await sched.get("mail")).state is ms.TaskState.BLOCKED  # type: ignore[union-attr]
+
+
 async def test_a_key_with_slashes_and_spaces_has_a_page_and_actions(scheduler: ms.Scheduler):
     await scheduler.publish("export/2026 01/main", {"n": 1}, name="export")
     async with client(create_app(scheduler)) as http:

@@ -9,6 +9,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.errors import ConfigurationError, TaskNotFound
+from mscheduler.models import WorkerStateKind
 from mscheduler.testing import ManualClock
 from tests.scenarios.test_consumer import Recorder, consumers
 from tests.scenarios.test_dependencies import finish
@@ -37,6 +38,74 @@ async def test_retry_runs_a_failed_task_again(scheduler: ms.Scheduler):
     assert result.replaced and result.task.state is S.PENDING
     assert result.task.payload == {"to": "x"} and result.task.options == NO_RETRY
     assert result.task.worker_states == []
+
+
+async def test_a_retried_task_keeps_the_attempts_of_its_earlier_runs(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+    first = await scheduler.publish("k", {"to": "x"}, name="email", options=options)
+    await finish(scheduler, "k", "fail")
+    clock.advance(5)
+    await finish(scheduler, "k", "fail")
+    clock.advance(60)
+    retried = (await scheduler.retry("k")).task
+    assert retried.state is S.PENDING and retried.worker_states == [] and retried.error is None
+    assert retried.runs == 2 and retried.first_created_at == first.task.created_at
+    assert [
+        (a.run, a.state, a.error.type if a.error else None) for a in retried.earlier_attempts
+    ] == [
+        (1, WorkerStateKind.FAIL, "RuntimeError"),
+        (1, WorkerStateKind.FAIL, "RuntimeError"),
+    ]
+    assert retried.earlier_attempts[1].started_at == first.task.created_at + dt.timedelta(seconds=5)
+    await finish(scheduler, "k")
+    again = await scheduler.publish("k", {"to": "y"}, name="email", replace_finished=True)
+    task = again.task
+    assert again.replaced and task.runs == 3 and task.attempts == 0
+    assert [(a.run, a.state) for a in task.earlier_attempts][-1] == (2, WorkerStateKind.SUCCESS)
+    assert task.earlier_attempts[-1].result is None, "an earlier run's result is not carried"
+    assert task.attempts_in_all == 3
+    assert await scheduler.get("k") == task
+
+
+async def test_the_history_of_earlier_runs_is_bounded_and_counted(scheduler: ms.Scheduler):
+    from mscheduler import constants as c
+
+    runs = c.KEPT_EARLIER_ATTEMPTS + 3
+    await scheduler.publish("k", None, name="email", options=NO_RETRY)
+    for _ in range(runs):
+        await finish(scheduler, "k", "fail")
+        await scheduler.retry("k")
+    task = await scheduler.get("k")
+    assert task is not None and task.runs == runs + 1
+    assert len(task.earlier_attempts) == c.KEPT_EARLIER_ATTEMPTS
+    assert task.earlier_dropped == 3 and task.attempts_in_all == runs
+    assert [a.run for a in task.earlier_attempts] == list(range(4, runs + 1))
+
+
+async def test_retry_with_dependents_revives_those_the_failure_cancelled(
+    scheduler: ms.Scheduler,
+):
+    await scheduler.publish("a", None, name="job", options=NO_RETRY)
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    await scheduler.publish("c", None, name="job", depends_on=["b"])
+    await scheduler.publish("kept", None, name="job", depends_on=["a"])
+    await scheduler.cancel("kept", "not wanted")  # cancelled by an operator: stays so
+    await finish(scheduler, "a", "fail")
+    assert [(await scheduler.get(k)).state for k in "bc"] == [S.CANCELLED] * 2  # type: ignore[union-attr]
+    plain = await scheduler.retry("a")
+    assert plain.revived == []
+    assert (await scheduler.get("b")).state is S.CANCELLED  # type: ignore[union-attr]
+    await finish(scheduler, "a", "fail")
+    result = await scheduler.retry("a", with_dependents=True)
+    assert result.task.state is S.PENDING and result.revived == ["b", "c"]
+    assert [(await scheduler.get(k)).state for k in "bc"] == [S.BLOCKED] * 2  # type: ignore[union-attr]
+    kept = await scheduler.get("kept")
+    assert kept is not None and kept.state is S.CANCELLED and kept.error is not None
+    assert kept.error.type == "Cancelled", "the failure rewrote why it was cancelled"
+    await finish(scheduler, "a")
+    assert (await scheduler.get("b")).state is S.PENDING  # type: ignore[union-attr]
 
 
 async def test_retry_refuses_what_did_not_fail(scheduler: ms.Scheduler):

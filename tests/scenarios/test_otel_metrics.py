@@ -72,6 +72,32 @@ async def test_runs_are_counted_by_outcome_and_timed_and_claims_by_latency(
     assert (latency.count, latency.sum) == (2, 4.0)
 
 
+async def test_takeovers_are_counted(
+    scheduler: ms.Scheduler, discover: Discover, clock: ManualClock
+):
+    otel.install()
+    name = f"job-{uuid.uuid4().hex[:8]}"
+    fast = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=10_000)
+    await scheduler.publish("k", None, name=name, options=fast)
+    assert await scheduler.store.tasks.claim("w-dead", key="k") is not None
+    clock.advance(10)
+
+    async def handler(task: ms.Task) -> None:
+        return None
+
+    async with scheduler.consumer({name: handler}, options=options()):
+        await discover()
+    key = "messaging.destination.name"
+    assert total("mscheduler.task.takeovers", **{key: name}) == 1
+    # The pull API's claims are counted too.
+    await scheduler.publish("owned", None, name=name, options=fast)
+    assert await scheduler.store.tasks.claim("w-dead", key="owned") is not None
+    clock.advance(10)
+    [lease] = await scheduler.own([name], worker_id="w-puller")
+    assert lease.key == "owned"
+    assert total("mscheduler.task.takeovers", **{key: name}) == 2
+
+
 async def test_task_counts_by_name_and_state_once_a_reader_collects(
     scheduler: ms.Scheduler, discover: Discover, clock: ManualClock
 ):

@@ -146,6 +146,33 @@ async def test_takeover_after_expiry_and_not_before(scheduler: ms.Scheduler, clo
     assert task.unexpected_failures == 1
 
 
+async def test_a_dead_attempt_records_when_it_was_last_heard_and_when_its_lease_expired(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """A worker that died 8 s in: its attempt ended when its lease expired (its last ping
+    plus the worker timeout), however much later a claim noticed; and it says when the worker
+    was last heard, which is when it died as far as anyone can tell."""
+    await scheduler.publish("k", None, name="job", options=FAST)
+    lease = await must_claim(scheduler, "w1")
+    started = clock.now()
+    clock.advance(8)
+    await scheduler.store.tasks.ping(lease)
+    clock.advance(60)  # noticed long after the lease expired (at 18 s)
+    task = (await must_claim(scheduler, "w2")).task
+    dead = task.worker_states[0]
+    assert dead.state is K.TIMEOUT
+    assert dead.finished_at == started + dt.timedelta(seconds=18)
+    assert dead.pinged_at == started + dt.timedelta(seconds=8)
+    assert task.worker_states[1].pinged_at is None  # a claim is no ping
+    # As `mscheduler show` and the dashboard's task page tell it: heard for 8 s, then silent.
+    from mscheduler.cli.show import render
+    from mscheduler.dashboard.app import _took
+
+    [row] = [line for line in render(task, clock.now()).splitlines() if " timeout " in line]
+    assert "8.000s, then silent" in row and "18.000s" not in row
+    assert _took(dead) == "8.000s, then silent"
+
+
 async def test_ping_extends_the_lease(scheduler: ms.Scheduler, clock: ManualClock):
     await scheduler.publish("k", None, name="job", options=FAST)
     lease = await must_claim(scheduler, "w1")
@@ -238,6 +265,25 @@ async def test_retries_exhausted_by_timeouts_end_in_fail(scheduler: ms.Scheduler
     assert task.state is S.FAIL
     assert [ws.state for ws in task.worker_states] == [K.TIMEOUT] * 3
     assert task.error is not None and task.error.type == "WorkerTimeout"
+
+
+async def test_a_task_s_error_is_the_error_of_its_outcome(scheduler: ms.Scheduler, clock):
+    """An attempt's error stays with that attempt: the task carries one only when it ended
+    in it (fail, cancelled), never while it waits to run again nor once it succeeded."""
+    opts = ms.TaskOptions(max_unexpected_retries=2, ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await scheduler.publish("k", None, name="job", options=opts)
+    await scheduler.store.tasks.fail(await must_claim(scheduler, "w1"), RuntimeError("first"))
+    waiting = await current(scheduler, "k")
+    assert waiting.state is S.PENDING and waiting.error is None
+    clock.advance(60)
+    await must_claim(scheduler, "w2")
+    clock.advance(5)  # its lease expires
+    lease = await must_claim(scheduler, "w3")
+    task = await scheduler.store.tasks.succeed(lease, "done")
+    check_consistent(task)
+    assert task.state is S.SUCCESS and task.error is None
+    errors = [ws.error.type if ws.error else None for ws in task.worker_states]
+    assert errors == ["RuntimeError", "WorkerTimeout", None]
 
 
 async def test_failure_delays_the_next_claim(scheduler: ms.Scheduler, clock: ManualClock):

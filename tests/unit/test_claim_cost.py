@@ -100,9 +100,9 @@ async def test_a_batched_claim_of_tasks_nobody_claimed_evaluates_no_expression(
 
     monkeypatch.setattr(engine.filtering._Filterer, "parse_expression", [counting])
     collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)
-    sched = ms.Scheduler(collection, clock=ms.ManualClock(T0))
+    sched = ms.Scheduler(collection, clock=ManualClock(T0))
     await sched.publish_many(ms.TaskSpec(key=f"job:{n}", name="job") for n in range(50))
-    leases = await sched.store.claim_many("w1", names=["job"], limit=16)
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=16)
     assert [lease.key for lease in leases] == [f"job:{n}" for n in range(16)]
     assert evaluated == 0
 
