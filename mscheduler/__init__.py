@@ -67,7 +67,6 @@ _MOVED = {
     ),
     **dict.fromkeys(
         (
-            "EarlierAttempt",
             "ErrorInfo",
             "Lease",
             "Limit",

@@ -19,6 +19,7 @@ from .backends.uri import (
     open_collection,
 )
 from .clock import Clock, SystemClock
+from .collection import TasksCollection
 from .consumer.consumer import Consumer
 from .consumer.group import numbered
 from .consumer.group import running as group_running
@@ -40,7 +41,6 @@ from .models import (
 from .periodic import Schedule, new_schedule
 from .services.task_events import TaskEvents
 from .specs import PublishSpec, Step, publish_spec
-from .store.collection import TasksCollection
 from .store.components import Store
 from .store.limits import limit_spec
 from .worker_options import Discovery, WorkerOptions

@@ -650,6 +650,7 @@ class ScheduleParams(TypedDict, total=False):
 
 # Public: what the API takes and returns. The validators and check_* helpers stay inside.
 __all__ = [
+    "EarlierAttempt",
     "ErrorInfo",
     "Lease",
     "Limit",

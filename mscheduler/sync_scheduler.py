@@ -28,10 +28,10 @@ from .api import Scheduler
 from .backends.sync import AwaitableCollection, open_sync_collection, open_task_stream
 from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
 from .clock import Clock
+from .collection import TasksCollection
 from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
 from .models import Task
 from .queries.changes import changes_pipeline
-from .store.collection import TasksCollection
 from .worker_options import Discovery
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from ..observability import otel_metrics
 from ..models import Lease
+from ..observability import otel_metrics
 from .stats import ConsumerStats
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ collections and indexes they rely on are `layout`.
 - `derived`: the derived fields recomputed at the end of every pipeline update;
 - `templates`: update pipelines built once per shape, their arguments filled in per call;
 - `timing`: expiry and debounce: when a waiting task may start;
+- `history`: what a task's new run takes over from the old (earlier attempts, bounded);
 - `retry_delay`: when a failed task is tried again (its backoff, a handler's retry later);
 - `browse`: the dashboard's pages, projections and orders;
 - `changes`: change-stream pipelines (the hub's, a watch's, `SyncScheduler`'s wait);

@@ -325,7 +325,7 @@ def quick_claim(
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
-        "pinged_at": None,
+        # No ``pinged_at``: absent reads as None (a claim is no ping) and costs no bytes.
         "finished_at": None,
         "error": None,
         "result": None,
@@ -521,6 +521,10 @@ def cancelled_by_filter(key: str) -> Document:
         "state": TaskState.CANCELLED.value,
         "error.type": "DependencyFailed",
     }
+
+
+# The order `cancelled_by` lists them in: by key, so a retry revives them in a stable order.
+CANCELLED_BY_ORDER: list[tuple[str, int]] = [("key", 1)]
 
 
 def failed_filter(name: str | None) -> Document:

@@ -24,10 +24,10 @@ from pymongo.errors import OperationFailure, PyMongoError
 from .. import constants as c
 from .. import layout
 from ..clock import UTC, Clock
+from ..collection import TasksCollection
 from ..errors import ConfigurationError
 from ..models import Task, check_key, checked
 from ..queries import tasks as q
-from .collection import TasksCollection
 from .driver import driver_errors
 
 log = logging.getLogger(__name__)

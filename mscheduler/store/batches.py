@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import UpdateOne
 
 from .. import context
+from ..collection import TasksCollection
 from ..encoding import check_result
 from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
 from ..models import (
@@ -40,7 +41,6 @@ from ..observability import tracing
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
-from .collection import TasksCollection
 from .publisher import check_fits, task_document
 from .transactions import run_atomically
 

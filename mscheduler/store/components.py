@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from .. import layout
 from ..clock import Clock
+from ..collection import TasksCollection
 from ..services.controls import ControlHub
 from ..services.discovery import TaskHub
 from ..services.waiting import Waiting
 from .base import StoreBase
 from .batches import Batches
 from .browse import Browse
-from .collection import TasksCollection
 from .controls import ControlVersion
 from .expiry import Expiry
 from .flows import Flows

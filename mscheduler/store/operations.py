@@ -149,7 +149,7 @@ class Operations:
         """The dependents of ``key`` that its failure or cancellation cancelled, in key order."""
         store = self._store
         await store.ready()
-        cursor = store.collection.find(q.cancelled_by_filter(key), sort=[("key", 1)])
+        cursor = store.collection.find(q.cancelled_by_filter(key), sort=q.CANCELLED_BY_ORDER)
         return [Task.model_validate(document) async for document in cursor]
 
     async def _retry_one(self, key: str) -> PublishResult:

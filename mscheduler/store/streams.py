@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import anyio
 from pymongo.errors import OperationFailure, PyMongoError
 
+from ..collection import TasksCollection
 from ..errors import ConfigurationError
 from ..worker_options import Discovery
-from .collection import TasksCollection
 
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})

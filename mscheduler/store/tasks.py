@@ -18,6 +18,7 @@ from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
 from ..clock import Clock
+from ..collection import TasksCollection
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
 from ..models import (
@@ -34,7 +35,6 @@ from ..queries import tasks as q
 from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
-from .collection import TasksCollection
 from .driver import driver_errors
 from .finishes import Quiet, lease_lost
 from .flows import Flows

@@ -19,7 +19,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 from pymongo.synchronous.collection import Collection
 
-from .collection import TasksCollection
+from ..collection import TasksCollection
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Protocol
 from pymongo import IndexModel
 
 from ..clock import Clock
+from ..collection import TasksCollection
 from ..models import Task
 from ..services.discovery import TaskHub
-from .collection import TasksCollection
 from .flows import Flows
 from .pauses import Pauses
 from .publisher import Publisher

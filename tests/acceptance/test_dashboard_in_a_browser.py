@@ -259,9 +259,12 @@ def test_an_operator_retries_a_failed_task_with_its_dependents_and_sees_its_hist
         page.set_default_timeout(10_000)
         page.goto(url + "/tasks/doomed%3A0")
         expect(page.locator("#task-state")).to_have_text("fail")
+        questions: list[str] = []
+        page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.accept()))
         page.get_by_role("button", name="Retry with 1 cancelled dependent").click()
         expect(page.locator("#task-state")).to_have_text("pending")
         expect(page.locator("#revived")).to_have_text("Revived dependents: notify:0")
+        assert questions and "notify:0" in questions[0], "the operator is asked, naming them"
         expect(page.locator("#runs")).to_contain_text("run 2 of this key")
         rows = page.locator("#attempts tbody tr")
         expect(rows).to_have_count(2)

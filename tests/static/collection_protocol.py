@@ -12,7 +12,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from mscheduler.backends.counting import CountingCollection
 from mscheduler.backends.memory.server import MemoryCollection
 from mscheduler.backends.sync import AwaitableCollection
-from mscheduler.store.collection import TasksCollection, TasksDatabase
+from mscheduler.collection import TasksCollection, TasksDatabase
 from mscheduler.store.transactions import SessionCollection
 
 

@@ -18,6 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mscheduler"
 # foundation modules (models, errors, ...) may import each other, acyclically.
 FOUNDATION = {
     "__about__",
+    "collection",
     "reconnect_backoff",
     "clock",
     "constants",
@@ -41,6 +42,7 @@ LAYERS = {
     "services": 3,  # the process-lifetime services (hubs, waiters, batcher) over the store
     "consumer": 4,
     "api": 5,
+    "handlers": 5,  # the public home of what handlers use: re-exports from consumer/
     "testing": 5,
     "dashboard": 6,  # pages over the Scheduler (and store.browse); the cli serves it
     "http": 6,  # the HTTP API over the Scheduler; the cli serves it
@@ -51,7 +53,11 @@ LAYERS = {
 }
 # The store's composition builds the process's services beside its parts (one hub, one
 # control hub, one finish batcher per store): these modules alone of the store import them.
-COMPOSES_SERVICES = {"mscheduler.store.tasks", "mscheduler.store.components"}
+COMPOSES_SERVICES = {
+    "mscheduler.store.tasks",
+    "mscheduler.store.components",
+    "mscheduler.store.whole",
+}
 # Collection methods called on a collection (an expression that names one): only the store,
 # and the backends that make collections, do that.
 COLLECTION_METHODS = {

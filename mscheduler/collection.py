@@ -1,4 +1,5 @@
-"""`TasksCollection`: the collection the store talks to, as the methods it calls.
+"""`TasksCollection`: the collection the store talks to, as the methods it calls (public:
+what `Scheduler` takes, for a type annotation or a wrapper of your own).
 
 The store is written against this declaration, not against a driver: pymongo's
 ``AsyncCollection``, Motor's ``AsyncIOMotorCollection``, the memory backend's
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 
 from pymongo import IndexModel
 from pymongo.results import BulkWriteResult, DeleteResult, InsertOneResult, UpdateResult
+
+__all__ = ["TasksCollection", "TasksDatabase"]
 
 Filter = Mapping[str, Any]
 # An update document, or an aggregation pipeline of stages.
