@@ -386,7 +386,7 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
-        "pinged_at": None,
+        # No ``pinged_at`` (as in `quick_claim`): a claim is no ping.
         "finished_at": None,
         "error": None,
         "result": None,
