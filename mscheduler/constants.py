@@ -99,7 +99,8 @@ INDEXES: Final[tuple[tuple[str, tuple[tuple[str, int], ...], dict[str, object]],
         (("name", 1), ("state", 1), ("options.expires_at", 1)),
         {"partialFilterExpression": {"options.expires_at": {"$type": "date"}}},
     ),
-    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
+    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`); the
+    # running tasks, on its ``state`` prefix (what each worker holds: the workers view).
     ("finished", (("state", 1), ("finished_at", 1)), {}),
     # Without change streams, a process (its discovery hub, a watch) reads the writes since its
     # last poll each interval: seeking on the write time examines that interval's writes, not
@@ -147,8 +148,12 @@ EXPRESSION_OPERATORS: Final = frozenset(
     }
 )
 UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc", "$pull"})  # $set: also a stage
-AGGREGATION_STAGES: Final = frozenset({"$set", "$unset", "$sort", "$group"})
-ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
+AGGREGATION_STAGES: Final = frozenset(
+    {"$set", "$unset", "$sort", "$group"}
+    | {"$match", "$unwind"}  # only in queries.tasks.held_by_worker_pipeline (the workers view)
+)
+# In $group only; $max and $push of scalars (nulls ignored by $max, kept by $push).
+ACCUMULATORS: Final = frozenset({"$sum", "$min", "$max", "$push"})
 OPERATORS: Final = (
     QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS
 )

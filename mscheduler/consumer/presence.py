@@ -79,7 +79,7 @@ class Presence:
         try:
             await self._store.workers.beat(self.info())
             if self.spread.enabled:  # one more small read, only for this policy
-                peers = await self._store.workers.all(self._names)
+                peers = await self._store.workers.registered(self._names)
                 self.spread.live_workers = max(1, sum(peer.alive for peer in peers))
         except (BackendUnavailable, StoreError) as exc:
             log.warning(

@@ -1,5 +1,7 @@
 """The live workers: each consumer lists itself beside the tasks, refreshed with its heartbeat,
-removed at stop; one that died shows as stale. `stats` counts the live ones per name."""
+removed at stop; what it runs is read from the tasks; one that died shows as dead, since the
+first promise it broke (a heartbeat, or the pings of its leases). `stats` counts the live ones
+per name."""
 
 from __future__ import annotations
 
@@ -57,25 +59,100 @@ async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
     assert await scheduler.workers() == []
 
 
-async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock: ms.ManualClock):
-    """A kill -9 leaves the entry: alive until three heartbeats were missed."""
-    now = clock.now()
-    dead = ms.WorkerInfo(
-        worker_id="gone",
+def registered(worker_id: str, now: dt.datetime, heartbeat_ms: int) -> ms.WorkerInfo:
+    """An entry as a worker writes it, for a worker that then dies (kill -9)."""
+    return ms.WorkerInfo(
+        worker_id=worker_id,
         host="h",
         pid=1,
         names=["job"],
-        max_running=1,
+        max_running=16,
         started_at=now,
         last_seen_at=now,
-        heartbeat_ms=10_000,
+        heartbeat_ms=heartbeat_ms,
     )
-    await scheduler.store.workers.beat(dead)
-    clock.advance(29.9)
+
+
+async def test_an_idle_worker_that_died_is_dead_after_two_missed_heartbeats(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """A kill -9 leaves the entry: alive until two heartbeats were missed, then dead since."""
+    now = clock.now()
+    await scheduler.store.workers.beat(registered("gone", now, heartbeat_ms=10_000))
+    clock.advance(19.9)
     assert [w.alive for w in await scheduler.workers()] == [True]
     clock.advance(0.1)
     [info] = await scheduler.workers()
-    assert not info.alive and info.stale_at() == now + dt.timedelta(seconds=30)
+    assert not info.alive and info.dead_since == now + dt.timedelta(seconds=20)
+
+
+async def test_the_running_count_follows_claims_and_finishes_between_heartbeats(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    """What a worker runs is read from the tasks: right after its claims and its finishes,
+    not as of its last heartbeat (30 s by default)."""
+    gates = {key: anyio.Event() for key in ("a", "b", "c")}
+
+    async def held(task: ms.Task) -> None:
+        await gates[task.key].wait()
+
+    busy = ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, max_running=16)
+    async with scheduler.consumer({"job": held}, options=busy):
+        for key in gates:
+            await scheduler.publish(key, None, name="job")
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys, info.alive) == (3, ["a", "b", "c"], True)
+        gates["a"].set()
+        gates["c"].set()
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys) == (1, ["b"])
+        gates["b"].set()
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys) == (0, [])
+
+
+async def test_a_worker_that_died_holding_tasks_is_dead_when_its_leases_expire(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """A worker killed while it runs tasks stops pinging them: it is dead once their leases
+    expired (here 10 s), long before two missed heartbeats (60 s), and stays so when another
+    worker takes its tasks over."""
+    start = clock.now()
+    await scheduler.store.workers.beat(registered("gone", start, heartbeat_ms=30_000))
+    lease = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=10_000)
+    for key in ("x1", "x2"):
+        await scheduler.publish(key, None, name="job", options=lease)
+        assert await scheduler.store.claim("gone", key=key) is not None
+    clock.advance(9.9)
+    [info] = await scheduler.workers()
+    assert (info.alive, info.running, info.running_keys) == (True, 2, ["x1", "x2"])
+    clock.advance(0.1)
+    [info] = await scheduler.workers()
+    assert not info.alive and info.running == 0
+    assert info.dead_since == start + dt.timedelta(seconds=10)
+    clock.advance(1)
+    assert await scheduler.store.claim("w2", key="x1") is not None  # a takeover
+    [info] = await scheduler.workers(names=["job"])
+    assert not info.alive and info.dead_since == start + dt.timedelta(seconds=10)
+    rows = {(r.name, r.state.value): r for r in await scheduler.stats()}
+    assert rows["job", "running"].live_workers == 0
+
+
+async def test_a_worker_that_beat_after_losing_a_lease_is_alive(
+    scheduler: ms.Scheduler, clock: ms.ManualClock
+):
+    """A lease lost to a stall is not a death when the worker beat since."""
+    start = clock.now()
+    lease = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=10_000)
+    await scheduler.publish("x", None, name="job", options=lease)
+    assert await scheduler.store.claim("slow", key="x") is not None
+    clock.advance(12)
+    await scheduler.store.workers.beat(registered("slow", clock.now(), heartbeat_ms=30_000))
+    [info] = await scheduler.workers()
+    assert info.alive and info.dead_since is None and info.started_at > start
 
 
 async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
