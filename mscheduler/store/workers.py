@@ -76,6 +76,15 @@ class WorkerInfo(BaseModel):
     lease_until: UtcDatetime | None = None
     lease_lost_at: UtcDatetime | None = None
 
+    @property
+    def dead_because(self) -> str:
+        """Why it was found dead (empty while alive), in an operator's words."""
+        if self.alive or self.dead_since is None:
+            return ""
+        if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
+            return "its leases expired"
+        return "it missed its heartbeats"
+
     def stale_at(self) -> dt.datetime:
         """When it breaks its heartbeat promise, unless it beats again."""
         return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
