@@ -82,6 +82,10 @@ class Claimer:
             earliest = self._heap.earliest()
             if self._uncertain_runs and self._executor.free_slots > 0:
                 earliest = now  # a lease of ours may be waiting to run (see _claim_due)
+            # The spread policy claims greedily while work is due beyond our free slots.
+            self._presence.spread.observe(
+                self._executor.free_slots, earliest is not None and earliest <= now
+            )
             if self._executor.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
                     # Drained after dropping entries: look again, letting the rest of the

@@ -73,7 +73,8 @@ class Presence:
 
     def admit(self, due: list[str], now: dt.datetime) -> list[str]:
         """Of the due keys, those the claim policy lets this consumer claim now."""
-        return self.spread.admit(due, len(self._running_keys()), now)
+        running = len(self._running_keys())
+        return self.spread.admit(due, running, self._options.max_running, now)
 
     async def beat(self) -> None:
         try:

@@ -19,7 +19,7 @@ from tests.engines import POLL_MS, settle
 pytestmark = pytest.mark.anyio
 
 
-def options(worker_id: str, **more: int) -> ms.WorkerOptions:
+def options(worker_id: str, **more: int | None) -> ms.WorkerOptions:
     return ms.WorkerOptions(
         worker_id=worker_id, poll_interval_ms=POLL_MS, heartbeat_ms=1_000, **more
     )
@@ -182,7 +182,7 @@ async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
 
 
 def _run_burst(
-    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, workers: int, **policy: int
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover, workers: int, **policy: int | None
 ) -> tuple[dict[str, list[str]], anyio.Event, list[ms.Consumer]]:
     gate = anyio.Event()
     ran: dict[str, list[str]] = {}
@@ -259,13 +259,64 @@ async def test_spread_still_claims_what_no_peer_takes(
         gate.set()
 
 
-async def test_greedy_by_default_takes_what_its_slots_allow(
+async def test_spread_by_default_shares_a_burst_of_long_tasks(
     scheduler: ms.Scheduler, clock: ms.ManualClock, discover
 ):
-    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
+    """No option set: six long tasks published at once go to three workers, not one."""
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a heartbeat: each now counts three live workers
+        await settle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        for _ in range(6):  # past the spread waits: anything left is claimed
+            clock.advance(1.0)
+            await discover()
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
+async def test_spread_claims_at_once_while_more_is_due_than_its_slots(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    """A drain: with tasks due and every slot taken, no peer is idle to leave a task to, so
+    each slot that frees is filled at once, to the last task, with no spread wait."""
+    now = clock.now()
+    for peer in ("busy-1", "busy-2"):  # listed alive, all slots taken elsewhere
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000))
+    gates = {f"t:{n}": anyio.Event() for n in range(12)}
+    ran: list[str] = []
+
+    async def held(task: ms.Task) -> None:
+        ran.append(task.key)
+        await gates[task.key].wait()
+
+    await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in gates)
+    async with scheduler.consumer({"job": held}, options=options("w0", max_running=4)):
+        await discover()  # it counted three live workers as it started, then fetched
+        assert len(ran) == 4  # its share of twelve among three is its four slots
+        while len(ran) < len(gates):
+            before = len(ran)
+            gates[ran[before - 4]].set()  # the oldest finishes: its slot is filled at once
+            await discover()
+            assert len(ran) == before + 1, f"a slot left empty with {len(gates) - before} due"
+        for gate in gates.values():
+            gate.set()
+        await discover()
+    assert sorted(ran) == sorted(gates)
+
+
+async def test_greedy_when_spread_is_off_takes_what_its_slots_allow(
+    scheduler: ms.Scheduler, clock: ms.ManualClock, discover
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=None)
     async with consumers[0]:
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
-        assert len(ran["w0"]) == 6  # today's throughput: no wait
+        assert len(ran["w0"]) == 6  # no wait, whatever the peers
         gate.set()
