@@ -53,7 +53,8 @@ class WorkerOptions(BaseModel):
     a change whose signal was lost on the network holds): the reads an idle consumer makes."""
     heartbeat_ms: int = Field(default=30_000, ge=10, le=_DAY_MS)
     """How often a consumer rewrites its entry in the live workers (`Scheduler.workers`):
-    one small write each time; it is shown stale after three missed heartbeats."""
+    one small write each time; it is shown dead after two missed heartbeats (or once its
+    leases expired unpinged)."""
     claim_spread_ms: int | None = Field(default=1_000, ge=1, le=_DAY_MS)
     """The ``spread`` policy (`consumer.spread`): a claim takes at most its share of what is
     due among the live workers of its names, and a busy consumer lets a due task wait this

@@ -276,6 +276,7 @@ class Consumer:
         when = self._limiter.offered(
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
         )
+        self._presence.spread.offered(task.key, bool(task.options.specific_worker_ids))
         if self._heap.offer(task.key, when, task.version, task.id, task.name):
             self._claimer.wake()
 

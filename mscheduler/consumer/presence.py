@@ -107,7 +107,7 @@ class Presence:
                 await self._store.workers.remove(self._options.worker_id)
             except (BackendUnavailable, StoreError) as exc:
                 log.warning(
-                    "live workers entry not removed (it will show stale): %s",
+                    "live workers entry not removed (it will show dead): %s",
                     exc,
                     extra={"action": "unregister_failed", "worker_id": self._options.worker_id},
                 )

@@ -35,12 +35,24 @@ class ClaimSpread:
         self._heap = heap
         self._bound = bound
         self._waits: dict[str, int] = {}  # how many times a key let peers go first
+        # Keys of tasks only some workers may claim (``specific_worker_ids``): not shared out,
+        # since the peers this policy would wait for may be unable to claim them.
+        self._pinned: set[str] = set()
         self.live_workers = 1  # serving our names, ourselves included (`Presence` sets it)
         self.saturated = False  # tasks were due while every slot was taken (`observe`)
 
     @property
     def enabled(self) -> bool:
         return self._spread is not None
+
+    def offered(self, key: str, pinned: bool) -> None:
+        """A task offered to the heap: whether it is pinned to named workers."""
+        if not pinned:
+            self._pinned.discard(key)
+            return
+        if len(self._pinned) >= self._bound:  # stale marks of keys gone from the heap
+            self._pinned.clear()
+        self._pinned.add(key)
 
     def observe(self, free_slots: int, due: bool) -> None:
         """What the claimer found as it looked: saturated once tasks were due with no free
@@ -54,7 +66,8 @@ class ClaimSpread:
         """Of ``due`` (as many due keys as there are free slots), the keys to claim now; the
         others, and the heap's other due keys, go back in the heap for ``claim_spread_ms``.
 
-        Greedy alone, saturated, or when its share fills its free slots. Else its share is
+        Keys pinned to named workers are claimed at once. The others: greedy alone,
+        saturated, or when its share fills its free slots. Else its share is
         ``ceil((running + due in the heap) / live workers)`` tasks held at once (counted up
         to what the live workers can run, ``capacity`` each). Idle, it claims up to its share
         at once; busy, only keys that already waited once, within its share. Keys that
@@ -63,7 +76,11 @@ class ClaimSpread:
         live = max(1, self.live_workers)
         if self._spread is None or not due or self.saturated or live == 1:
             return due
-        seen = self._heap.due_keys(now, live * capacity)
+        pinned = [key for key in due if key in self._pinned]
+        if pinned:  # claimed at once; the policy shares out the others
+            due = [key for key in due if key not in self._pinned]
+            return pinned + self.admit(due, running + len(pinned), capacity, now)
+        seen = [key for key in self._heap.due_keys(now, live * capacity) if key not in self._pinned]
         share = max(1, math.ceil((running + max(len(due), len(seen))) / live))
         if share - running >= len(due):
             return due

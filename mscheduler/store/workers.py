@@ -40,7 +40,7 @@ STALE_AFTER_BEATS = 2
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
-# A stale worker's document is deleted by MongoDB's TTL monitor this long after it was last
+# A dead worker's document is deleted by MongoDB's TTL monitor this long after it was last
 # seen, so crashed workers do not accumulate.
 FORGET_AFTER = dt.timedelta(days=1)
 _TTL_INDEX = "last_seen_ttl"
