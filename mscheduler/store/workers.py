@@ -96,9 +96,10 @@ class WorkerInfo(BaseModel):
         """This entry with ``alive`` and ``dead_since`` as of ``now``. Dead since the first
         promise it broke: a heartbeat (`stale_at`), or its leases, when all of them expired
         after its last heartbeat (a worker that beat since was alive then: it only lost a
-        lease, say to a stall). Dead by its leases once they expired, even if another
-        worker took the tasks over meanwhile: a lease lost to a takeover is a ``timeout``
-        state of a task still running, counted in ``lease_lost_at`` too."""
+        lease, say to a stall). A lease lost to a takeover is a ``timeout`` state of a task
+        that runs again, counted in ``lease_lost_at`` too, so the worker stays dead while
+        that task runs; once it ended, only the heartbeat rule is left to judge by (the
+        tasks that ended are not read: their number grows without bound)."""
         dead_since = self.stale_at()
         lost = self.lease_lost_at
         pinging = self.lease_until is not None and self.lease_until > now
