@@ -99,8 +99,12 @@ EXPRESSION_OPERATORS: Final = frozenset(
     }
 )
 UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc", "$pull"})  # $set: also a stage
-AGGREGATION_STAGES: Final = frozenset({"$set", "$unset", "$sort", "$group"})
-ACCUMULATORS: Final = frozenset({"$sum", "$min"})  # in $group only
+AGGREGATION_STAGES: Final = frozenset(
+    {"$set", "$unset", "$sort", "$group"}
+    | {"$match", "$unwind"}  # only in queries.tasks.held_by_worker_pipeline (the workers view)
+)
+# In $group only; $max and $push of scalars (nulls ignored by $max, kept by $push).
+ACCUMULATORS: Final = frozenset({"$sum", "$min", "$max", "$push"})
 OPERATORS: Final = (
     QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS
 )

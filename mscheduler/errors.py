@@ -64,7 +64,8 @@ class TaskNotFound(MSchedulerError, KeyError):
 
 
 class WorkerNotLive(MSchedulerError):
-    """No live worker has this id (none registered, or it missed its heartbeats: stale)."""
+    """No live worker has this id (none registered, or it was found dead: it missed its
+    heartbeats, or its leases expired unpinged)."""
 
 
 class TaskRunning(MSchedulerError):

@@ -69,7 +69,8 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
         (("name", 1), ("state", 1), ("options.expires_at", 1)),
         {"partialFilterExpression": {"options.expires_at": {"$type": "date"}}},
     ),
-    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`).
+    # Operating: `purge` of finished tasks by age; the failed tasks of a name (`retry`); the
+    # running tasks, on its ``state`` prefix (what each worker holds: the workers view).
     ("finished", (("state", 1), ("finished_at", 1)), {}),
     # Without change streams, a process (its discovery hub, a watch) reads the writes since its
     # last poll each interval: seeking on the write time examines that interval's writes, not

@@ -523,13 +523,15 @@ class TaskEvent(BaseModel):
     progress: Progress | None = None  # ``progress`` only
 
 
-# A worker is stale once it missed this many heartbeats: one late write is not a death.
-STALE_AFTER_BEATS = 3
+# A worker is dead once it missed this many heartbeats: one late write is not a death, and
+# two heartbeats are a task's lease at the default ping interval and worker timeout.
+STALE_AFTER_BEATS = 2
 
 
 class WorkerInfo(BaseModel):
-    """One consumer as it last described itself; ``alive`` is judged against a clock when
-    read (`is_alive`): a worker that stopped gracefully has no document at all."""
+    """One consumer as it last described itself, with what it holds now read from the tasks
+    (``running``, ``running_keys``) and ``alive`` and ``dead_since`` judged against a clock
+    when read (`judged`): a worker that stopped gracefully has no document at all."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -538,8 +540,8 @@ class WorkerInfo(BaseModel):
     pid: int
     names: list[str]
     max_running: int
-    running: int = 0
-    running_keys: list[str] = Field(default_factory=list)  # the first `MAX_LISTED_KEYS`
+    running: int = 0  # its live leases, from the tasks when read through `Workers`
+    running_keys: list[str] = Field(default_factory=list)  # `store.workers.MAX_LISTED_KEYS` of them
     started_at: UtcDatetime
     last_seen_at: UtcDatetime
     heartbeat_ms: int
@@ -547,13 +549,44 @@ class WorkerInfo(BaseModel):
     # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
     # written by a version that did not draw one.
     instance: str = ""
-    alive: bool = True  # set by the reader, from `is_alive` and its clock
+    alive: bool = True  # set by the reader (`judged`)
+    dead_since: UtcDatetime | None = None  # set by the reader (`judged`): when it was found dead
+    # The latest expiry of its leases that are live, and of those that expired (set by the
+    # reader, from the tasks): why it was found dead, or that it still pings.
+    lease_until: UtcDatetime | None = None
+    lease_lost_at: UtcDatetime | None = None
+
+    @property
+    def dead_because(self) -> str:
+        """Why it was found dead (empty while alive), in an operator's words."""
+        if self.alive or self.dead_since is None:
+            return ""
+        if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
+            return "its leases expired"
+        return "it missed its heartbeats"
 
     def stale_at(self) -> dt.datetime:
+        """When it breaks its heartbeat promise, unless it beats again."""
         return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
 
     def is_alive(self, now: dt.datetime) -> bool:
-        return now < self.stale_at()
+        return self.judged(now).alive
+
+    def judged(self, now: dt.datetime) -> WorkerInfo:
+        """This entry with ``alive`` and ``dead_since`` as of ``now``. Dead since the first
+        promise it broke: a heartbeat (`stale_at`), or its leases, when all of them expired
+        after its last heartbeat (a worker that beat since was alive then: it only lost a
+        lease, say to a stall). A lease lost to a takeover is a ``timeout`` state of a task
+        that runs again, counted in ``lease_lost_at`` too, so the worker stays dead while
+        that task runs; once it ended, only the heartbeat rule is left to judge by (the
+        tasks that ended are not read: their number grows without bound)."""
+        dead_since = self.stale_at()
+        lost = self.lease_lost_at
+        pinging = self.lease_until is not None and self.lease_until > now
+        if lost is not None and lost > self.last_seen_at and not pinging:
+            dead_since = min(dead_since, lost)
+        alive = now < dead_since
+        return self.model_copy(update={"alive": alive, "dead_since": None if alive else dead_since})
 
 
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,

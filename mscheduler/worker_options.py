@@ -53,12 +53,13 @@ class WorkerOptions(BaseModel):
     a change whose signal was lost on the network holds): the reads an idle consumer makes."""
     heartbeat_ms: int = Field(default=30_000, ge=10, le=_DAY_MS)
     """How often a consumer rewrites its entry in the live workers (`Scheduler.workers`):
-    one small write each time; it is shown stale after three missed heartbeats."""
-    claim_spread_ms: int | None = Field(default=None, ge=1, le=_DAY_MS)
-    """None (the default): claim as many due tasks as there are free slots, the best
-    throughput on short tasks. Set: the ``spread`` policy for long tasks (`consumer.spread`):
-    a claim takes at most its share of what is due among the live workers, and a busy
-    consumer lets a due task wait this long first, so an idle peer gets it."""
+    one small write each time; it is shown dead after two missed heartbeats (or once its
+    leases expired unpinged)."""
+    claim_spread_ms: int | None = Field(default=1_000, ge=1, le=_DAY_MS)
+    """The ``spread`` policy (`consumer.spread`): a claim takes at most its share of what is
+    due among the live workers of its names, and a busy consumer lets a due task wait this
+    long first, so an idle peer gets it; a consumer with more due than it can run (a drain)
+    claims greedily. None: always greedy, as many due tasks as there are free slots."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every

@@ -75,8 +75,9 @@ def workers(
     name: Annotated[list[str] | None, typer.Option(help="Serving this name; repeatable.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """The consumers that registered: what each serves and runs, and when last seen
-    (stale: it missed three heartbeats, most likely dead). `workers stop ID` stops one."""
+    """The consumers that registered: what each serves and runs now (read from the tasks),
+    when last seen, and those found dead since when (they missed two heartbeats, or their
+    leases expired unpinged). `workers stop ID` stops one."""
     if ctx.invoked_subcommand is not None:
         return
 
@@ -89,7 +90,7 @@ def workers(
         table = [
             [
                 w.worker_id,
-                "alive" if w.alive else "stale",
+                "alive" if w.alive else "dead",
                 w.host,
                 str(w.pid),
                 ",".join(w.names),
@@ -97,11 +98,12 @@ def workers(
                 when(w.started_at),
                 when(w.last_seen_at, now),
                 ",".join(w.running_keys) + (" …" if w.running > len(w.running_keys) else ""),
+                f"{when(w.dead_since, now)}: {w.dead_because}" if w.dead_since else "",
             ]
             for w in found
         ]
         columns = ("worker", "status", "host", "pid", "names", "running", "started")
-        rows([*columns, "last seen", "running keys"], table)
+        rows([*columns, "last seen", "running keys", "dead since"], table)
 
     run(ctx, work)
 

@@ -63,8 +63,9 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 envvar="MSCHEDULER_CLAIM_SPREAD",
-                help="Long tasks: share bursts with the other live workers; a busy worker lets "
-                "a due task wait this long for an idle one first (above the poll interval).",
+                help="Share bursts with the other live workers: a busy worker lets a due "
+                "task wait this long for an idle one first (above the poll interval; default "
+                "1s); `off`: claim as many due tasks as there are free slots.",
                 show_default=False,
             ),
         ] = None,
@@ -126,7 +127,9 @@ def register(app: typer.Typer) -> None:
                     grace, "grace", minimum=dt.timedelta(0), maximum=dt.timedelta(days=1)
                 )
                 chosen["shutdown_grace_ms"] = round(wait.total_seconds() * 1000)
-            if claim_spread:
+            if claim_spread == "off":
+                chosen["claim_spread_ms"] = None
+            elif claim_spread:
                 spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
                 chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
             if heartbeat:

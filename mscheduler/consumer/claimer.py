@@ -94,12 +94,16 @@ class Feed(Protocol):
     """The consumer that fills the heap. Invariant: `fetch` adds the page of tasks claimable
     soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
-    keys the claim policy lets this consumer claim now; `paused` names are never claimed."""
+    keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
+    each turn of the claimer, whether work is due beyond the free slots; `paused` names are
+    never claimed."""
 
     @property
     def paused(self) -> set[str]: ...
 
     def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+
+    def observe(self, free_slots: int, due: bool) -> None: ...
 
     async def fetch(self) -> None: ...
 
@@ -162,6 +166,8 @@ class Claimer:
             earliest = self._heap.earliest()
             if self._uncertain_runs and self._slots.free_slots > 0:
                 earliest = now  # a lease of ours may be waiting to run (see _claim_due)
+            # The spread policy claims greedily while work is due beyond our free slots.
+            self._feed.observe(self._slots.free_slots, earliest is not None and earliest <= now)
             if self._slots.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
                     # Drained after dropping entries: look again, letting the rest of the

@@ -272,6 +272,7 @@ class Consumer:
         when = self._limiter.offered(
             task, task.next_claim_for(self.worker_id, self._clock.now(), held)
         )
+        self._presence.spread.offered(task.key, bool(task.options.specific_worker_ids))
         if self._heap.offer(task.key, when, task.version, task.id, task.name):
             self._claimer.wake()
 
@@ -385,3 +386,7 @@ class Consumer:
         """Of the due keys, those the claim policy lets this consumer claim now (`claimer.Feed`:
         the policy is `presence`'s)."""
         return self._presence.admit(due, now)
+
+    def observe(self, free_slots: int, due: bool) -> None:
+        """`claimer.Feed`: the spread policy sees the claimer's free slots and due work."""
+        self._presence.spread.observe(free_slots, due)

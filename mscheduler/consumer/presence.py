@@ -74,13 +74,14 @@ class Presence:
 
     def admit(self, due: list[str], now: dt.datetime) -> list[str]:
         """Of the due keys, those the claim policy lets this consumer claim now."""
-        return self.spread.admit(due, len(self._running_keys()), now)
+        running = len(self._running_keys())
+        return self.spread.admit(due, running, self._options.max_running, now)
 
     async def beat(self) -> None:
         try:
             await self._store.workers.beat(self.info())
             if self.spread.enabled:  # one more small read, only for this policy
-                peers = await self._store.workers.all(self._names)
+                peers = await self._store.workers.registered(self._names)
                 self.spread.live_workers = max(1, sum(peer.alive for peer in peers))
         except (BackendUnavailable, StoreError) as exc:
             log.warning(
@@ -107,7 +108,7 @@ class Presence:
                 await self._store.workers.remove(self._options.worker_id)
             except (BackendUnavailable, StoreError) as exc:
                 log.warning(
-                    "live workers entry not removed (it will show stale): %s",
+                    "live workers entry not removed (it will show dead): %s",
                     exc,
                     extra={"action": "unregister_failed", "worker_id": self._options.worker_id},
                 )

@@ -42,7 +42,7 @@ class NameView:
     paused: browse.Paused | None = None
     limit: LimitView | None = None
     schedules: list[Schedule] = dataclasses.field(default_factory=list)
-    workers: list[WorkerInfo] = dataclasses.field(default_factory=list)
+    workers: list[WorkerInfo] = dataclasses.field(default_factory=list)  # the live ones
 
     @property
     def total(self) -> int:
@@ -78,14 +78,15 @@ class Overview:
     names: list[NameView]
     totals: dict[str, int]
     chart: Chart
-    workers: list[WorkerInfo]
+    workers: list[WorkerInfo]  # every registered one, alive or dead
     now: dt.datetime
 
 
-async def live_workers(scheduler: Scheduler) -> list[WorkerInfo]:
-    """The workers alive now, from the registry: one that died without stopping stays listed
-    there (``alive=False``) for a day, but it serves nothing."""
-    return [worker for worker in await scheduler.workers() if worker.alive]
+async def registered_workers(scheduler: Scheduler) -> list[WorkerInfo]:
+    """Every registered worker, alive ones first, as `mscheduler workers` lists them: what
+    each runs now (from the tasks), and one that died without stopping marked dead since
+    when (it stays registered for a day), so the two views never disagree."""
+    return await scheduler.workers()
 
 
 def _limit_view(limit: Limit, now: dt.datetime) -> LimitView:
@@ -153,9 +154,9 @@ async def overview(scheduler: Scheduler) -> Overview:
         view(name).limit = _limit_view(limit, now)
     for schedule in await scheduler.schedules():
         view(schedule.name).schedules.append(schedule)
-    workers = await live_workers(scheduler)
+    workers = await registered_workers(scheduler)
     for worker in workers:
-        for name in worker.names:
+        for name in worker.names if worker.alive else ():  # a dead worker serves nothing
             view(name).workers.append(worker)
     finished = await scheduler.store.browse.finished_counts(
         until=now, bucket=CHART_BUCKET, buckets=CHART_BUCKETS

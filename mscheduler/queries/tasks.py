@@ -33,6 +33,7 @@ from .stages import (
     RUNNING,
     SUCCESS,
     TERMINAL,
+    TIMEOUT,
     UNTOUCHED,
     WORKER_STATES,
     Document,
@@ -550,6 +551,46 @@ def stats_pipeline() -> Pipeline:
                 "oldest_created_at": {"$min": "$created_at"},
             }
         },
+    ]
+
+
+def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
+    """What each worker holds now, read from the tasks themselves (the live workers view,
+    `store.workers`): per worker id, ``running`` (its live running states), ``keys`` (up to
+    ``listed`` of their task keys), ``lease_until`` (the latest expiry of its live leases)
+    and ``lease_lost_at`` (the latest expiry among its leases that expired: running states
+    past their ``ping_expire_at``, and ``timeout`` states, ended at their expiry, of tasks
+    another worker took over). Exact as of the last write of each task, at no write of its own.
+
+    Only running tasks are read: every live state is in one, since a task holding a running
+    state is ``running`` unless it is blocked or terminal (`recompute`: a terminal task holds
+    none). Served by the finished index (its ``state`` prefix); the cost is one read of each
+    running task, not of the collection."""
+    state = "$worker_states.state"
+    expiry = "$worker_states.ping_expire_at"
+    live = {"$and": [{"$eq": [state, RUNNING]}, {"$gt": [expiry, now]}]}
+    lost_at = {
+        "$cond": [
+            {"$eq": [state, TIMEOUT]},
+            "$worker_states.finished_at",
+            {"$cond": [live, None, expiry]},
+        ]
+    }
+    held = {"$filter": {"input": "$keys", "as": "k", "cond": {"$ne": ["$$k", None]}}}
+    return [
+        {"$match": {"state": TaskState.RUNNING.value}},
+        {"$unwind": "$worker_states"},
+        {"$match": {"worker_states.state": {"$in": [RUNNING, TIMEOUT]}}},
+        {
+            "$group": {
+                "_id": "$worker_states.worker_id",
+                "running": {"$sum": {"$cond": [live, 1, 0]}},
+                "keys": {"$push": {"$cond": [live, "$key", None]}},
+                "lease_until": {"$max": {"$cond": [live, expiry, None]}},
+                "lease_lost_at": {"$max": lost_at},
+            }
+        },
+        {"$set": {"keys": {"$slice": [held, -listed]}}},
     ]
 
 

@@ -1,28 +1,42 @@
-"""The live workers: a document per consumer in ``<collection>.workers``, beside the tasks.
+"""The live workers: a document per consumer in ``<collection>.workers``, beside the tasks,
+and what each holds, read from the tasks themselves.
 
 A consumer writes its document when it starts, rewrites it once per heartbeat (one small
-upsert: when it was last seen and what it runs now) and deletes it when it stops. A worker
-that died without stopping (kill -9, a lost host) leaves its document behind: it is shown as
-stale once ``last_seen_at`` is older than `models.STALE_AFTER_BEATS` heartbeats, and a TTL index
-removes it a day later. Nothing else reads these documents to decide anything about a task:
-they are what operators (``mscheduler workers``, ``stats``, a dashboard) look at.
+upsert: when it was last seen) and deletes it when it stops. What a worker runs is not taken
+from that document, which is as old as its last heartbeat: `Workers.all` reads it from the
+running tasks' worker states (`queries.tasks.held_by_worker_pipeline`), exact as of each
+task's last write (a claim, a ping, a finish), at no write of its own.
+
+A worker that died without stopping (kill -9, a lost host) leaves its document behind. It is
+judged dead (`WorkerInfo.judged`) from the first of two promises it broke: a heartbeat every
+``heartbeat_ms`` (dead `models.STALE_AFTER_BEATS` heartbeats after the last), and a ping of every
+task it runs before its lease expires (dead when its leases expired after its last
+heartbeat, and none is live). A TTL index removes the document a day later. Nothing else
+reads these documents to decide anything about a task: they are what operators
+(``mscheduler workers``, ``stats``, a dashboard) look at, and what the ``spread`` claim
+policy counts its peers from.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import inspect
 from collections.abc import Sequence
+from typing import Any
 
 from .. import layout
+from ..clock import to_bson_time
 from ..models import WorkerInfo
+from ..queries import tasks as q
 from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
 from .driver import driver_errors
 
-# A worker is stale once it missed this many heartbeats: one late write is not a death.
-STALE_AFTER_BEATS = 3
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
+# Fields of `WorkerInfo` its reader sets, never stored.
+_READ_ONLY = {"alive", "dead_since", "lease_until", "lease_lost_at"}
 
 
 class Workers(BesideTasks):
@@ -39,7 +53,7 @@ class Workers(BesideTasks):
         if not self._ttl_ready:
             await self.collection.create_indexes([index_model(layout.WORKERS_TTL)])
             self._ttl_ready = True
-        document = info.model_dump(by_alias=True, exclude={"alive"})
+        document = info.model_dump(by_alias=True, exclude=_READ_ONLY)
         worker_id = document.pop("_id")
         await self.collection.update_one(*wq.put(worker_id, document), upsert=True)
 
@@ -54,15 +68,52 @@ class Workers(BesideTasks):
         document = await self.collection.find_one(wq.by_id(worker_id))
         if document is None:
             return None
-        info = WorkerInfo.model_validate(document)
-        return info.model_copy(update={"alive": info.is_alive(self._tasks.clock.now())})
+        now = self._tasks.clock.now()
+        held = await self._held(now)
+        return _with_held(WorkerInfo.model_validate(document), held).judged(now)
 
     @driver_errors
     async def all(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
-        """Every registered worker (serving any of ``names``), alive ones first, by id."""
+        """Every registered worker (serving any of ``names``), alive ones first, by id, each
+        with what it holds now (one read of the running tasks, `_held`)."""
+        registered = await self.registered(names)
+        now = self._tasks.clock.now()
+        held = await self._held(now) if registered else {}
+        found = [_with_held(info, held).judged(now) for info in registered]
+        return sorted(found, key=lambda w: (not w.alive, w.worker_id))
+
+    @driver_errors
+    async def registered(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
+        """The entries as the workers wrote them (serving any of ``names``), judged by their
+        heartbeats alone: one small read, for a consumer that counts its peers at each
+        heartbeat (`all` adds what each holds, from the tasks)."""
         now = self._tasks.clock.now()
         found = []
         async for document in self.collection.find(wq.serving(names)):
-            info = WorkerInfo.model_validate(document)
-            found.append(info.model_copy(update={"alive": info.is_alive(now)}))
-        return sorted(found, key=lambda w: (not w.alive, w.worker_id))
+            found.append(WorkerInfo.model_validate(document).judged(now))
+        return found
+
+    async def _held(self, now: dt.datetime) -> dict[str, dict[str, Any]]:
+        """What each worker id holds, from the running tasks: one aggregation over them."""
+        await self._tasks.ready()
+        pipeline = q.held_by_worker_pipeline(now, MAX_LISTED_KEYS)
+        cursor = self._tasks.collection.aggregate(pipeline)
+        if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
+            cursor = await cursor
+        return {row["_id"]: row async for row in cursor}
+
+
+def _with_held(info: WorkerInfo, held: dict[str, dict[str, Any]]) -> WorkerInfo:
+    row = held.get(info.worker_id, {})
+    return info.model_copy(
+        update={
+            "running": row.get("running", 0),
+            "running_keys": sorted(row.get("keys", [])),
+            "lease_until": _utc(row.get("lease_until")),
+            "lease_lost_at": _utc(row.get("lease_lost_at")),
+        }
+    )
+
+
+def _utc(moment: dt.datetime | None) -> dt.datetime | None:
+    return None if moment is None else to_bson_time(moment)

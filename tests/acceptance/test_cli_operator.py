@@ -113,7 +113,7 @@ def test_workers_are_listed_and_stats_say_who_serves_what(uri: str):
         second.kill()
 
 
-def test_a_killed_worker_shows_stale(uri: str):
+def test_a_killed_idle_worker_shows_dead(uri: str):
     process = start_worker(
         uri, "worker", HANDLERS, "--worker-id", "doomed", "--heartbeat", "200ms", cwd=ROOT
     )
@@ -123,12 +123,49 @@ def test_a_killed_worker_shows_stale(uri: str):
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     deadline = dt.datetime.now() + dt.timedelta(seconds=20)
-    while True:  # stale once three heartbeats (600 ms) were missed
+    while True:  # dead once two heartbeats (400 ms) were missed
         [info] = json.loads(ok(cli(uri, "workers", "--json")))
         if not info["alive"] or dt.datetime.now() > deadline:
             break
-    assert info["worker_id"] == "doomed" and not info["alive"]
-    assert "\tstale\t" in ok(cli(uri, "workers"))
+    assert info["worker_id"] == "doomed" and not info["alive"] and info["dead_since"]
+    [line] = ok(cli(uri, "workers")).splitlines()[1:]
+    assert "\tdead\t" in line and line.endswith("ago): it missed its heartbeats")
+
+
+def test_workers_show_what_runs_at_once_and_a_killed_worker_dead_when_its_leases_expire(
+    uri: str,
+):
+    """At the default heartbeat (30 s): the running count is right as soon as the tasks
+    start, and a worker killed while it runs them is dead when their leases expire (1 s
+    here), not after two missed heartbeats (60 s)."""
+    process = start_worker(uri, "worker", HANDLERS, "--worker-id", "w-held", cwd=ROOT)
+    try:
+        read_until(process, " running ")
+
+        async def work() -> None:
+            async with await ms.Scheduler.connect(uri) as sched:
+                lease = ms.TaskOptions(ping_interval_ms=300, worker_timeout_ms=1_000)
+                for key in ("held:1", "held:2"):
+                    await sched.publish(key, None, name="slow", options=lease)
+
+        anyio.run(work)
+        wait_running(uri, "held:1")
+        wait_running(uri, "held:2")
+        [info] = json.loads(ok(cli(uri, "workers", "--json")))
+        assert (info["running"], info["running_keys"]) == (2, ["held:1", "held:2"])
+        assert info["alive"] and info["dead_since"] is None
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    killed = time.monotonic()
+    while True:
+        [info] = json.loads(ok(cli(uri, "workers", "--json")))
+        if not info["alive"]:
+            break
+        assert time.monotonic() - killed < 20, "still alive long after its leases expired"
+    assert info["running"] == 0 and info["dead_since"] == info["lease_lost_at"]
+    [line] = ok(cli(uri, "workers")).splitlines()[1:]
+    assert "\tdead\t" in line and line.endswith("ago): its leases expired")
 
 
 def worker_states(uri: str, key: str) -> ms.Task:

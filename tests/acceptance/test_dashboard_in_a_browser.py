@@ -25,6 +25,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.models import WorkerInfo
 from mscheduler.testing import ManualClock
 from tests.engines import WireServer
 
@@ -411,3 +412,60 @@ def test_a_weak_token_is_refused_naming_the_rule(command: str):
     assert done.returncode == 2
     assert done.stderr.startswith("error: token: "), done.stderr
     assert "16 characters" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_the_workers_view_follows_claims_at_once_and_shows_a_dead_worker(
+    dashboard: tuple[str, str, subprocess.Popen[str]],
+):
+    """imager-0 and imager-1 each run a thumbnail (the seed's claims); their entries say
+    nothing runs (as at a heartbeat before the claims). The view shows what the tasks say,
+    follows a new claim without a reload, and lists imager-1, which stopped beating five
+    minutes ago, as dead since then, as `mscheduler workers` does."""
+    if not CHROMIUM.exists():
+        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        browser_unavailable("no playwright (pip install -e '.[dev]')")
+    url, uri, _ = dashboard
+
+    async def register(sched: ms.Scheduler) -> None:
+        now = dt.datetime.now(dt.timezone.utc)
+        for worker_id, seen in (("imager-0", now), ("imager-1", now - dt.timedelta(minutes=5))):
+            entry = WorkerInfo(
+                worker_id=worker_id,
+                host="render-1",
+                pid=7,
+                names=["thumbnail"],
+                max_running=16,
+                started_at=seen,
+                last_seen_at=seen,
+                heartbeat_ms=30_000,
+            )
+            await sched.store.workers.beat(entry)
+
+    on(uri, register)
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(
+            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page()
+        page.set_default_timeout(10_000)
+        page.goto(url + "/")
+        alive, dead = (
+            page.locator('tr[data-worker="imager-0"]'),
+            page.locator('tr[data-worker="imager-1"]'),
+        )
+        expect(alive.locator("td.num")).to_have_text("1/16")
+        expect(alive.locator("td.status")).to_have_text("alive")
+        expect(dead.locator("td.status")).to_contain_text("dead since 4m ago")
+        expect(dead.locator("td.status")).to_contain_text("it missed its heartbeats")
+        expect(dead.get_by_role("button")).to_have_count(0)
+        expect(page.locator('tr[data-name="thumbnail"]')).not_to_contain_text("imager-1")
+
+        async def claim_big(sched: ms.Scheduler) -> None:
+            assert await sched.store.tasks.claim("imager-0", key="thumbnail:big") is not None
+
+        on(uri, claim_big)  # no heartbeat: the view follows the task, without a reload
+        expect(alive.locator("td.num")).to_have_text("2/16")
+        browser.close()

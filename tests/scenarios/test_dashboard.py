@@ -343,7 +343,7 @@ async def test_the_stop_button_of_a_live_worker_stops_it_behind_the_token_and_a_
         await tg.start(consumer.run)
         async with client(app) as http:
             page = (await http.get("/")).text
-            row = re.search(r'<tr data-worker="mailer-1">(.*?)</tr>', page, re.S)
+            row = re.search(r'<tr data-worker="mailer-1"[^>]*>(.*?)</tr>', page, re.S)
             assert row, "no row for the live worker"
             forms = re.findall(r'<form method="post" action="([^"]+)"[^>]*data-confirm="', row[1])
             assert forms == ["/workers/mailer-1/stop", "/workers/mailer-1/stop"]
@@ -478,13 +478,21 @@ async def test_the_event_stream_sends_a_refresh_after_a_change_until_the_client_
             left.set()  # the response ends with the client, no cancel needed
 
 
-async def test_the_live_workers_of_the_registry_are_shown_by_name(
+def worker_row(page: str, worker_id: str) -> str:
+    found = re.search(rf'<tr data-worker="{re.escape(worker_id)}"[^>]*>(.*?)</tr>', page, re.S)
+    assert found, f"no row for worker {worker_id}"
+    return text_of(found[1])
+
+
+async def test_the_workers_view_shows_what_runs_now_and_dead_workers_since_when(
     filled: ms.Scheduler, clock: ManualClock
 ):
-    """Each live worker of the registry shows under the names it serves; one that died
-    without stopping (three heartbeats missed) nowhere."""
+    """Each live worker shows under the names it serves, with what it runs now read from the
+    tasks (its entry says 0 until its next heartbeat); one that died without stopping (two
+    heartbeats missed) serves no name, and is listed among the workers as dead since then,
+    as `mscheduler workers` lists it."""
 
-    def entry(worker_id: str, names: list[str], running: int) -> WorkerInfo:
+    def entry(worker_id: str, names: list[str]) -> WorkerInfo:
         now = clock.now()
         return WorkerInfo(
             worker_id=worker_id,
@@ -492,22 +500,26 @@ async def test_the_live_workers_of_the_registry_are_shown_by_name(
             pid=4242,
             names=names,
             max_running=16,
-            running=running,
             started_at=now,
             last_seen_at=now,
             heartbeat_ms=10_000,
         )
 
-    await filled.store.workers.beat(entry("gone-1", ["email"], 1))
-    clock.advance(30)  # gone-1 missed three heartbeats: it died
-    await filled.store.workers.beat(entry("mailer-1", ["email", "sms"], 3))
+    await filled.store.workers.beat(entry("gone-1", ["email"]))
+    clock.advance(30)  # gone-1 missed two heartbeats (and one more): dead 10 s ago
+    await filled.store.workers.beat(entry("mailer-1", ["email", "sms"]))
+    for n in range(3):  # claimed after its heartbeat: only the tasks know it runs them
+        assert await filled.store.tasks.claim("mailer-1", key=f"email:{n}") is not None
     async with client(create_app(filled)) as http:
         page = (await http.get("/")).text
     assert "mailer-1 3/16" in text_of(row_of(page, "email"))
     assert "mailer-1" in text_of(row_of(page, "sms"))
     assert "mailer-1" not in text_of(row_of(page, "report"))
-    assert "gone-1" not in page
-    assert "web-1:4242" in text_of(page)
+    assert "gone-1" not in text_of(row_of(page, "email"))
+    assert "email:0, email:1, email:2" in worker_row(page, "mailer-1")
+    assert "alive" in worker_row(page, "mailer-1") and "web-1:4242" in text_of(page)
+    gone = worker_row(page, "gone-1")
+    assert "dead since 10s ago it missed its heartbeats" in gone and "Stop" not in gone
 
 
 def test_the_core_install_does_not_import_the_dashboard():

@@ -1,5 +1,7 @@
 """The live workers: each consumer lists itself beside the tasks, refreshed with its heartbeat,
-removed at stop; one that died shows as stale. `stats` counts the live ones per name."""
+removed at stop; what it runs is read from the tasks; one that died shows as dead, since the
+first promise it broke (a heartbeat, or the pings of its leases). `stats` counts the live ones
+per name."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tests.engines import POLL_MS, until_idle
 pytestmark = pytest.mark.anyio
 
 
-def options(worker_id: str, **more: int) -> ms.WorkerOptions:
+def options(worker_id: str, **more: int | None) -> ms.WorkerOptions:
     return ms.WorkerOptions(
         worker_id=worker_id, poll_interval_ms=POLL_MS, heartbeat_ms=1_000, **more
     )
@@ -60,25 +62,100 @@ async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
     assert await scheduler.workers() == []
 
 
-async def test_a_worker_that_died_is_shown_stale(scheduler: ms.Scheduler, clock: ManualClock):
-    """A kill -9 leaves the entry: alive until three heartbeats were missed."""
-    now = clock.now()
-    dead = WorkerInfo(
-        worker_id="gone",
+def registered(worker_id: str, now: dt.datetime, heartbeat_ms: int) -> WorkerInfo:
+    """An entry as a worker writes it, for a worker that then dies (kill -9)."""
+    return WorkerInfo(
+        worker_id=worker_id,
         host="h",
         pid=1,
         names=["job"],
-        max_running=1,
+        max_running=16,
         started_at=now,
         last_seen_at=now,
-        heartbeat_ms=10_000,
+        heartbeat_ms=heartbeat_ms,
     )
-    await scheduler.store.workers.beat(dead)
-    clock.advance(29.9)
+
+
+async def test_an_idle_worker_that_died_is_dead_after_two_missed_heartbeats(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """A kill -9 leaves the entry: alive until two heartbeats were missed, then dead since."""
+    now = clock.now()
+    await scheduler.store.workers.beat(registered("gone", now, heartbeat_ms=10_000))
+    clock.advance(19.9)
     assert [w.alive for w in await scheduler.workers()] == [True]
     clock.advance(0.1)
     [info] = await scheduler.workers()
-    assert not info.alive and info.stale_at() == now + dt.timedelta(seconds=30)
+    assert not info.alive and info.dead_since == now + dt.timedelta(seconds=20)
+
+
+async def test_the_running_count_follows_claims_and_finishes_between_heartbeats(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """What a worker runs is read from the tasks: right after its claims and its finishes,
+    not as of its last heartbeat (30 s by default)."""
+    gates = {key: anyio.Event() for key in ("a", "b", "c")}
+
+    async def held(task: ms.Task) -> None:
+        await gates[task.key].wait()
+
+    busy = ms.WorkerOptions(worker_id="w1", poll_interval_ms=POLL_MS, max_running=16)
+    async with scheduler.consumer({"job": held}, options=busy):
+        for key in gates:
+            await scheduler.publish(key, None, name="job")
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys, info.alive) == (3, ["a", "b", "c"], True)
+        gates["a"].set()
+        gates["c"].set()
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys) == (1, ["b"])
+        gates["b"].set()
+        await discover()
+        [info] = await scheduler.workers()
+        assert (info.running, info.running_keys) == (0, [])
+
+
+async def test_a_worker_that_died_holding_tasks_is_dead_when_its_leases_expire(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """A worker killed while it runs tasks stops pinging them: it is dead once their leases
+    expired (here 10 s), long before two missed heartbeats (60 s), and stays so when another
+    worker takes its tasks over."""
+    start = clock.now()
+    await scheduler.store.workers.beat(registered("gone", start, heartbeat_ms=30_000))
+    lease = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=10_000)
+    for key in ("x1", "x2"):
+        await scheduler.publish(key, None, name="job", options=lease)
+        assert await scheduler.store.tasks.claim("gone", key=key) is not None
+    clock.advance(9.9)
+    [info] = await scheduler.workers()
+    assert (info.alive, info.running, info.running_keys) == (True, 2, ["x1", "x2"])
+    clock.advance(0.1)
+    [info] = await scheduler.workers()
+    assert not info.alive and info.running == 0
+    assert info.dead_since == start + dt.timedelta(seconds=10)
+    clock.advance(1)
+    assert await scheduler.store.tasks.claim("w2", key="x1") is not None  # a takeover
+    [info] = await scheduler.workers(names=["job"])
+    assert not info.alive and info.dead_since == start + dt.timedelta(seconds=10)
+    rows = {(r.name, r.state.value): r for r in await scheduler.stats()}
+    assert rows["job", "running"].live_workers == 0
+
+
+async def test_a_worker_that_beat_after_losing_a_lease_is_alive(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """A lease lost to a stall is not a death when the worker beat since."""
+    start = clock.now()
+    lease = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=10_000)
+    await scheduler.publish("x", None, name="job", options=lease)
+    assert await scheduler.store.tasks.claim("slow", key="x") is not None
+    clock.advance(12)
+    await scheduler.store.workers.beat(registered("slow", clock.now(), heartbeat_ms=30_000))
+    [info] = await scheduler.workers()
+    assert info.alive and info.dead_since is None and info.started_at > start
 
 
 async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
@@ -108,7 +185,7 @@ async def test_stats_count_live_workers_and_list_paused_names_without_tasks(
 
 
 def _run_burst(
-    scheduler: ms.Scheduler, clock: ManualClock, discover, workers: int, **policy: int
+    scheduler: ms.Scheduler, clock: ManualClock, discover, workers: int, **policy: int | None
 ) -> tuple[dict[str, list[str]], anyio.Event, list[Consumer]]:
     gate = anyio.Event()
     ran: dict[str, list[str]] = {}
@@ -185,13 +262,64 @@ async def test_spread_still_claims_what_no_peer_takes(
         gate.set()
 
 
-async def test_greedy_by_default_takes_what_its_slots_allow(
+async def test_spread_by_default_shares_a_burst_of_long_tasks(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
-    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
+    """No option set: six long tasks published at once go to three workers, not one."""
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a heartbeat: each now counts three live workers
+        await until_idle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        for _ in range(6):  # past the spread waits: anything left is claimed
+            clock.advance(1.0)
+            await discover()
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
+async def test_spread_claims_at_once_while_more_is_due_than_its_slots(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """A drain: with tasks due and every slot taken, no peer is idle to leave a task to, so
+    each slot that frees is filled at once, to the last task, with no spread wait."""
+    now = clock.now()
+    for peer in ("busy-1", "busy-2"):  # listed alive, all slots taken elsewhere
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000))
+    gates = {f"t:{n}": anyio.Event() for n in range(12)}
+    ran: list[str] = []
+
+    async def held(task: ms.Task) -> None:
+        ran.append(task.key)
+        await gates[task.key].wait()
+
+    await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in gates)
+    async with scheduler.consumer({"job": held}, options=options("w0", max_running=4)):
+        await discover()  # it counted three live workers as it started, then fetched
+        assert len(ran) == 4  # its share of twelve among three is its four slots
+        while len(ran) < len(gates):
+            before = len(ran)
+            gates[ran[before - 4]].set()  # the oldest finishes: its slot is filled at once
+            await discover()
+            assert len(ran) == before + 1, f"a slot left empty with {len(gates) - before} due"
+        for gate in gates.values():
+            gate.set()
+        await discover()
+    assert sorted(ran) == sorted(gates)
+
+
+async def test_greedy_when_spread_is_off_takes_what_its_slots_allow(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=None)
     async with consumers[0]:
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
-        assert len(ran["w0"]) == 6  # today's throughput: no wait
+        assert len(ran["w0"]) == 6  # no wait, whatever the peers
         gate.set()

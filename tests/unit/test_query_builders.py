@@ -72,6 +72,7 @@ SAMPLES: dict[str, Any] = {
     "before": "dep",
     "still_pending": True,
     "count": 3,
+    "listed": 20,
     "kinds": ["success"],
     "field": "result",
     "cond": {"$eq": ["$$ws.state", "running"]},
@@ -312,7 +313,7 @@ def differences(path: str, left: Any, right: Any) -> list[str]:
 def as_probe(builder: str, built: Any) -> tuple[str, Any]:
     """What to send for a builder's output: ("find", filter), ("update", (filter, update)),
     ("aggregate", pipeline)."""
-    if builder == "tasks.stats_pipeline":
+    if builder in ("tasks.stats_pipeline", "tasks.held_by_worker_pipeline"):
         return "aggregate", built
     if builder == "derived.wakes_consumers":  # an expression whose top level ($or) is a filter's
         return "update", ({}, [{"$set": {"probe": built}}])
@@ -364,7 +365,7 @@ async def outcome(collection: Any, probe: tuple[str, Any], seed: list[dict[str, 
     if kind == "aggregate":
         cursor = await collection.aggregate(sent)
         rows = [row async for row in cursor]
-        return sorted(rows, key=lambda row: sorted(row["_id"].items()))
+        return sorted(rows, key=lambda row: repr(row["_id"]))
     if kind == "insert":
         await collection.insert_one(dict(sent))
     else:
