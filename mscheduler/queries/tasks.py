@@ -326,7 +326,7 @@ def quick_claim(
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
-        # No ``pinged_at``: absent reads as None (a claim is no ping) and costs no bytes.
+        "pinged_at": None,  # a claim is no ping (`lease.ping_update` sets it)
         "finished_at": None,
         "error": None,
         "result": None,
@@ -387,7 +387,7 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
-        # No ``pinged_at`` (as in `quick_claim`): a claim is no ping.
+        "pinged_at": None,  # a claim is no ping (`lease.ping_update` sets it)
         "finished_at": None,
         "error": None,
         "result": None,
