@@ -111,8 +111,9 @@ def test_a_quick_claim_and_a_quick_success_send_at_most_970_bytes():
     """What the server parses per task in the common case, besides its share of one
     candidate read per batch: the claim's statement and the success's (BSON, as a bulk write
     sends them; the claim's new state carries ``pinged_at``, its attempt's last ping, which
-    `mscheduler show` reports for a dead attempt), for a consumer's worker id and a claim's run id of the usual lengths. The
-    bound is their size now: a statement that grows is a decision, taken here."""
+    `mscheduler show` reports for a dead attempt), for a consumer's worker id and a claim's
+    run id of the usual lengths. The bound is their size now: a statement that grows is a
+    decision, taken here."""
     import bson
 
     from mscheduler.queries import lease as lq
