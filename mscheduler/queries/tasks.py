@@ -154,6 +154,17 @@ def replace_finished_filter(key: str, version: int) -> Document:
     return {"key": key, "state": {"$in": TERMINAL}, "version": version}
 
 
+def retry_filter(key: str, version: int) -> Document:
+    """`Scheduler.retry`: the failed or cancelled task the caller read, at that version. A task
+    that ran again (and maybe succeeded) or was changed in between is left alone: its work is
+    never run twice by a retry that raced it (the caller re-reads and decides again)."""
+    return {
+        "key": key,
+        "version": version,
+        "state": {"$in": [TaskState.FAIL.value, TaskState.CANCELLED.value]},
+    }
+
+
 def replace_filter(key: str, version: int, *, running_ok: bool = False) -> Document:
     """`Scheduler.replace`: a task that is not running (any, inside a commit), at the version
     the caller read. The replacement continues that version, so a ``require`` that read an

@@ -14,7 +14,7 @@ from pymongo import ReturnDocument
 from .. import layout
 from ..clock import to_bson_time
 from ..encoding import check_document_size
-from ..errors import ConfigurationError, TaskNotFound
+from ..errors import ConfigurationError, StoreError, TaskNotFound
 from ..models import PublishResult, StatsRow, Task, TaskOptions, TaskState, check_key, checked
 from ..queries import flows as fq
 from ..queries import tasks as q
@@ -28,6 +28,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RETRYABLE = (TaskState.FAIL, TaskState.CANCELLED)
+_RETRY_ATTEMPTS = 5  # re-reads when another writer changed the task under a retry
+
+
+def _cancelled_by(task: Task, dependency: str) -> bool:
+    """Whether ``task`` is cancelled because ``dependency`` ended without success (what
+    `queries.tasks.cancelled_by_filter` finds), not by an operator or another cause."""
+    return (
+        task.state is TaskState.CANCELLED
+        and task.error is not None
+        and task.error.type == "DependencyFailed"
+        and dependency in task.deps_failed
+    )
 
 
 def parse_state(value: str) -> TaskState:
@@ -131,7 +143,7 @@ class Operations:
                 if dependent.key in again or not set(dependent.deps_failed) <= again:
                     continue
                 try:
-                    await self._retry_one(dependent.key)
+                    await self._retry_one(dependent.key, cancelled_by=dependency)
                 except (ConfigurationError, TaskNotFound):
                     continue  # retried, changed or deleted meanwhile: not ours to revive
                 again.add(dependent.key)
@@ -152,24 +164,35 @@ class Operations:
         cursor = store.collection.find(q.cancelled_by_filter(key), sort=q.CANCELLED_BY_ORDER)
         return [Task.model_validate(document) async for document in cursor]
 
-    async def _retry_one(self, key: str) -> PublishResult:
-        task = await self._store.get(key)
-        if task is None:
-            raise TaskNotFound(f"no task has the key {key!r}")
-        if task.state not in _RETRYABLE:
-            raise ConfigurationError(
-                f"task {key!r} is {task.state.value}: only failed or cancelled tasks are retried"
+    async def _retry_one(self, key: str, *, cancelled_by: str | None = None) -> PublishResult:
+        """The next run of ``key``, decided on one read and written only at that read's version
+        (`Publisher.rerun`): a retry that raced another writer (a retry that ran it to success,
+        an operator's cancel) decides again on what is there now. ``cancelled_by``: only while
+        the end of that dependency is still what cancelled it."""
+        for _ in range(_RETRY_ATTEMPTS):
+            task = await self._store.get(key)
+            if task is None:
+                raise TaskNotFound(f"no task has the key {key!r}")
+            if task.state not in _RETRYABLE:
+                raise ConfigurationError(
+                    f"task {key!r} is {task.state.value}: only failed or cancelled tasks are "
+                    "retried"
+                )
+            if cancelled_by is not None and not _cancelled_by(task, cancelled_by):
+                raise ConfigurationError(f"task {key!r} was not cancelled by {cancelled_by!r}")
+            spec = PublishSpec.of(
+                key,
+                task.payload,
+                name=task.name,
+                options=task.options,
+                replace_finished=True,
+                depends_on=task.depends_on,
+                allow_missing=True,
             )
-        spec = PublishSpec.of(
-            key,
-            task.payload,
-            name=task.name,
-            options=task.options,
-            replace_finished=True,
-            depends_on=task.depends_on,
-            allow_missing=True,
-        )
-        return await self._store.publisher.publish(spec)
+            result = await self._store.publisher.rerun(task, spec)
+            if result is not None:
+                return result
+        raise StoreError(f"retry {key!r}: the task kept changing; try again")
 
     @driver_errors
     async def retry_failed(

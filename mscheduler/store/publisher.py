@@ -154,6 +154,21 @@ class Publisher:
                 return PublishResult(task=replaced, created=False, replaced=True)
         raise StoreError(f"replace {spec.key!r}: the task kept changing; try again")
 
+    @tracing.producer("publish")  # a retry is the next run of its key, published anew
+    @driver_errors
+    async def rerun(self, current: Task, spec: PublishSpec) -> PublishResult | None:
+        """``spec`` as the next run of ``current``, a failed or cancelled task, only if it is
+        still at the version the caller read and decided on (`queries.tasks.retry_filter`);
+        None if it changed meanwhile (the caller re-reads and decides again)."""
+        check_fits(spec)
+        await self._store.ready()
+        document = await self._document(spec)
+        query = q.retry_filter(spec.key, current.version)
+        replaced = await self._replace(current, document, query)
+        if replaced is None:
+            return None
+        return PublishResult(task=replaced, created=False, replaced=True)
+
     async def _document(self, spec: PublishSpec) -> dict[str, Any]:
         present: list[str] = []
         pending: list[str] = []

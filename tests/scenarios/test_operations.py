@@ -108,6 +108,61 @@ async def test_retry_with_dependents_revives_those_the_failure_cancelled(
     assert (await scheduler.get("b")).state is S.PENDING  # type: ignore[union-attr]
 
 
+async def test_a_retry_that_raced_a_run_to_success_does_not_run_it_again(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """Between the retry's read of the failed task and its write, another retry ran it to
+    success: the retry decides again on what is there (a success: refused), and the work is
+    not run a second time."""
+    await scheduler.publish("k", None, name="job", options=NO_RETRY)
+    await finish(scheduler, "k", "fail")
+    store = scheduler.store
+    read = store.get
+    raced = False
+
+    async def get_then_race(key: str) -> ms.Task | None:
+        nonlocal raced
+        task = await read(key)
+        if key == "k" and not raced:
+            raced = True
+            monkeypatch.setattr(store, "get", read)
+            await scheduler.retry("k")  # someone else's retry ...
+            await finish(scheduler, "k")  # ... which then ran and succeeded
+        return task
+
+    monkeypatch.setattr(store, "get", get_then_race)
+    with pytest.raises(ConfigurationError, match="is success: only failed or cancelled"):
+        await scheduler.retry("k")
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.SUCCESS and task.runs == 2
+
+
+async def test_retry_with_dependents_leaves_a_dependent_an_operator_cancelled_meanwhile(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """Between finding the dependents the failure cancelled and reviving them, one was run
+    again on its own and then cancelled by an operator: that cancel stands."""
+    await scheduler.publish("a", None, name="job", options=NO_RETRY)
+    await scheduler.publish("b", None, name="job", depends_on=["a"])
+    await finish(scheduler, "a", "fail")
+    operations = scheduler.store.operations
+    find = operations.cancelled_by
+
+    async def find_then_race(key: str) -> list[ms.Task]:
+        found = await find(key)
+        if key == "a":
+            await scheduler.retry("b")
+            await scheduler.cancel("b", "operator: not wanted")
+        return found
+
+    monkeypatch.setattr(operations, "cancelled_by", find_then_race)
+    result = await scheduler.retry("a", with_dependents=True)
+    b = await scheduler.get("b")
+    assert result.revived == []
+    assert b is not None and b.state is S.CANCELLED and b.error is not None
+    assert b.error.type == "Cancelled" and b.runs == 2
+
+
 async def test_retry_refuses_what_did_not_fail(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="email")
     with pytest.raises(ConfigurationError, match="is pending: only failed or cancelled"):
