@@ -64,8 +64,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 envvar="MSCHEDULER_CLAIM_SPREAD",
                 help="Share bursts with the other live workers: a busy worker lets a due "
-                "task wait this long for an idle one first (above the poll interval; default "
-                "1s); `off`: claim as many due tasks as there are free slots.",
+                "task wait this long for an idle one first (above the poll interval, e.g. "
+                "1s); `off` (the default): claim as many due tasks as there are free slots.",
                 show_default=False,
             ),
         ] = None,

@@ -197,7 +197,13 @@ class Claimer:
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return False
-            due = self._feed.admit(self._heap.due_keys(now, self._slots.free_slots), now)
+            asked = self._heap.due_keys(now, self._slots.free_slots)
+            due = self._feed.admit(asked, now)
+            if asked and not due:
+                # The claim policy let them wait (back in the heap for a while): nothing was
+                # tried, so nothing is learnt of the other due keys, which stay in the heap
+                # (dropping them would leave a claimable task to the backstop's read).
+                return False
             limited: dict[str, list[str]] = {}
             for key in due:
                 name = self._heap.name_of(key)

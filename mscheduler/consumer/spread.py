@@ -1,4 +1,4 @@
-"""The ``spread`` claim policy (``WorkerOptions.claim_spread_ms``, on by default): a burst of
+"""The ``spread`` claim policy (``WorkerOptions.claim_spread_ms``, off by default): a burst of
 tasks is shared out across the live workers of its names instead of all going to whichever
 worker looked first. Greedy claiming (``claim_spread_ms=None``) lets one worker take as many
 due tasks as it has free slots: six long tasks published at once land on one of three
@@ -7,9 +7,12 @@ workers while the others idle, and a crash of that worker delays all six by the 
 - A consumer holds at most its share of what it runs and sees due, divided by the live
   workers serving its names (counted from the registry, `store.workers`, at each heartbeat).
 - A consumer already running a task lets a due task wait ``claim_spread_ms`` before
-  claiming it, so that an idle peer, which claims at once, gets it first. Tasks no peer took
-  after two waits are claimed whatever the share, a share of them per wait: peers that are
-  busy or dead (but not yet found so) never leave a task unclaimed.
+  claiming it, so that an idle peer, which claims at once, gets it first; one that waited
+  once is claimed within the share (a worker whose running tasks fill its share lets it
+  wait again). Tasks no peer took after two waits are claimed whatever the share, a share
+  of them per wait: peers that are busy, full, serve other names or are dead (but not yet
+  found so) never leave a task unclaimed, but they slow a burst by a wait per share (why
+  the policy is off by default).
 - It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
   alone; saturated (it found tasks due with every slot taken, and stays so until it has a
   free slot and nothing due); or when its share fills every free slot (more is due than the
@@ -70,9 +73,10 @@ class ClaimSpread:
         saturated, or when its share fills its free slots. Else its share is
         ``ceil((running + due in the heap) / live workers)`` tasks held at once (counted up
         to what the live workers can run, ``capacity`` each). Idle, it claims up to its share
-        at once; busy, only keys that already waited once, within its share. Keys that
-        waited twice (no peer took them: they are busy or gone) are claimed whatever the
-        share, a live worker's share of them per wait, so nothing starves."""
+        at once; busy, only keys that already waited once, within its share.
+        Keys that waited twice (no peer took them: they are busy, full, serve other names or
+        are gone) are claimed whatever the share, a live worker's share of them per wait, so
+        nothing starves."""
         live = max(1, self.live_workers)
         if self._spread is None or not due or self.saturated or live == 1:
             return due

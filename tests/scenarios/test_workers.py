@@ -262,25 +262,61 @@ async def test_spread_still_claims_what_no_peer_takes(
         gate.set()
 
 
-async def test_spread_by_default_shares_a_burst_of_long_tasks(
+async def test_greedy_by_default_takes_what_its_slots_allow(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
-    """No option set: six long tasks published at once go to three workers, not one."""
-    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3)
-    async with contextlib.AsyncExitStack() as stack:
-        for consumer in consumers:
-            await stack.enter_async_context(consumer)
-        clock.advance(1.0)  # a heartbeat: each now counts three live workers
+    """No option set: a consumer claims as many due tasks as it has free slots, whatever its
+    peers (spreading is opted into, `claim_spread_ms`)."""
+    now = clock.now()
+    await scheduler.store.workers.beat(registered("idle-peer", now, heartbeat_ms=3_600_000))
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
+    async with consumers[0]:
+        clock.advance(1.0)  # a heartbeat: it counts two live workers
         await until_idle()
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
-        for _ in range(6):  # past the spread waits: anything left is claimed
+        assert len(ran["w0"]) == 6
+        gate.set()
+
+
+async def test_a_task_due_beside_one_left_to_wait_is_claimed_when_a_slot_frees(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Spreading, with one free slot: the due task the policy lets wait goes back in the
+    heap, and a task pinned to this worker, due beside it, stays there to be claimed when a
+    slot frees (not dropped from the heap until the backstop's read, a minute later)."""
+    now = clock.now()
+    await scheduler.store.workers.beat(registered("hung", now, heartbeat_ms=3_600_000))
+    gates = {f"long:{n}": anyio.Event() for n in range(3)}
+    ran: dict[str, float] = {}
+
+    async def job(task: ms.Task) -> None:
+        ran[task.key] = (clock.now() - now).total_seconds()
+        if task.key in gates:
+            await gates[task.key].wait()
+
+    pin = ms.TaskOptions(specific_worker_ids=["w0"])
+    spread = options("w0", max_running=4, claim_spread_ms=1_000)
+    async with scheduler.consumer({"job": job}, options=spread):
+        for key in gates:
+            await scheduler.publish(key, None, name="job", options=pin)
+        await discover()
+        await scheduler.publish("a1", None, name="job", delay=dt.timedelta(seconds=5))
+        await scheduler.publish("z", None, name="job", options=pin, delay=dt.timedelta(seconds=5))
+        await discover()
+        for _ in range(8):
             clock.advance(1.0)
             await discover()
-        shares = sorted(len(keys) for keys in ran.values())
-        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
-        gate.set()
+        gates["long:0"].set()  # a slot frees
+        await discover()
+        for _ in range(5):
+            clock.advance(1.0)
+            await discover()
+        claimed = dict(ran)
+        for gate in gates.values():
+            gate.set()
+    assert "z" in claimed and claimed["z"] <= 10, claimed
 
 
 async def test_spread_claims_at_once_while_more_is_due_than_its_slots(
@@ -299,7 +335,8 @@ async def test_spread_claims_at_once_while_more_is_due_than_its_slots(
         await gates[task.key].wait()
 
     await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in gates)
-    async with scheduler.consumer({"job": held}, options=options("w0", max_running=4)):
+    spread = options("w0", max_running=4, claim_spread_ms=1_000)
+    async with scheduler.consumer({"job": held}, options=spread):
         await discover()  # it counted three live workers as it started, then fetched
         assert len(ran) == 4  # its share of twelve among three is its four slots
         while len(ran) < len(gates):
