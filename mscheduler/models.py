@@ -555,6 +555,7 @@ class WorkerInfo(BaseModel):
     # reader, from the tasks): why it was found dead, or that it still pings.
     lease_until: UtcDatetime | None = None
     lease_lost_at: UtcDatetime | None = None
+    lease_lost_claimed_at: UtcDatetime | None = None  # the latest claim of the leases lost
 
     @property
     def dead_because(self) -> str:
@@ -579,11 +580,15 @@ class WorkerInfo(BaseModel):
         lease, say to a stall). A lease lost to a takeover is a ``timeout`` state of a task
         that runs again, counted in ``lease_lost_at`` too, so the worker stays dead while
         that task runs; once it ended, only the heartbeat rule is left to judge by (the
-        tasks that ended are not read: their number grows without bound)."""
+        tasks that ended are not read: their number grows without bound). Leases claimed
+        before this instance started (a worker restarted under the same id) are its previous
+        life's: they say nothing of this one."""
         dead_since = self.stale_at()
         lost = self.lease_lost_at
         pinging = self.lease_until is not None and self.lease_until > now
-        if lost is not None and lost > self.last_seen_at and not pinging:
+        claimed = self.lease_lost_claimed_at
+        previous_life = claimed is not None and claimed < self.started_at
+        if lost is not None and lost > self.last_seen_at and not pinging and not previous_life:
             dead_since = min(dead_since, lost)
         alive = now < dead_since
         return self.model_copy(update={"alive": alive, "dead_since": None if alive else dead_since})

@@ -571,7 +571,8 @@ def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
     ``listed`` of their task keys), ``lease_until`` (the latest expiry of its live leases)
     and ``lease_lost_at`` (the latest expiry among its leases that expired: running states
     past their ``ping_expire_at``, and ``timeout`` states, ended at their expiry, of tasks
-    another worker took over). Exact as of the last write of each task, at no write of its own.
+    another worker took over) with ``lease_lost_claimed_at`` (the latest claim among those).
+    Exact as of the last write of each task, at no write of its own.
 
     Only running tasks are read: every live state is in one, since a task holding a running
     state is ``running`` unless it is blocked or terminal (`recompute`: a terminal task holds
@@ -587,6 +588,15 @@ def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
             {"$cond": [live, None, expiry]},
         ]
     }
+    # When each lost lease was claimed: a worker restarted under the same id did not lose the
+    # leases of its previous life (`models.WorkerInfo.judged` compares it with its start).
+    lost_claimed_at = {
+        "$cond": [
+            {"$eq": [state, TIMEOUT]},
+            "$worker_states.started_at",
+            {"$cond": [live, None, "$worker_states.started_at"]},
+        ]
+    }
     held = {"$filter": {"input": "$keys", "as": "k", "cond": {"$ne": ["$$k", None]}}}
     return [
         {"$match": {"state": TaskState.RUNNING.value}},
@@ -599,6 +609,7 @@ def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
                 "keys": {"$push": {"$cond": [live, "$key", None]}},
                 "lease_until": {"$max": {"$cond": [live, expiry, None]}},
                 "lease_lost_at": {"$max": lost_at},
+                "lease_lost_claimed_at": {"$max": lost_claimed_at},
             }
         },
         {"$set": {"keys": {"$slice": [held, -listed]}}},

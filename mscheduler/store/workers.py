@@ -36,7 +36,7 @@ from .driver import driver_errors
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
 # Fields of `WorkerInfo` its reader sets, never stored.
-_READ_ONLY = {"alive", "dead_since", "lease_until", "lease_lost_at"}
+_READ_ONLY = {"alive", "dead_since", "lease_until", "lease_lost_at", "lease_lost_claimed_at"}
 
 
 class Workers(BesideTasks):
@@ -111,6 +111,7 @@ def _with_held(info: WorkerInfo, held: dict[str, dict[str, Any]]) -> WorkerInfo:
             "running_keys": sorted(row.get("keys", [])),
             "lease_until": _utc(row.get("lease_until")),
             "lease_lost_at": _utc(row.get("lease_lost_at")),
+            "lease_lost_claimed_at": _utc(row.get("lease_lost_claimed_at")),
         }
     )
 

@@ -144,6 +144,27 @@ async def test_a_worker_that_died_holding_tasks_is_dead_when_its_leases_expire(
     assert rows["job", "running"].live_workers == 0
 
 
+async def test_a_worker_restarted_under_its_id_is_alive_though_its_previous_life_lost_a_lease(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Killed holding a task and restarted at once under the same id (a fixed worker id):
+    the lease its previous life held expires after the restart, which says nothing of the
+    worker now running; it is alive, and can be stopped."""
+    lease = ms.TaskOptions(ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    await scheduler.publish("x", None, name="job", options=lease)
+    assert await scheduler.store.tasks.claim("w1", key="x") is not None  # the previous life
+    clock.advance(1)
+    restarted = registered("w1", clock.now(), heartbeat_ms=30_000)
+    await scheduler.store.workers.beat(restarted.model_copy(update={"instance": "second"}))
+    clock.advance(5)  # the previous life's lease has expired, unpinged
+    [info] = await scheduler.workers()
+    assert info.alive and info.dead_since is None and info.running == 0
+    assert await scheduler.store.tasks.claim("w2", key="x") is not None  # a takeover
+    [info] = await scheduler.workers(names=["job"])
+    assert info.alive
+    await scheduler.stop_worker("w1")  # a live worker: the request is written
+
+
 async def test_a_worker_that_beat_after_losing_a_lease_is_alive(
     scheduler: ms.Scheduler, clock: ManualClock
 ):
