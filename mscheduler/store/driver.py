@@ -6,6 +6,7 @@ what the driver raises; the exception classes themselves live in `mscheduler.err
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
@@ -15,6 +16,15 @@ from ..errors import BackendUnavailable, PayloadError, StoreError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
+
+async def driver_result(result: Awaitable[T] | T) -> T:
+    """What a call that the drivers answer differently gives: pymongo's async API returns a
+    coroutine of it, Motor the thing itself (an aggregation's cursor, a change stream)."""
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 def driver_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:

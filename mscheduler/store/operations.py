@@ -4,7 +4,6 @@ failed ones, purge old ones, count them, expire them (`Store.operations`)."""
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -20,7 +19,7 @@ from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec
 from .base import index_model
-from .driver import driver_errors
+from .driver import driver_errors, driver_result
 
 if TYPE_CHECKING:
     from .whole import WholeStore
@@ -246,9 +245,7 @@ class Operations:
         then the paused names and the live workers (two small reads beside the tasks)."""
         store = self._store
         await store.ready()
-        cursor = store.collection.aggregate(q.stats_pipeline())
-        if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
-            cursor = await cursor
+        cursor = await driver_result(store.collection.aggregate(q.stats_pipeline()))
         now = store.clock.now()
         rows = []
         async for group in cursor:

@@ -15,7 +15,7 @@ the server:
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 from typing import Any, Protocol
 
 import anyio
@@ -24,6 +24,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from ..collection import TasksCollection
 from ..errors import ConfigurationError
 from ..worker_options import Discovery
+from .driver import driver_result
 
 # The stream cannot be resumed from our token: start afresh and re-fetch everything.
 RESUME_IMPOSSIBLE = frozenset({286, 280, 260})
@@ -118,8 +119,7 @@ async def open_change_stream(
     if max_await_time_ms is not None:
         kwargs["max_await_time_ms"] = max_await_time_ms
     watched = store.collection.database if whole_database else store.collection
-    stream = watched.watch(pipeline, **kwargs)
-    return await stream if inspect.isawaitable(stream) else stream
+    return await driver_result(watched.watch(pipeline, **kwargs))
 
 
 async def open_unless_refused(
@@ -152,9 +152,5 @@ async def open_unless_refused(
 async def close_quietly(stream: Any) -> None:
     """Close a stream even while being cancelled; a failure to close changes nothing."""
     with anyio.CancelScope(shield=True):
-        try:
-            result = stream.close()
-            if inspect.isawaitable(result):
-                await result
-        except PyMongoError:
-            pass
+        with contextlib.suppress(PyMongoError):
+            await driver_result(stream.close())

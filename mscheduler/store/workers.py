@@ -20,7 +20,6 @@ policy counts its peers from.
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..models import WorkerInfo
 from ..queries import tasks as q
 from ..queries import workers as wq
 from .base import BesideTasks, StoreBase, index_model
-from .driver import driver_errors
+from .driver import driver_errors, driver_result
 
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
@@ -97,9 +96,7 @@ class Workers(BesideTasks):
         """What each worker id holds, from the running tasks: one aggregation over them."""
         await self._tasks.ready()
         pipeline = q.held_by_worker_pipeline(now, MAX_LISTED_KEYS)
-        cursor = self._tasks.collection.aggregate(pipeline)
-        if inspect.isawaitable(cursor):  # pymongo's async API; Motor returns the cursor
-            cursor = await cursor
+        cursor = await driver_result(self._tasks.collection.aggregate(pipeline))
         return {row["_id"]: row async for row in cursor}
 
 
