@@ -144,15 +144,19 @@ def quick_success_possible(lease_task: Task, run_id: str) -> bool:
     )
 
 
-def quick_success_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
+def quick_success_filter(key: str, run_id: str, now: dt.datetime) -> Document:
     """`lease_filter` (this run's state live) and the conditions `quick_success` holds under:
     that state is the only one, one worker runs the task, nobody waits for it. The size and
     the fence go in one operator document of ``worker_states`` (both must hold of the one
-    array): the smallest form of this filter, sent once per task."""
-    fence = lease_filter(key, worker_id, run_id, now)
+    array): the smallest form of this filter, sent once per task. The fence names the run
+    alone, not its worker: a run id is a fresh random token of one claim by one worker, so
+    the state that has it is that worker's."""
     return {
         "key": key,
-        "worker_states": {"$size": 1, **fence["worker_states"]},
+        "worker_states": {
+            "$size": 1,
+            "$elemMatch": {"run_id": run_id, "state": RUNNING, "ping_expire_at": {"$gt": now}},
+        },
         "options.concurrent_worker_cnt": 1,
         "dependent_count": 0,
     }

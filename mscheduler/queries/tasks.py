@@ -237,12 +237,33 @@ def claim_filter(
     return query
 
 
-def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
-    """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
-    live or succeeded state of ``worker_id``, retries and tries left."""
-    live = count_states(is_live(now))
-    succeeded = count_states(state_is(SUCCESS))
-    failed = failures()
+def candidate_filter(
+    worker_id: str,
+    now: dt.datetime,
+    *,
+    names: Sequence[str],
+    exclude_keys: Sequence[str] = (),
+) -> Document:
+    """What a batched claim reads as its candidates: `claim_filter` but the slot, retry and
+    try arithmetic over the worker states (its ``$expr``, two thirds of its bytes, and what
+    an engine evaluates per document). A superset of the claimable tasks, never a subset.
+
+    Invariant that makes it enough: no candidate is claimed on this read's word alone. A
+    candidate the batch claims by compare-and-set (`quick_claimable`) is `stages.UNTOUCHED`
+    (no worker state, nothing dropped), for which that arithmetic holds whatever the options
+    (no live, succeeded or failed state, no attempt); any other is written with
+    `claim_filter` whole (`claim_one_of`), evaluated by the server on the document as it is
+    then. What the arithmetic excludes, ``next_claim_at`` excludes as well, as every write
+    derives it (`recompute`: a full task's is its first lease's expiry, one out of retries
+    or tries is ended): a task whose fields disagree, written by hand, costs its write."""
+    query = claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
+    query["$and"] = [{"$or": [UNTOUCHED, _own_states_excluded(worker_id, now)]}]
+    return query
+
+
+def _own_states_excluded(worker_id: str, now: dt.datetime) -> Document:
+    """No live or succeeded state of ``worker_id``: a worker runs a task once at a time, and
+    never again once it succeeded."""
     return {
         "$nor": [
             {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}},
@@ -255,7 +276,18 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
                     }
                 }
             },
-        ],
+        ]
+    }
+
+
+def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
+    """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
+    live or succeeded state of ``worker_id``, retries and tries left."""
+    live = count_states(is_live(now))
+    succeeded = count_states(state_is(SUCCESS))
+    failed = failures()
+    return {
+        **_own_states_excluded(worker_id, now),
         "$expr": {
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
@@ -301,7 +333,9 @@ def quick_claimable(document: Document) -> bool:
     """Whether a candidate, as read, is claimed by `quick_claim` (else by `claim_update`)."""
     options = document.get("options") or {}
     return (
-        document.get("worker_states") == []
+        document.get("worker_states") == []  # `stages.UNTOUCHED`: `candidate_filter` relies on it
+        and document.get("dropped_attempts") == 0
+        and document.get("dropped_failures") == 0
         and options.get("concurrent_worker_cnt") == 1
         and type(document.get("version")) is int
         and type(options.get("worker_timeout_ms")) is int
@@ -322,7 +356,9 @@ def quick_claim(
     ``next_claim_at``, ``deps_pending``, the retry counts) ends in `recompute`, which bumps
     ``version`` (the classic updates that do not: dependent counts, the notified flag,
     ``wakes``, touch none of them). So a write that matches finds the document as the
-    candidate read saw it, which matched `claim_filter` at this ``now``: the claim rules hold
+    candidate read saw it, which matched `claim_filter` at this ``now`` (the read's
+    `candidate_filter`, and the worker-state rules it leaves out hold of every
+    `quick_claimable` task, which has no worker state and dropped none): the claim rules hold
     as for `claim_update`, and what that pipeline would compute is computed here from the
     read: one running state, state ``running``, ``next_claim_at`` the lease's expiry (the
     one slot is held), the other derived fields null (set only where the read had one not

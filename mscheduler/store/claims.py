@@ -1,6 +1,8 @@
 """Batched claims: up to k tasks in two round trips, whatever k (not one per task).
 
-1. read the best ``k`` candidates in claim order (the claim index), whole;
+1. read the best ``k`` candidates in claim order (the claim index), whole, by
+   `queries.tasks.candidate_filter` (the claim filter less its arithmetic over the worker
+   states, which each write of step 2 keeps);
 2. one unordered ``bulk_write``: for each candidate, a conditional write with a ``run_id`` of
    its own. A candidate nobody has claimed yet, run by one worker (`queries.tasks.
    quick_claimable`, nearly every task), is claimed by a compare-and-set on its ``version``
@@ -199,8 +201,10 @@ class _Batch:
         by the claim order's fields; one read in all for up to 100 names."""
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
-            claim = q.claim_filter(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
-            cursor = self.store.collection.find(claim, sort=q.CLAIM_SORT, limit=self.limit)
+            wanted = q.candidate_filter(
+                self.worker_id, now, names=names, exclude_keys=self.exclude_keys
+            )
+            cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=self.limit)
             found += [document async for document in cursor]
         found.sort(key=_claim_order)
         return found[: self.limit]

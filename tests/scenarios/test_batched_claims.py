@@ -71,6 +71,25 @@ async def test_a_batch_takes_the_best_in_claim_order_in_two_calls(scheduler: ms.
     assert len(more) == 7
 
 
+async def test_a_batch_claims_by_the_worker_states_whatever_the_derived_fields_say(
+    scheduler: ms.Scheduler,
+):
+    """The candidate read leaves the slot arithmetic over the worker states to the writes: a
+    task held by another worker whose derived fields say otherwise (written by hand) is read
+    and not claimed; the others are."""
+    await _publish(scheduler, 4)
+    held = await scheduler.store.tasks.claim("w2", key="t1")
+    assert held is not None
+    now = scheduler.store.clock.now()
+    await scheduler.collection.update_one(
+        {"key": "t1"}, {"$set": {"state": "pending", "next_claim_at": now}}
+    )
+    leases = await scheduler.store.tasks.claim_many("w1", names=["job"], limit=10)
+    assert sorted(lease.key for lease in leases) == ["t0", "t2", "t3"]
+    task = await scheduler.get("t1")
+    assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w2"]
+
+
 class _TakesFirst(CountingCollection):
     """Another worker claims ``key`` between the batch's read and its write."""
 
