@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure
 
 from ..errors import ClaimUncertain
-from ..models import Lease, Task
+from ..models import Lease, Task, new_run_id
 from ..queries import lease as lq
 from ..queries import tasks as q
 from .base import name_groups
@@ -111,7 +110,7 @@ class _Batch:
         if not documents:
             return [], False
         candidates = [document["_id"] for document in documents]
-        run_ids = [uuid.uuid4().hex for _ in candidates]
+        run_ids = [new_run_id() for _ in candidates]
         requests = []
         claimed: list[dict[str, Any]] = []  # the documents after the quick claims
         for document, run_id in zip(documents, run_ids, strict=True):
