@@ -40,6 +40,13 @@ def by_runs(run_ids: Sequence[str]) -> Document:
     return {"worker_states.run_id": {"$in": list(run_ids)}}
 
 
+def runs_of(keys: Sequence[str], run_ids: Sequence[str]) -> Document:
+    """Of the tasks ``keys``, those a batched claim went to (one ``run_id`` per task it
+    tried). Sought by key, the unique index, one seek per candidate on every engine (the
+    wire engine scans the whole collection for ``$in`` on the ``run_id`` index)."""
+    return {"key": {"$in": list(keys)}, "worker_states.run_id": {"$in": list(run_ids)}}
+
+
 def lease_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
     """Fencing: only the holder of a *live* state with this ``run_id`` may write. An expired
     lease is dead even before anyone takes over, so a success or fail is only ever recorded

@@ -8,9 +8,9 @@
    quick_claimable`, nearly every task), is claimed by a compare-and-set on its ``version``
    and a classic ``$set`` computed from the read (`queries.tasks.quick_claim`); any other, by
    the full claim filter on that ``_id`` and the claim pipeline (`queries.tasks.claim_one_of`);
-3. only when a write did not match or was not quick: read what was won, by those
-   ``run_id``\\ s (the ``run_id`` index). When every write was quick and matched, the
-   documents after them are those computed in step 2: nothing to read.
+3. only when a write did not match or was not quick: read what was won, by the candidates'
+   keys and those ``run_id``\\ s (`queries.lease.runs_of`). When every write was quick and
+   matched, the documents after them are those computed in step 2: nothing to read.
 
 Per task this is the single claim's conditional write, so the claim invariants hold as they
 do for `TaskStore.claim`. What differs, and why it is safe:
@@ -152,7 +152,9 @@ class _Batch:
         try:
             found = [
                 Task.model_validate(doc)
-                async for doc in self.store.collection.find(lq.by_runs(run_ids))
+                async for doc in self.store.collection.find(
+                    lq.runs_of([document["key"] for document in documents], run_ids)
+                )
             ]
         except ConnectionFailure as exc:
             if self.store.in_transaction:
