@@ -38,7 +38,6 @@ from .stages import (
     WORKER_STATES,
     Document,
     Pipeline,
-    attempts,
     count_states,
     failures,
     is_live,
@@ -46,6 +45,7 @@ from .stages import (
     literal,
     state_is,
     sweep_expired,
+    tries_left,
 )
 from .templates import templated
 
@@ -292,12 +292,7 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
                 {"$lte": [failed, "$options.max_unexpected_retries"]},
-                {
-                    "$or": [
-                        {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
-                        {"$lt": [attempts(), "$options.max_tries"]},
-                    ]
-                },
+                tries_left(),
             ]
         },
     }

@@ -90,6 +90,30 @@ async def test_a_batch_claims_by_the_worker_states_whatever_the_derived_fields_s
     assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w2"]
 
 
+async def test_a_task_with_no_try_left_is_not_due_while_its_last_attempt_runs(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Two workers may run it, but its tries are spent: no claim may take the free slot, so
+    it is not due until its running lease may expire, and a batch neither reads nor writes
+    it meanwhile (it would lose it at every round)."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, max_tries=2)
+    await scheduler.publish("t", None, name="job", options=options)
+    first = await scheduler.store.tasks.claim("w1", key="t")
+    assert first is not None
+    await scheduler.store.tasks.fail(first, RuntimeError("broken"))
+    clock.advance(3600)  # past the retry delay
+    last = await scheduler.store.tasks.claim("w2", key="t")
+    assert last is not None and last.ping_expire_at is not None
+    task = await scheduler.get("t")
+    assert task is not None and task.next_claim_at == last.ping_expire_at
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    assert await sched.store.tasks.claim_many("w3", names=["job"], limit=5) == []
+    assert counting.counts == {"find": 1}, counting.counts
+
+
 class _TakesFirst(CountingCollection):
     """Another worker claims ``key`` between the batch's read and its write."""
 
