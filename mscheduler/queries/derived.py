@@ -124,8 +124,9 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
     - ``next_claim_at`` is null unless the task is pending or running; with a free slot and
       a try left it is ``max(not_before, retry_at)`` (or ``created_at``); with every slot
       held, or no try left while some run, it is the earliest lease expiry, when a slot
-      frees up or the task may end. So a task no claim filter admits never reads as due
-      (the batched claim's candidate read relies on it: `tasks.candidate_filter`).
+      frees up or the task may end (a claim then ends a task whose last try died). So a
+      task no claim admits is not due while its leases live, which the batched claim's
+      candidate read counts on (`tasks.candidate_filter`).
     """
     succeeded = count_states(state_is(SUCCESS))
     running = count_states(state_is(RUNNING))

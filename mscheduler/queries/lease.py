@@ -31,7 +31,8 @@ from .templates import templated
 
 def by_run(run_id: str) -> Document:
     """The task a claim with this ``run_id`` went to (served by the ``run_id`` index). A run_id
-    is a fresh UUID per claim, so at most one task matches; the caller checks the worker."""
+    is a fresh random token per claim (`models.new_run_id`), so at most one task matches;
+    the caller checks the worker."""
     return {"worker_states.run_id": run_id}
 
 
@@ -151,19 +152,15 @@ def quick_success_possible(lease_task: Task, run_id: str) -> bool:
     )
 
 
-def quick_success_filter(key: str, run_id: str, now: dt.datetime) -> Document:
+def quick_success_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:
     """`lease_filter` (this run's state live) and the conditions `quick_success` holds under:
     that state is the only one, one worker runs the task, nobody waits for it. The size and
     the fence go in one operator document of ``worker_states`` (both must hold of the one
-    array): the smallest form of this filter, sent once per task. The fence names the run
-    alone, not its worker: a run id is a fresh random token of one claim by one worker, so
-    the state that has it is that worker's."""
+    array): the smallest form of this filter, sent once per task."""
+    fence = lease_filter(key, worker_id, run_id, now)
     return {
         "key": key,
-        "worker_states": {
-            "$size": 1,
-            "$elemMatch": {"run_id": run_id, "state": RUNNING, "ping_expire_at": {"$gt": now}},
-        },
+        "worker_states": {"$size": 1, **fence["worker_states"]},
         "options.concurrent_worker_cnt": 1,
         "dependent_count": 0,
     }

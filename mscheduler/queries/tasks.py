@@ -253,9 +253,12 @@ def candidate_filter(
     (no worker state, nothing dropped), for which that arithmetic holds whatever the options
     (no live, succeeded or failed state, no attempt); any other is written with
     `claim_filter` whole (`claim_one_of`), evaluated by the server on the document as it is
-    then. What the arithmetic excludes, ``next_claim_at`` excludes as well, as every write
-    derives it (`recompute`: a full task's is its first lease's expiry, one out of retries
-    or tries is ended): a task whose fields disagree, written by hand, costs its write."""
+    then. What the arithmetic excludes, ``next_claim_at`` nearly always excludes too, as
+    every write derives it (`recompute`: a task with every slot held, or no try left, is
+    due when a lease may expire, and a claim is then admitted, or ends the task). Not
+    always: a lease that expired beside a live one after the task's slots were cut, or
+    fields written by hand. Such a candidate is a write that misses, and the batch reads
+    by the whole claim filter after it (`store.claims.claim_many`)."""
     query = claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
     query["$and"] = [{"$or": [UNTOUCHED, _own_states_excluded(worker_id, now)]}]
     return query
@@ -282,7 +285,12 @@ def _own_states_excluded(worker_id: str, now: dt.datetime) -> Document:
 
 def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
     """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
-    live or succeeded state of ``worker_id``, retries and tries left."""
+    live or succeeded state of ``worker_id``, retries and tries left.
+
+    Or no try left and no state live: the attempt that spent the last try died, and only a
+    write can end the task (a lease expires without one). The claim admitted then sweeps the
+    dead state, appends none (`_claiming`), and the task fails: no lease, as when the sweep
+    exhausts the retries."""
     live = count_states(is_live(now))
     succeeded = count_states(state_is(SUCCESS))
     failed = failures()
@@ -292,7 +300,7 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
                 {"$lte": [failed, "$options.max_unexpected_retries"]},
-                tries_left(),
+                {"$or": [tries_left(), {"$eq": [live, 0]}]},
             ]
         },
     }
@@ -434,13 +442,21 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "error": None,
         "result": None,
     }
+    # Ours is appended unless the sweep exhausted the retries, or no try is left (the
+    # claim filter admits that only to end the task: `_claimable_by_states`); sweeping
+    # changes no count of attempts. Without ours, `recompute` fails the task.
     return [
         sweep_expired(now),
         {
             "$set": {
                 "worker_states": {
                     "$cond": [
-                        {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                        {
+                            "$and": [
+                                {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                                tries_left(),
+                            ]
+                        },
                         {"$concatArrays": [WORKER_STATES, [new_state]]},
                         WORKER_STATES,
                     ]

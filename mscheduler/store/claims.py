@@ -81,12 +81,21 @@ async def claim_many(
     Returns no lease only when nothing is claimable: losing every candidate to other workers
     is not that (a single claim picks and claims at once, and never loses so), and the
     consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
-    lost them all reads again: each such round others took tasks, so this ends."""
+    lost them all reads again: each such round others took tasks, so this ends.
+
+    The first round reads by `queries.tasks.candidate_filter`, which admits a task whose
+    derived ``next_claim_at`` says due while its worker states, as they are now, refuse
+    every claim (a lease expired beside a live one after its task's slots were cut, until
+    that one pings). Such a candidate is a write of the claim filter that misses, not a lost
+    race: after a round where such a write missed, the rounds read by the whole claim
+    filter, so the refused ones are not read again and the batch takes what is behind."""
     batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until)
+    exact = False
     for _ in range(_CONTENDED_ROUNDS):
-        leases, contended = await batch.round()
+        leases, contended, refused = await batch.round(exact)
         if leases or not contended:
             return leases
+        exact = exact or refused
     return []
 
 
@@ -100,15 +109,16 @@ class _Batch:
     notify_if_ended: Callable[[list[Any]], Awaitable[None]]
     until: dt.datetime | None
 
-    async def round(self) -> tuple[list[Lease], bool]:
-        """(leases won, whether there were candidates)."""
+    async def round(self, exact: bool) -> tuple[list[Lease], bool, bool]:
+        """(leases won, whether there were candidates, whether a write of the claim filter
+        may have missed). ``exact``: read by the claim filter whole."""
         now = self.store.clock.now()
         claim = q.claim_filter(
             self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
         )
-        documents = await self._candidates(now)
+        documents = await self._candidates(now, exact)
         if not documents:
-            return [], False
+            return [], False, False
         candidates = [document["_id"] for document in documents]
         run_ids = [new_run_id() for _ in candidates]
         requests = []
@@ -137,18 +147,23 @@ class _Batch:
             if self.store.in_transaction:
                 raise
             lost = exc  # some may have been applied: the read below finds them
-        if matched == 0:  # every candidate was taken meanwhile: nothing of ours to read
-            return [], True
+        refused = matched != len(requests) and len(claimed) < len(requests)
+        if matched == 0:  # every candidate was taken meanwhile, or refused: nothing to read
+            return [], True, refused
         if matched == len(requests) == len(claimed):  # all quick, all landed: as computed
-            return [
-                Lease(
-                    key=after["key"],
-                    worker_id=self.worker_id,
-                    run_id=run_id,
-                    task=Task.model_validate(after),
-                )
-                for after, run_id in zip(claimed, run_ids, strict=True)
-            ], True
+            return (
+                [
+                    Lease(
+                        key=after["key"],
+                        worker_id=self.worker_id,
+                        run_id=run_id,
+                        task=Task.model_validate(after),
+                    )
+                    for after, run_id in zip(claimed, run_ids, strict=True)
+                ],
+                True,
+                False,
+            )
         try:
             found = [
                 Task.model_validate(doc)
@@ -194,17 +209,16 @@ class _Batch:
                 extra={"action": "claim_recovered"},
             )
         order = {task_id: place for place, task_id in enumerate(candidates)}
-        return sorted(leases, key=lambda lease: order[lease.task.id]), True
+        return sorted(leases, key=lambda lease: order[lease.task.id]), True, refused
 
-    async def _candidates(self, now: Any) -> list[dict[str, Any]]:
+    async def _candidates(self, now: Any, exact: bool) -> list[dict[str, Any]]:
         """The best ``limit`` candidates in claim order, whole (a quick claim's document after
         it is computed from them): one read per group of names (`base.name_groups`), merged
         by the claim order's fields; one read in all for up to 100 names."""
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
-            wanted = q.candidate_filter(
-                self.worker_id, now, names=names, exclude_keys=self.exclude_keys
-            )
+            read = q.claim_filter if exact else q.candidate_filter
+            wanted = read(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
             cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=self.limit)
             found += [document async for document in cursor]
         found.sort(key=_claim_order)

@@ -255,7 +255,7 @@ class TaskStore:
         task = await self.after_write(task)
         if not any(ws.run_id == run_id for ws in task.worker_states):
             log.info(
-                "task failed: retries exhausted by timeouts",
+                "task failed: an attempt timed out with no retry or try left",
                 extra={"action": "task_failed", "key": task.key},
             )
             return None
@@ -351,7 +351,7 @@ class TaskStore:
             fence = lq.lease_filter(lease.key, lease.worker_id, lease.run_id, now)
             how = Quiet({**fence, "dependent_count": 0}, update)
             if lq.quick_success_possible(lease.task, lease.run_id):
-                fence = lq.quick_success_filter(lease.key, lease.run_id, now)
+                fence = lq.quick_success_filter(lease.key, lease.worker_id, lease.run_id, now)
                 how = Quiet(fence, lq.quick_success(stored, now))
         found = await self._finishes.write(lease, update, now, WorkerStateKind.SUCCESS, quiet=how)
         # A quiet write that came back without its document left no dependents to tell.

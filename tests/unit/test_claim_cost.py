@@ -108,7 +108,7 @@ async def test_a_batched_claim_of_tasks_nobody_claimed_evaluates_no_expression(
     assert evaluated == 0
 
 
-def test_a_quick_claim_and_a_quick_success_send_at_most_910_bytes():
+def test_a_quick_claim_and_a_quick_success_send_at_most_950_bytes():
     """What the server parses per task in the common case, besides its share of one
     candidate read per batch: the claim's statement and the success's (BSON, as a bulk write
     sends them; the claim's new state carries ``pinged_at``, its attempt's last ping, which
@@ -131,9 +131,9 @@ def test_a_quick_claim_and_a_quick_success_send_at_most_910_bytes():
     worker_id, run_id = "build-host-12345-a1b2c3", new_run_id()  # host-pid-random
     query, update, _ = q.quick_claim(task, worker_id, run_id, T0)
     claim = {"q": query, "u": update, "multi": False, "upsert": False}
-    fence = lq.quick_success_filter(task["key"], run_id, T0)
+    fence = lq.quick_success_filter(task["key"], worker_id, run_id, T0)
     success = {"q": fence, "u": lq.quick_success(None, T0), "multi": False, "upsert": False}
-    assert len(bson.encode(claim)) + len(bson.encode(success)) <= 910
+    assert len(bson.encode(claim)) + len(bson.encode(success)) <= 950
 
 
 def test_a_batchs_candidate_read_sends_at_most_760_bytes():
