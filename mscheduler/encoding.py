@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 
 from . import constants as c
 from .errors import PayloadError
-from .models import Task, TaskOptions
+from .models import Task, TaskOptions, new_run_id
 
 # Levels of the task document above a value (the document itself is level 1): ``payload`` is
 # a field of the task; a worker's result is worker_states -> one state -> result.
@@ -113,7 +112,7 @@ def _worker_state_bytes() -> int:
     now = dt.datetime(2000, 1, 1)
     state = {
         "worker_id": "\U0001f600" * c.MAX_WORKER_ID_LENGTH,
-        "run_id": uuid.uuid4().hex,
+        "run_id": new_run_id(),
         "state": "released",
         "started_at": now,
         "ping_expire_at": now,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import secrets
 import traceback
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from typing import Annotated, Any, Literal, TypedDict
@@ -442,6 +443,12 @@ class _Reported:
 
 
 _REPORTED = _Reported()
+
+
+def new_run_id() -> str:
+    """A claim's fencing token: 128 random bits as url-safe base64, 22 characters (every
+    write of the lease carries it, so it is kept short)."""
+    return secrets.token_urlsafe(16)
 
 
 class Lease(BaseModel):

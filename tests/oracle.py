@@ -44,7 +44,9 @@ def check_consistent(task: ms.Task) -> None:
         assert len(task.worker_states) < opts.max_tries or running
     if task.state is ms.TaskState.BLOCKED:
         assert task.next_claim_at is None
-    elif len(running) + len(succeeded) >= opts.concurrent_worker_cnt:
+    elif len(running) + len(succeeded) >= opts.concurrent_worker_cnt or (
+        opts.max_tries is not None and task.attempts >= opts.max_tries  # no try left
+    ):
         assert task.next_claim_at == min(ws.ping_expire_at for ws in running)  # type: ignore[type-var]
     else:
         candidates = [t for t in (task.not_before, task.retry_at) if t is not None]

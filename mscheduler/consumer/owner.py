@@ -26,14 +26,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
 from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
-from ..models import ErrorInfo, Lease, Limit, Task, check_name, check_worker_id, checked
+from ..models import (
+    ErrorInfo,
+    Lease,
+    Limit,
+    Task,
+    check_name,
+    check_worker_id,
+    checked,
+    new_run_id,
+)
 from ..services.discovery import Subscription
 from ..store.components import Store
 from ..worker_options import WorkerOptions
@@ -255,7 +263,7 @@ class Owner:
         while len(leases) < max_tasks:
             now = self._clock.now()
             until = None if length is None else now + length
-            run_id = uuid.uuid4().hex
+            run_id = new_run_id()
             slot_until = until or now + FIRST_SLOT_LIFE
             token = await self._store.limits.acquire(name, slot_until, token=run_id)
             if isinstance(token, dt.datetime):

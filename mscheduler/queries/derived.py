@@ -26,6 +26,7 @@ from .stages import (
     rebuilt_state,
     state_is,
     tries_exhausted,
+    tries_left,
     trim_history,
 )
 from .templates import templated
@@ -120,9 +121,12 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
       never left;
     - a terminal task holds no running state (they become ``released``), so no late ping,
       success or fail can match it;
-    - ``next_claim_at`` is null unless the task is pending or running; with a free slot it is
-      ``max(not_before, retry_at)`` (or ``created_at``); with every slot held it is the
-      earliest lease expiry, when a slot frees up.
+    - ``next_claim_at`` is null unless the task is pending or running; with a free slot and
+      a try left it is ``max(not_before, retry_at)`` (or ``created_at``); with every slot
+      held, or no try left while some run, it is the earliest lease expiry, when a slot
+      frees up or the task may end (a claim then ends a task whose last try died). So a
+      task no claim admits is not due while its leases live, which the batched claim's
+      candidate read counts on (`tasks.candidate_filter`).
     """
     succeeded = count_states(state_is(SUCCESS))
     running = count_states(state_is(RUNNING))
@@ -154,7 +158,17 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
             {"$in": ["$state", CLAIMABLE]},
             {
                 "$cond": [
-                    {"$lt": [{"$add": [succeeded, running]}, "$options.concurrent_worker_cnt"]},
+                    {
+                        "$and": [
+                            {
+                                "$lt": [
+                                    {"$add": [succeeded, running]},
+                                    "$options.concurrent_worker_cnt",
+                                ]
+                            },
+                            tries_left(),
+                        ]
+                    },
                     {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, "$created_at"]},
                     earliest_lease_expiry(),
                 ]

@@ -31,13 +31,21 @@ from .templates import templated
 
 def by_run(run_id: str) -> Document:
     """The task a claim with this ``run_id`` went to (served by the ``run_id`` index). A run_id
-    is a fresh UUID per claim, so at most one task matches; the caller checks the worker."""
+    is a fresh random token per claim (`models.new_run_id`), so at most one task matches;
+    the caller checks the worker."""
     return {"worker_states.run_id": run_id}
 
 
 def by_runs(run_ids: Sequence[str]) -> Document:
     """The tasks a batched claim went to: one ``run_id`` per task it tried."""
     return {"worker_states.run_id": {"$in": list(run_ids)}}
+
+
+def runs_of(keys: Sequence[str], run_ids: Sequence[str]) -> Document:
+    """Of the tasks ``keys``, those a batched claim went to (one ``run_id`` per task it
+    tried). Sought by key, the unique index, one seek per candidate on every engine (the
+    wire engine scans the whole collection for ``$in`` on the ``run_id`` index)."""
+    return {"key": {"$in": list(keys)}, "worker_states.run_id": {"$in": list(run_ids)}}
 
 
 def lease_filter(key: str, worker_id: str, run_id: str, now: dt.datetime) -> Document:

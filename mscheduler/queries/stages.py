@@ -202,6 +202,16 @@ def sweep_expired(now: dt.datetime) -> Document:
     )
 
 
+def tries_left() -> Document:
+    """Another attempt is allowed: no ``max_tries``, or fewer attempts than it."""
+    return {
+        "$or": [
+            {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
+            {"$lt": [attempts(), "$options.max_tries"]},
+        ]
+    }
+
+
 def tries_exhausted(running: Document) -> Document:
     """``max_tries`` (when set) counts every attempt, ``RetryLater`` ones included."""
     return {

@@ -38,7 +38,6 @@ from .stages import (
     WORKER_STATES,
     Document,
     Pipeline,
-    attempts,
     count_states,
     failures,
     is_live,
@@ -46,6 +45,7 @@ from .stages import (
     literal,
     state_is,
     sweep_expired,
+    tries_left,
 )
 from .templates import templated
 
@@ -237,12 +237,36 @@ def claim_filter(
     return query
 
 
-def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
-    """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
-    live or succeeded state of ``worker_id``, retries and tries left."""
-    live = count_states(is_live(now))
-    succeeded = count_states(state_is(SUCCESS))
-    failed = failures()
+def candidate_filter(
+    worker_id: str,
+    now: dt.datetime,
+    *,
+    names: Sequence[str],
+    exclude_keys: Sequence[str] = (),
+) -> Document:
+    """What a batched claim reads as its candidates: `claim_filter` but the slot, retry and
+    try arithmetic over the worker states (its ``$expr``, two thirds of its bytes, and what
+    an engine evaluates per document). A superset of the claimable tasks, never a subset.
+
+    Invariant that makes it enough: no candidate is claimed on this read's word alone. A
+    candidate the batch claims by compare-and-set (`quick_claimable`) is `stages.UNTOUCHED`
+    (no worker state, nothing dropped), for which that arithmetic holds whatever the options
+    (no live, succeeded or failed state, no attempt); any other is written with
+    `claim_filter` whole (`claim_one_of`), evaluated by the server on the document as it is
+    then. What the arithmetic excludes, ``next_claim_at`` nearly always excludes too, as
+    every write derives it (`recompute`: a task with every slot held, or no try left, is
+    due when a lease may expire, and a claim is then admitted, or ends the task). Not
+    always: a lease that expired beside a live one after the task's slots were cut, or
+    fields written by hand. Such a candidate is a write that misses, and the batch reads
+    by the whole claim filter after it (`store.claims.claim_many`)."""
+    query = claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
+    query["$and"] = [{"$or": [UNTOUCHED, _own_states_excluded(worker_id, now)]}]
+    return query
+
+
+def _own_states_excluded(worker_id: str, now: dt.datetime) -> Document:
+    """No live or succeeded state of ``worker_id``: a worker runs a task once at a time, and
+    never again once it succeeded."""
     return {
         "$nor": [
             {"worker_states": {"$elemMatch": {"worker_id": worker_id, "state": SUCCESS}}},
@@ -255,17 +279,28 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
                     }
                 }
             },
-        ],
+        ]
+    }
+
+
+def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
+    """The worker-state rules of `claim_filter`, for a task of any history: a free slot, no
+    live or succeeded state of ``worker_id``, retries and tries left.
+
+    Or no try left and no state live: the attempt that spent the last try died, and only a
+    write can end the task (a lease expires without one). The claim admitted then sweeps the
+    dead state, appends none (`_claiming`), and the task fails: no lease, as when the sweep
+    exhausts the retries."""
+    live = count_states(is_live(now))
+    succeeded = count_states(state_is(SUCCESS))
+    failed = failures()
+    return {
+        **_own_states_excluded(worker_id, now),
         "$expr": {
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
                 {"$lte": [failed, "$options.max_unexpected_retries"]},
-                {
-                    "$or": [
-                        {"$eq": [{"$ifNull": ["$options.max_tries", None]}, None]},
-                        {"$lt": [attempts(), "$options.max_tries"]},
-                    ]
-                },
+                {"$or": [tries_left(), {"$eq": [live, 0]}]},
             ]
         },
     }
@@ -301,7 +336,9 @@ def quick_claimable(document: Document) -> bool:
     """Whether a candidate, as read, is claimed by `quick_claim` (else by `claim_update`)."""
     options = document.get("options") or {}
     return (
-        document.get("worker_states") == []
+        document.get("worker_states") == []  # `stages.UNTOUCHED`: `candidate_filter` relies on it
+        and document.get("dropped_attempts") == 0
+        and document.get("dropped_failures") == 0
         and options.get("concurrent_worker_cnt") == 1
         and type(document.get("version")) is int
         and type(options.get("worker_timeout_ms")) is int
@@ -322,7 +359,9 @@ def quick_claim(
     ``next_claim_at``, ``deps_pending``, the retry counts) ends in `recompute`, which bumps
     ``version`` (the classic updates that do not: dependent counts, the notified flag,
     ``wakes``, touch none of them). So a write that matches finds the document as the
-    candidate read saw it, which matched `claim_filter` at this ``now``: the claim rules hold
+    candidate read saw it, which matched `claim_filter` at this ``now`` (the read's
+    `candidate_filter`, and the worker-state rules it leaves out hold of every
+    `quick_claimable` task, which has no worker state and dropped none): the claim rules hold
     as for `claim_update`, and what that pipeline would compute is computed here from the
     read: one running state, state ``running``, ``next_claim_at`` the lease's expiry (the
     one slot is held), the other derived fields null (set only where the read had one not
@@ -403,13 +442,21 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "error": None,
         "result": None,
     }
+    # Ours is appended unless the sweep exhausted the retries, or no try is left (the
+    # claim filter admits that only to end the task: `_claimable_by_states`); sweeping
+    # changes no count of attempts. Without ours, `recompute` fails the task.
     return [
         sweep_expired(now),
         {
             "$set": {
                 "worker_states": {
                     "$cond": [
-                        {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                        {
+                            "$and": [
+                                {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                                tries_left(),
+                            ]
+                        },
                         {"$concatArrays": [WORKER_STATES, [new_state]]},
                         WORKER_STATES,
                     ]

@@ -1,14 +1,16 @@
 """Batched claims: up to k tasks in two round trips, whatever k (not one per task).
 
-1. read the best ``k`` candidates in claim order (the claim index), whole;
+1. read the best ``k`` candidates in claim order (the claim index), whole, by
+   `queries.tasks.candidate_filter` (the claim filter less its arithmetic over the worker
+   states, which each write of step 2 keeps);
 2. one unordered ``bulk_write``: for each candidate, a conditional write with a ``run_id`` of
    its own. A candidate nobody has claimed yet, run by one worker (`queries.tasks.
    quick_claimable`, nearly every task), is claimed by a compare-and-set on its ``version``
    and a classic ``$set`` computed from the read (`queries.tasks.quick_claim`); any other, by
    the full claim filter on that ``_id`` and the claim pipeline (`queries.tasks.claim_one_of`);
-3. only when a write did not match or was not quick: read what was won, by those
-   ``run_id``\\ s (the ``run_id`` index). When every write was quick and matched, the
-   documents after them are those computed in step 2: nothing to read.
+3. only when a write did not match or was not quick: read what was won, by the candidates'
+   keys and those ``run_id``\\ s (`queries.lease.runs_of`). When every write was quick and
+   matched, the documents after them are those computed in step 2: nothing to read.
 
 Per task this is the single claim's conditional write, so the claim invariants hold as they
 do for `TaskStore.claim`. What differs, and why it is safe:
@@ -35,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure
 
 from ..errors import ClaimUncertain
-from ..models import Lease, Task
+from ..models import Lease, Task, new_run_id
 from ..queries import lease as lq
 from ..queries import tasks as q
 from .base import name_groups
@@ -80,12 +81,21 @@ async def claim_many(
     Returns no lease only when nothing is claimable: losing every candidate to other workers
     is not that (a single claim picks and claims at once, and never loses so), and the
     consumer takes "no lease" to mean it may forget what it thought was due. So a batch that
-    lost them all reads again: each such round others took tasks, so this ends."""
+    lost them all reads again: each such round others took tasks, so this ends.
+
+    The first round reads by `queries.tasks.candidate_filter`, which admits a task whose
+    derived ``next_claim_at`` says due while its worker states, as they are now, refuse
+    every claim (a lease expired beside a live one after its task's slots were cut, until
+    that one pings). Such a candidate is a write of the claim filter that misses, not a lost
+    race: after a round where such a write missed, the rounds read by the whole claim
+    filter, so the refused ones are not read again and the batch takes what is behind."""
     batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until)
+    exact = False
     for _ in range(_CONTENDED_ROUNDS):
-        leases, contended = await batch.round()
+        leases, contended, refused = await batch.round(exact)
         if leases or not contended:
             return leases
+        exact = exact or refused
     return []
 
 
@@ -99,17 +109,18 @@ class _Batch:
     notify_if_ended: Callable[[list[Any]], Awaitable[None]]
     until: dt.datetime | None
 
-    async def round(self) -> tuple[list[Lease], bool]:
-        """(leases won, whether there were candidates)."""
+    async def round(self, exact: bool) -> tuple[list[Lease], bool, bool]:
+        """(leases won, whether there were candidates, whether a write of the claim filter
+        may have missed). ``exact``: read by the claim filter whole."""
         now = self.store.clock.now()
         claim = q.claim_filter(
             self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
         )
-        documents = await self._candidates(now)
+        documents = await self._candidates(now, exact)
         if not documents:
-            return [], False
+            return [], False, False
         candidates = [document["_id"] for document in documents]
-        run_ids = [uuid.uuid4().hex for _ in candidates]
+        run_ids = [new_run_id() for _ in candidates]
         requests = []
         claimed: list[dict[str, Any]] = []  # the documents after the quick claims
         for document, run_id in zip(documents, run_ids, strict=True):
@@ -136,22 +147,29 @@ class _Batch:
             if self.store.in_transaction:
                 raise
             lost = exc  # some may have been applied: the read below finds them
-        if matched == 0:  # every candidate was taken meanwhile: nothing of ours to read
-            return [], True
+        refused = matched != len(requests) and len(claimed) < len(requests)
+        if matched == 0:  # every candidate was taken meanwhile, or refused: nothing to read
+            return [], True, refused
         if matched == len(requests) == len(claimed):  # all quick, all landed: as computed
-            return [
-                Lease(
-                    key=after["key"],
-                    worker_id=self.worker_id,
-                    run_id=run_id,
-                    task=Task.model_validate(after),
-                )
-                for after, run_id in zip(claimed, run_ids, strict=True)
-            ], True
+            return (
+                [
+                    Lease(
+                        key=after["key"],
+                        worker_id=self.worker_id,
+                        run_id=run_id,
+                        task=Task.model_validate(after),
+                    )
+                    for after, run_id in zip(claimed, run_ids, strict=True)
+                ],
+                True,
+                False,
+            )
         try:
             found = [
                 Task.model_validate(doc)
-                async for doc in self.store.collection.find(lq.by_runs(run_ids))
+                async for doc in self.store.collection.find(
+                    lq.runs_of([document["key"] for document in documents], run_ids)
+                )
             ]
         except ConnectionFailure as exc:
             if self.store.in_transaction:
@@ -191,16 +209,17 @@ class _Batch:
                 extra={"action": "claim_recovered"},
             )
         order = {task_id: place for place, task_id in enumerate(candidates)}
-        return sorted(leases, key=lambda lease: order[lease.task.id]), True
+        return sorted(leases, key=lambda lease: order[lease.task.id]), True, refused
 
-    async def _candidates(self, now: Any) -> list[dict[str, Any]]:
+    async def _candidates(self, now: Any, exact: bool) -> list[dict[str, Any]]:
         """The best ``limit`` candidates in claim order, whole (a quick claim's document after
         it is computed from them): one read per group of names (`base.name_groups`), merged
         by the claim order's fields; one read in all for up to 100 names."""
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
-            claim = q.claim_filter(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
-            cursor = self.store.collection.find(claim, sort=q.CLAIM_SORT, limit=self.limit)
+            read = q.claim_filter if exact else q.candidate_filter
+            wanted = read(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
+            cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=self.limit)
             found += [document async for document in cursor]
         found.sort(key=_claim_order)
         return found[: self.limit]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from ..models import (
     WorkerStateKind,
     check_worker_id,
     checked,
+    new_run_id,
 )
 from ..queries import lease as lq
 from ..queries import retry_delay
@@ -139,7 +139,7 @@ class TaskStore:
             )
             return leases[0] if leases else None
         await self.ready()
-        run_id = run_id or uuid.uuid4().hex
+        run_id = run_id or new_run_id()
         now = self.clock.now()
         try:
             found = await self.collection.find_one_and_update(
@@ -255,7 +255,7 @@ class TaskStore:
         task = await self.after_write(task)
         if not any(ws.run_id == run_id for ws in task.worker_states):
             log.info(
-                "task failed: retries exhausted by timeouts",
+                "task failed: an attempt timed out with no retry or try left",
                 extra={"action": "task_failed", "key": task.key},
             )
             return None

@@ -71,6 +71,119 @@ async def test_a_batch_takes_the_best_in_claim_order_in_two_calls(scheduler: ms.
     assert len(more) == 7
 
 
+async def test_a_batch_claims_by_the_worker_states_whatever_the_derived_fields_say(
+    scheduler: ms.Scheduler,
+):
+    """The candidate read leaves the slot arithmetic over the worker states to the writes: a
+    task held by another worker whose derived fields say otherwise (written by hand) is read
+    and not claimed; the others are."""
+    await _publish(scheduler, 4)
+    held = await scheduler.store.tasks.claim("w2", key="t1")
+    assert held is not None
+    now = scheduler.store.clock.now()
+    await scheduler.collection.update_one(
+        {"key": "t1"}, {"$set": {"state": "pending", "next_claim_at": now}}
+    )
+    leases = await scheduler.store.tasks.claim_many("w1", names=["job"], limit=10)
+    assert sorted(lease.key for lease in leases) == ["t0", "t2", "t3"]
+    task = await scheduler.get("t1")
+    assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w2"]
+
+
+async def test_a_task_with_no_try_left_is_not_due_while_its_last_attempt_runs(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Two workers may run it, but its tries are spent: no claim may take the free slot, so
+    it is not due until its running lease may expire, and a batch neither reads nor writes
+    it meanwhile (it would lose it at every round)."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, max_tries=2)
+    await scheduler.publish("t", None, name="job", options=options)
+    first = await scheduler.store.tasks.claim("w1", key="t")
+    assert first is not None
+    await scheduler.store.tasks.fail(first, RuntimeError("broken"))
+    clock.advance(3600)  # past the retry delay
+    last = await scheduler.store.tasks.claim("w2", key="t")
+    assert last is not None and last.ping_expire_at is not None
+    task = await scheduler.get("t")
+    assert task is not None and task.next_claim_at == last.ping_expire_at
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    assert await sched.store.tasks.claim_many("w3", names=["job"], limit=5) == []
+    assert counting.counts == {"find": 1}, counting.counts
+
+
+async def test_dead_last_tries_at_the_head_do_not_starve_a_batch(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Tasks whose last try's worker died (max_tries spent, the lease expired, nothing swept
+    them) are due by next_claim_at and refused by every claim filter; a batch must still
+    claim the claimable task behind them, in a bounded number of round trips."""
+    for n in range(3):
+        await scheduler.publish(
+            f"dead{n}", None, name="job", options=ms.TaskOptions(max_tries=1, priority=5)
+        )
+        assert await scheduler.store.tasks.claim("w1", key=f"dead{n}") is not None
+    await scheduler.publish("ok", None, name="job")
+    clock.advance(3600)  # w1 crashed: its leases expired long ago
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=clock)
+    await sched.ensure_indexes()
+    counting.reset()
+    leases = await sched.store.tasks.claim_many("w2", names=["job"], limit=3)
+    assert [lease.key for lease in leases] == ["ok"], counting.counts
+
+
+async def test_a_claim_ends_a_task_whose_last_try_died(scheduler: ms.Scheduler, clock: ManualClock):
+    """No try left, and the attempt that spent it died: a lease expires without a write, so
+    a claim must end the task (as when timeouts exhaust its retries), not leave it running."""
+    await scheduler.publish("dead", None, name="job", options=ms.TaskOptions(max_tries=1))
+    lease = await scheduler.store.tasks.claim("w1", key="dead")
+    assert lease is not None
+    clock.advance(3600)
+    assert await scheduler.store.tasks.claim("w2", names=["job"]) is None
+    await scheduler.store.tasks.claim_many("w2", names=["job"], limit=5)
+    task = await scheduler.get("dead")
+    assert task is not None
+    assert task.state is ms.TaskState.FAIL, task.state
+
+
+async def test_a_sharded_single_claim_is_not_starved_by_one_dead_last_try(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Behind a mongos a single claim by names is a batch of one: one task whose only try's
+    worker vanished, first in claim order, must not hide the claimable task behind it."""
+    await scheduler.publish("dead", None, name="job", options=ms.TaskOptions(max_tries=1))
+    assert await scheduler.store.tasks.claim("ghost", key="dead") is not None
+    clock.advance(3600)
+    await scheduler.publish("ok", None, name="job")
+    await scheduler.ensure_indexes()
+    scheduler.store.tasks._base.sharded = True  # as behind a mongos
+    lease = await scheduler.store.tasks.claim("w2", names=["job"])
+    assert lease is not None and lease.key == "ok"
+
+
+async def test_a_batch_is_not_starved_by_tasks_whose_slots_were_cut_while_they_run(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """concurrent_worker_cnt cut from 2 to 1 while two workers run: once the first lease
+    expires the other still fills the one slot, yet next_claim_at (the first expiry) says
+    due. A batch must still claim the claimable task behind three such tasks."""
+    two = ms.TaskOptions(concurrent_worker_cnt=2)
+    for n in range(3):
+        await scheduler.publish(f"x{n}", None, name="job", options=two)
+        assert await scheduler.store.tasks.claim("a", key=f"x{n}") is not None
+    clock.advance(30)
+    for n in range(3):
+        assert await scheduler.store.tasks.claim("b", key=f"x{n}") is not None
+        assert await scheduler.set_options(f"x{n}", ms.TaskOptions(concurrent_worker_cnt=1))
+    await scheduler.publish("ok", None, name="job")
+    clock.advance(31)  # a's leases expired (a crashed), b's live (b pings every 30 s)
+    leases = await scheduler.store.tasks.claim_many("w3", names=["job"], limit=3)
+    assert [lease.key for lease in leases] == ["ok"]
+
+
 class _TakesFirst(CountingCollection):
     """Another worker claims ``key`` between the batch's read and its write."""
 

@@ -191,6 +191,15 @@ async def test_a_success_returns_without_waiting_for_another_written_again(
     assert (await scheduler.get("after-t2")).state is ms.TaskState.PENDING  # type: ignore[union-attr]
 
 
+async def test_a_quick_success_is_fenced_by_the_worker_too(scheduler: ms.Scheduler):
+    """A lease naming another worker but this run id: the fence should refuse it."""
+    await scheduler.publish("t", None, name="job")
+    [lease] = await scheduler.store.tasks.claim_many("w1", names=["job"], limit=1)
+    forged = Lease(key=lease.key, worker_id="w2", run_id=lease.run_id, task=lease.task)
+    with pytest.raises(LeaseLost):
+        await scheduler.store.tasks.record_success(forged, None)
+
+
 class _RefusesOneOfABulk:
     """A bulk write whose write of ``key`` the server refuses (as it would one whose document
     outgrew 16 MiB); the others land, as in an unordered bulk write."""

@@ -630,3 +630,27 @@ def test_the_heap_holds_one_pair_per_key_however_often_it_is_offered():
             heap.offer(f"k{n}", start + dt.timedelta(seconds=ping), version=ping + 1)
     assert len(heap) == 10 and heap.stored_pairs <= 2 * 10 + 16
     assert heap.pop_due(start + dt.timedelta(seconds=999)) == [f"k{n}" for n in range(10)]
+
+
+async def test_a_consumer_runs_tasks_queued_behind_dead_last_tries(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Three tasks whose only try's worker vanished (max_tries=1) sit first in claim order;
+    a consumer of three slots must still run the three claimable tasks behind them."""
+
+    fast = dict(ping_interval_ms=1_000, worker_timeout_ms=5_000)
+    for n in range(3):
+        await scheduler.publish(
+            f"dead{n}", None, name="job", options=ms.TaskOptions(max_tries=1, **fast)
+        )
+        assert await scheduler.store.tasks.claim("ghost", key=f"dead{n}") is not None
+    clock.advance(10)
+    for n in range(3):
+        await scheduler.publish(f"ok{n}", None, name="job", options=ms.TaskOptions(**fast))
+    recorder = Recorder()
+    async with consumers(scheduler, recorder, max_running=3):
+        for _ in range(20):
+            await until_idle()
+            clock.advance(POLL_MS / 1000)
+        await until_idle()
+    assert sorted(key for key, _ in recorder.runs) == ["ok0", "ok1", "ok2"]

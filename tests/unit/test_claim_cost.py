@@ -16,6 +16,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.backends.memory import MemoryCollection, memory_server
+from mscheduler.models import new_run_id
 from mscheduler.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -107,13 +108,13 @@ async def test_a_batched_claim_of_tasks_nobody_claimed_evaluates_no_expression(
     assert evaluated == 0
 
 
-def test_a_quick_claim_and_a_quick_success_send_at_most_970_bytes():
+def test_a_quick_claim_and_a_quick_success_send_at_most_950_bytes():
     """What the server parses per task in the common case, besides its share of one
     candidate read per batch: the claim's statement and the success's (BSON, as a bulk write
     sends them; the claim's new state carries ``pinged_at``, its attempt's last ping, which
     `mscheduler show` reports for a dead attempt), for a consumer's worker id and a claim's
-    run id of the usual lengths. The bound is their size now: a statement that grows is a
-    decision, taken here."""
+    run id (`models.new_run_id`) of the usual lengths. The bound is their size now: a
+    statement that grows is a decision, taken here."""
     import bson
 
     from mscheduler.queries import lease as lq
@@ -127,9 +128,21 @@ def test_a_quick_claim_and_a_quick_success_send_at_most_970_bytes():
         now=T0,
         task_id=bson.ObjectId(),
     )
-    worker_id, run_id = "build-host-12345-a1b2c3", uuid.uuid4().hex  # host-pid-random
+    worker_id, run_id = "build-host-12345-a1b2c3", new_run_id()  # host-pid-random
     query, update, _ = q.quick_claim(task, worker_id, run_id, T0)
     claim = {"q": query, "u": update, "multi": False, "upsert": False}
     fence = lq.quick_success_filter(task["key"], worker_id, run_id, T0)
     success = {"q": fence, "u": lq.quick_success(None, T0), "multi": False, "upsert": False}
-    assert len(bson.encode(claim)) + len(bson.encode(success)) <= 970
+    assert len(bson.encode(claim)) + len(bson.encode(success)) <= 950
+
+
+def test_a_batchs_candidate_read_sends_at_most_760_bytes():
+    """The filter of the candidate read, sent once per batch: the claim filter less the
+    arithmetic over the worker states, which each write keeps (`candidate_filter`)."""
+    import bson
+
+    from mscheduler.queries import tasks as q
+
+    worker_id = "build-host-12345-a1b2c3"
+    wanted = q.candidate_filter(worker_id, T0, names=["job"], exclude_keys=["job:1"])
+    assert len(bson.encode(wanted)) <= 760  # the claim filter whole: 1,841

@@ -147,6 +147,7 @@ def _builder_filters() -> dict[str, dict[str, Any]]:
 BUILDER_FILTERS = _builder_filters()
 SORTS = {
     "tasks.claim_filter": q.CLAIM_SORT,
+    "tasks.candidate_filter": q.CLAIM_SORT,
     "tasks.fetch_filter": q.FETCH_SORT,
     "schedules.of_names": sq.NEXT_SORT,
 }

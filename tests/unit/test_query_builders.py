@@ -315,7 +315,8 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
     ("aggregate", pipeline)."""
     if builder in ("tasks.stats_pipeline", "tasks.held_by_worker_pipeline"):
         return "aggregate", built
-    if builder == "derived.wakes_consumers":  # an expression whose top level ($or) is a filter's
+    # Expressions whose top level ($or) is a filter's too.
+    if builder in ("derived.wakes_consumers", "stages.tries_left"):
         return "update", ({}, [{"$set": {"probe": built}}])
     if isinstance(built, tuple):
         return "update", built
