@@ -95,13 +95,17 @@ class Feed(Protocol):
     soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
     keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
-    each turn of the claimer, whether work is due beyond the free slots; `paused` names are
-    never claimed."""
+    each turn of the claimer, whether work is due beyond the free slots; after a look whose
+    `admit` left due keys for other workers woken at the same moment (`holds_back`), the
+    claimer lets them run before it looks again; `paused` names are never claimed."""
 
     @property
     def paused(self) -> set[str]: ...
 
-    def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+    async def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+
+    @property
+    def holds_back(self) -> bool: ...
 
     def observe(self, free_slots: int, due: bool) -> None: ...
 
@@ -184,6 +188,9 @@ class Claimer:
                 failed = await self._claim_due(now)
             if failed:  # the database is unreachable: look again after a delay
                 await sleep(self._clock, self._options.reconnect_delay(0))
+            elif self._feed.holds_back:
+                # The claim policy left due keys for workers woken with us: they look first.
+                await anyio.lowlevel.checkpoint()
 
     async def _claim_due(self, now: dt.datetime) -> bool:
         """Claim what is due; True when the database failed (the caller backs off)."""
@@ -198,7 +205,7 @@ class Claimer:
                 self._heap.pop_due(now)
                 return False
             asked = self._heap.due_keys(now, self._slots.free_slots)
-            due = self._feed.admit(asked, now)
+            due = await self._feed.admit(asked, now)
             if asked and not due:
                 # The claim policy let them wait (back in the heap for a while): nothing was
                 # tried, so nothing is learnt of the other due keys, which stay in the heap
