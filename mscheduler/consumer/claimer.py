@@ -95,17 +95,15 @@ class Feed(Protocol):
     soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
     keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
-    each turn of the claimer, whether work is due beyond the free slots; after a look whose
-    `admit` left due keys for other workers woken at the same moment (`holds_back`), the
-    claimer lets them run before it looks again; `paused` names are never claimed."""
+    each turn of the claimer, whether work is due beyond the free slots, and `claimed` how many
+    tasks the claim of the admitted keys won; `paused` names are never claimed."""
 
     @property
     def paused(self) -> set[str]: ...
 
     async def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
 
-    @property
-    def holds_back(self) -> bool: ...
+    def claimed(self, won: int, now: dt.datetime) -> None: ...
 
     def observe(self, free_slots: int, due: bool) -> None: ...
 
@@ -188,9 +186,6 @@ class Claimer:
                 failed = await self._claim_due(now)
             if failed:  # the database is unreachable: look again after a delay
                 await sleep(self._clock, self._options.reconnect_delay(0))
-            elif self._feed.holds_back:
-                # The claim policy left due keys for workers woken with us: they look first.
-                await anyio.lowlevel.checkpoint()
 
     async def _claim_due(self, now: dt.datetime) -> bool:
         """Claim what is due; True when the database failed (the caller backs off)."""
@@ -249,6 +244,7 @@ class Claimer:
             log.warning(str(exc), extra={"action": "claim_retry"})
             self._start_all(leases)
             return True
+        self._feed.claimed(len(leases), now)
         if not leases:
             return await self._reschedule(self._heap.pop_due(now))
         self._start_all(leases)

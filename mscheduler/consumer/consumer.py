@@ -387,10 +387,9 @@ class Consumer:
         the policy is `presence`'s)."""
         return await self._presence.admit(due, now)
 
-    @property
-    def holds_back(self) -> bool:
-        """`claimer.Feed`: the policy left due keys for peers woken with us to look first."""
-        return self._presence.spread.holds_back
+    def claimed(self, won: int, now: dt.datetime) -> None:
+        """`claimer.Feed`: what the claim of the admitted keys won (the spread policy)."""
+        self._presence.spread.claimed(won, now)
 
     def observe(self, free_slots: int, due: bool) -> None:
         """`claimer.Feed`: the spread policy sees the claimer's free slots and due work."""

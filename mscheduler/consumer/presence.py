@@ -76,15 +76,15 @@ class Presence:
         )
 
     async def admit(self, due: list[str], now: dt.datetime) -> list[str]:
-        """Of the due keys, those the claim policy lets this consumer claim now. Before it lets
-        a task wait for peers counted more than a spread ago, it counts them again: peers
-        that stopped or filled up since are not waited for."""
+        """Of the due keys, those the claim policy lets this consumer claim now. Before it
+        decides on peers counted more than a spread ago, it counts them again: peers that
+        stopped or filled up since are not waited for, and peers that started since get
+        their share."""
         running = len(self._running_keys())
-        capacity = self._options.max_running
-        if self.spread.stale(now) and self.spread.would_hold(due, running, capacity, now):
+        if self.spread.stale(now) and self.spread.decides(due, running):
             await self._count_peers()
             now = self._store.clock.now()
-        return self.spread.admit(due, running, capacity, now)
+        return self.spread.admit(due, running, self._options.max_running, now)
 
     async def beat(self) -> None:
         try:

@@ -8,27 +8,32 @@ What it counts (`count_peers`, from the live workers, `store.workers`): per name
 that can take a task of it now, its **open peers**: other workers that serve that name, are
 alive, and had a free slot at their last heartbeat. A task waits only for the open peers of
 its own name; a name with none is claimed greedily. The count is read at each heartbeat,
-and again before a task is let wait when it is older than a spread (`stale`), so peers that
-stopped or filled up since are not waited for.
+and again when it is older than a spread (`stale`) and about to decide (`decides`): peers
+that stopped or filled up since are not waited for, and peers that started since get their
+share.
 
 - A consumer holds at most its share of what it runs and sees due of a name, divided among
   itself and that name's open peers. Idle, it claims its share at once; busy, it lets a new
   task wait ``claim_spread_ms``, so that an idle peer, which claims at once, gets it first.
-- A task waits at most one spread. What no peer took during it is claimed by the workers
-  that let it wait, a share of it per look, each look after the others woken with it had
-  theirs (`holds_back`: the claimer yields first): workers woken together split it evenly,
-  and a worker whose peers died unseen (killed since their last heartbeat still read alive)
-  drains it at full speed, one look per share.
+- What no peer took in that spread, the workers that let it wait claim as they wake
+  together: each its share of it, ``ceil(waited / workers)`` (a single task is claimed
+  after one spread, by whoever wakes first). What is left once it took its share waits one
+  more spread (peers woken with it may be claiming it now), then is claimed whatever the
+  share.
+- A task that waited twice and was still ours to claim shows that the open peers of its
+  name did not take tasks for two spreads (killed since their last heartbeat, they still
+  read alive): they are not counted for that name until they beat again (`claimed`).
 - It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
   no open peer serves the name; saturated (it found tasks due with every slot taken, and
   stays so until it has a free slot and nothing due); or when its share fills every free
   slot (more is due than the live workers can run at once).
 
-Its costs: one more small read per heartbeat (the live workers), and one more before a task
-is let wait, at most once a spread; a task held back waits one spread when its open peers
-cannot take it after all (they died unseen, or filled up since their heartbeat). Set the
-spread above the time a peer takes to see a new task: a moment with change streams, the poll
-interval (``poll_interval_ms``) without them, or a peer sees the task only after the wait.
+Its costs: one more small read per heartbeat (the live workers), and one more at most once
+a spread while it claims beside running tasks or shares out a burst; and a task held back
+waits one spread when its open peers cannot take it after all (they filled up since their
+heartbeat), and up to two while peers killed unseen are still counted. Set the spread above
+the time a peer takes to see a new task: a moment with change streams, the poll interval
+(``poll_interval_ms``) without them, or a peer sees the task only after the wait.
 """
 
 from __future__ import annotations
@@ -47,14 +52,20 @@ class ClaimSpread:
         self._heap = heap
         self._bound = bound
         self._worker_id = worker_id
-        self._waited: set[str] = set()  # keys that let peers go first once: they wait no more
+        self._waits: dict[str, int] = {}  # how many times a key let peers go first
+        # Per name, while keys that waited once are due: the share of them this worker may
+        # claim, and how many it admitted (reset once none is due).
+        self._waves: dict[str, list[int]] = {}
         # Keys of tasks only some workers may claim (``specific_worker_ids``): not shared out,
         # since the peers this policy would wait for may be unable to claim them.
         self._pinned: set[str] = set()
         self._open: dict[str, int] = {}  # per name, its open peers (`count_peers`)
         self._counted_at: dt.datetime | None = None
+        # Per name, since when its counted peers are not believed (`claimed`): a peer that
+        # beat after that moment is counted again.
+        self._distrusted: dict[str, dt.datetime] = {}
+        self._overdue_names: set[str] = set()  # of the last look's keys that waited twice
         self.saturated = False  # tasks were due while every slot was taken (`observe`)
-        self.holds_back = False  # the last look left keys that waited once due (see `admit`)
 
     @property
     def enabled(self) -> bool:
@@ -62,8 +73,9 @@ class ClaimSpread:
 
     def count_peers(self, peers: Iterable[WorkerInfo], now: dt.datetime) -> None:
         """The open peers of each name, from the live workers as read at ``now``: alive,
-        not this worker, with a free slot at their last heartbeat. A full peer cannot take a
-        task, and a peer of another name never would: neither is waited for."""
+        not this worker, with a free slot at their last heartbeat, and not distrusted for
+        that name since. A full peer cannot take a task, a peer of another name never would,
+        and one that left tasks unclaimed for two spreads may be dead: none is waited for."""
         counted: dict[str, int] = {}
         for peer in peers:
             if peer.worker_id == self._worker_id or not peer.alive:
@@ -71,12 +83,14 @@ class ClaimSpread:
             if peer.running >= peer.max_running:
                 continue
             for name in peer.names:
-                counted[name] = counted.get(name, 0) + 1
+                since = self._distrusted.get(name)
+                if since is None or peer.last_seen_at > since:
+                    counted[name] = counted.get(name, 0) + 1
         self._open = counted
         self._counted_at = now
 
     def stale(self, now: dt.datetime) -> bool:
-        """The count is older than a spread: read it again before a task waits on it."""
+        """The count is older than a spread: read it again before deciding on it."""
         if self._spread is None:
             return False
         return self._counted_at is None or now - self._counted_at >= self._spread
@@ -98,33 +112,33 @@ class ClaimSpread:
         elif free_slots > 0 and not due:
             self.saturated = False
 
-    def would_hold(self, due: list[str], running: int, capacity: int, now: dt.datetime) -> bool:
-        """Whether `admit` would let a new task wait (nothing changed): then its count of
-        peers had better be fresh."""
-        return bool(self._plan(due, running, capacity, now)[1])
+    def decides(self, due: list[str], running: int) -> bool:
+        """Whether the count of peers decides what of ``due`` is claimed now: not saturated,
+        and several keys not pinned to share out, or one beside running tasks (it may be let
+        wait). An idle worker's single claim needs no count."""
+        if self._spread is None or self.saturated:
+            return False
+        shared = sum(key not in self._pinned for key in due)
+        return shared > 1 or (shared == 1 and running > 0)
+
+    def claimed(self, won: int, now: dt.datetime) -> None:
+        """A claim of the last look's admitted keys won ``won`` tasks. When that look had keys
+        that waited twice and won any, the open peers of their names left claimable tasks for
+        two spreads: they are not counted for those names until they beat after ``now``."""
+        if won and self._overdue_names:
+            for name in self._overdue_names:
+                self._distrusted[name] = now
+                self._open.pop(name, None)
+        self._overdue_names = set()
 
     def admit(self, due: list[str], running: int, capacity: int, now: dt.datetime) -> list[str]:
-        """Of ``due`` (as many due keys as there are free slots), the keys to claim now. New
-        keys held back go back in the heap for ``claim_spread_ms``; keys that waited once
-        are left due, and `holds_back` tells the claimer to let the others look first."""
-        admitted, later = self._plan(due, running, capacity, now)
-        chosen = set(admitted)
-        self.holds_back = any(key in self._waited and key not in chosen for key in due)
-        if later and self._spread is not None:
-            if len(self._waited) + len(later) > self._bound:  # marks of keys long gone
-                self._waited.clear()
-            self._waited.update(later)
-            self._heap.postpone_all(later, now + self._spread)
-        return admitted
-
-    def _plan(
-        self, due: list[str], running: int, capacity: int, now: dt.datetime
-    ) -> tuple[list[str], list[str]]:
-        """The keys to claim now, and the new keys to let wait a spread. Keys pinned to named
+        """Of ``due`` (as many due keys as there are free slots), the keys to claim now; the
+        keys let wait go back in the heap for ``claim_spread_ms``. Keys pinned to named
         workers, and keys of a name without open peers, are claimed at once; each other
         name's keys are shared out (`_share`)."""
+        self._overdue_names = set()
         if self._spread is None or not due or self.saturated:
-            return due, []
+            return due
         admitted: list[str] = []
         shared: dict[str, list[str]] = {}
         for key in due:
@@ -133,23 +147,33 @@ class ClaimSpread:
                 admitted.append(key)
             else:
                 shared.setdefault(name, []).append(key)
+        for name in [name for name in self._waves if name not in shared]:
+            del self._waves[name]  # nothing of it due: its wave is over
         later: list[str] = []
         for name, keys in shared.items():
             taken, waiting = self._share(name, keys, running + len(admitted), capacity, now)
             admitted += taken
             later += waiting
-        return admitted, later
+        if later:
+            if len(self._waits) + len(later) > self._bound:  # marks of keys long gone
+                self._waits.clear()
+            for key in later:
+                self._waits[key] = self._waits.get(key, 0) + 1
+            self._heap.postpone_all(later, now + self._spread)
+        return admitted
 
     def _share(
         self, name: str, due: list[str], running: int, capacity: int, now: dt.datetime
     ) -> tuple[list[str], list[str]]:
-        """Of the due keys of ``name`` (which has open peers), those to claim now, and the new
-        keys to let wait. Its share is ``ceil((running + due of the name) / (open peers +
-        1))`` tasks held at once, the due counted up to what they can all run (``capacity``
-        each). Idle, it claims up to its share at once; busy, only keys that waited once,
-        within its share. Keys that waited once never wait again: at least a share of them
-        (``ceil(waited / workers)``) is claimed at each look."""
+        """Of the due keys of ``name`` (which has open peers), those to claim now, and those
+        to let wait. Its share is ``ceil((running + due of the name) / (open peers + 1))``
+        tasks held at once, the due counted up to what they can all run (``capacity`` each).
+        Idle, it claims up to its share at once; busy, new keys wait. Of the keys that waited
+        once, it claims its share of the wave (``ceil(waited / workers)``, counted as they
+        came due, whatever its running tasks), and the rest wait again; keys that waited
+        twice are claimed at once."""
         live = self._open[name] + 1
+        waits = self._waits
         seen = [
             key
             for key in self._heap.due_keys(now, live * capacity)
@@ -159,17 +183,26 @@ class ClaimSpread:
         if share - running >= len(due):
             return due, []
         quota = max(0, share - running)
-        waited = [key for key in due if key in self._waited]
-        admitted = (due if running == 0 else waited)[:quota]
-        waited_seen = sum(key in self._waited for key in dict.fromkeys([*due, *seen]))
-        owed = math.ceil(waited_seen / live) - sum(key in self._waited for key in admitted)
-        admitted += [key for key in waited if key not in set(admitted)][: max(0, owed)]
+        overdue = [key for key in due if waits.get(key, 0) >= 2]
+        waited = [key for key in due if waits.get(key) == 1]
+        fresh = [key for key in due if not waits.get(key)]
+        admitted = ([*waited, *fresh] if running == 0 else waited)[:quota]
+        if waited:
+            if name not in self._waves:  # the first look of a wave: what is its share
+                everyone = sum(waits.get(key) == 1 for key in dict.fromkeys([*due, *seen]))
+                self._waves[name] = [math.ceil(everyone / live), 0]
+            wave = self._waves[name]
+            owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
+            admitted += [key for key in waited if key not in set(admitted)][: max(0, owed)]
+            wave[1] += sum(waits.get(key) == 1 for key in admitted)
+        else:
+            self._waves.pop(name, None)
+        if overdue:
+            self._overdue_names.add(name)
+        admitted += overdue
         chosen = set(admitted)
-        # Every other new due key of the name waits, not only those of this look: the
-        # claimer would otherwise look again at once and admit from the rest.
-        later = [
-            key
-            for key in dict.fromkeys([*due, *seen])
-            if key not in chosen and key not in self._waited
-        ]
+        # Every other due key of the name waits, not only those of this look: the claimer
+        # would otherwise look again at once and admit from the rest.
+        later = [key for key in dict.fromkeys([*due, *seen]) if key not in chosen]
+        later = [key for key in later if waits.get(key, 0) < 2]
         return admitted, later

@@ -311,6 +311,28 @@ async def test_spread_by_default_shares_a_burst_of_long_tasks(
         gate.set()
 
 
+async def test_spread_counts_again_peers_that_started_since_its_heartbeat(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """The first worker started alone, and two more after it, all with long heartbeats: a
+    burst a spread later is shared among the three, not taken whole by the first, which
+    counts its peers again before it shares the burst out."""
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3, heartbeat_ms=60_000)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:  # each counts the peers started before it
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a spread, long before the next heartbeat
+        await until_idle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        clock.advance(1.0)  # one spread: anything left is claimed
+        await discover()
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
 async def test_a_task_due_beside_one_left_to_wait_is_claimed_when_a_slot_frees(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
@@ -469,11 +491,12 @@ async def test_spread_counts_again_before_letting_a_task_wait_for_peers_that_lef
         assert len(ran) == _SHORT
 
 
-async def test_spread_lets_a_task_wait_once_for_peers_that_died_unseen(
+async def test_spread_stops_waiting_for_peers_that_died_unseen(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
-    """Peers killed since their last heartbeat still read alive: what they did not take in
-    one spread is claimed, all of it, after that one spread."""
+    """Peers killed since their last heartbeat still read alive: what they did not take is
+    claimed, all of it, within two spreads; they are not waited for again until they beat,
+    so the next burst is claimed at once."""
     now = clock.now()
     for peer in ("killed-1", "killed-2"):
         await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000))
@@ -482,9 +505,15 @@ async def test_spread_lets_a_task_wait_once_for_peers_that_died_unseen(
         await _publish_short(scheduler)
         await discover()
         assert len(ran) < _SHORT  # its share; the rest waits for its peers
-        clock.advance(1.0)  # one spread
-        await discover()
+        for _ in range(2):  # two spreads
+            clock.advance(1.0)
+            await discover()
         assert len(ran) == _SHORT
+        await scheduler.publish_many(
+            ms.TaskSpec(key=f"next:{n}", name="job") for n in range(_SHORT)
+        )
+        await discover()
+        assert len(ran) == 2 * _SHORT
 
 
 async def test_spread_lets_a_task_wait_one_spread_when_every_worker_is_busy(
