@@ -59,13 +59,13 @@ class WorkerOptions(BaseModel):
     """The ``spread`` policy (`consumer.spread`): a burst is shared across the live workers
     of its name that have a free slot, instead of all going to whichever looked first. A busy
     consumer lets a new task wait this long, so that an idle peer gets it; what no peer took
-    by then is claimed, so a task waits at most once. A consumer with more due than free
-    slots (a drain), or whose name no other worker with a free slot serves, claims at once.
-    One second: more than a peer takes to see a task with change streams; without them a
-    peer sees it only at its next poll, so keep this above ``poll_interval_ms`` there. It
-    costs one small read of the live workers per heartbeat, and one more before a task waits
-    on a count older than a spread. None: greedy, as many due tasks as there are free
-    slots."""
+    by then is claimed, a share per worker, the rest after one more wait. A consumer with
+    more due than free slots (a drain), or whose name no other worker with a free slot
+    serves, claims at once. One second: more than a peer takes to see a task with change
+    streams; without them a peer sees it only at its next poll, so keep this above
+    ``poll_interval_ms`` there. It costs one small read of the live workers per heartbeat,
+    and one more at most once a spread while claiming beside running tasks. None: greedy, as
+    many due tasks as there are free slots."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every
