@@ -31,7 +31,8 @@ share.
 Its costs: one more small read per heartbeat (the live workers), and one more at most once
 a spread while it claims beside running tasks or shares out a burst; and a task held back
 waits one spread when its open peers cannot take it after all (they filled up since their
-heartbeat), and up to two while peers killed unseen are still counted. Set the spread above
+heartbeat: a burst published while every worker runs something waits one spread), and up
+to two while peers killed unseen are still counted. Set the spread above
 the time a peer takes to see a new task: a moment with change streams, the poll interval
 (``poll_interval_ms``) without them, or a peer sees the task only after the wait.
 """
@@ -189,7 +190,9 @@ class ClaimSpread:
         admitted = ([*waited, *fresh] if running == 0 else waited)[:quota]
         if waited:
             if name not in self._waves:  # the first look of a wave: what is its share
-                everyone = sum(waits.get(key) == 1 for key in dict.fromkeys([*due, *seen]))
+                # Of every key of the name that waited once, due now or a moment later (a
+                # burst seen in several events was let wait a moment apart).
+                everyone = sum(waits.get(key) == 1 for key in self._heap.keys_of([name]))
                 self._waves[name] = [math.ceil(everyone / live), 0]
             wave = self._waves[name]
             owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
