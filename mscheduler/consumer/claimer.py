@@ -96,14 +96,14 @@ class Feed(Protocol):
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
     keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
     each turn of the claimer, whether work is due beyond the free slots, and `claimed` how many
-    tasks the claim of the admitted keys won; `paused` names are never claimed."""
+    tasks the claim of the admitted keys won of those it asked; `paused` names are never claimed."""
 
     @property
     def paused(self) -> set[str]: ...
 
     async def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
 
-    def claimed(self, won: int, now: dt.datetime) -> None: ...
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None: ...
 
     def observe(self, free_slots: int, due: bool) -> None: ...
 
@@ -244,7 +244,7 @@ class Claimer:
             log.warning(str(exc), extra={"action": "claim_retry"})
             self._start_all(leases)
             return True
-        self._feed.claimed(len(leases), now)
+        self._feed.claimed(len(due), len(leases), now)
         if not leases:
             return await self._reschedule(self._heap.pop_due(now))
         self._start_all(leases)

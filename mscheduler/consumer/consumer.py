@@ -387,9 +387,9 @@ class Consumer:
         the policy is `presence`'s)."""
         return await self._presence.admit(due, now)
 
-    def claimed(self, won: int, now: dt.datetime) -> None:
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
         """`claimer.Feed`: what the claim of the admitted keys won (the spread policy)."""
-        self._presence.spread.claimed(won, now)
+        self._presence.spread.claimed(asked, won, now)
 
     def observe(self, free_slots: int, due: bool) -> None:
         """`claimer.Feed`: the spread policy sees the claimer's free slots and due work."""

@@ -122,11 +122,13 @@ class ClaimSpread:
         shared = sum(key not in self._pinned for key in due)
         return shared > 1 or (shared == 1 and running > 0)
 
-    def claimed(self, won: int, now: dt.datetime) -> None:
-        """A claim of the last look's admitted keys won ``won`` tasks. When that look had keys
-        that waited twice and won any, the open peers of their names left claimable tasks for
-        two spreads: they are not counted for those names until they beat after ``now``."""
-        if won and self._overdue_names:
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
+        """A claim of the last look's ``asked`` admitted keys won ``won`` tasks. When that
+        look had keys that waited twice and the claim won as many tasks as it asked, the open
+        peers of their names left claimable tasks for two spreads: they are not counted for
+        those names until they beat after ``now``. (A claim that won fewer may have met keys
+        its peers took long ago, still in the heap: no evidence.)"""
+        if asked and won >= asked and self._overdue_names:
             for name in self._overdue_names:
                 self._distrusted[name] = now
                 self._open.pop(name, None)
