@@ -99,7 +99,7 @@ class Presence:
 
     async def _count_peers(self) -> None:
         """One small read of the live workers serving our names, for the spread policy only
-        (a failure keeps the count it had, read again at the next heartbeat)."""
+        (a failure keeps the count it had, read again a spread later at the soonest)."""
         if not self.spread.enabled:
             return
         try:
@@ -110,6 +110,7 @@ class Presence:
                 exc,
                 extra={"action": "peers_not_counted", "worker_id": self._options.worker_id},
             )
+            self.spread.count_failed(self._store.clock.now())
             return
         self.spread.count_peers(peers, self._store.clock.now())
 

@@ -90,6 +90,11 @@ class ClaimSpread:
         self._open = counted
         self._counted_at = now
 
+    def count_failed(self, now: dt.datetime) -> None:
+        """The read of the live workers failed: the count stands, tried again a spread later
+        (not at each look while the database is away)."""
+        self._counted_at = now
+
     def stale(self, now: dt.datetime) -> bool:
         """The count is older than a spread: read it again before deciding on it."""
         if self._spread is None:
