@@ -14,7 +14,9 @@ share.
 
 - A consumer holds at most its share of what it runs and sees due of a name, divided among
   itself and that name's open peers. Idle, it claims its share at once; busy, it lets a new
-  task wait ``claim_spread_ms``, so that an idle peer, which claims at once, gets it first.
+  task wait ``claim_spread_ms`` while an open peer ran nothing at its last heartbeat, so
+  that the idle peer, which claims at once, gets it first. When every open peer was busy
+  too, it claims its share (one task at least) at once, as they do theirs.
 - What no peer took in that spread, the workers that let it wait claim as they wake
   together: each its share of it, ``ceil(waited / workers)`` (a single task is claimed
   after one spread, by whoever wakes first). What is left once it took its share waits one
@@ -30,11 +32,12 @@ share.
 
 Its costs: one more small read per heartbeat (the live workers), and one more at most once
 a spread while it claims beside running tasks or shares out a burst; and a task held back
-waits one spread when its open peers cannot take it after all (they filled up since their
-heartbeat: a burst published while every worker runs something waits one spread), and up
-to two while peers killed unseen are still counted. Set the spread above
-the time a peer takes to see a new task: a moment with change streams, the poll interval
-(``poll_interval_ms``) without them, or a peer sees the task only after the wait.
+waits one spread when its open peers cannot take it after all: they filled up since their
+heartbeat (a burst published while every worker runs something waits one spread when their
+heartbeats predate their tasks), or they were killed unseen (up to two spreads, once). Set
+the spread above the time a peer takes to see a new task: a moment with change streams,
+the poll interval (``poll_interval_ms``) without them, or a peer sees the task only after
+the wait.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class ClaimSpread:
         # since the peers this policy would wait for may be unable to claim them.
         self._pinned: set[str] = set()
         self._open: dict[str, int] = {}  # per name, its open peers (`count_peers`)
+        self._idle: dict[str, int] = {}  # per name, those running nothing at their heartbeat
         self._counted_at: dt.datetime | None = None
         # Per name, since when its counted peers are not believed (`claimed`): a peer that
         # beat after that moment is counted again.
@@ -78,6 +82,7 @@ class ClaimSpread:
         that name since. A full peer cannot take a task, a peer of another name never would,
         and one that left tasks unclaimed for two spreads may be dead: none is waited for."""
         counted: dict[str, int] = {}
+        idle: dict[str, int] = {}
         for peer in peers:
             if peer.worker_id == self._worker_id or not peer.alive:
                 continue
@@ -87,7 +92,9 @@ class ClaimSpread:
                 since = self._distrusted.get(name)
                 if since is None or peer.last_seen_at > since:
                     counted[name] = counted.get(name, 0) + 1
+                    idle[name] = idle.get(name, 0) + (peer.running == 0)
         self._open = counted
+        self._idle = idle
         self._counted_at = now
 
     def count_failed(self, now: dt.datetime) -> None:
@@ -176,7 +183,9 @@ class ClaimSpread:
         """Of the due keys of ``name`` (which has open peers), those to claim now, and those
         to let wait. Its share is ``ceil((running + due of the name) / (open peers + 1))``
         tasks held at once, the due counted up to what they can all run (``capacity`` each).
-        Idle, it claims up to its share at once; busy, new keys wait. Of the keys that waited
+        Idle, it claims up to its share at once; busy, new keys wait while an open peer was
+        idle at its last heartbeat, else it claims its share (one task at least) at once, as
+        its busy peers do theirs. Of the keys that waited
         once, it claims its share of the wave (``ceil(waited / workers)``, counted as they
         came due, whatever its running tasks), and the rest wait again; keys that waited
         twice are claimed at once."""
@@ -194,7 +203,12 @@ class ClaimSpread:
         overdue = [key for key in due if waits.get(key, 0) >= 2]
         waited = [key for key in due if waits.get(key) == 1]
         fresh = [key for key in due if not waits.get(key)]
-        admitted = ([*waited, *fresh] if running == 0 else waited)[:quota]
+        if running == 0:
+            admitted = [*waited, *fresh][:quota]
+        elif self._idle.get(name):  # an idle peer may take the new keys: they wait
+            admitted = waited[:quota]
+        else:  # its peers are busy too: its share at once, one task at least
+            admitted = [*waited, *fresh][: max(1, quota)]
         if waited:
             if name not in self._waves:  # the first look of a wave: what is its share
                 # Of every key of the name that waited once, due now or a moment later (a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import os
 import socket
 
@@ -333,6 +334,36 @@ async def test_spread_counts_again_peers_that_started_since_its_heartbeat(
         gate.set()
 
 
+async def test_spread_claims_at_once_beside_peers_whose_heartbeat_says_they_are_busy(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Busy itself, beside open peers that each ran a task at their last heartbeat: no idle
+    peer to leave a task to, so it claims its share of a burst at once (here its peers
+    never claim theirs: it claims the rest after the spreads it waits for them)."""
+    now = clock.now()
+    for peer in ("busy-1", "busy-2"):
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000, running=1))
+    ran: list[str] = []
+    gate = anyio.Event()
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+        if task.key == "long":
+            await gate.wait()
+
+    async with scheduler.consumer({"job": job}, options=options("w0", max_running=16)):
+        await scheduler.publish("long", None, name="job")
+        await discover()
+        await _publish_short(scheduler)
+        await discover()
+        assert len(ran) >= 1 + math.ceil(_SHORT / 3)
+        for _ in range(2):  # two spreads
+            clock.advance(1.0)
+            await discover()
+        assert len(ran) == 1 + _SHORT
+        gate.set()
+
+
 async def test_a_task_due_beside_one_left_to_wait_is_claimed_when_a_slot_frees(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
@@ -516,7 +547,7 @@ async def test_spread_stops_waiting_for_peers_that_died_unseen(
         assert len(ran) == 2 * _SHORT
 
 
-async def test_spread_lets_a_task_wait_one_spread_when_every_worker_is_busy(
+async def test_spread_claims_a_task_within_one_spread_when_every_worker_is_busy(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
     """Three workers each running one task: a new task waits one spread for an idle peer,
