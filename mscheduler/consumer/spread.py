@@ -16,7 +16,8 @@ share.
   itself and that name's open peers. Idle, it claims its share at once; busy, it lets a new
   task wait ``claim_spread_ms`` while an open peer ran nothing at its last heartbeat, so
   that the idle peer, which claims at once, gets it first. When every open peer was busy
-  too, it claims its share (one task at least) at once, as they do theirs.
+  too, it claims its share at once, as they do theirs (one more when it holds exactly its
+  share, so that a task published while every worker runs one waits for none).
 - What no peer took in that spread, the workers that let it wait claim as they wake
   together: each its share of it, ``ceil(waited / workers)`` (a single task is claimed
   after one spread, by whoever wakes first). What is left once it took its share waits one
@@ -184,8 +185,8 @@ class ClaimSpread:
         to let wait. Its share is ``ceil((running + due of the name) / (open peers + 1))``
         tasks held at once, the due counted up to what they can all run (``capacity`` each).
         Idle, it claims up to its share at once; busy, new keys wait while an open peer was
-        idle at its last heartbeat, else it claims its share (one task at least) at once, as
-        its busy peers do theirs. Of the keys that waited
+        idle at its last heartbeat, else it claims its share at once, as its busy peers do
+        theirs (one task more when it holds exactly its share). Of the keys that waited
         once, it claims its share of the wave (``ceil(waited / workers)``, counted as they
         came due, whatever its running tasks), and the rest wait again; keys that waited
         twice are claimed at once."""
@@ -207,8 +208,10 @@ class ClaimSpread:
             admitted = [*waited, *fresh][:quota]
         elif self._idle.get(name):  # an idle peer may take the new keys: they wait
             admitted = waited[:quota]
-        else:  # its peers are busy too: its share at once, one task at least
-            admitted = [*waited, *fresh][: max(1, quota)]
+        else:  # its peers are busy too: its share at once, as they take theirs; at its
+            # share, one task more (every worker running one, a new task waits for none)
+            room = share - running
+            admitted = [*waited, *fresh][: room if room > 0 else int(room == 0)]
         if waited:
             if name not in self._waves:  # the first look of a wave: what is its share
                 # Of every key of the name that waited once, due now or a moment later (a
