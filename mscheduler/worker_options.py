@@ -55,14 +55,17 @@ class WorkerOptions(BaseModel):
     """How often a consumer rewrites its entry in the live workers (`Scheduler.workers`):
     one small write each time; it is shown dead after two missed heartbeats (or once its
     leases expired unpinged)."""
-    claim_spread_ms: int | None = Field(default=None, ge=1, le=_DAY_MS)
-    """The ``spread`` policy (`consumer.spread`), off by default: a claim takes at most its
-    share of what is due among the live workers of its names, and a busy consumer lets a due
-    task wait this long first, so an idle peer gets it; a consumer with more due than it can
-    run (a drain) claims greedily. It counts every live peer serving any of its names,
-    whatever their names and free slots, so beside peers that cannot take a task a burst
-    waits a spread per share of it: worth it for long tasks on a uniform fleet. None: greedy,
-    as many due tasks as there are free slots."""
+    claim_spread_ms: int | None = Field(default=1_000, ge=1, le=_DAY_MS)
+    """The ``spread`` policy (`consumer.spread`): a burst is shared across the live workers
+    of its name that have a free slot, instead of all going to whichever looked first. A busy
+    consumer lets a new task wait this long, so that an idle peer gets it; what no peer took
+    by then is claimed, a share per worker, the rest after one more wait. A consumer with
+    more due than free slots (a drain), or whose name no other worker with a free slot
+    serves, claims at once. One second: more than a peer takes to see a task with change
+    streams; without them a peer sees it only at its next poll, so keep this above
+    ``poll_interval_ms`` there. It costs one small read of the live workers per heartbeat,
+    and one more at most once a spread while claiming beside running tasks. None: greedy, as
+    many due tasks as there are free slots."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every

@@ -63,9 +63,10 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 envvar="MSCHEDULER_CLAIM_SPREAD",
-                help="Share bursts with the other live workers: a busy worker lets a due "
-                "task wait this long for an idle one first (above the poll interval, e.g. "
-                "1s); `off` (the default): claim as many due tasks as there are free slots.",
+                help="Share bursts with the other live workers of a name: a busy worker lets "
+                "a new task wait this long for an idle one first (1s; keep it above the poll "
+                "interval on a server without change streams); `off` or 0: claim as many due "
+                "tasks as there are free slots.",
                 show_default=False,
             ),
         ] = None,
@@ -130,8 +131,14 @@ def register(app: typer.Typer) -> None:
             if claim_spread == "off":
                 chosen["claim_spread_ms"] = None
             elif claim_spread:
-                spread = parse_duration(claim_spread, "claim-spread", maximum=dt.timedelta(days=1))
-                chosen["claim_spread_ms"] = round(spread.total_seconds() * 1000)
+                spread = parse_duration(
+                    claim_spread,
+                    "claim-spread",
+                    minimum=dt.timedelta(0),
+                    maximum=dt.timedelta(days=1),
+                )
+                spread_ms = round(spread.total_seconds() * 1000)
+                chosen["claim_spread_ms"] = spread_ms or None  # 0 turns spreading off
             if heartbeat:
                 beat = parse_duration(
                     heartbeat,

@@ -95,13 +95,15 @@ class Feed(Protocol):
     soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
     keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
-    each turn of the claimer, whether work is due beyond the free slots; `paused` names are
-    never claimed."""
+    each turn of the claimer, whether work is due beyond the free slots, and `claimed` how many
+    tasks the claim of the admitted keys won of those it asked; `paused` names are never claimed."""
 
     @property
     def paused(self) -> set[str]: ...
 
-    def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+    async def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
+
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None: ...
 
     def observe(self, free_slots: int, due: bool) -> None: ...
 
@@ -198,7 +200,7 @@ class Claimer:
                 self._heap.pop_due(now)
                 return False
             asked = self._heap.due_keys(now, self._slots.free_slots)
-            due = self._feed.admit(asked, now)
+            due = await self._feed.admit(asked, now)
             if asked and not due:
                 # The claim policy let them wait (back in the heap for a while): nothing was
                 # tried, so nothing is learnt of the other due keys, which stay in the heap
@@ -242,6 +244,7 @@ class Claimer:
             log.warning(str(exc), extra={"action": "claim_retry"})
             self._start_all(leases)
             return True
+        self._feed.claimed(len(due), len(leases), now)
         if not leases:
             return await self._reschedule(self._heap.pop_due(now))
         self._start_all(leases)

@@ -382,10 +382,14 @@ class Consumer:
         """`executor.FreedSlots`: the claimer decides what the freed slot makes due."""
         self._claimer.slot_freed(key, written)
 
-    def admit(self, due: list[str], now: dt.datetime) -> list[str]:
+    async def admit(self, due: list[str], now: dt.datetime) -> list[str]:
         """Of the due keys, those the claim policy lets this consumer claim now (`claimer.Feed`:
         the policy is `presence`'s)."""
-        return self._presence.admit(due, now)
+        return await self._presence.admit(due, now)
+
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
+        """`claimer.Feed`: what the claim of the admitted keys won (the spread policy)."""
+        self._presence.spread.claimed(asked, won, now)
 
     def observe(self, free_slots: int, due: bool) -> None:
         """`claimer.Feed`: the spread policy sees the claimer's free slots and due work."""

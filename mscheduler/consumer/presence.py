@@ -2,7 +2,8 @@
 ``heartbeat_ms`` with what it runs, deleted at stop. It costs one small upsert per heartbeat
 (two a minute by default) and one delete at stop, on the collection beside the tasks; a
 failed write is logged and retried at the next beat, never the consumer's end. The ``spread``
-claim policy (`spread`) reads the live workers here too."""
+claim policy (`spread`) reads the live workers here too: at each heartbeat, and before it lets
+a task wait on a count older than a spread."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ class Presence:
         running_keys: Callable[[], list[str]],
     ) -> None:
         # The claim policy that needs the live workers this entry is among (`spread`).
-        self.spread = ClaimSpread(options.claim_spread_ms, heap, options.heap_size)
+        self.spread = ClaimSpread(
+            options.claim_spread_ms, heap, options.heap_size, options.worker_id
+        )
         self._store = store
         self._names = list(names)
         self._options = options
@@ -72,23 +75,44 @@ class Presence:
             instance=self.instance,
         )
 
-    def admit(self, due: list[str], now: dt.datetime) -> list[str]:
-        """Of the due keys, those the claim policy lets this consumer claim now."""
+    async def admit(self, due: list[str], now: dt.datetime) -> list[str]:
+        """Of the due keys, those the claim policy lets this consumer claim now. Before it
+        decides on peers counted more than a spread ago, it counts them again: peers that
+        stopped or filled up since are not waited for, and peers that started since get
+        their share."""
         running = len(self._running_keys())
+        if self.spread.stale(now) and self.spread.decides(due, running):
+            await self._count_peers()
+            now = self._store.clock.now()
         return self.spread.admit(due, running, self._options.max_running, now)
 
     async def beat(self) -> None:
         try:
             await self._store.workers.beat(self.info())
-            if self.spread.enabled:  # one more small read, only for this policy
-                peers = await self._store.workers.registered(self._names)
-                self.spread.live_workers = max(1, sum(peer.alive for peer in peers))
         except (BackendUnavailable, StoreError) as exc:
             log.warning(
                 "live workers entry not refreshed: %s",
                 exc,
                 extra={"action": "heartbeat_failed", "worker_id": self._options.worker_id},
             )
+        await self._count_peers()
+
+    async def _count_peers(self) -> None:
+        """One small read of the live workers serving our names, for the spread policy only
+        (a failure keeps the count it had, read again a spread later at the soonest)."""
+        if not self.spread.enabled:
+            return
+        try:
+            peers = await self._store.workers.registered(self._names)
+        except (BackendUnavailable, StoreError) as exc:
+            log.warning(
+                "live workers not counted: %s",
+                exc,
+                extra={"action": "peers_not_counted", "worker_id": self._options.worker_id},
+            )
+            self.spread.count_failed(self._store.clock.now())
+            return
+        self.spread.count_peers(peers, self._store.clock.now())
 
     async def start(self, task_group: TaskGroup) -> None:
         """The first beat, before the consumer says it started; then one per heartbeat."""

@@ -1,52 +1,113 @@
-"""The ``spread`` claim policy (``WorkerOptions.claim_spread_ms``, off by default): a burst of
+"""The ``spread`` claim policy (``WorkerOptions.claim_spread_ms``, on by default): a burst of
 tasks is shared out across the live workers of its names instead of all going to whichever
 worker looked first. Greedy claiming (``claim_spread_ms=None``) lets one worker take as many
 due tasks as it has free slots: six long tasks published at once land on one of three
 workers while the others idle, and a crash of that worker delays all six by the lease.
 
-- A consumer holds at most its share of what it runs and sees due, divided by the live
-  workers serving its names (counted from the registry, `store.workers`, at each heartbeat).
-- A consumer already running a task lets a due task wait ``claim_spread_ms`` before
-  claiming it, so that an idle peer, which claims at once, gets it first; one that waited
-  once is claimed within the share (a worker whose running tasks fill its share lets it
-  wait again). Tasks no peer took after two waits are claimed whatever the share, a share
-  of them per wait: peers that are busy, full, serve other names or are dead (but not yet
-  found so) never leave a task unclaimed, but they slow a burst by a wait per share (why
-  the policy is off by default).
-- It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
-  alone; saturated (it found tasks due with every slot taken, and stays so until it has a
-  free slot and nothing due); or when its share fills every free slot (more is due than the
-  live workers can run at once).
+What it counts (`count_peers`, from the live workers, `store.workers`): per name, the peers
+that can take a task of it now, its **open peers**: other workers that serve that name, are
+alive, and had a free slot at their last heartbeat. A task waits only for the open peers of
+its own name; a name with none is claimed greedily. The count is read at each heartbeat,
+and again when it is older than a spread (`stale`) and about to decide (`decides`): peers
+that stopped or filled up since are not waited for, and peers that started since get their
+share.
 
-It costs one more small read per heartbeat (the live workers) and, on a worker that is busy
-but not saturated, a wait of ``claim_spread_ms`` for each task no idle peer took: set it above
-the time a peer takes to see a new task (the poll interval on a server without change
-streams; a moment with them).
+- A consumer holds at most its share of what it runs and sees due of a name, divided among
+  itself and that name's open peers. Idle, it claims its share at once; busy, it lets a new
+  task wait ``claim_spread_ms`` while an open peer ran nothing at its last heartbeat, so
+  that the idle peer, which claims at once, gets it first. When every open peer was busy
+  too, it claims its share at once, as they do theirs (one more when it holds exactly its
+  share, so that a task published while every worker runs one waits for none).
+- What no peer took in that spread, the workers that let it wait claim as they wake
+  together: each its share of it, ``ceil(waited / workers)`` (a single task is claimed
+  after one spread, by whoever wakes first). What is left once it took its share waits one
+  more spread (peers woken with it may be claiming it now), then is claimed whatever the
+  share.
+- A task that waited twice and was still ours to claim shows that the open peers of its
+  name did not take tasks for two spreads (killed since their last heartbeat, they still
+  read alive): they are not counted for that name until they beat again (`claimed`).
+- It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
+  no open peer serves the name; saturated (it found tasks due with every slot taken, and
+  stays so until it has a free slot and nothing due); or when its share fills every free
+  slot (more is due than the live workers can run at once).
+
+Its costs: one more small read per heartbeat (the live workers), and one more at most once
+a spread while it claims beside running tasks or shares out a burst; and a task held back
+waits one spread when its open peers cannot take it after all: they filled up since their
+heartbeat (a burst published while every worker runs something waits one spread when their
+heartbeats predate their tasks), or they were killed unseen (up to two spreads, once). Set
+the spread above the time a peer takes to see a new task: a moment with change streams,
+the poll interval (``poll_interval_ms``) without them, or a peer sees the task only after
+the wait.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable
 
+from ..models import WorkerInfo
 from .heap import ClaimHeap
 
 
 class ClaimSpread:
-    def __init__(self, spread_ms: int | None, heap: ClaimHeap, bound: int) -> None:
+    def __init__(self, spread_ms: int | None, heap: ClaimHeap, bound: int, worker_id: str) -> None:
         self._spread = None if spread_ms is None else dt.timedelta(milliseconds=spread_ms)
         self._heap = heap
         self._bound = bound
+        self._worker_id = worker_id
         self._waits: dict[str, int] = {}  # how many times a key let peers go first
+        # Per name, while keys that waited once are due: the share of them this worker may
+        # claim, and how many it admitted (reset once none is due).
+        self._waves: dict[str, list[int]] = {}
         # Keys of tasks only some workers may claim (``specific_worker_ids``): not shared out,
         # since the peers this policy would wait for may be unable to claim them.
         self._pinned: set[str] = set()
-        self.live_workers = 1  # serving our names, ourselves included (`Presence` sets it)
+        self._open: dict[str, int] = {}  # per name, its open peers (`count_peers`)
+        self._idle: dict[str, int] = {}  # per name, those running nothing at their heartbeat
+        self._counted_at: dt.datetime | None = None
+        # Per name, since when its counted peers are not believed (`claimed`): a peer that
+        # beat after that moment is counted again.
+        self._distrusted: dict[str, dt.datetime] = {}
+        self._overdue_names: set[str] = set()  # of the last look's keys that waited twice
         self.saturated = False  # tasks were due while every slot was taken (`observe`)
 
     @property
     def enabled(self) -> bool:
         return self._spread is not None
+
+    def count_peers(self, peers: Iterable[WorkerInfo], now: dt.datetime) -> None:
+        """The open peers of each name, from the live workers as read at ``now``: alive,
+        not this worker, with a free slot at their last heartbeat, and not distrusted for
+        that name since. A full peer cannot take a task, a peer of another name never would,
+        and one that left tasks unclaimed for two spreads may be dead: none is waited for."""
+        counted: dict[str, int] = {}
+        idle: dict[str, int] = {}
+        for peer in peers:
+            if peer.worker_id == self._worker_id or not peer.alive:
+                continue
+            if peer.running >= peer.max_running:
+                continue
+            for name in peer.names:
+                since = self._distrusted.get(name)
+                if since is None or peer.last_seen_at > since:
+                    counted[name] = counted.get(name, 0) + 1
+                    idle[name] = idle.get(name, 0) + (peer.running == 0)
+        self._open = counted
+        self._idle = idle
+        self._counted_at = now
+
+    def count_failed(self, now: dt.datetime) -> None:
+        """The read of the live workers failed: the count stands, tried again a spread later
+        (not at each look while the database is away)."""
+        self._counted_at = now
+
+    def stale(self, now: dt.datetime) -> bool:
+        """The count is older than a spread: read it again before deciding on it."""
+        if self._spread is None:
+            return False
+        return self._counted_at is None or now - self._counted_at >= self._spread
 
     def offered(self, key: str, pinned: bool) -> None:
         """A task offered to the heap: whether it is pinned to named workers."""
@@ -65,46 +126,110 @@ class ClaimSpread:
         elif free_slots > 0 and not due:
             self.saturated = False
 
+    def decides(self, due: list[str], running: int) -> bool:
+        """Whether the count of peers decides what of ``due`` is claimed now: not saturated,
+        and several keys not pinned to share out, or one beside running tasks (it may be let
+        wait). An idle worker's single claim needs no count."""
+        if self._spread is None or self.saturated:
+            return False
+        shared = sum(key not in self._pinned for key in due)
+        return shared > 1 or (shared == 1 and running > 0)
+
+    def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
+        """A claim of the last look's ``asked`` admitted keys won ``won`` tasks. When that
+        look had keys that waited twice and the claim won as many tasks as it asked, the open
+        peers of their names left claimable tasks for two spreads: they are not counted for
+        those names until they beat after ``now``. (A claim that won fewer may have met keys
+        its peers took long ago, still in the heap: no evidence.)"""
+        if asked and won >= asked and self._overdue_names:
+            for name in self._overdue_names:
+                self._distrusted[name] = now
+                self._open.pop(name, None)
+        self._overdue_names = set()
+
     def admit(self, due: list[str], running: int, capacity: int, now: dt.datetime) -> list[str]:
         """Of ``due`` (as many due keys as there are free slots), the keys to claim now; the
-        others, and the heap's other due keys, go back in the heap for ``claim_spread_ms``.
-
-        Keys pinned to named workers are claimed at once. The others: greedy alone,
-        saturated, or when its share fills its free slots. Else its share is
-        ``ceil((running + due in the heap) / live workers)`` tasks held at once (counted up
-        to what the live workers can run, ``capacity`` each). Idle, it claims up to its share
-        at once; busy, only keys that already waited once, within its share.
-        Keys that waited twice (no peer took them: they are busy, full, serve other names or
-        are gone) are claimed whatever the share, a live worker's share of them per wait, so
-        nothing starves."""
-        live = max(1, self.live_workers)
-        if self._spread is None or not due or self.saturated or live == 1:
+        keys let wait go back in the heap for ``claim_spread_ms``. Keys pinned to named
+        workers, and keys of a name without open peers, are claimed at once; each other
+        name's keys are shared out (`_share`)."""
+        self._overdue_names = set()
+        if self._spread is None or not due or self.saturated:
             return due
-        pinned = [key for key in due if key in self._pinned]
-        if pinned:  # claimed at once; the policy shares out the others
-            due = [key for key in due if key not in self._pinned]
-            return pinned + self.admit(due, running + len(pinned), capacity, now)
-        seen = [key for key in self._heap.due_keys(now, live * capacity) if key not in self._pinned]
-        share = max(1, math.ceil((running + max(len(due), len(seen))) / live))
-        if share - running >= len(due):
-            return due
-        quota = share - running
-        overdue = [key for key in due if self._waits.get(key, 0) >= 2]
-        eligible = due if running == 0 else [key for key in due if self._waits.get(key, 0)]
-        admitted = [key for key in eligible if key not in overdue][: max(0, quota)]
-        # Overdue keys a share at a time, the rest again after a wait: every waiting worker
-        # finds them overdue at about the same moment, and they too take a share each.
-        admitted += overdue[: max(1, math.ceil(len(overdue) / live))]
-        chosen = set(admitted)
-        # Every other due key waits, not only those of this look: the claimer would
-        # otherwise look again at once and admit from the rest.
-        later = [key for key in dict.fromkeys([*due, *seen]) if key not in chosen]
-        # An admitted key keeps its mark (the claim may win another task and leave it due,
-        # and it has waited already); marks are dropped wholesale at the heap's bound.
-        if len(self._waits) + len(later) > self._bound:
-            self._waits.clear()
-        for key in later:
-            self._waits[key] = self._waits.get(key, 0) + 1
+        admitted: list[str] = []
+        shared: dict[str, list[str]] = {}
+        for key in due:
+            name = self._heap.name_of(key)
+            if key in self._pinned or name is None or not self._open.get(name):
+                admitted.append(key)
+            else:
+                shared.setdefault(name, []).append(key)
+        for name in [name for name in self._waves if name not in shared]:
+            del self._waves[name]  # nothing of it due: its wave is over
+        later: list[str] = []
+        for name, keys in shared.items():
+            taken, waiting = self._share(name, keys, running + len(admitted), capacity, now)
+            admitted += taken
+            later += waiting
         if later:
+            if len(self._waits) + len(later) > self._bound:  # marks of keys long gone
+                self._waits.clear()
+            for key in later:
+                self._waits[key] = self._waits.get(key, 0) + 1
             self._heap.postpone_all(later, now + self._spread)
         return admitted
+
+    def _share(
+        self, name: str, due: list[str], running: int, capacity: int, now: dt.datetime
+    ) -> tuple[list[str], list[str]]:
+        """Of the due keys of ``name`` (which has open peers), those to claim now, and those
+        to let wait. Its share is ``ceil((running + due of the name) / (open peers + 1))``
+        tasks held at once, the due counted up to what they can all run (``capacity`` each).
+        Idle, it claims up to its share at once; busy, new keys wait while an open peer was
+        idle at its last heartbeat, else it claims its share at once, as its busy peers do
+        theirs (one task more when it holds exactly its share). Of the keys that waited
+        once, it claims its share of the wave (``ceil(waited / workers)``, counted as they
+        came due, whatever its running tasks), and the rest wait again; keys that waited
+        twice are claimed at once."""
+        live = self._open[name] + 1
+        waits = self._waits
+        seen = [
+            key
+            for key in self._heap.due_keys(now, live * capacity)
+            if key not in self._pinned and self._heap.name_of(key) == name
+        ]
+        share = max(1, math.ceil((running + max(len(due), len(seen))) / live))
+        if share - running >= len(due):
+            return due, []
+        quota = max(0, share - running)
+        overdue = [key for key in due if waits.get(key, 0) >= 2]
+        waited = [key for key in due if waits.get(key) == 1]
+        fresh = [key for key in due if not waits.get(key)]
+        if running == 0:
+            admitted = [*waited, *fresh][:quota]
+        elif self._idle.get(name):  # an idle peer may take the new keys: they wait
+            admitted = waited[:quota]
+        else:  # its peers are busy too: its share at once, as they take theirs; at its
+            # share, one task more (every worker running one, a new task waits for none)
+            room = share - running
+            admitted = [*waited, *fresh][: room if room > 0 else int(room == 0)]
+        if waited:
+            if name not in self._waves:  # the first look of a wave: what is its share
+                # Of every key of the name that waited once, due now or a moment later (a
+                # burst seen in several events was let wait a moment apart).
+                everyone = sum(waits.get(key) == 1 for key in self._heap.keys_of([name]))
+                self._waves[name] = [math.ceil(everyone / live), 0]
+            wave = self._waves[name]
+            owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
+            admitted += [key for key in waited if key not in set(admitted)][: max(0, owed)]
+            wave[1] += sum(waits.get(key) == 1 for key in admitted)
+        else:
+            self._waves.pop(name, None)
+        if overdue:
+            self._overdue_names.add(name)
+        admitted += overdue
+        chosen = set(admitted)
+        # Every other due key of the name waits, not only those of this look: the claimer
+        # would otherwise look again at once and admit from the rest.
+        later = [key for key in dict.fromkeys([*due, *seen]) if key not in chosen]
+        later = [key for key in later if waits.get(key, 0) < 2]
+        return admitted, later

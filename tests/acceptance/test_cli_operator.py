@@ -741,6 +741,7 @@ def test_an_empty_listing_is_an_empty_list(uri: str, command: list[str]):
     [
         ["worker", HANDLERS, "--grace", "5", "--heartbeat", "5", "--poll-interval", "5"],
         ["worker", HANDLERS, "--claim-spread", "5"],
+        ["worker", HANDLERS, "--claim-spread", "0"],
         ["dashboard", "--poll-interval", "2s"],
         ["dashboard", "--poll-interval", "0.5"],
     ],

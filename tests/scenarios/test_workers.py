@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import os
 import socket
 
@@ -22,9 +23,9 @@ from tests.engines import POLL_MS, until_idle
 pytestmark = pytest.mark.anyio
 
 
-def options(worker_id: str, **more: int | None) -> ms.WorkerOptions:
+def options(worker_id: str, heartbeat_ms: int = 1_000, **more: int | None) -> ms.WorkerOptions:
     return ms.WorkerOptions(
-        worker_id=worker_id, poll_interval_ms=POLL_MS, heartbeat_ms=1_000, **more
+        worker_id=worker_id, poll_interval_ms=POLL_MS, heartbeat_ms=heartbeat_ms, **more
     )
 
 
@@ -62,14 +63,22 @@ async def test_a_consumer_is_listed_while_it_runs_and_removed_at_stop(
     assert await scheduler.workers() == []
 
 
-def registered(worker_id: str, now: dt.datetime, heartbeat_ms: int) -> WorkerInfo:
+def registered(
+    worker_id: str,
+    now: dt.datetime,
+    heartbeat_ms: int,
+    *,
+    names: tuple[str, ...] = ("job",),
+    running: int = 0,
+) -> WorkerInfo:
     """An entry as a worker writes it, for a worker that then dies (kill -9)."""
     return WorkerInfo(
         worker_id=worker_id,
         host="h",
         pid=1,
-        names=["job"],
+        names=list(names),
         max_running=16,
+        running=running,
         started_at=now,
         last_seen_at=now,
         heartbeat_ms=heartbeat_ms,
@@ -283,21 +292,114 @@ async def test_spread_still_claims_what_no_peer_takes(
         gate.set()
 
 
-async def test_greedy_by_default_takes_what_its_slots_allow(
+async def test_spread_by_default_shares_a_burst_of_long_tasks(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
-    """No option set: a consumer claims as many due tasks as it has free slots, whatever its
-    peers (spreading is opted into, `claim_spread_ms`)."""
-    now = clock.now()
-    await scheduler.store.workers.beat(registered("idle-peer", now, heartbeat_ms=3_600_000))
-    ran, gate, consumers = _run_burst(scheduler, clock, discover, 1)
-    async with consumers[0]:
-        clock.advance(1.0)  # a heartbeat: it counts two live workers
+    """No option set: six long tasks published at once go to three workers, not one."""
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a heartbeat: each now counts two open peers
         await until_idle()
         for n in range(6):
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
-        assert len(ran["w0"]) == 6
+        clock.advance(1.0)  # one spread: anything left is claimed
+        await discover()
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
+async def test_spread_counts_again_peers_that_started_since_its_heartbeat(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """The first worker started alone, and two more after it, all with long heartbeats: a
+    burst a spread later is shared among the three, not taken whole by the first, which
+    counts its peers again before it shares the burst out."""
+    ran, gate, consumers = _run_burst(scheduler, clock, discover, 3, heartbeat_ms=60_000)
+    async with contextlib.AsyncExitStack() as stack:
+        for consumer in consumers:  # each counts the peers started before it
+            await stack.enter_async_context(consumer)
+        clock.advance(1.0)  # a spread, long before the next heartbeat
+        await until_idle()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="render")
+        await discover()
+        clock.advance(1.0)  # one spread: anything left is claimed
+        await discover()
+        shares = sorted(len(keys) for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
+async def test_spread_shares_a_burst_of_long_tasks_among_busy_workers(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Three workers each running one task, as their heartbeats say: six long tasks published
+    at once are shared among them, none waiting for an idle peer."""
+    gate = anyio.Event()
+    ran: dict[str, list[str]] = {}
+
+    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
+        async def held(task: ms.Task) -> None:
+            ran.setdefault(worker_id, []).append(task.key)
+            await gate.wait()
+
+        return held
+
+    workers = [f"w{n}" for n in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        for worker_id in workers:
+            consumer = scheduler.consumer(
+                {"job": handler_of(worker_id)}, options=options(worker_id, max_running=16)
+            )
+            await stack.enter_async_context(consumer)
+        for worker_id in workers:
+            pin = ms.TaskOptions(specific_worker_ids=[worker_id])
+            await scheduler.publish(f"long:{worker_id}", None, name="job", options=pin)
+        await discover()
+        clock.advance(1.0)  # a heartbeat: each counts two busy peers
+        await discover()
+        for n in range(6):
+            await scheduler.publish(f"burst:{n}", None, name="job")
+        await discover()
+        clock.advance(1.0)  # one spread: anything left is claimed
+        await discover()
+        shares = sorted(len(keys) - 1 for keys in ran.values())
+        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        gate.set()
+
+
+async def test_spread_claims_at_once_beside_peers_whose_heartbeat_says_they_are_busy(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Busy itself, beside open peers that each ran a task at their last heartbeat: no idle
+    peer to leave a task to, so it claims its share of a burst at once (here its peers
+    never claim theirs: it claims the rest after the spreads it waits for them)."""
+    now = clock.now()
+    for peer in ("busy-1", "busy-2"):
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000, running=1))
+    ran: list[str] = []
+    gate = anyio.Event()
+
+    async def job(task: ms.Task) -> None:
+        ran.append(task.key)
+        if task.key == "long":
+            await gate.wait()
+
+    async with scheduler.consumer({"job": job}, options=options("w0", max_running=16)):
+        await scheduler.publish("long", None, name="job")
+        await discover()
+        await _publish_short(scheduler)
+        await discover()
+        # Its share, as far as it saw the burst when it looked (at most a third of it).
+        assert 2 < len(ran) <= math.ceil((1 + _SHORT) / 3), len(ran)
+        for _ in range(2):  # two spreads
+            clock.advance(1.0)
+            await discover()
+        assert len(ran) == 1 + _SHORT
         gate.set()
 
 
@@ -380,4 +482,142 @@ async def test_greedy_when_spread_is_off_takes_what_its_slots_allow(
             await scheduler.publish(f"burst:{n}", None, name="render")
         await discover()
         assert len(ran["w0"]) == 6  # no wait, whatever the peers
+        gate.set()
+
+
+# The spread policy, on by default, costs the drain of short tasks nothing beside peers that
+# cannot take them: each test publishes 40 short tasks to one spreading worker and lets less
+# than one spread pass (or exactly one, where no worker can know better before it).
+
+_SHORT = 40
+
+
+async def _drain_short(
+    scheduler: ms.Scheduler, discover, names: tuple[str, ...] = ("job",), **more: int | None
+) -> tuple[list[str], Consumer]:
+    ran: list[str] = []
+
+    async def short(task: ms.Task) -> None:
+        ran.append(task.key)
+
+    consumer = scheduler.consumer(
+        dict.fromkeys(names, short), options=options("w0", max_running=16, **more)
+    )
+    return ran, consumer
+
+
+async def _publish_short(scheduler: ms.Scheduler) -> None:
+    await scheduler.publish_many(ms.TaskSpec(key=f"s:{n}", name="job") for n in range(_SHORT))
+
+
+async def test_spread_claims_at_once_what_no_live_peer_of_its_name_serves(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Live peers that serve only another of its names are no peers of ``job``."""
+    now = clock.now()
+    for peer in ("other-1", "other-2"):
+        await scheduler.store.workers.beat(
+            registered(peer, now, heartbeat_ms=3_600_000, names=("other",))
+        )
+    ran, consumer = await _drain_short(scheduler, discover, names=("job", "other"))
+    async with consumer:
+        await _publish_short(scheduler)
+        await discover()
+        assert len(ran) == _SHORT
+
+
+async def test_spread_claims_at_once_what_only_full_peers_could_take(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Peers whose every slot was taken at their last heartbeat cannot take a task now."""
+    now = clock.now()
+    for peer in ("full-1", "full-2"):
+        await scheduler.store.workers.beat(
+            registered(peer, now, heartbeat_ms=3_600_000, running=16)
+        )
+    ran, consumer = await _drain_short(scheduler, discover)
+    async with consumer:
+        await _publish_short(scheduler)
+        await discover()
+        assert len(ran) == _SHORT
+
+
+async def test_spread_counts_again_before_letting_a_task_wait_for_peers_that_left(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Peers that stopped since its last heartbeat (their entries removed): the worker reads
+    the live workers again before it lets a task wait for them, so it claims at once."""
+    now = clock.now()
+    for peer in ("gone-1", "gone-2"):
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000))
+    ran, consumer = await _drain_short(scheduler, discover, heartbeat_ms=60_000)
+    async with consumer:  # its first heartbeat counts three
+        for peer in ("gone-1", "gone-2"):
+            await scheduler.store.workers.remove(peer)
+        clock.advance(1.0)  # a spread later, long before its next heartbeat
+        await until_idle()
+        await _publish_short(scheduler)
+        await discover()
+        assert len(ran) == _SHORT
+
+
+async def test_spread_stops_waiting_for_peers_that_died_unseen(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Peers killed since their last heartbeat still read alive: what they did not take is
+    claimed, all of it, within two spreads; they are not waited for again until they beat,
+    so the next burst is claimed at once."""
+    now = clock.now()
+    for peer in ("killed-1", "killed-2"):
+        await scheduler.store.workers.beat(registered(peer, now, heartbeat_ms=3_600_000))
+    ran, consumer = await _drain_short(scheduler, discover)
+    async with consumer:
+        await _publish_short(scheduler)
+        await discover()
+        assert len(ran) < _SHORT  # its share; the rest waits for its peers
+        for _ in range(2):  # two spreads
+            clock.advance(1.0)
+            await discover()
+        assert len(ran) == _SHORT
+        await scheduler.publish_many(
+            ms.TaskSpec(key=f"next:{n}", name="job") for n in range(_SHORT)
+        )
+        await discover()
+        assert len(ran) == 2 * _SHORT
+
+
+async def test_spread_claims_a_task_within_one_spread_when_every_worker_is_busy(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Three workers each running one task: a new task waits one spread for an idle peer,
+    and none being idle, one of them claims it then."""
+    gate = anyio.Event()
+    ran: dict[str, str] = {}
+
+    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
+        async def held(task: ms.Task) -> None:
+            ran[task.key] = worker_id
+            await gate.wait()
+
+        return held
+
+    workers = [f"w{n}" for n in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        for worker_id in workers:
+            consumer = scheduler.consumer(
+                {"job": handler_of(worker_id)}, options=options(worker_id, max_running=16)
+            )
+            await stack.enter_async_context(consumer)
+        for worker_id in workers:
+            pin = ms.TaskOptions(specific_worker_ids=[worker_id])
+            await scheduler.publish(f"long:{worker_id}", None, name="job", options=pin)
+        await discover()
+        assert len(ran) == 3
+        clock.advance(1.0)  # a heartbeat: each counts its peers, each running one task
+        await discover()
+        await scheduler.publish("new", None, name="job")
+        await discover()
+        clock.advance(1.0)  # one spread
+        await discover()
+        assert "new" in ran
         gate.set()
