@@ -10,6 +10,8 @@ import datetime as dt
 import math
 import os
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -292,6 +294,20 @@ async def test_spread_still_claims_what_no_peer_takes(
         gate.set()
 
 
+async def _a_burst_of_six_is_shared(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any, ran: dict[str, list[str]]
+) -> None:
+    """Six long tasks published at once: within one spread, all six are held, each of the
+    three workers holding some and none more than three."""
+    for n in range(6):
+        await scheduler.publish(f"burst:{n}", None, name="render")
+    await discover()
+    clock.advance(1.0)  # one spread: anything left is claimed
+    await discover()
+    shares = sorted(len(keys) for keys in ran.values())
+    assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+
+
 async def test_spread_by_default_shares_a_burst_of_long_tasks(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
@@ -302,13 +318,7 @@ async def test_spread_by_default_shares_a_burst_of_long_tasks(
             await stack.enter_async_context(consumer)
         clock.advance(1.0)  # a heartbeat: each now counts two open peers
         await until_idle()
-        for n in range(6):
-            await scheduler.publish(f"burst:{n}", None, name="render")
-        await discover()
-        clock.advance(1.0)  # one spread: anything left is claimed
-        await discover()
-        shares = sorted(len(keys) for keys in ran.values())
-        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        await _a_burst_of_six_is_shared(scheduler, clock, discover, ran)
         gate.set()
 
 
@@ -324,27 +334,20 @@ async def test_spread_counts_again_peers_that_started_since_its_heartbeat(
             await stack.enter_async_context(consumer)
         clock.advance(1.0)  # a spread, long before the next heartbeat
         await until_idle()
-        for n in range(6):
-            await scheduler.publish(f"burst:{n}", None, name="render")
-        await discover()
-        clock.advance(1.0)  # one spread: anything left is claimed
-        await discover()
-        shares = sorted(len(keys) for keys in ran.values())
-        assert len(shares) == 3 and max(shares) <= 3 and sum(shares) == 6, shares
+        await _a_burst_of_six_is_shared(scheduler, clock, discover, ran)
         gate.set()
 
 
-async def test_spread_shares_a_burst_of_long_tasks_among_busy_workers(
-    scheduler: ms.Scheduler, clock: ManualClock, discover
-):
-    """Three workers each running one task, as their heartbeats say: six long tasks published
-    at once are shared among them, none waiting for an idle peer."""
-    gate = anyio.Event()
-    ran: dict[str, list[str]] = {}
+@contextlib.asynccontextmanager
+async def _each_running_a_long_task(
+    scheduler: ms.Scheduler, record: Callable[[str, str], None], gate: anyio.Event
+) -> AsyncIterator[None]:
+    """Three workers of 16 slots (w0, w1, w2), each given a long task pinned to it; every
+    task they run is recorded (worker, key) and holds until ``gate``."""
 
-    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
+    def handler_of(worker_id: str) -> Callable[[ms.Task], Awaitable[None]]:
         async def held(task: ms.Task) -> None:
-            ran.setdefault(worker_id, []).append(task.key)
+            record(worker_id, task.key)
             await gate.wait()
 
         return held
@@ -359,6 +362,21 @@ async def test_spread_shares_a_burst_of_long_tasks_among_busy_workers(
         for worker_id in workers:
             pin = ms.TaskOptions(specific_worker_ids=[worker_id])
             await scheduler.publish(f"long:{worker_id}", None, name="job", options=pin)
+        yield
+
+
+async def test_spread_shares_a_burst_of_long_tasks_among_busy_workers(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Three workers each running one task, as their heartbeats say: six long tasks published
+    at once are shared among them, none waiting for an idle peer."""
+    gate = anyio.Event()
+    ran: dict[str, list[str]] = {}
+
+    def record(worker_id: str, key: str) -> None:
+        ran.setdefault(worker_id, []).append(key)
+
+    async with _each_running_a_long_task(scheduler, record, gate):
         await discover()
         clock.advance(1.0)  # a heartbeat: each counts two busy peers
         await discover()
@@ -594,23 +612,10 @@ async def test_spread_claims_a_task_within_one_spread_when_every_worker_is_busy(
     gate = anyio.Event()
     ran: dict[str, str] = {}
 
-    def handler_of(worker_id: str):  # type: ignore[no-untyped-def]
-        async def held(task: ms.Task) -> None:
-            ran[task.key] = worker_id
-            await gate.wait()
+    def record(worker_id: str, key: str) -> None:
+        ran[key] = worker_id
 
-        return held
-
-    workers = [f"w{n}" for n in range(3)]
-    async with contextlib.AsyncExitStack() as stack:
-        for worker_id in workers:
-            consumer = scheduler.consumer(
-                {"job": handler_of(worker_id)}, options=options(worker_id, max_running=16)
-            )
-            await stack.enter_async_context(consumer)
-        for worker_id in workers:
-            pin = ms.TaskOptions(specific_worker_ids=[worker_id])
-            await scheduler.publish(f"long:{worker_id}", None, name="job", options=pin)
+    async with _each_running_a_long_task(scheduler, record, gate):
         await discover()
         assert len(ran) == 3
         clock.advance(1.0)  # a heartbeat: each counts its peers, each running one task
