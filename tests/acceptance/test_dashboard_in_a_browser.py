@@ -6,6 +6,7 @@ from the system's packages through Playwright. The same test takes the README's 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as dt
 import json
 import os
@@ -46,6 +47,32 @@ CHROMIUM_ARGS = [
 T = TypeVar("T")
 
 needs_bin = pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
+
+
+@contextlib.contextmanager
+def chromium_page(width: int = 1280, height: int = 720) -> Iterator[tuple[Any, Any]]:
+    """A page of headless Chromium, and Playwright's ``expect``: skipped without them (a
+    failure under CI, where .ci/run installs them)."""
+    if not CHROMIUM.exists():
+        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        browser_unavailable("no playwright (pip install -e '.[dev]')")
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": height},
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(10_000)
+            yield page, expect
+        finally:
+            browser.close()
 
 
 def browser_unavailable(reason: str) -> None:
@@ -159,24 +186,8 @@ def post(url: str, form: bytes) -> int:
 def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
     dashboard: tuple[str, str, subprocess.Popen[str]],
 ):
-    if not CHROMIUM.exists():
-        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        browser_unavailable("no playwright (pip install -e '.[dev]')")
     url, uri, process = dashboard
-    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        browser = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 600},
-        )
-        page = browser.new_page()
-        page.set_default_timeout(10_000)
-
+    with chromium_page(width=1280, height=600) as (page, expect):
         # The overview: every name with its counts by state.
         page.goto(url + "/")
         email = page.locator('tr[data-name="email"]')
@@ -201,7 +212,6 @@ def test_an_operator_reads_the_overview_opens_a_task_and_cancels_it(
         page.once("dialog", lambda dialog: dialog.accept())
         page.get_by_role("button", name="Cancel").click()
         expect(page.locator("#task-state")).to_have_text("cancelled")
-        browser.close()
 
     task = on(uri, lambda sched: sched.get("email:queued-2"))
     assert task is not None and task.state is ms.TaskState.CANCELLED
@@ -240,24 +250,9 @@ async def failed_flow(sched: ms.Scheduler) -> None:
 def test_an_operator_retries_a_failed_task_with_its_dependents_and_sees_its_history(
     dashboard: tuple[str, str, subprocess.Popen[str]],
 ):
-    if not CHROMIUM.exists():
-        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        browser_unavailable("no playwright (pip install -e '.[dev]')")
     url, uri, _ = dashboard
     on(uri, failed_flow)
-    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        browser = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 800},
-        )
-        page = browser.new_page()
-        page.set_default_timeout(10_000)
+    with chromium_page(width=1280, height=800) as (page, expect):
         page.goto(url + "/tasks/doomed%3A0")
         expect(page.locator("#task-state")).to_have_text("fail")
         questions: list[str] = []
@@ -277,7 +272,6 @@ def test_an_operator_retries_a_failed_task_with_its_dependents_and_sees_its_hist
             page.screenshot(path=RETRIED_SHOT, full_page=True)
         page.get_by_role("link", name="notify:0").first.click()
         expect(page.locator("#task-state")).to_have_text("blocked")
-        browser.close()
 
 
 @needs_bin
@@ -324,25 +318,9 @@ def test_the_task_list_and_pages_tell_what_an_operator_needs(
     """The list has the worker, progress, duration and error of each task and absolute times;
     a 5 MB payload is cut with a link to the whole document; the chart gives failures their
     own scale; Cancel and Retry ask first."""
-    if not CHROMIUM.exists():
-        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        browser_unavailable("no playwright (pip install -e '.[dev]')")
     url, uri, _ = dashboard
     on(uri, add_big_and_progressing)
-    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        browser = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )
-        page = browser.new_page()
-        page.set_default_timeout(10_000)
-
+    with chromium_page(width=1400, height=900) as (page, expect):
         # The list: worker, progress, duration and error columns; absolute times.
         page.goto(url + "/tasks")
         headers = page.locator("table.tasks thead th").all_inner_texts()
@@ -397,7 +375,6 @@ def test_the_task_list_and_pages_tell_what_an_operator_needs(
         page.get_by_role("button", name="Retry").click()
         expect(page.locator("#task-state")).to_have_text("cancelled")
         assert len(questions) == 2 and "email:queued-3" in questions[1]
-        browser.close()
 
 
 @needs_bin
@@ -421,12 +398,6 @@ def test_the_workers_view_follows_claims_at_once_and_shows_a_dead_worker(
     nothing runs (as at a heartbeat before the claims). The view shows what the tasks say,
     follows a new claim without a reload, and lists imager-1, which stopped beating five
     minutes ago, as dead since then, as `mscheduler workers` does."""
-    if not CHROMIUM.exists():
-        browser_unavailable(f"no {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        browser_unavailable("no playwright (pip install -e '.[dev]')")
     url, uri, _ = dashboard
 
     async def register(sched: ms.Scheduler) -> None:
@@ -445,12 +416,7 @@ def test_the_workers_view_follows_claims_at_once_and_shows_a_dead_worker(
             await sched.store.workers.beat(entry)
 
     on(uri, register)
-    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        browser = playwright.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        page = browser.new_page()
-        page.set_default_timeout(10_000)
+    with chromium_page() as (page, expect):
         page.goto(url + "/")
         alive, dead = (
             page.locator('tr[data-worker="imager-0"]'),
@@ -468,4 +434,3 @@ def test_the_workers_view_follows_claims_at_once_and_shows_a_dead_worker(
 
         on(uri, claim_big)  # no heartbeat: the view follows the task, without a reload
         expect(alive.locator("td.num")).to_have_text("2/16")
-        browser.close()
