@@ -268,16 +268,7 @@ async def test_spread_still_claims_what_no_peer_takes(
     working consumer takes its share, then, after two waits, everything left."""
     now = clock.now()
     for peer in ("hung-1", "hung-2"):
-        hung = WorkerInfo(
-            worker_id=peer,
-            host="h",
-            pid=1,
-            names=["render"],
-            max_running=16,
-            started_at=now,
-            last_seen_at=now,
-            heartbeat_ms=3_600_000,
-        )
+        hung = registered(peer, now, heartbeat_ms=3_600_000, names=("render",))
         await scheduler.store.workers.beat(hung)
     ran, gate, consumers = _run_burst(scheduler, clock, discover, 1, claim_spread_ms=500)
     async with consumers[0]:
