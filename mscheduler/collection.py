@@ -34,13 +34,8 @@ Document = dict[str, Any]
 Cursor = AsyncIterable[Document]
 
 
-class TasksDatabase(Protocol):
-    """The database a `TasksCollection` lives in: the collections beside the tasks, a
-    command (``hello``, ``collMod``), and a change stream on every collection at once."""
-
-    def get_collection(self, name: str, /) -> TasksCollection: ...
-
-    def command(self, command: dict[str, Any], /) -> Awaitable[Any]: ...
+class _Watched(Protocol):
+    """A change stream on it (a database's covers every collection in it)."""
 
     def watch(
         self,
@@ -54,7 +49,16 @@ class TasksDatabase(Protocol):
     ) -> Any: ...
 
 
-class TasksCollection(Protocol):
+class TasksDatabase(_Watched, Protocol):
+    """The database a `TasksCollection` lives in: the collections beside the tasks, a
+    command (``hello``, ``collMod``), and a change stream on every collection at once."""
+
+    def get_collection(self, name: str, /) -> TasksCollection: ...
+
+    def command(self, command: dict[str, Any], /) -> Awaitable[Any]: ...
+
+
+class TasksCollection(_Watched, Protocol):
     """The tasks collection, or one beside it (schedules, paused names, limits, live workers,
     remote stops, controls): every call the store makes on either."""
 
@@ -84,17 +88,6 @@ class TasksCollection(Protocol):
     async def count_documents(self, filter: Filter, /) -> int: ...
 
     def aggregate(self, pipeline: Sequence[Mapping[str, Any]], /) -> Awaitable[Cursor] | Cursor: ...
-
-    def watch(
-        self,
-        pipeline: Sequence[Mapping[str, Any]],
-        /,
-        *,
-        full_document: str | None = None,
-        resume_after: Mapping[str, Any] | None = None,
-        start_after: Mapping[str, Any] | None = None,
-        max_await_time_ms: int | None = None,
-    ) -> Any: ...
 
     # -- writes
 
