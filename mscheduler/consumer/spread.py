@@ -220,7 +220,8 @@ class ClaimSpread:
                 self._waves[name] = [math.ceil(everyone / live), 0]
             wave = self._waves[name]
             owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
-            admitted += [key for key in waited if key not in set(admitted)][: max(0, owed)]
+            taken = set(admitted)
+            admitted += [key for key in waited if key not in taken][: max(0, owed)]
             wave[1] += sum(waits.get(key) == 1 for key in admitted)
         else:
             self._waves.pop(name, None)
