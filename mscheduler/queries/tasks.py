@@ -370,17 +370,7 @@ def quick_claim(
     candidate, not a retry. A classic update: its values are stored as they are. The lease
     lasts the task's ``worker_timeout_ms``, or until ``until``, as in `claim_update`."""
     expires = until or now + dt.timedelta(milliseconds=document["options"]["worker_timeout_ms"])
-    state = {
-        "worker_id": worker_id,
-        "run_id": run_id,
-        "state": RUNNING,
-        "started_at": now,
-        "ping_expire_at": expires,
-        "pinged_at": None,  # a claim is no ping (`lease.ping_update` sets it)
-        "finished_at": None,
-        "error": None,
-        "result": None,
-    }
+    state = _new_state(worker_id, run_id, now, expires)
     fields: Document = {
         "worker_states": [state],
         "state": TaskState.RUNNING.value,
@@ -429,11 +419,12 @@ def _claim_update_until(
     return _claiming(worker_id, run_id, now, until)
 
 
-def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pipeline:
-    failed_after_sweep = failures()
-    new_state = {
-        "worker_id": literal(worker_id),
-        "run_id": literal(run_id),
+def _new_state(worker: Any, run_id: Any, now: dt.datetime, expires: Any) -> Document:
+    """A claim's worker state, the one shape of it: its values as stored (`quick_claim`),
+    or as a pipeline's expressions (`_claiming`: caller values in ``$literal``)."""
+    return {
+        "worker_id": worker,
+        "run_id": run_id,
         "state": RUNNING,
         "started_at": now,
         "ping_expire_at": expires,
@@ -442,6 +433,11 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
         "error": None,
         "result": None,
     }
+
+
+def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pipeline:
+    failed_after_sweep = failures()
+    new_state = _new_state(literal(worker_id), literal(run_id), now, expires)
     # Ours is appended unless the sweep exhausted the retries, or no try is left (the
     # claim filter admits that only to end the task: `_claimable_by_states`); sweeping
     # changes no count of attempts. Without ours, `recompute` fails the task.
