@@ -57,17 +57,9 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
     ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
     # A claim whose reply was lost is looked up by the run_id the worker generated for it.
     ("run_id", (("worker_states.run_id", 1),), {}),
-    # Flows: the dependents of a task.
+    # Flows: the dependents of a task, and finished tasks whose dependents were not told.
     ("dependents", (("depends_on", 1),), {}),
-    # Finished tasks whose dependents were not all told yet: only those are in it (a task
-    # while its finish tells them, or one whose writer died in between), so no other write
-    # touches it. The queries name the flag's value, which is the partial filter. Before it,
-    # "dependents_notified" held every task; a deployment may drop that one.
-    (
-        "dependents_to_tell",
-        (("dependents_notified", 1),),
-        {"partialFilterExpression": {"dependents_notified": False}},
-    ),
+    ("dependents_notified", (("dependents_notified", 1),), {}),
     # Expiry: the tasks of some names, not started, whose expires_at has passed. Bounded on
     # all three (Equality-Range), and only tasks that have an expiry are in it, so the
     # consumers' housekeeping reads the tasks due to expire, not the whole backlog. The
