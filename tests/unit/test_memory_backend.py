@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
-from pymongo import ReturnDocument
+from pymongo import IndexModel, ReturnDocument
 from pymongo.errors import AutoReconnect, OperationFailure
 
 import mscheduler as ms
@@ -163,6 +163,21 @@ async def test_notablescan_refuses_an_unindexed_query():
     assert info.value.code == 291
     with pytest.raises(OperationFailure, match="no index serves"):
         await collection.find_one({"name": "a"}, sort=[("options.ping_interval_ms", 1)])
+
+
+async def test_notablescan_counts_a_partial_index_only_for_queries_that_imply_its_filter():
+    """As a server's planner: a query that does not imply the partial filter would scan, so
+    the embedded engine refuses it where a real server would read the whole collection."""
+    connection = await open_collection("memory://?notablescan=1")
+    collection = connection.collection
+    await collection.create_indexes(
+        [IndexModel([("due", 1)], partialFilterExpression={"due": {"$type": "date"}})]
+    )
+    now = dt.datetime(2030, 1, 1, tzinfo=UTC)
+    assert await collection.find_one({"due": {"$type": "date", "$lte": now}}) is None
+    with pytest.raises(OperationFailure, match="no index serves") as info:
+        await collection.find_one({"due": {"$lte": now}})
+    assert info.value.code == 291
 
 
 async def test_add_of_a_date_and_milliseconds_gives_a_date(collection: MemoryCollection):

@@ -30,11 +30,14 @@ from pymongo.results import UpdateResult
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .document_size import refuse_insert, refuse_update
-from .index_plan import index_serves
+from .index_plan import implies_partial, index_serves
 from .indexed import adopt, walk
 from .inserts import insert_new, inserted_by, stored_copy
 from .ordered_index import IndexSet
 from .replies import AggregateCursor, MemoryDatabase
+
+# A declared index: its name, its keys, and its partialFilterExpression (None: whole).
+Declared = tuple[str, list[tuple[str, int]], Mapping[str, Any] | None]
 
 NO_QUERY_EXECUTION_PLANS = 291
 _NONE = object()
@@ -50,7 +53,7 @@ class MemoryCollection:
         self,
         inner: Any,
         feed: ChangeFeed,
-        indexes: list[tuple[str, list[tuple[str, int]]]],
+        indexes: list[Declared],
         ordered: IndexSet,
         *,
         notablescan: bool = False,
@@ -75,8 +78,8 @@ class MemoryCollection:
         for model in indexes:
             spec = model.document
             keys = [(field, int(direction)) for field, direction in spec["key"].items()]
-            if spec["name"] not in {name for name, _ in self._indexes}:
-                self._indexes.append((spec["name"], keys))
+            if spec["name"] not in {name for name, _, _ in self._indexes}:
+                self._indexes.append((spec["name"], keys, spec.get("partialFilterExpression")))
             self._ordered.declare(spec["name"], keys, self._inner._store.documents)
         return list(names)
 
@@ -86,7 +89,7 @@ class MemoryCollection:
     async def drop_index(self, name: str, **_: Any) -> None:
         await self._inner.drop_index(name)
         self._ordered.drop(name)
-        self._indexes[:] = [(known, keys) for known, keys in self._indexes if known != name]
+        self._indexes[:] = [index for index in self._indexes if index[0] != name]
 
     @property
     def docs_examined(self) -> int:
@@ -102,7 +105,11 @@ class MemoryCollection:
         if not self.notablescan:
             return
         sort_keys = [(field, int(direction)) for field, direction in sort or ()]
-        if any(index_serves(keys, query or {}, sort_keys) for _, keys in self._indexes):
+        # As a server's planner: a partial index serves only a query that implies its filter.
+        if any(
+            index_serves(keys, query or {}, sort_keys) and implies_partial(query or {}, partial)
+            for _, keys, partial in self._indexes
+        ):
             return
         raise OperationFailure(
             f"No query solutions: no index serves filter {dict(query or {})!r} with sort "
@@ -170,7 +177,7 @@ class MemoryCollection:
         async for document in self._inner.find({}):
             self._ordered.changed(document, None)
         await self._inner.drop()
-        for name, _keys in self._indexes[1:]:
+        for name, _keys, _partial in self._indexes[1:]:
             self._ordered.drop(name)
         del self._indexes[1:]
         self.changes.invalidate(self.name, "drop")
@@ -366,7 +373,7 @@ class MemoryServer:
     def __init__(self) -> None:
         self.client: Any = AsyncMongoMockClient(tz_aware=False)
         self._feeds: dict[str, ChangeFeed] = {}  # by database: one log for its collections
-        self._indexes: dict[tuple[str, str], list[tuple[str, list[tuple[str, int]]]]] = {}
+        self._indexes: dict[tuple[str, str], list[Declared]] = {}
         self._ordered: dict[tuple[str, str], IndexSet] = {}
 
     def collection(self, database: str, collection: str, **flags: bool) -> MemoryCollection:
@@ -375,7 +382,7 @@ class MemoryServer:
         feed = self._feeds.get(database)
         if feed is None:
             feed = self._feeds[database] = ChangeFeed(database)
-        indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)])])
+        indexes = self._indexes.setdefault(namespace, [("_id_", [("_id", 1)], None)])
         inner = self.client[database][collection]
         ordered = self._ordered.get(namespace)
         if ordered is None:
