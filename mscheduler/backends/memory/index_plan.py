@@ -36,10 +36,15 @@ def index_serves(
     index_keys: Sequence[tuple[str, int]],
     query: Mapping[str, Any],
     sort: Sequence[tuple[str, int]] | None = None,
+    *,
+    partial: Mapping[str, Any] | None = None,
 ) -> bool:
     """Whether an index gives a plan without a collection scan and without an in-memory sort:
     its first key is sought on, and the sort keys follow in order (or all reversed), with only
-    equality-matched keys in between."""
+    equality-matched keys in between. An index with a ``partial`` filter (its
+    ``partialFilterExpression``) serves only a query that implies it (`implies_partial`)."""
+    if not implies_partial(query, partial):
+        return False
     equality, ranges = _field_kinds(query)
     fields = [field for field, _ in index_keys]
     if not sort and fields[0] not in equality | ranges:

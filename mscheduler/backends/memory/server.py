@@ -30,7 +30,7 @@ from pymongo.results import UpdateResult
 from .bulk import bulk_write
 from .changefeed import ChangeFeed, MemoryChangeStream
 from .document_size import refuse_insert, refuse_update
-from .index_plan import implies_partial, index_serves
+from .index_plan import index_serves
 from .indexed import adopt, walk
 from .inserts import insert_new, inserted_by, stored_copy
 from .ordered_index import IndexSet
@@ -105,9 +105,8 @@ class MemoryCollection:
         if not self.notablescan:
             return
         sort_keys = [(field, int(direction)) for field, direction in sort or ()]
-        # As a server's planner: a partial index serves only a query that implies its filter.
         if any(
-            index_serves(keys, query or {}, sort_keys) and implies_partial(query or {}, partial)
+            index_serves(keys, query or {}, sort_keys, partial=partial)
             for _, keys, partial in self._indexes
         ):
             return
