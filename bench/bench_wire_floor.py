@@ -40,7 +40,7 @@ import platform
 import statistics
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,9 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_server_cost import WireServer, cpu_seconds, wait_idle  # noqa: E402
+from bench_server_cost import WireServer, cpu_seconds, insert_in_batches, wait_idle  # noqa: E402
 from pymongo import DeleteOne, MongoClient, UpdateOne  # noqa: E402
 from pymongo.collection import Collection  # noqa: E402
+
+from mscheduler.models import new_run_id  # noqa: E402
 
 BATCH = 16
 WORKER = "bench-floor-worker"
@@ -59,10 +61,6 @@ _CELERY_BODY = "x" * 1_000  # kombu stores the message as one JSON string: about
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _run_id() -> str:
-    return uuid.uuid4().hex[:22]
 
 
 class Meter:
@@ -86,24 +84,13 @@ class Shape(NamedTuple):
     drain: Callable[[Collection[Any], Meter], int]  # the commands it sent
 
 
-def _insert(tasks: Collection[Any], documents: Iterable[dict[str, Any]]) -> None:
-    """In batches of 1,000: the wire engine drops the connection of one insert of 5,000."""
-    batch: list[dict[str, Any]] = []
-    for document in documents:
-        batch.append(document)
-        if len(batch) == 1_000:
-            tasks.insert_many(batch)
-            batch = []
-    if batch:
-        tasks.insert_many(batch)
-
-
 # --- Celery: one find_one_and_delete a task -----------------------------------------------
 
 
 def publish_celery(tasks: Collection[Any], n: int) -> None:
     tasks.create_index([("queue", 1), ("priority", 1), ("_id", 1)])
-    _insert(tasks, ({"payload": _CELERY_BODY, "queue": "celery", "priority": 9} for _ in range(n)))
+    message = {"payload": _CELERY_BODY, "queue": "celery", "priority": 9}
+    insert_in_batches(tasks, (dict(message) for _ in range(n)))
 
 
 def drain_celery(tasks: Collection[Any], meter: Meter) -> int:
@@ -139,7 +126,7 @@ def _least_publish(kept: bool) -> Callable[[Collection[Any], int], None]:
             }
             for i in range(n)
         )
-        _insert(tasks, documents)
+        insert_in_batches(tasks, documents)
 
     return publish
 
@@ -160,7 +147,7 @@ def _least_drain(kept: bool) -> Callable[[Collection[Any], Meter], int]:
             meter.lap("read")
             if not candidates:
                 return commands
-            runs = [_run_id() for _ in candidates]
+            runs = [new_run_id() for _ in candidates]
             expires = now + dt.timedelta(minutes=1)
             claims = [
                 UpdateOne(
@@ -217,7 +204,6 @@ def publish_mscheduler(tasks: Collection[Any], n: int) -> None:
 
 
 def drain_mscheduler(tasks: Collection[Any], meter: Meter) -> int:
-    from mscheduler.models import new_run_id
     from mscheduler.queries import lease as lq
     from mscheduler.queries import tasks as q
 
