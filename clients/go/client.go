@@ -179,7 +179,12 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) (in
 			Message string `json:"message"`
 		}
 		if json.Unmarshal(data, &answer) != nil || answer.Error == "" {
-			answer.Error, answer.Message = "http_error", strings.TrimSpace(string(data))
+			// Our errors are JSON; a proxy's or another server's page is not.
+			page := strings.TrimSpace(string(data))
+			if len(page) > 200 {
+				page = page[:200]
+			}
+			answer.Error, answer.Message = "http_error", fmt.Sprintf("HTTP %d: %s", reply.StatusCode, page)
 		}
 		return reply.StatusCode, &APIError{reply.StatusCode, answer.Error, answer.Message}
 	}

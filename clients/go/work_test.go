@@ -192,6 +192,17 @@ func TestWorkRetriesWhatMayPass(t *testing.T) {
 		}
 	})
 
+	t.Run("a URL that is another web server's stops work with its 404", func(t *testing.T) {
+		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(404)
+			fmt.Fprint(w, "<html><body>Not Found</body></html>")
+		}))
+		defer other.Close()
+		err := NewClient(other.URL, "").Work(context.Background(), []string{"x"}, noop, WorkOptions{})
+		wantStatus(t, err, 404, "http_error")
+	})
+
 	t.Run("503 while the server starts is retried, then 401 stops work", func(t *testing.T) {
 		var seen atomic.Int32
 		fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

@@ -132,13 +132,14 @@ export class Client {
       signal,
     });
     const text = await reply.text();
-    const data = text ? JSON.parse(text) : null;
     if (reply.status >= 400) {
+      // Our errors are JSON; a proxy's or another server's page is not.
+      const data = parsed(text);
       const code = data?.error ?? "http_error";
-      const message = data?.message ?? `HTTP ${reply.status}`;
+      const message = data?.message ?? `HTTP ${reply.status}: ${text.trim().slice(0, 200)}`;
       throw code === "lease_lost" ? new LeaseLost(message) : new ApiError(reply.status, code, message);
     }
-    return { status: reply.status, body: data };
+    return { status: reply.status, body: text ? JSON.parse(text) : null };
   }
 
   /**
@@ -398,6 +399,15 @@ export function isPermanent(error) {
   if (!(error instanceof ApiError) || error instanceof LeaseLost) return false;
   const { status, code } = error;
   return [400, 401, 403, 422].includes(status) || (status === 404 && code !== "not_found");
+}
+
+/** @param {string} text @returns {any} its JSON, or null if it is none */
+function parsed(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
 }
 
 /** Milliseconds to wait after the nth failure in a row: doubling from 100 ms to 5 s, jittered. */

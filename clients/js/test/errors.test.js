@@ -29,8 +29,9 @@ function scripted(replies) {
     const [status, body] = replies[Math.min(seen, replies.length - 1)];
     seen += 1;
     request.resume();
-    response.writeHead(status, { "content-type": "application/json" });
-    response.end(JSON.stringify(body));
+    const html = typeof body === "string"; // another web server's page
+    response.writeHead(status, { "content-type": html ? "text/html" : "application/json" });
+    response.end(html ? body : JSON.stringify(body));
   });
   return new Promise((resolve) => {
     http.listen(0, "127.0.0.1", () => {
@@ -61,6 +62,15 @@ test("a wrong token stops work with 401", { timeout: 20_000 }, async () => {
 test("a route the server does not have stops work with 404", { timeout: 20_000 }, async () => {
   const elsewhere = new Client(`${server.url}/not-the-api`, { token: TOKEN });
   await assert.rejects(elsewhere.work(["x"], handler, { waitMs: 100 }), refusedWith(404, "no_route"));
+});
+
+test("a URL that is another web server's stops work with its 404", { timeout: 20_000 }, async () => {
+  const other = await scripted([[404, "<html><body>Not Found</body></html>"]]);
+  try {
+    await assert.rejects(new Client(other.url).work(["x"], handler, { waitMs: 100 }), refusedWith(404, "http_error"));
+  } finally {
+    other.close();
+  }
 });
 
 test("a body the server refuses stops work with 422", { timeout: 20_000 }, async () => {
