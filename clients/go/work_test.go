@@ -144,12 +144,13 @@ func TestWork(t *testing.T) {
 	t.Run("a permanent error cancels the running handlers and waits for them", func(t *testing.T) {
 		name := fresh("revoked")
 		revoking := NewClient(url, token)
+		var revoked, finished atomic.Bool
+		revoking.HTTP = &http.Client{Transport: revokable{&revoked}}
 		of(first(revoking.Publish(ctx, name+":1", name, nil, nil))).must(t)
-		var finished atomic.Bool
 		options := fast
 		options.Lease = 300 * time.Millisecond
 		err := revoking.Work(ctx, []string{name}, func(handlerCtx context.Context, _ Task) (any, error) {
-			revoking.Token = "revoked-token-0123456789" // the next extension is refused
+			revoked.Store(true) // the next extension is refused
 			<-handlerCtx.Done()
 			finished.Store(true)
 			return nil, nil
@@ -228,4 +229,15 @@ func TestWorkRetriesWhatMayPass(t *testing.T) {
 			wantStatus(t, each, 503, "unavailable")
 		}
 	})
+}
+
+// revokable sends a wrong token once revoked is true, as if the server's token changed.
+type revokable struct{ revoked *atomic.Bool }
+
+func (r revokable) RoundTrip(request *http.Request) (*http.Response, error) {
+	if r.revoked.Load() {
+		request = request.Clone(request.Context())
+		request.Header.Set("Authorization", "Bearer revoked-token-0123456789")
+	}
+	return http.DefaultTransport.RoundTrip(request)
 }
