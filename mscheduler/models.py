@@ -626,6 +626,18 @@ class Limit(BaseModel):
     starts: list[_Entry] = Field(default_factory=list)
     slots: list[_Entry] = Field(default_factory=list)
 
+    def usage(self, now: dt.datetime) -> dict[str, Any]:
+        """The limits, and what counts against them at ``now``: the starts within the window
+        and the running slots (what ``limit ls --json`` and the HTTP API show)."""
+        return {
+            "name": self.name,
+            "rate": self.rate,
+            "per_ms": self.per_ms,
+            "max_running": self.max_running,
+            "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
+            "running": sum(1 for e in self.slots if e.until and e.until > now),
+        }
+
     def free_at(self, now: dt.datetime) -> dt.datetime:
         """When to ask for a token again: for a full window, when its oldest start leaves it
         (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`

@@ -28,6 +28,11 @@
  * @property {Record<string, any>} [options] priority, max_unexpected_retries, ... (TaskOptions)
  * @property {string[]} [dependsOn] keys this task waits for
  * @property {number} [delayMs] not claimable before this long from now
+ * @property {number} [debounceMs] start this long from now; a publish of the key again before
+ *   it started gives it the new payload and pushes its start back
+ * @property {boolean} [updatePayload] an existing task not running gets the new payload
+ * @property {boolean} [replaceFinished] a finished task is published anew
+ * @property {boolean} [allowMissing] a dependency that does not exist counts as met
  */
 
 /**
@@ -46,8 +51,9 @@
  * @property {string} [workerId] default: node-<pid>-<random>
  * @property {number} [waitMs] how long one own() waits for a task (default 5000)
  * @property {AbortSignal} [signal] stops owning; running handlers finish
- * @property {(error: unknown, lease: Lease) => void} [onError] an outcome that could not be
- *   written (the server unreachable): the lease expires and the task is retried by its rules
+ * @property {(error: unknown, lease: Lease | null) => void} [onError] each transient error
+ *   (the server unreachable, starting or failing), as it happens; `lease` is the run it hit,
+ *   null for an own. The request is tried again, after a growing wait.
  */
 
 /**
@@ -79,7 +85,21 @@ export class LeaseLost extends ApiError {
   }
 }
 
-const sleep = (/** @type {number} */ ms) => new Promise((resolve) => setTimeout(resolve, ms));
+/**
+ * Waits ms, or less if signal aborts first.
+ * @param {number} ms @param {AbortSignal} [signal] @returns {Promise<void>}
+ */
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
 
 /** @param {Lease} lease */
 const fence = (lease) => ({ key: lease.key, worker_id: lease.worker_id, run_id: lease.run_id });
@@ -112,13 +132,14 @@ export class Client {
       signal,
     });
     const text = await reply.text();
-    const data = text ? JSON.parse(text) : null;
     if (reply.status >= 400) {
+      // Our errors are JSON; a proxy's or another server's page is not.
+      const data = parsed(text);
       const code = data?.error ?? "http_error";
-      const message = data?.message ?? `HTTP ${reply.status}`;
+      const message = data?.message ?? `HTTP ${reply.status}: ${text.trim().slice(0, 200)}`;
       throw code === "lease_lost" ? new LeaseLost(message) : new ApiError(reply.status, code, message);
     }
-    return { status: reply.status, body: data };
+    return { status: reply.status, body: text ? JSON.parse(text) : null };
   }
 
   /**
@@ -134,8 +155,25 @@ export class Client {
       options: options.options,
       depends_on: options.dependsOn ?? [],
       delay_ms: options.delayMs,
+      debounce_ms: options.debounceMs,
+      update_payload: options.updatePayload,
+      replace_finished: options.replaceFinished,
+      allow_missing: options.allowMissing,
     });
     return { task: reply.body, created: reply.status === 201 };
+  }
+
+  /**
+   * The task once it has ended (success, fail or cancelled). Throws an ApiError: 408
+   * `timeout` if it has not within timeoutMs (default 30000, at most 300000), 404 if there
+   * is no such task.
+   * @param {string} key @param {{timeoutMs?: number, signal?: AbortSignal}} [options]
+   * @returns {Promise<Task>}
+   */
+  async wait(key, options = {}) {
+    const query = `timeout_ms=${options.timeoutMs ?? 30_000}`;
+    const path = `/tasks/${encodeURIComponent(key)}/wait?${query}`;
+    return (await this.request("GET", path, undefined, options.signal)).body;
   }
 
   /** @param {string} key @returns {Promise<Task | null>} */
@@ -199,78 +237,186 @@ export class Client {
   /**
    * Own tasks of names and run handler on each, up to concurrency at once, extending each
    * lease while its handler runs and returning the outcome. Resolves once signal aborts and
-   * the running handlers have finished.
+   * the running handlers have finished. Rejects with the error when the server answers with
+   * one that retrying cannot mend (`isPermanent`: a wrong token, Origin, route or body),
+   * after telling the running handlers (their signal aborts) and waiting for them. Any
+   * other error (the server unreachable, starting or failing) is reported to onError and
+   * the request retried, waiting longer each time.
    * @param {string[]} names @param {Handler} handler @param {WorkOptions} [options]
+   * @returns {Promise<void>}
    */
   async work(names, handler, options = {}) {
     const concurrency = options.concurrency ?? 4;
     const leaseMs = options.leaseMs ?? 30_000;
     const workerId = options.workerId ?? `node-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
-    const signal = options.signal;
+    const stopping = new AbortController(); // the caller's signal, or a permanent error
+    const broken = new AbortController(); // a permanent error: the handlers are told
+    const onAbort = () => stopping.abort();
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+    if (options.signal?.aborted) stopping.abort();
+    /** @type {unknown} */
+    let permanent;
+    /** @type {Worker} */
+    const worker = {
+      report: (error, lease) => {
+        try {
+          options.onError?.(error, lease);
+        } catch {
+          // the callback's own failure must not stop the worker
+        }
+      },
+      stopWith: (error) => {
+        if (permanent === undefined) permanent = error;
+        broken.abort(error);
+        stopping.abort();
+      },
+      broken: broken.signal,
+    };
     /** @type {Set<Promise<void>>} */
     const running = new Set();
+    const stopped = aborted(stopping.signal);
     let failures = 0;
-    while (!signal?.aborted) {
-      const free = concurrency - running.size;
-      if (free <= 0) {
-        await Promise.race(running);
-        continue;
+    try {
+      while (!stopping.signal.aborted) {
+        const free = concurrency - running.size;
+        if (free <= 0) {
+          await Promise.race([...running, stopped]);
+          continue;
+        }
+        let leases;
+        try {
+          leases = await this.own(names, {
+            workerId,
+            maxTasks: free,
+            leaseMs,
+            waitMs: options.waitMs ?? 5_000,
+            signal: stopping.signal,
+          });
+          failures = 0;
+        } catch (error) {
+          if (stopping.signal.aborted) break;
+          if (isPermanent(error)) {
+            worker.stopWith(error);
+            break;
+          }
+          failures += 1;
+          worker.report(error, null);
+          await sleep(backoff(failures), stopping.signal);
+          continue;
+        }
+        for (const lease of leases) {
+          const run = this.#run(lease, handler, leaseMs, worker).finally(() => running.delete(run));
+          running.add(run);
+        }
       }
-      let leases;
-      try {
-        leases = await this.own(names, {
-          workerId,
-          maxTasks: free,
-          leaseMs,
-          waitMs: options.waitMs ?? 5_000,
-          signal,
-        });
-        failures = 0;
-      } catch (error) {
-        if (signal?.aborted) break;
-        failures += 1; // the server is unreachable or refused: back off, then ask again
-        await sleep(Math.min(5_000, 100 * 2 ** Math.min(failures, 6)));
-        continue;
-      }
-      for (const lease of leases) {
-        const run = this.#run(lease, handler, leaseMs, options.onError).finally(() =>
-          running.delete(run),
-        );
-        running.add(run);
-      }
+      await Promise.allSettled(running);
+    } finally {
+      options.signal?.removeEventListener("abort", onAbort);
     }
-    await Promise.allSettled(running);
+    if (permanent !== undefined) throw permanent;
   }
 
   /**
-   * One lease's run; never throws (work's other runs go on).
-   * @param {Lease} lease @param {Handler} handler @param {number} leaseMs
-   * @param {((error: unknown, lease: Lease) => void) | undefined} onError
+   * One lease's run; never throws (work's other runs go on): a permanent error stops work.
+   * @param {Lease} lease @param {Handler} handler @param {number} leaseMs @param {Worker} worker
    */
-  async #run(lease, handler, leaseMs, onError) {
+  async #run(lease, handler, leaseMs, worker) {
     const lost = new AbortController();
+    const onBroken = () => lost.abort(worker.broken.reason);
+    worker.broken.addEventListener("abort", onBroken, { once: true });
     let current = lease;
     const keeper = setInterval(async () => {
       try {
         current = await this.extend(current, leaseMs);
       } catch (error) {
         if (error instanceof LeaseLost) lost.abort(error);
+        else if (isPermanent(error)) worker.stopWith(error);
+        else worker.report(error, lease); // tried again at the next tick
       }
     }, Math.max(10, Math.floor(leaseMs / 3)));
     try {
-      let result;
+      /** @type {(() => Promise<unknown>) | undefined} */
+      let outcome;
       try {
-        result = await handler(lease.task, { lease, signal: lost.signal });
+        const result = await handler(lease.task, { lease, signal: lost.signal });
+        outcome = () => this.succeed(current, result ?? null);
       } catch (error) {
-        if (!lost.signal.aborted) await this.fail(current, error);
-        return;
+        outcome = () => this.fail(current, error);
       }
-      if (!lost.signal.aborted) await this.succeed(current, result ?? null);
+      if (lost.signal.aborted) return;
+      try {
+        await this.#write(outcome, () => current, worker);
+      } catch (error) {
+        // The result was refused (too large, not storable): the attempt fails, as it
+        // would in a Python worker, with the server's reason.
+        if (!(error instanceof ApiError && error.status === 422)) throw error;
+        await this.#write(() => this.fail(current, error), () => current, worker);
+      }
     } catch (error) {
-      // LeaseLost: another worker has it now. Anything else: the outcome was not written.
-      if (!(error instanceof LeaseLost)) onError?.(error, lease);
+      if (error instanceof LeaseLost) return; // another worker has it now
+      if (isPermanent(error)) worker.stopWith(error);
+      else worker.report(error, lease);
     } finally {
       clearInterval(keeper);
+      worker.broken.removeEventListener("abort", onBroken);
+    }
+  }
+
+  /**
+   * An outcome's write, tried again after a transient error (reported each time) until the
+   * lease has expired, when the server would refuse it anyway.
+   * @param {() => Promise<unknown>} write @param {() => Lease} lease @param {Worker} worker
+   */
+  async #write(write, lease, worker) {
+    for (let failures = 1; ; failures += 1) {
+      try {
+        return await write();
+      } catch (error) {
+        if (error instanceof ApiError && error.status < 500) throw error;
+        const expires = Date.parse(lease().expires_at ?? "");
+        if (!(Date.now() < expires)) throw error;
+        worker.report(error, lease());
+        await sleep(Math.min(backoff(failures), Math.max(0, expires - Date.now())), worker.broken);
+        if (worker.broken.aborted) throw error;
+      }
     }
   }
 }
+
+/**
+ * What `work` shares with each run.
+ * @typedef {{report: (error: unknown, lease: Lease | null) => void,
+ *   stopWith: (error: unknown) => void, broken: AbortSignal}} Worker
+ */
+
+/**
+ * An error that retrying cannot mend: the server refused the token (401), the Origin (403)
+ * or the Host (400), has no such route (404, other than a task not found), or refused the
+ * body (422). Anything else (no answer, 5xx, 408, 429) may pass.
+ * @param {unknown} error @returns {boolean}
+ */
+export function isPermanent(error) {
+  if (!(error instanceof ApiError) || error instanceof LeaseLost) return false;
+  const { status, code } = error;
+  return [400, 401, 403, 422].includes(status) || (status === 404 && code !== "not_found");
+}
+
+/** @param {string} text @returns {any} its JSON, or null if it is none */
+function parsed(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}
+
+/** Milliseconds to wait after the nth failure in a row: doubling from 100 ms to 5 s, jittered. */
+const backoff = (/** @type {number} */ failures) =>
+  Math.min(5_000, 100 * 2 ** Math.min(failures - 1, 6)) * (0.5 + Math.random() / 2);
+
+/** @param {AbortSignal} signal @returns {Promise<void>} resolves once it aborts */
+const aborted = (signal) =>
+  new Promise((resolve) => {
+    if (signal.aborted) resolve();
+    else signal.addEventListener("abort", () => resolve(), { once: true });
+  });

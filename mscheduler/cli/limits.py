@@ -48,20 +48,11 @@ def list_limits(
     async def work(sched: Scheduler) -> None:
         now = sched.clock.now()
         listed, table = [], []
-        for name, limit in sorted((await sched.limits()).items()):
-            starts = sum(1 for e in limit.starts if e.until and e.until > now)
-            slots = sum(1 for e in limit.slots if e.until and e.until > now)
+        for _, limit in sorted((await sched.limits()).items()):
+            usage = limit.usage(now)
+            starts, slots, name = usage["starts_in_window"], usage["running"], usage["name"]
             per = show_duration(dt.timedelta(milliseconds=limit.per_ms or 0))
-            listed.append(
-                {
-                    "name": name,
-                    "rate": limit.rate,
-                    "per_ms": limit.per_ms,
-                    "max_running": limit.max_running,
-                    "starts_in_window": starts,
-                    "running": slots,
-                }
-            )
+            listed.append(usage)
             rate = f"{starts}/{limit.rate} per {per}" if limit.rate else "-"
             running = f"{slots}/{limit.max_running}" if limit.max_running else "-"
             table.append([name, rate, running])

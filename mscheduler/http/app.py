@@ -9,7 +9,6 @@ models of `bodies`, at ``/openapi.json``.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
@@ -74,18 +73,16 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 def _lease_out(lease: Lease) -> b.LeaseOut:
-    expires = lease.ping_expire_at
     return b.LeaseOut(
         key=lease.key,
         worker_id=lease.worker_id,
         run_id=lease.run_id,
-        expires_at=None if expires is None else expires.isoformat(),
+        expires_at=lease.ping_expire_at,
         task=task_json(lease.task),
     )
 
 
-def _ms(value: int | None) -> dt.timedelta | None:
-    return None if value is None else dt.timedelta(milliseconds=value)
+_ms = b.milliseconds
 
 
 def create_app(
@@ -164,14 +161,8 @@ def create_app(
     async def publish(body: b.PublishBody, response: Response) -> b.Task:
         """Publish a task, idempotently by key: 201 with the task created, 200 with the one
         that had the key already."""
-        result = await scheduler.publish(
-            body.key,
-            from_extended(body.payload, "payload"),
-            name=body.name,
-            options=body.options,
-            depends_on=body.depends_on,
-            delay=_ms(body.delay_ms),
-        )
+        payload = from_extended(body.payload, "payload")
+        result = await scheduler.publish(body.key, payload, name=body.name, **body.params())
         if not result.created:
             response.status_code = 200
         return task_json(result.task)
@@ -203,9 +194,11 @@ def create_app(
     @v1.post(
         "/tasks/{key}/retry", responses={404: {"model": b.Error, "description": "no such task"}}
     )
-    async def retry(key: str) -> b.Task:
-        """Run a failed or cancelled task again."""
-        return task_json((await scheduler.retry(key)).task)
+    async def retry(key: str, body: b.RetryBody | None = None) -> b.Task:
+        """Run a failed or cancelled task again; with ``with_dependents``, the dependents its
+        end cancelled (and theirs) too."""
+        with_dependents = body is not None and body.with_dependents
+        return task_json((await scheduler.retry(key, with_dependents=with_dependents)).task)
 
     @v1.get(
         "/tasks/{key}/wait",
@@ -292,6 +285,25 @@ def create_app(
     @v1.post("/names/{name}/resume")
     async def resume(name: str) -> b.Done:
         return b.Done(changed=await scheduler.resume(name))
+
+    @v1.get("/limits")
+    async def limits() -> b.Limits:
+        """Every limited name: its limits, and what counts against them now."""
+        now = scheduler.clock.now()
+        found = sorted((await scheduler.limits()).items())
+        return b.Limits(limits=[b.LimitOut(**limit.usage(now)) for _, limit in found])
+
+    @v1.put("/limits/{name}")
+    async def set_limit(name: str, body: b.LimitBody) -> b.LimitOut:
+        """Limit ``name`` across every worker (set anew: a limit left out is removed)."""
+        limit = await scheduler.set_limit(
+            name, rate=body.rate, per=_ms(body.per_ms), max_running=body.max_running
+        )
+        return b.LimitOut(**limit.usage(scheduler.clock.now()))
+
+    @v1.delete("/limits/{name}")
+    async def remove_limit(name: str) -> b.Done:
+        return b.Done(changed=await scheduler.remove_limit(name))
 
     app.include_router(v1)
     return app

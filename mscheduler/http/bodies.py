@@ -9,12 +9,14 @@ names (`encoding.from_extended`).
 
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..consumer.owner import MAX_TASKS
-from ..models import StatsRow, TaskOptions
+from ..models import PublishParams, StatsRow, TaskOptions, UtcDatetime
 
 Task = dict[str, Any]  # `encoding.task_json`: the document's fields, as JSON
 _LONGEST_MS = 7 * 24 * 3600 * 1000
@@ -25,13 +27,78 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PublishBody(_Body):
+class PublishHead(_Body):
+    """What every publish names: the task's key, name and payload. The rest of the body is
+    `PublishParams`, one field each (`_publish_fields`)."""
+
     key: str = Field(min_length=1)
     name: str = Field(min_length=1)
     payload: Any = None
-    options: TaskOptions | None = None
-    depends_on: list[str] = Field(default_factory=list)
-    delay_ms: int | None = Field(default=None, ge=0, le=_LONGEST_MS)
+
+    def params(self) -> PublishParams:
+        """The parameters the body set, as `Scheduler.publish` takes them; one left out keeps
+        publish's own default (`specs.publish_spec` holds them)."""
+        given = {
+            param: to_param(getattr(self, field))
+            for field, (param, to_param) in _FROM_BODY.items()
+            if field in self.model_fields_set
+        }
+        return cast(PublishParams, given)
+
+
+def milliseconds(value: int | None) -> dt.timedelta | None:
+    """A duration of the API (``*_ms``) as `Scheduler`'s methods take it."""
+    return None if value is None else dt.timedelta(milliseconds=value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+# How each type of publish parameter travels as JSON: its body field's suffix, type and
+# bounds, and how the field's value becomes the parameter. A duration is whole milliseconds
+# (``delay`` is ``delay_ms``), as every duration of the API is.
+_JSON_FORMS: list[tuple[Any, str, Any, Callable[[], Any], Callable[[Any], Any]]] = [
+    (
+        dt.timedelta | float | None,
+        "_ms",
+        int | None,
+        lambda: Field(default=None, ge=0, le=_LONGEST_MS),
+        milliseconds,
+    ),
+    (TaskOptions | None, "", TaskOptions | None, lambda: Field(default=None), _same),
+    (Sequence[str] | None, "", list[str] | None, lambda: Field(default=None), _same),
+    (bool, "", bool, lambda: Field(default=False), _same),
+]
+_FROM_BODY: dict[str, tuple[str, Callable[[Any], Any]]] = {}
+
+
+def _publish_fields() -> dict[str, Any]:
+    """The body's fields, one per `PublishParams` field: a parameter added there is in the body
+    too, and one of a type with no JSON form here stops the import, naming it."""
+    fields: dict[str, Any] = {}
+    for param, annotation in get_type_hints(PublishParams).items():
+        form = next((f for f in _JSON_FORMS if f[0] == annotation), None)
+        if form is None:
+            raise TypeError(
+                f"PublishParams.{param}: no JSON form for {annotation}; add one to "
+                "mscheduler.http.bodies._JSON_FORMS"
+            )
+        _, suffix, kind, field, to_param = form
+        fields[param + suffix] = (kind, field())
+        _FROM_BODY[param + suffix] = (param, to_param)
+    return fields
+
+
+if TYPE_CHECKING:
+    PublishBody = PublishHead
+else:
+    PublishBody = create_model(
+        "PublishBody",
+        __base__=PublishHead,
+        __doc__="A publish: the key, name and payload, and `Scheduler.publish`'s parameters.",
+        **_publish_fields(),
+    )
 
 
 class OwnBody(_Body):
@@ -66,11 +133,42 @@ class PauseBody(_Body):
     reason: str = ""
 
 
+class RetryBody(_Body):
+    """``with_dependents``: run again too the dependents its end cancelled (and theirs)."""
+
+    with_dependents: bool = False
+
+
+class LimitBody(_Body):
+    """The limits of one name (`Scheduler.set_limit`): at most ``rate`` starts in any window
+    of ``per_ms``, and at most ``max_running`` running at once. Set anew: one left out is
+    removed."""
+
+    rate: int | None = None
+    per_ms: int | None = Field(default=None, ge=1)
+    max_running: int | None = None
+
+
+class LimitOut(BaseModel):
+    """A name's limits, and what counts against them now (`Limit.usage`)."""
+
+    name: str
+    rate: int | None
+    per_ms: int | None
+    max_running: int | None
+    starts_in_window: int
+    running: int
+
+
+class Limits(BaseModel):
+    limits: list[LimitOut]
+
+
 class LeaseOut(BaseModel):
     key: str
     worker_id: str
     run_id: str
-    expires_at: str | None  # ISO 8601: extend before it
+    expires_at: UtcDatetime | None  # extend before it
     task: Task
 
 

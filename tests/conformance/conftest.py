@@ -1,7 +1,7 @@
 """The conformance suite's endpoint: ``MSCHEDULER_CONFORMANCE_URL`` (and
 ``MSCHEDULER_CONFORMANCE_TOKEN``) when set, any implementation of the HTTP API; else a server
-it starts (`server.py`). ``MSCHEDULER_CONFORMANCE_LIMITED``: a name the endpoint limits to
-one running task (the limits scenario is skipped without it, on a given URL)."""
+it starts (`server.py`). Each scenario works on task names of its own, so an endpoint others
+use is left as found."""
 
 from __future__ import annotations
 
@@ -16,16 +16,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conformance.server import LIMITED
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class Endpoint:
-    def __init__(self, url: str, token: str | None, limited: str | None) -> None:
+    def __init__(self, url: str, token: str | None) -> None:
         self.url = url.rstrip("/")
         self.token = token
-        self.limited = limited
 
     def client(self, token: str | None = "default") -> httpx.Client:
         token = self.token if token == "default" else token
@@ -37,11 +34,7 @@ class Endpoint:
 def endpoint() -> Iterator[Endpoint]:
     url = os.environ.get("MSCHEDULER_CONFORMANCE_URL")
     if url:
-        yield Endpoint(
-            url,
-            os.environ.get("MSCHEDULER_CONFORMANCE_TOKEN"),
-            os.environ.get("MSCHEDULER_CONFORMANCE_LIMITED"),
-        )
+        yield Endpoint(url, os.environ.get("MSCHEDULER_CONFORMANCE_TOKEN"))
         return
     token = uuid.uuid4().hex
     process = subprocess.Popen(
@@ -55,7 +48,7 @@ def endpoint() -> Iterator[Endpoint]:
     line = process.stderr.readline()
     assert "serve: http://" in line, line
     try:
-        yield Endpoint(line.split("serve: ")[1].split()[0], token, LIMITED)
+        yield Endpoint(line.split("serve: ")[1].split()[0], token)
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=30)

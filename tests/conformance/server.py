@@ -1,7 +1,6 @@
 """The server the conformance suite starts when it is given no URL: ``mscheduler serve``'s
-app on a private memory:// collection, on a free loopback port, with the name
-`LIMITED` limited to one running task (the HTTP API sets no limits: an operator does).
-Announces its address on stderr as ``mscheduler serve`` does."""
+app on a private memory:// collection, on a free loopback port. Announces its address on
+stderr as ``mscheduler serve`` does."""
 
 from __future__ import annotations
 
@@ -14,12 +13,9 @@ import uvicorn
 import mscheduler as ms
 from mscheduler.http import create_app
 
-LIMITED = "conformance-limited"
-
 
 async def main(token: str) -> None:
     async with await ms.Scheduler.connect("memory://conformance") as sched:
-        await sched.set_limit(LIMITED, max_running=1)
         listening = socket.socket()
         listening.bind(("127.0.0.1", 0))
         listening.listen(128)

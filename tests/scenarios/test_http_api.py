@@ -4,7 +4,10 @@ httpx's ASGI transport (no socket), the manual clock."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -250,6 +253,9 @@ ROUTES = {  # the API's routes, as the protocol names them (docs/protocol.md)
     ("GET", "/v1/stats"),
     ("POST", "/v1/names/{name}/pause"),
     ("POST", "/v1/names/{name}/resume"),
+    ("GET", "/v1/limits"),
+    ("PUT", "/v1/limits/{name}"),
+    ("DELETE", "/v1/limits/{name}"),
 }
 
 
@@ -301,3 +307,125 @@ async def test_leases_won_for_a_worker_that_left_are_released(scheduler: ms.Sche
     task = await scheduler.get("t")
     assert task is not None and task.state is ms.TaskState.PENDING
     assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]
+
+
+async def test_the_publish_body_is_publishs_parameters(client: httpx.AsyncClient):
+    """One declaration (`PublishParams`): each parameter of `Scheduler.publish` is a field of
+    the body (a duration as ``<name>_ms``), and the body has no field of its own."""
+    document = (await client.get("/openapi.json")).json()
+    schema = document["paths"]["/v1/tasks"]["post"]["requestBody"]["content"]
+    ref = schema["application/json"]["schema"]["$ref"].rpartition("/")[2]
+    fields = set(document["components"]["schemas"][ref]["properties"])
+    params = typing.get_type_hints(ms.models.PublishParams)
+    expected = {"key", "name", "payload"} | {
+        f"{param}_ms" if dt.timedelta in typing.get_args(kind) else param
+        for param, kind in params.items()
+    }
+    assert fields == expected
+
+
+async def test_every_publish_parameter_works_over_http(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler, clock: ManualClock
+):
+    async def publish(key: str, **body: Any) -> httpx.Response:
+        return await client.post("/v1/tasks", json={"key": key, "name": "job", **body})
+
+    assert (await publish("later", delay_ms=60_000)).json()["options"]["not_before"]
+    assert await _own(client) == []
+    await publish("p", payload=1)
+    updated = await publish("p", payload=2, update_payload=True)
+    assert updated.status_code == 200 and updated.json()["payload"] == 2
+    waits = await publish("w", depends_on=["nowhere"], allow_missing=True)
+    assert waits.status_code == 201 and waits.json()["state"] == "pending"
+    for payload in (1, 2):
+        debounced = await publish("d", payload=payload, debounce_ms=10_000)
+        assert debounced.json()["state"] == "pending"
+    assert (await scheduler.get("d")).payload == 2  # type: ignore[union-attr]
+    leases = await _own(client, max_tasks=5)
+    assert {lease["key"] for lease in leases} == {"p", "w"}
+    for lease in leases:
+        await client.post("/v1/leases/succeed", json=_ref(lease))
+    replaced = await publish("p", payload=3, replace_finished=True)
+    assert (replaced.json()["state"], replaced.json()["payload"]) == ("pending", 3)
+    clock.advance(61)
+    assert {lease["key"] for lease in await _own(client, max_tasks=5)} == {"later", "d", "p"}
+
+
+async def test_limits_are_set_read_and_removed_over_http(client: httpx.AsyncClient):
+    reply = await client.put("/v1/limits/job", json={"max_running": 1})
+    assert reply.status_code == 200
+    assert reply.json() == {
+        "name": "job",
+        "rate": None,
+        "per_ms": None,
+        "max_running": 1,
+        "starts_in_window": 0,
+        "running": 0,
+    }
+    for n in range(2):
+        await client.post("/v1/tasks", json={"key": f"t{n}", "name": "job"})
+    assert len(await _own(client, max_tasks=2)) == 1
+    [limit] = (await client.get("/v1/limits")).json()["limits"]
+    assert (limit["name"], limit["running"]) == ("job", 1)
+    rate = await client.put("/v1/limits/job", json={"rate": 10, "per_ms": 60_000})
+    assert (rate.json()["rate"], rate.json()["max_running"]) == (10, None)
+    assert len(await _own(client, max_tasks=2)) == 1  # set anew: max_running is gone
+    assert (await client.delete("/v1/limits/job")).json() == {"changed": True}
+    assert (await client.get("/v1/limits")).json() == {"limits": []}
+    assert (await client.delete("/v1/limits/job")).json() == {"changed": False}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"rate": 5}, "per"), ({}, "max_running"), ({"max_running": 0}, "max_running")],
+)
+async def test_a_bad_limit_is_422_naming_the_field(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+):
+    reply = await client.put("/v1/limits/job", json=body)
+    assert reply.status_code == 422 and field in reply.json()["message"]
+    assert (await client.get("/v1/limits")).json() == {"limits": []}
+
+
+async def test_retry_with_dependents_over_http(client: httpx.AsyncClient):
+    await client.post("/v1/tasks", json={"key": "a", "name": "job", "options": {"max_tries": 1}})
+    await client.post("/v1/tasks", json={"key": "b", "name": "job", "depends_on": ["a"]})
+    for body in (None, {"with_dependents": True}):
+        [lease] = await _own(client)
+        await client.post("/v1/leases/fail", json={**_ref(lease), "error": "broken"})
+        assert (await client.get("/v1/tasks/b")).json()["state"] == "cancelled"
+        retried = await client.post("/v1/tasks/a/retry", json=body)
+        assert retried.status_code == 200 and retried.json()["state"] == "pending"
+    assert (await client.get("/v1/tasks/b")).json()["state"] == "blocked"
+
+
+_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+
+def _times(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if _TIME.match(value) else []
+    if isinstance(value, dict):
+        return [time for item in value.values() for time in _times(item)]
+    if isinstance(value, list):
+        return [time for item in value for time in _times(item)]
+    return []
+
+
+async def test_every_time_in_an_answer_is_utc_with_z(client: httpx.AsyncClient):
+    await client.post("/v1/tasks", json={"key": "t", "name": "job", "delay_ms": 0})
+    await client.post("/v1/tasks", json={"key": "u", "name": "job"})
+    await client.put("/v1/limits/job", json={"rate": 5, "per_ms": 1000})
+    [lease, other] = await _own(client, max_tasks=2)
+    answers = [
+        lease,
+        (await client.post("/v1/leases/extend", json=_ref(lease))).json(),
+        (await client.post("/v1/leases/succeed", json=_ref(lease))).json(),
+        (await client.post("/v1/leases/fail", json={**_ref(other), "error": "x"})).json(),
+        (await client.get("/v1/tasks")).json(),
+        (await client.get("/v1/stats")).json(),
+        (await client.get("/v1/limits")).json(),
+    ]
+    times = _times(answers)
+    assert len(times) >= 10
+    assert [time for time in times if not time.endswith("Z")] == []

@@ -116,3 +116,15 @@ test("work runs each task once, extends long ones, and records the outcome", asy
   }
   assert.equal((await client.get("work:bad")).state, "fail");
 });
+
+test("wait returns the ended task, or throws 408", async () => {
+  await client.publish("waited:1", "waited", { debounceMs: 0 });
+  await assert.rejects(client.wait("waited:1", { timeoutMs: 50 }), (error) => {
+    assert.ok(error instanceof ApiError);
+    assert.equal(error.status, 408);
+    return true;
+  });
+  const [lease] = await client.own(["waited"], { workerId: "js" });
+  await client.succeed(lease, 7);
+  assert.equal((await client.wait("waited:1")).result, 7);
+});

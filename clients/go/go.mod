@@ -1,0 +1,3 @@
+module github.com/mscheduler/mscheduler/clients/go
+
+go 1.19
