@@ -146,7 +146,7 @@ class TaskOptions(BaseModel):
     # Durations are bounded so that no date computed from them (here or on the server) can
     # overflow: an unbounded one was accepted by publish, then crashed the consumer.
     unexpected_retry_delay_ms: int = Field(
-        default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=30 * 86_400_000
+        default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=c.MAX_RETRY_DELAY_MS
     )
     ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1, le=86_400_000)
     worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1, le=7 * 86_400_000)
@@ -164,6 +164,14 @@ class TaskOptions(BaseModel):
     says ``expired``); a task already running is not affected."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
+    retry_backoff: float = Field(default=1.0, ge=1.0, le=c.MAX_RETRY_BACKOFF)
+    """After the n-th unexpected failure the task waits ``unexpected_retry_delay_ms`` times
+    ``retry_backoff ** (n - 1)`` (`queries.retry_delay`); 1: the same delay every time."""
+    retry_backoff_max_ms: int | None = Field(default=None, gt=0, le=c.MAX_RETRY_DELAY_MS)
+    """The longest a failure's delay grows to before jitter; None: no maximum of its own."""
+    retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Each failure's delay is multiplied by a factor drawn uniformly from
+    ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -196,8 +204,23 @@ class TaskOptions(BaseModel):
         return self
 
     def to_document(self) -> dict[str, Any]:
-        """The stored ``options``: ``not_before`` lives at the top level of the task instead."""
-        return self.model_dump(exclude={"not_before"})
+        """The stored ``options``: ``not_before`` lives at the top level of the task instead.
+        The retry backoff's options are stored only when chosen: a task that keeps them at
+        their defaults pays nothing for them, and every reader (the failure's write
+        included) takes a missing one as its default."""
+        left_out = {"not_before"} | {
+            name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
+        }
+        return self.model_dump(exclude=left_out)
+
+
+# The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
+# reads a missing one as this default too).
+_BACKOFF_DEFAULTS: dict[str, Any] = {
+    "retry_backoff": 1.0,
+    "retry_backoff_max_ms": None,
+    "retry_jitter": 0.0,
+}
 
 
 class ErrorInfo(BaseModel):
