@@ -142,7 +142,8 @@ class Scheduler:
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``: an existing key returns the existing task
         (``created=False``) and changes nothing, unless ``update_payload`` (a task not running
-        gets the new payload) or ``replace_finished`` (a finished task is published anew). A
+        gets the new payload) or ``replace_finished`` (a finished task is published anew:
+        ``True``, or only in the finished states named, e.g. ``("fail", "cancelled")``). A
         running task is never replaced: `TaskRunning`. ``delay`` (a timedelta or seconds)
         sets ``not_before`` to that long from now; a fixed time is ``options.not_before``.
         ``debounce`` (the same): start that long from now, and a publish of the key again

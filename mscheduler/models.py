@@ -47,6 +47,39 @@ class TaskState(str, enum.Enum):
 TERMINAL_STATES = frozenset({TaskState.SUCCESS, TaskState.FAIL, TaskState.CANCELLED})
 CLAIMABLE_STATES = (TaskState.PENDING, TaskState.RUNNING)
 
+ReplaceFinished = bool | Collection[TaskState | str]
+"""A publish's ``replace_finished``: ``True`` (every finished state), ``False`` (none), or the
+finished states whose task is published anew, e.g. ``("fail", "cancelled")``."""
+
+
+def finished_states_to_replace(value: object) -> frozenset[TaskState]:
+    """The finished states a ``replace_finished`` names (`ReplaceFinished`), the one reading
+    of it for every surface (publish, specs, the CLI, the HTTP API). Anything else raises a
+    ValueError naming ``replace_finished``: a bare string too, which would otherwise read as
+    its letters."""
+    if value is True:
+        return TERMINAL_STATES
+    if value is False:
+        return frozenset()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise ValueError(
+            "replace_finished: expected True, False or a collection of finished states "
+            f"(success, fail, cancelled), got {value!r}"
+        )
+    states: set[TaskState] = set()
+    finished = ", ".join(sorted(state.value for state in TERMINAL_STATES))
+    for item in value:
+        try:
+            state = TaskState(item)
+        except ValueError:
+            state = None
+        if state is None or state not in TERMINAL_STATES:
+            raise ValueError(
+                f"replace_finished: {item!r} is not a finished state (one of {finished})"
+            )
+        states.add(state)
+    return frozenset(states)
+
 
 class WorkerStateKind(str, enum.Enum):
     RUNNING = "running"
@@ -678,7 +711,8 @@ class PublishParams(TypedDict, total=False):
     (with their defaults) into the one `PublishSpec` that travels down.
 
     ``options``: the task's `TaskOptions`. ``update_payload``: an existing task not running
-    gets the new payload. ``replace_finished``: a finished task is published anew.
+    gets the new payload. ``replace_finished``: a finished task is published anew (``True``),
+    or only one in the finished states named (``("fail", "cancelled")``).
     ``depends_on``: keys this task waits for; ``allow_missing``: a missing one counts as
     met. ``delay`` (a timedelta or seconds): start that long from now. ``debounce`` (the
     same): start that long from now, and a publish of the key again before it started gives
@@ -686,7 +720,7 @@ class PublishParams(TypedDict, total=False):
 
     options: TaskOptions | None
     update_payload: bool
-    replace_finished: bool
+    replace_finished: ReplaceFinished
     depends_on: Sequence[str] | None
     allow_missing: bool
     delay: dt.timedelta | float | None

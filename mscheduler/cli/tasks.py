@@ -25,6 +25,7 @@ PUBLISH_FLAGS = {
     "not_before": "not-before",
     "expires_at": "expires-in",
     "depends_on": "depends-on",
+    "replace_finished": "replace-finished",
 }
 
 
@@ -77,9 +78,17 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--allow-missing", help="--depends-on may name keys not published yet."),
         ] = False,
+        replace_finished: Annotated[
+            str | None,
+            typer.Option(
+                help="Publish anew a task of the key that ended in one of these states, "
+                "e.g. fail,cancelled (success, fail, cancelled)."
+            ),
+        ] = None,
         json_output: JsonFlag = False,
     ) -> None:
         """Publish a task (idempotent by key)."""
+        replacing = _finished_states(replace_finished) if replace_finished is not None else ()
         body = parse_json(read_text(payload, "payload"), "payload")
         if not_before and delay:
             fail("delay: give either --delay or --not-before, not both")
@@ -113,6 +122,7 @@ def register(app: typer.Typer) -> None:
                     allow_missing=allow_missing,
                     delay=wait,
                     debounce=window,
+                    replace_finished=replacing,
                 )
             except DependencyError as exc:  # the library's advice, in the command's words
                 fail(str(exc).replace("allow_missing=True", "--allow-missing"))
@@ -120,6 +130,8 @@ def register(app: typer.Typer) -> None:
                 emit({**result.model_dump(mode="json"), "task": task_json(result.task)})
             else:
                 said = "published" if result.created else "exists, unchanged"
+                if result.replaced:
+                    said = "published anew"
                 if result.payload_updated:
                     said = "debounced"
                 typer.echo(f"{said}: {key} ({result.task.state.value})")
@@ -312,6 +324,20 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"deleted {deleted} task(s)")
 
         run(ctx, work)
+
+
+def _finished_states(text: str) -> tuple[str, ...]:
+    """``--replace-finished``'s comma-separated states, checked before connecting."""
+    from ..models import finished_states_to_replace
+
+    states = tuple(part.strip() for part in text.split(",") if part.strip())
+    try:
+        finished_states_to_replace(states)
+    except ValueError as exc:
+        fail(str(exc).replace("replace_finished", "replace-finished", 1))
+    if not states:
+        fail("replace-finished: name at least one finished state (success, fail, cancelled)")
+    return states
 
 
 def _specs(lines: list[tuple[int, str]], name: str | None) -> list[Any]:

@@ -162,8 +162,9 @@ def create_app(
         responses={200: {"description": "the existing task of that key (nothing changed)"}},
     )
     async def publish(body: b.PublishBody, response: Response) -> b.Task:
-        """Publish a task, idempotently by key: 201 with the task created, 200 with the one
-        that had the key already."""
+        """Publish a task, idempotently by key: 201 with the task created (or, with
+        ``replace_finished``, a finished one published anew), 200 with the one that had the
+        key already."""
         result = await scheduler.publish(
             body.key,
             from_extended(body.payload, "payload"),
@@ -171,8 +172,9 @@ def create_app(
             options=body.options,
             depends_on=body.depends_on,
             delay=_ms(body.delay_ms),
+            replace_finished=body.replace_finished,
         )
-        if not result.created:
+        if not (result.created or result.replaced):
             response.status_code = 200
         return task_json(result.task)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..consumer.owner import MAX_TASKS
-from ..models import StatsRow, TaskOptions
+from ..models import StatsRow, TaskOptions, TaskState, finished_states_to_replace
 
 Task = dict[str, Any]  # `encoding.task_json`: the document's fields, as JSON
 _LONGEST_MS = 7 * 24 * 3600 * 1000
@@ -32,6 +32,14 @@ class PublishBody(_Body):
     options: TaskOptions | None = None
     depends_on: list[str] = Field(default_factory=list)
     delay_ms: int | None = Field(default=None, ge=0, le=_LONGEST_MS)
+    replace_finished: bool | list[TaskState] = False
+    """`ReplaceFinished`: true, or the finished states whose task is published anew."""
+
+    @field_validator("replace_finished")
+    @classmethod
+    def _replace_finished(cls, value: bool | list[TaskState]) -> bool | list[TaskState]:
+        finished_states_to_replace(value)  # refuses a state that is not a finished one
+        return value
 
 
 class OwnBody(_Body):

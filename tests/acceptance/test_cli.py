@@ -85,6 +85,20 @@ def test_publish_show_cancel(uri: str):
     assert code == 0 and out == "already finished: k (cancelled)\n"
 
 
+def test_publish_replaces_a_finished_task_by_its_state(uri: str):
+    fill(uri)  # sms:1 failed
+    code, out, _ = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "cancelled")
+    assert code == 0 and out == "exists, unchanged: sms:1 (fail)\n"
+    code, out, _ = cli(
+        uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "fail,cancelled"
+    )
+    assert code == 0 and out == "published anew: sms:1 (pending)\n"
+    code, _, err = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "running")
+    assert code == 2 and "replace-finished: 'running' is not a finished state" in err
+    code, _, err = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", ",")
+    assert code == 2 and "replace-finished" in err
+
+
 def test_retry_failed_and_purge(uri: str):
     fill(uri)
     code, out, _ = cli(uri, "retry", "--failed")
