@@ -36,6 +36,7 @@ from .models import (
     StatsRow,
     Task,
     TaskOptions,
+    TaskState,
     WorkerInfo,
 )
 from .periodic import Schedule, new_schedule
@@ -451,3 +452,16 @@ class Scheduler:
         """Cancel a task that has not finished. Running workers lose their lease: their next
         ping fails and their handlers are cancelled."""
         return await self.store.operations.cancel(key, reason)
+
+    async def cancel_many(
+        self,
+        *,
+        name: str,
+        states: Sequence[str | TaskState] = ("pending", "blocked"),
+        reason: str = "cancelled",
+    ) -> int:
+        """Cancel every task of ``name`` in one of ``states``, and return how many were
+        cancelled. Running tasks only when ``"running"`` is named (their handlers are then
+        cancelled, as by `cancel`); a finished state is refused. Dependents are told as after
+        `cancel` (by default a dependent of a cancelled task is cancelled too)."""
+        return await self.store.operations.cancel_many(name, states, reason)

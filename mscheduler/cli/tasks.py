@@ -238,10 +238,36 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def cancel(
-        ctx: typer.Context, key: str, reason: str = "cancelled from the command line"
+        ctx: typer.Context,
+        key: Annotated[str | None, typer.Argument()] = None,
+        reason: str = "cancelled from the command line",
+        name: Annotated[
+            str | None, typer.Option(help="Every task of this name (with --yes), not one KEY.")
+        ] = None,
+        state: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="With --name: the states to cancel (pending and blocked unless given; "
+                "running too only when named); repeatable."
+            ),
+        ] = None,
+        yes: Annotated[
+            bool, typer.Option("--yes", help="With --name: cancel them (it asks for this).")
+        ] = False,
     ) -> None:
         """Cancel a task that has not finished; its running handlers are stopped. One that
-        has finished will not run again either: that is said, and the command succeeds."""
+        has finished will not run again either: that is said, and the command succeeds.
+        With --name, every task of that name in the --state states (pending and blocked by
+        default), which needs --yes."""
+        if name is not None:
+            _cancel_many(ctx, key, name, state, yes, reason)
+            return
+        if key is None:
+            fail("cancel: give the KEY of a task, or --name NAME (with --yes) for many")
+        if state:
+            fail("state: --state goes with --name")
+        if yes:
+            fail("yes: --yes goes with --name")
 
         async def work(sched: Scheduler) -> None:
             if await sched.cancel(key, reason):
@@ -324,6 +350,35 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"deleted {deleted} task(s)")
 
         run(ctx, work)
+
+
+def _cancel_many(
+    ctx: typer.Context,
+    key: str | None,
+    name: str,
+    states: list[str] | None,
+    yes: bool,
+    reason: str,
+) -> None:
+    """``cancel --name``: checked before connecting, and refused without ``--yes`` (it may
+    stop thousands of tasks, running ones too)."""
+    from ..models import TaskState
+
+    if key is not None:
+        fail("cancel: give a KEY or --name, not both")
+    chosen = states or ["pending", "blocked"]
+    known = [each.value for each in TaskState]
+    for each in chosen:
+        if each not in known:
+            fail(f"state: {each!r} is not one of {', '.join(known)}")
+    if not yes:
+        fail(f"yes: this cancels every {'/'.join(chosen)} task of {name!r}; add --yes to do it")
+
+    async def work(sched: Scheduler) -> int:
+        return await sched.cancel_many(name=name, states=chosen, reason=reason)
+
+    cancelled = run(ctx, work, flags={"states": "state"})
+    typer.echo(f"cancelled {cancelled} task(s) of {name}")
 
 
 def _finished_states(text: str) -> tuple[str, ...]:
