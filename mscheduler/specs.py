@@ -237,10 +237,15 @@ def group(*steps: Step) -> Flow:
 
 
 def chord(header: Step | Iterable[Step], body: Step) -> Flow:
-    """``body`` runs once every step of ``header`` has succeeded (a fan-in)."""
+    """``body`` runs once every step of ``header`` has succeeded (a fan-in). With no step in
+    ``header`` there is nothing to wait for: ``body`` runs at once, as Celery runs an empty
+    chord's body (a fan-out over a list that turned out empty still reaches its join)."""
     if isinstance(header, (TaskSpec, Flow)):
         return chain(header, body)
-    return chain(group(*header), body)
+    steps = list(header)
+    if not steps:
+        return _flow(body)
+    return chain(group(*steps), body)
 
 
 def flatten(specs: Step | Iterable[Step]) -> list[TaskSpec]:
