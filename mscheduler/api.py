@@ -36,6 +36,7 @@ from .models import (
     StatsRow,
     Task,
     TaskOptions,
+    TaskState,
     WorkerInfo,
 )
 from .periodic import Schedule, new_schedule
@@ -142,7 +143,8 @@ class Scheduler:
     ) -> PublishResult:
         """Publish a task, idempotently by ``key``: an existing key returns the existing task
         (``created=False``) and changes nothing, unless ``update_payload`` (a task not running
-        gets the new payload) or ``replace_finished`` (a finished task is published anew). A
+        gets the new payload) or ``replace_finished`` (a finished task is published anew:
+        ``True``, or only in the finished states named, e.g. ``("fail", "cancelled")``). A
         running task is never replaced: `TaskRunning`. ``delay`` (a timedelta or seconds)
         sets ``not_before`` to that long from now; a fixed time is ``options.not_before``.
         ``debounce`` (the same): start that long from now, and a publish of the key again
@@ -450,3 +452,16 @@ class Scheduler:
         """Cancel a task that has not finished. Running workers lose their lease: their next
         ping fails and their handlers are cancelled."""
         return await self.store.operations.cancel(key, reason)
+
+    async def cancel_many(
+        self,
+        *,
+        name: str,
+        states: Sequence[str | TaskState] = ("pending", "blocked"),
+        reason: str = "cancelled",
+    ) -> int:
+        """Cancel every task of ``name`` in one of ``states``, and return how many were
+        cancelled. Running tasks only when ``"running"`` is named (their handlers are then
+        cancelled, as by `cancel`); a finished state is refused. Dependents are told as after
+        `cancel` (by default a dependent of a cancelled task is cancelled too)."""
+        return await self.store.operations.cancel_many(name, states, reason)

@@ -25,6 +25,13 @@ MAX_UNEXPECTED_RETRIES: Final = 1_000
 MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, never multiplied
 MIN_PRIORITY: Final = -(2**31)  # an int32 in BSON
 MAX_PRIORITY: Final = 2**31 - 1
+# A failure's retry delay, before jitter: ``unexpected_retry_delay_ms`` and
+# ``retry_backoff_max_ms`` at most, and what a growing delay without a maximum stops at, so no
+# date computed from it can overflow (`queries.retry_delay`).
+MAX_RETRY_DELAY_MS: Final = 30 * 86_400_000
+# ``retry_backoff`` at most: its power, computed on the server, must stay a finite double
+# (`queries.retry_delay.backoff_power` bounds the exponent for it).
+MAX_RETRY_BACKOFF: Final = 10.0
 
 # Size budget of one task document. MongoDB refuses documents over 16 MiB; a task grows after
 # publish (worker states, results, errors), so publish keeps room for all it can grow by
@@ -96,6 +103,10 @@ EXPRESSION_OPERATORS: Final = frozenset(
         "$slice",  # only as {"$slice": [array, -n]}, n a literal
         "$switch",
         "$max",  # only as {"$max": [expr, expr]}, of two scalars (nulls ignored everywhere)
+        # Arithmetic of numbers only, never of dates: queries.retry_delay's growing delay.
+        "$multiply",
+        "$pow",
+        "$trunc",  # only as {"$trunc": [expr]}: a whole number of milliseconds to add to a date
     }
 )
 UPDATE_OPERATORS: Final = frozenset({"$set", "$setOnInsert", "$inc", "$pull"})  # $set: also a stage

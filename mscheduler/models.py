@@ -47,6 +47,39 @@ class TaskState(str, enum.Enum):
 TERMINAL_STATES = frozenset({TaskState.SUCCESS, TaskState.FAIL, TaskState.CANCELLED})
 CLAIMABLE_STATES = (TaskState.PENDING, TaskState.RUNNING)
 
+ReplaceFinished = bool | Collection[TaskState | str]
+"""A publish's ``replace_finished``: ``True`` (every finished state), ``False`` (none), or the
+finished states whose task is published anew, e.g. ``("fail", "cancelled")``."""
+
+
+def finished_states_to_replace(value: object) -> frozenset[TaskState]:
+    """The finished states a ``replace_finished`` names (`ReplaceFinished`), the one reading
+    of it for every surface (publish, specs, the CLI, the HTTP API). Anything else raises a
+    ValueError naming ``replace_finished``: a bare string too, which would otherwise read as
+    its letters."""
+    if value is True:
+        return TERMINAL_STATES
+    if value is False:
+        return frozenset()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise ValueError(
+            "replace_finished: expected True, False or a collection of finished states "
+            f"(success, fail, cancelled), got {value!r}"
+        )
+    states: set[TaskState] = set()
+    finished = ", ".join(sorted(state.value for state in TERMINAL_STATES))
+    for item in value:
+        try:
+            state = TaskState(item)
+        except ValueError:
+            state = None
+        if state is None or state not in TERMINAL_STATES:
+            raise ValueError(
+                f"replace_finished: {item!r} is not a finished state (one of {finished})"
+            )
+        states.add(state)
+    return frozenset(states)
+
 
 class WorkerStateKind(str, enum.Enum):
     RUNNING = "running"
@@ -146,7 +179,7 @@ class TaskOptions(BaseModel):
     # Durations are bounded so that no date computed from them (here or on the server) can
     # overflow: an unbounded one was accepted by publish, then crashed the consumer.
     unexpected_retry_delay_ms: int = Field(
-        default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=30 * 86_400_000
+        default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=c.MAX_RETRY_DELAY_MS
     )
     ping_interval_ms: int = Field(default=c.DEFAULT_PING_INTERVAL_MS, ge=1, le=86_400_000)
     worker_timeout_ms: int = Field(default=c.DEFAULT_WORKER_TIMEOUT_MS, ge=1, le=7 * 86_400_000)
@@ -164,6 +197,14 @@ class TaskOptions(BaseModel):
     says ``expired``); a task already running is not affected."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
+    retry_backoff: float = Field(default=1.0, ge=1.0, le=c.MAX_RETRY_BACKOFF)
+    """After the n-th unexpected failure the task waits ``unexpected_retry_delay_ms`` times
+    ``retry_backoff ** (n - 1)`` (`queries.retry_delay`); 1: the same delay every time."""
+    retry_backoff_max_ms: int | None = Field(default=None, gt=0, le=c.MAX_RETRY_DELAY_MS)
+    """The longest a failure's delay grows to before jitter; None: no maximum of its own."""
+    retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Each failure's delay is multiplied by a factor drawn uniformly from
+    ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -196,8 +237,23 @@ class TaskOptions(BaseModel):
         return self
 
     def to_document(self) -> dict[str, Any]:
-        """The stored ``options``: ``not_before`` lives at the top level of the task instead."""
-        return self.model_dump(exclude={"not_before"})
+        """The stored ``options``: ``not_before`` lives at the top level of the task instead.
+        The retry backoff's options are stored only when chosen: a task that keeps them at
+        their defaults pays nothing for them, and every reader (the failure's write
+        included) takes a missing one as its default."""
+        left_out = {"not_before"} | {
+            name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
+        }
+        return self.model_dump(exclude=left_out)
+
+
+# The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
+# reads a missing one as this default too).
+_BACKOFF_DEFAULTS: dict[str, Any] = {
+    "retry_backoff": 1.0,
+    "retry_backoff_max_ms": None,
+    "retry_jitter": 0.0,
+}
 
 
 class ErrorInfo(BaseModel):
@@ -667,7 +723,8 @@ class PublishParams(TypedDict, total=False):
     (with their defaults) into the one `PublishSpec` that travels down.
 
     ``options``: the task's `TaskOptions`. ``update_payload``: an existing task not running
-    gets the new payload. ``replace_finished``: a finished task is published anew.
+    gets the new payload. ``replace_finished``: a finished task is published anew (``True``),
+    or only one in the finished states named (``("fail", "cancelled")``).
     ``depends_on``: keys this task waits for; ``allow_missing``: a missing one counts as
     met. ``delay`` (a timedelta or seconds): start that long from now. ``debounce`` (the
     same): start that long from now, and a publish of the key again before it started gives
@@ -675,7 +732,7 @@ class PublishParams(TypedDict, total=False):
 
     options: TaskOptions | None
     update_payload: bool
-    replace_finished: bool
+    replace_finished: ReplaceFinished
     depends_on: Sequence[str] | None
     allow_missing: bool
     delay: dt.timedelta | float | None

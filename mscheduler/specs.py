@@ -13,12 +13,21 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import Unpack
 
 from .encoding import to_storable
 from .errors import ConfigurationError, DependencyError
-from .models import PublishParams, TaskOptions, check_key, check_name, checked
+from .models import (
+    PublishParams,
+    ReplaceFinished,
+    TaskOptions,
+    TaskState,
+    check_key,
+    check_name,
+    checked,
+    finished_states_to_replace,
+)
 from .start_delay import with_start_delay
 
 
@@ -32,6 +41,14 @@ class TaskSpec(BaseModel):
     payload: Any = None
     options: TaskOptions = Field(default_factory=TaskOptions)
     depends_on: tuple[str, ...] = ()
+    replace_finished: frozenset[TaskState] = frozenset()
+    """The finished states in which the task of this key is published anew (`ReplaceFinished`:
+    ``True`` is every one)."""
+
+    @field_validator("replace_finished", mode="before")
+    @classmethod
+    def _replace_finished(cls, value: object) -> frozenset[TaskState]:
+        return finished_states_to_replace(value)
 
 
 class Flow(BaseModel):
@@ -76,7 +93,8 @@ class PublishSpec:
     depends_on: tuple[str, ...] = ()
     allow_missing: bool = False  # a missing dependency is left out (counted as met)
     update_payload: bool = False  # an existing task not running gets this payload
-    replace_finished: bool = False  # a finished task is published anew
+    # A finished task in one of these states is published anew.
+    replace_finished: frozenset[TaskState] = frozenset()
     debounce: bool = False  # a task not started yet gets this payload and start instead
 
     @classmethod
@@ -90,7 +108,7 @@ class PublishSpec:
         depends_on: Sequence[str] | None = None,
         allow_missing: bool = False,
         update_payload: bool = False,
-        replace_finished: bool = False,
+        replace_finished: ReplaceFinished = False,
         debounce: bool = False,
     ) -> PublishSpec:
         """The spec of these arguments; a bad one raises a `ConfigurationError` (or
@@ -108,7 +126,7 @@ class PublishSpec:
             depends_on=tuple(dependencies),
             allow_missing=allow_missing,
             update_payload=update_payload,
-            replace_finished=replace_finished,
+            replace_finished=_replacing(replace_finished),
             debounce=debounce,
         )
 
@@ -122,7 +140,15 @@ class PublishSpec:
             options=spec.options,
             depends_on=spec.depends_on,
             allow_missing=allow_missing,
+            replace_finished=spec.replace_finished,
         )
+
+
+def _replacing(value: object) -> frozenset[TaskState]:
+    try:
+        return finished_states_to_replace(value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def publish_spec(
@@ -211,10 +237,15 @@ def group(*steps: Step) -> Flow:
 
 
 def chord(header: Step | Iterable[Step], body: Step) -> Flow:
-    """``body`` runs once every step of ``header`` has succeeded (a fan-in)."""
+    """``body`` runs once every step of ``header`` has succeeded (a fan-in). With no step in
+    ``header`` there is nothing to wait for: ``body`` runs at once, as Celery runs an empty
+    chord's body (a fan-out over a list that turned out empty still reaches its join)."""
     if isinstance(header, (TaskSpec, Flow)):
         return chain(header, body)
-    return chain(group(*header), body)
+    steps = list(header)
+    if not steps:
+        return _flow(body)
+    return chain(group(*steps), body)
 
 
 def flatten(specs: Step | Iterable[Step]) -> list[TaskSpec]:

@@ -198,6 +198,7 @@ class SyncScheduler:
     get = _Blocking(Scheduler.get)
     list_tasks = _Blocking(Scheduler.list_tasks)
     cancel = _Blocking(Scheduler.cancel)
+    cancel_many = _Blocking(Scheduler.cancel_many)
     retry = _Blocking(Scheduler.retry)
     retry_failed = _Blocking(Scheduler.retry_failed)
     purge = _Blocking(Scheduler.purge)

@@ -81,6 +81,14 @@ class WorkerOptions(BaseModel):
     beside claimable work."""
     reconnect_backoff_ms: int = Field(default=500, ge=1, le=3_600_000)
     reconnect_backoff_max_ms: int = Field(default=30_000, ge=1, le=3_600_000)
+    burst: bool = False
+    """Stop by itself (as `Consumer.stop`) once none of its names has a task it may claim now
+    and its handlers are done: a drain for a CI job or a cron-driven run. Tasks due later
+    (a delay, a retry to come) and tasks other workers run do not keep it; a paused name's
+    tasks do not either."""
+    max_tasks: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    """Stop by itself once this many handler runs (claims it started) have ended; None: no
+    bound. It claims no more than that many, so the last runs finish before it stops."""
 
     @field_validator("worker_id")
     @classmethod

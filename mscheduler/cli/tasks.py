@@ -25,6 +25,7 @@ PUBLISH_FLAGS = {
     "not_before": "not-before",
     "expires_at": "expires-in",
     "depends_on": "depends-on",
+    "replace_finished": "replace-finished",
 }
 
 
@@ -77,9 +78,17 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--allow-missing", help="--depends-on may name keys not published yet."),
         ] = False,
+        replace_finished: Annotated[
+            str | None,
+            typer.Option(
+                help="Publish anew a task of the key that ended in one of these states, "
+                "e.g. fail,cancelled (success, fail, cancelled)."
+            ),
+        ] = None,
         json_output: JsonFlag = False,
     ) -> None:
         """Publish a task (idempotent by key)."""
+        replacing = _finished_states(replace_finished) if replace_finished is not None else ()
         body = parse_json(read_text(payload, "payload"), "payload")
         if not_before and delay:
             fail("delay: give either --delay or --not-before, not both")
@@ -113,6 +122,7 @@ def register(app: typer.Typer) -> None:
                     allow_missing=allow_missing,
                     delay=wait,
                     debounce=window,
+                    replace_finished=replacing,
                 )
             except DependencyError as exc:  # the library's advice, in the command's words
                 fail(str(exc).replace("allow_missing=True", "--allow-missing"))
@@ -120,6 +130,8 @@ def register(app: typer.Typer) -> None:
                 emit({**result.model_dump(mode="json"), "task": task_json(result.task)})
             else:
                 said = "published" if result.created else "exists, unchanged"
+                if result.replaced:
+                    said = "published anew"
                 if result.payload_updated:
                     said = "debounced"
                 typer.echo(f"{said}: {key} ({result.task.state.value})")
@@ -226,10 +238,36 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def cancel(
-        ctx: typer.Context, key: str, reason: str = "cancelled from the command line"
+        ctx: typer.Context,
+        key: Annotated[str | None, typer.Argument()] = None,
+        reason: str = "cancelled from the command line",
+        name: Annotated[
+            str | None, typer.Option(help="Every task of this name (with --yes), not one KEY.")
+        ] = None,
+        state: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="With --name: the states to cancel (pending and blocked unless given; "
+                "running too only when named); repeatable."
+            ),
+        ] = None,
+        yes: Annotated[
+            bool, typer.Option("--yes", help="With --name: cancel them (it asks for this).")
+        ] = False,
     ) -> None:
         """Cancel a task that has not finished; its running handlers are stopped. One that
-        has finished will not run again either: that is said, and the command succeeds."""
+        has finished will not run again either: that is said, and the command succeeds.
+        With --name, every task of that name in the --state states (pending and blocked by
+        default), which needs --yes."""
+        if name is not None:
+            _cancel_many(ctx, key, name, state, yes, reason)
+            return
+        if key is None:
+            fail("cancel: give the KEY of a task, or --name NAME (with --yes) for many")
+        if state:
+            fail("state: --state goes with --name")
+        if yes:
+            fail("yes: --yes goes with --name")
 
         async def work(sched: Scheduler) -> None:
             if await sched.cancel(key, reason):
@@ -312,6 +350,49 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"deleted {deleted} task(s)")
 
         run(ctx, work)
+
+
+def _cancel_many(
+    ctx: typer.Context,
+    key: str | None,
+    name: str,
+    states: list[str] | None,
+    yes: bool,
+    reason: str,
+) -> None:
+    """``cancel --name``: checked before connecting, and refused without ``--yes`` (it may
+    stop thousands of tasks, running ones too)."""
+    from ..models import TaskState
+
+    if key is not None:
+        fail("cancel: give a KEY or --name, not both")
+    chosen = states or ["pending", "blocked"]
+    known = [each.value for each in TaskState]
+    for each in chosen:
+        if each not in known:
+            fail(f"state: {each!r} is not one of {', '.join(known)}")
+    if not yes:
+        fail(f"yes: this cancels every {'/'.join(chosen)} task of {name!r}; add --yes to do it")
+
+    async def work(sched: Scheduler) -> int:
+        return await sched.cancel_many(name=name, states=chosen, reason=reason)
+
+    cancelled = run(ctx, work, flags={"states": "state"})
+    typer.echo(f"cancelled {cancelled} task(s) of {name}")
+
+
+def _finished_states(text: str) -> tuple[str, ...]:
+    """``--replace-finished``'s comma-separated states, checked before connecting."""
+    from ..models import finished_states_to_replace
+
+    states = tuple(part.strip() for part in text.split(",") if part.strip())
+    try:
+        finished_states_to_replace(states)
+    except ValueError as exc:
+        fail(str(exc).replace("replace_finished", "replace-finished", 1))
+    if not states:
+        fail("replace-finished: name at least one finished state (success, fail, cancelled)")
+    return states
 
 
 def _specs(lines: list[tuple[int, str]], name: str | None) -> list[Any]:

@@ -34,6 +34,7 @@ WORKER_FLAGS = {
     "shutdown_grace_ms": "grace",
     "claim_spread_ms": "claim-spread",
     "heartbeat_ms": "heartbeat",
+    "max_tasks": "max-tasks",
 }
 
 
@@ -96,10 +97,28 @@ def register(app: typer.Typer) -> None:
                 "timeout_ms is killed, not the worker.",
             ),
         ] = False,
+        burst: Annotated[
+            bool,
+            typer.Option(
+                "--burst",
+                envvar="MSCHEDULER_BURST",
+                help="Exit (0) once no task of its names may be claimed now and its running "
+                "tasks are done: a drain for CI jobs and cron. Tasks due later do not keep it.",
+            ),
+        ] = False,
+        max_tasks: Annotated[
+            int | None,
+            typer.Option(
+                envvar="MSCHEDULER_MAX_TASKS",
+                help="Exit (0) after this many tasks were run.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Run a consumer until SIGINT/SIGTERM: the first lets running tasks finish within
         --grace, then releases the rest; a second cancels them and releases them at once.
         `mscheduler workers stop ID [--now]` stops it the same way from anywhere (exit 0).
+        With --burst or --max-tasks it also exits 0 by itself once its work is done.
 
         TARGET is module:attribute, imported from the current directory: a mapping of task name
         to handler (async or plain functions), an ms.Handlers registry, or an object with
@@ -112,7 +131,9 @@ def register(app: typer.Typer) -> None:
 
         try:
             check_metrics_port(metrics_port)
-            chosen: dict[str, Any] = {"max_running": max_running}
+            chosen: dict[str, Any] = {"max_running": max_running, "burst": burst}
+            if max_tasks is not None:
+                chosen["max_tasks"] = max_tasks
             if worker_id:
                 chosen["worker_id"] = worker_id
             if poll_interval:
@@ -279,6 +300,12 @@ async def serve_worker(
                 async with consumer:  # returns once the change stream is open
                     task_status.started()
                     await consumer.wait_stopped()
+                    if consumer.done_by_itself is not None:
+                        typer.echo(
+                            f"worker {consumer.worker_id} done ({consumer.done_by_itself}): "
+                            f"{consumer.stats.claimed} task(s) run",
+                            err=True,
+                        )
                     if consumer.stopped_remotely:
                         typer.echo(
                             f"stop requested (mscheduler workers stop): "

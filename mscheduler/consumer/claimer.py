@@ -96,7 +96,11 @@ class Feed(Protocol):
     changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
     keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
     each turn of the claimer, whether work is due beyond the free slots, and `claimed` how many
-    tasks the claim of the admitted keys won of those it asked; `paused` names are never claimed."""
+    tasks the claim of the admitted keys won of those it asked; `paused` names are never claimed.
+    `out_of_work` (``burst`` or ``max_tasks`` only) is asked when this consumer runs nothing
+    and nothing in its heap is due: it stops the consumer and returns None when it is done,
+    else it has put what is claimable now in the heap and returns when to ask again if no
+    claim starts meanwhile."""
 
     @property
     def paused(self) -> set[str]: ...
@@ -106,6 +110,8 @@ class Feed(Protocol):
     def claimed(self, asked: int, won: int, now: dt.datetime) -> None: ...
 
     def observe(self, free_slots: int, due: bool) -> None: ...
+
+    async def out_of_work(self, now: dt.datetime) -> dt.datetime | None: ...
 
     async def fetch(self) -> None: ...
 
@@ -140,6 +146,10 @@ class Claimer:
         self._stats = stats
         self._wake = anyio.Event()
         self._uncertain_runs: list[str] = []  # claims that may have been applied unseen
+        # ``burst`` or ``max_tasks``: when to ask the feed again whether the work is done
+        # (`_done`); now after every run started or ended.
+        self._stops_by_itself = options.burst or options.max_tasks is not None
+        self._ask_done_at: dt.datetime | None = None
 
     def wake(self) -> None:
         """Something may be due sooner (a heap entry, a free slot): look again."""
@@ -157,6 +167,7 @@ class Claimer:
                 self._heap.nudge(waiting, now)
         if not written:
             self._heap.nudge(key, now)
+        self._ask_done_at = None
         self.wake()
 
     async def run(self) -> None:
@@ -178,6 +189,13 @@ class Claimer:
                     await self._feed.fetch()
                     continue
                 deadline = earliest if self._slots.free_slots > 0 else None
+                if self._stops_by_itself and not self._slots.running_keys:
+                    ask_at = await self._done(now)
+                    if ask_at is None:
+                        return  # the consumer is stopping
+                    if ask_at <= now:
+                        continue  # the heap was given what is claimable now
+                    deadline = ask_at if deadline is None else min(deadline, ask_at)
                 await self._clock.wait_until(deadline, wake)
                 continue
             # A claim in flight completes even if claiming stops meanwhile: the leases it won
@@ -186,6 +204,20 @@ class Claimer:
                 failed = await self._claim_due(now)
             if failed:  # the database is unreachable: look again after a delay
                 await sleep(self._clock, self._options.reconnect_delay(0))
+
+    async def _done(self, now: dt.datetime) -> dt.datetime | None:
+        """``burst`` or ``max_tasks``, with nothing running and nothing due in the heap: ask
+        the feed whether the work is done (None: it is stopping) or when to ask again. Asked
+        at once after a run started or ended (`slot_freed`, `_start`), else no sooner than
+        the feed said, so a task that looks claimable yet is not (an expired one not yet
+        cancelled, say) costs one read per interval, not a loop of reads."""
+        if self._ask_done_at is not None and self._ask_done_at > now:
+            return self._ask_done_at
+        if self._uncertain_runs:
+            return now  # recovered first: a lease of ours may be waiting to run
+        again = await self._feed.out_of_work(now)
+        self._ask_done_at = again
+        return again
 
     async def _claim_due(self, now: dt.datetime) -> bool:
         """Claim what is due; True when the database failed (the caller backs off)."""
@@ -280,6 +312,7 @@ class Claimer:
             self._start(lease)
 
     def _start(self, lease: Lease) -> None:
+        self._ask_done_at = None
         self._heap.discard(lease.key)
         self._stats.record("claimed", lease.task.name)
         takeover.report(lease, self._stats)

@@ -77,6 +77,8 @@ class Consumer:
         self._heap = ClaimHeap(self.options.heap_size)
         self._stop_requested = anyio.Event()
         self.stopped_remotely = False  # the stop came from `Scheduler.stop_worker`
+        # Why it stopped by itself (``burst``: nothing left; ``max_tasks``), else None.
+        self.done_by_itself: str | None = None
         self._limiter = Limiter(store)
         self._executor = Executor(
             store,
@@ -390,6 +392,65 @@ class Consumer:
     def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
         """`claimer.Feed`: what the claim of the admitted keys won (the spread policy)."""
         self._presence.spread.claimed(asked, won, now)
+
+    async def out_of_work(self, now: dt.datetime) -> dt.datetime | None:
+        """`claimer.Feed`, asked with nothing running and nothing due in the heap (``burst`` or
+        ``max_tasks``): stop, and return None, once ``max_tasks`` runs were started (and so
+        have ended), or, with ``burst``, once a fresh read finds no task of our unpaused
+        names that we may claim now (the heap, bounded and fed by events, may not hold every
+        one). Otherwise the tasks claimable now go to the heap (held by a limit, they wait
+        there for its window), and the claimer asks again after a poll interval unless a run
+        starts or ends first.
+
+        Invariant: the consumer stops only with no handler running and no claim in flight
+        (the claimer asks only then, from its own loop), so it exits as a graceful stop does."""
+        if self.options.max_tasks is not None and self._executor.started >= self.options.max_tasks:
+            self._done_by_itself("max_tasks")
+            return None
+        if self.options.burst:
+            due = await self._claimable_now(now)
+            if not due:
+                self._done_by_itself("burst")
+                return None
+            for task in due:
+                self.offer(task)
+        return now + dt.timedelta(milliseconds=self.options.poll_interval_ms)
+
+    async def _claimable_now(self, now: dt.datetime) -> list[Task]:
+        """The tasks of our unpaused names that we may claim at ``now``, of one page of those
+        claimable soonest (read again, retried until the database answers)."""
+        paused = self.paused
+        names = [name for name in self.names if name not in paused]
+        if not names:
+            return []
+        limit = min(self.options.heap_size, self.options.fetch_batch_size)
+        tasks = await retrying(
+            lambda: self._store.fetch(names, self.worker_id, limit, limit),
+            clock=self._clock,
+            delay=self.options.reconnect_delay,
+            logger=log,
+            action="fetch_retry",
+        )
+        held = self._executor.held_runs
+        due = []
+        for task in tasks:
+            when = task.next_claim_for(self.worker_id, now, held)
+            if when is not None and when <= now:
+                due.append(task)
+        return due
+
+    def _done_by_itself(self, reason: str) -> None:
+        self.done_by_itself = reason
+        log.info(
+            "consumer done by itself",
+            extra={
+                "action": "consumer_done",
+                "worker_id": self.worker_id,
+                "reason": reason,
+                "runs": self._executor.started,
+            },
+        )
+        self.stop()
 
     def observe(self, free_slots: int, due: bool) -> None:
         """`claimer.Feed`: the spread policy sees the claimer's free slots and due work."""

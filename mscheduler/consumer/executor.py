@@ -143,6 +143,7 @@ class Executor:
         self._freed = freed
         self._gate = gate  # a start, a local retry's too, counts against its name's rate
         self._running: dict[str, _Running] = {}
+        self.started = 0  # leases handed to `start`: what ``max_tasks`` counts
         self._calls = HandlerCalls(handlers, options, clock, stats)
         self._ping_wake = anyio.Event()
         self._idle = anyio.Event()
@@ -150,10 +151,14 @@ class Executor:
 
     @property
     def free_slots(self) -> int:
-        """An abandoned handler still runs: it keeps its slot until it returns."""
+        """An abandoned handler still runs: it keeps its slot until it returns. With
+        ``max_tasks``, no more slots than runs left to start."""
         abandoned = self._calls.abandoned
         held = len(self._running) + sum(1 for key in abandoned if key not in self._running)
-        return self._options.max_running - held
+        free = self._options.max_running - held
+        if self._options.max_tasks is not None:
+            free = min(free, self._options.max_tasks - self.started)
+        return free
 
     def holds(self, key: str) -> bool:
         """Whether ``key`` is one this worker runs (or abandoned, still running)."""
@@ -190,6 +195,7 @@ class Executor:
 
     def start(self, lease: Lease) -> None:
         assert self._task_group is not None, "Executor.bind() first"
+        self.started += 1
         now = self._clock.now()
         options = lease.task.options
         self._running[lease.key] = _Running(

@@ -159,11 +159,12 @@ def create_app(
         responses={200: {"description": "the existing task of that key (nothing changed)"}},
     )
     async def publish(body: b.PublishBody, response: Response) -> b.Task:
-        """Publish a task, idempotently by key: 201 with the task created, 200 with the one
-        that had the key already."""
+        """Publish a task, idempotently by key: 201 with the task created (or, with
+        ``replace_finished``, a finished one published anew), 200 with the one that had the
+        key already."""
         payload = from_extended(body.payload, "payload")
         result = await scheduler.publish(body.key, payload, name=body.name, **body.params())
-        if not result.created:
+        if not (result.created or result.replaced):
             response.status_code = 200
         return task_json(result.task)
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, cast, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from ..consumer.owner import MAX_TASKS
-from ..models import PublishParams, StatsRow, TaskOptions, UtcDatetime
+from ..models import (
+    PublishParams,
+    ReplaceFinished,
+    StatsRow,
+    TaskOptions,
+    TaskState,
+    UtcDatetime,
+    finished_states_to_replace,
+)
 
 Task = dict[str, Any]  # `encoding.task_json`: the document's fields, as JSON
 _LONGEST_MS = 7 * 24 * 3600 * 1000
@@ -55,6 +63,11 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _replace_finished(value: bool | list[TaskState]) -> bool | list[TaskState]:
+    finished_states_to_replace(value)  # refuses a state that is not a finished one
+    return value
+
+
 # How each type of publish parameter travels as JSON: its body field's suffix, type and
 # bounds, and how the field's value becomes the parameter. A duration is whole milliseconds
 # (``delay`` is ``delay_ms``), as every duration of the API is.
@@ -69,6 +82,13 @@ _JSON_FORMS: list[tuple[Any, str, Any, Callable[[], Any], Callable[[Any], Any]]]
     (TaskOptions | None, "", TaskOptions | None, lambda: Field(default=None), _same),
     (Sequence[str] | None, "", list[str] | None, lambda: Field(default=None), _same),
     (bool, "", bool, lambda: Field(default=False), _same),
+    (
+        ReplaceFinished,
+        "",
+        Annotated[bool | list[TaskState], AfterValidator(_replace_finished)],
+        lambda: Field(default=False),
+        _same,
+    ),
 ]
 _FROM_BODY: dict[str, tuple[str, Callable[[Any], Any]]] = {}
 

@@ -195,15 +195,21 @@ def quick_success(result: Any, now: dt.datetime) -> Document:
 
 
 def fail_update(
-    worker_id: str, run_id: str, error: ErrorInfo, now: dt.datetime, *, final: bool = False
+    worker_id: str,
+    run_id: str,
+    error: ErrorInfo,
+    now: dt.datetime,
+    *,
+    spread: float = 0.0,
+    final: bool = False,
 ) -> Pipeline:
     """A handler failure counts against the retries and delays the next claim
-    (`retry_delay.after_failure`).
+    (`retry_delay.after_failure`, its jitter drawn as ``spread``: `retry_delay.draw_spread`).
     ``final`` (the handler raised `Abort`) ends the task as failed whatever retries are left."""
     return [
         sweep_expired(now),
         _end_own_state(worker_id, run_id, FAIL, now, error=literal(error.model_dump())),
-        retry_delay.after_failure(now),
+        retry_delay.after_failure(now, spread),
         *([{"$set": {"state": TaskState.FAIL.value}}] if final else []),
         *recompute(now, run_id),
     ]

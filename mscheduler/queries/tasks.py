@@ -666,6 +666,13 @@ def cancel_filter(key: str) -> Document:
     return {"key": key, "state": {"$nin": TERMINAL}}
 
 
+def cancel_many_filter(name: str, states: Sequence[str]) -> Document:
+    """`Scheduler.cancel_many`: the tasks of ``name`` in ``states`` (unfinished ones, which
+    the caller checked: a task that ended meanwhile no longer matches, and is left as it
+    ended). Served by ``claim_time`` (name, state)."""
+    return {"name": name, "state": {"$in": list(states)}}
+
+
 def cancel_update(reason: str, now: dt.datetime) -> Pipeline:
     """Cancelled is terminal: `recompute` releases the running states, so their holders'
     next ping fails with `LeaseLost` and their handlers are cancelled."""

@@ -26,7 +26,13 @@ from pymongo import UpdateOne
 from .. import context
 from ..collection import TasksCollection
 from ..encoding import check_result
-from ..errors import ConfigurationError, DependencyError, LeaseLost, PreconditionFailed
+from ..errors import (
+    ConfigurationError,
+    DependencyError,
+    LeaseLost,
+    PreconditionFailed,
+    TaskRunning,
+)
 from ..models import (
     Lease,
     PublishResult,
@@ -84,7 +90,9 @@ async def _check_names(
     clashes = [
         f"{spec.key!r} names a task of name {existing[spec.key].name!r}, not {spec.name!r}"
         for spec in specs
-        if spec.key in existing and existing[spec.key].name != spec.name
+        if spec.key in existing
+        and existing[spec.key].name != spec.name
+        and existing[spec.key].state not in spec.replace_finished
     ]
     if clashes:
         raise ConfigurationError(f"publish: nothing written; key {'; key '.join(clashes)}")
@@ -129,14 +137,37 @@ async def _publish_many(
         await store.ready()
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
+        replaces = _replaces(ordered, existing)
 
         async def write(collection: TasksCollection) -> list[PublishResult]:
             with store.bound(collection):
+                if replaces:  # each spec as `publish` does it, in order: see `_replaces`
+                    return await _publish_all(store, ordered)
                 if any(spec.depends_on for spec in ordered):
                     return await _publish_flow(store, ordered, now, drafts)
                 return await _publish_flat(store, ordered, existing, now, drafts)
 
         return await run_atomically(store.collection, write)
+
+
+def _replaces(specs: Sequence[PublishSpec], existing: Mapping[str, Task]) -> bool:
+    """Whether the batch publishes anew a finished task it names (``replace_finished``).
+    Such a batch is written one spec at a time, in dependency order, as `publish` writes each
+    (a replaced task's dependents in the batch then wait for its new run): a round trip per
+    task, paid only by a batch that replaces. A spec that would replace a running task is
+    refused here, before anything is written (`TaskRunning`), as `publish` refuses it."""
+    replaces = False
+    for spec in specs:
+        task = existing.get(spec.key)
+        if task is None or not spec.replace_finished:
+            continue
+        if task.state is TaskState.RUNNING:
+            raise TaskRunning(
+                f"publish_many: nothing written; task {spec.key!r} is running, it cannot be "
+                "replaced now"
+            )
+        replaces = replaces or task.state in spec.replace_finished
+    return replaces
 
 
 async def _upsert(store: WholeStore, documents: Mapping[str, Document]) -> set[str]:

@@ -14,7 +14,16 @@ from .. import layout
 from ..clock import to_bson_time
 from ..encoding import check_document_size
 from ..errors import ConfigurationError, StoreError, TaskNotFound
-from ..models import PublishResult, StatsRow, Task, TaskOptions, TaskState, check_key, checked
+from ..models import (
+    PublishResult,
+    StatsRow,
+    Task,
+    TaskOptions,
+    TaskState,
+    check_key,
+    check_name,
+    checked,
+)
 from ..queries import flows as fq
 from ..queries import tasks as q
 from ..specs import PublishSpec
@@ -41,12 +50,12 @@ def _cancelled_by(task: Task, dependency: str) -> bool:
     )
 
 
-def parse_state(value: str) -> TaskState:
+def parse_state(value: str | TaskState, field: str = "state") -> TaskState:
     try:
         return TaskState(value)
     except ValueError:
         known = ", ".join(state.value for state in TaskState)
-        raise ConfigurationError(f"state: {value!r} is not one of {known}") from None
+        raise ConfigurationError(f"{field}: {value!r} is not one of {known}") from None
 
 
 class Operations:
@@ -81,6 +90,42 @@ class Operations:
             log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
             await store.tasks.after_write(Task.model_validate(found))
         return found is not None
+
+    @driver_errors
+    async def cancel_many(
+        self, name: str, states: Sequence[str | TaskState], reason: str = "cancelled"
+    ) -> int:
+        """Cancel every task of ``name`` in one of ``states`` (unfinished states only) in one
+        write; how many it cancelled. Their holders hear of it as of `cancel` (the write wakes
+        them); the dependents of those that have some are then told, as after `cancel`, by the
+        catch-up that tells those of any finished task not told yet
+        (`TaskStore.recover_dependents`).
+        A task that changed state meanwhile is cancelled only if its state is still one of
+        ``states`` when the write reaches it: each document is matched and written at once."""
+        name = checked(check_name, name)
+        if isinstance(states, str) or not states:
+            raise ConfigurationError(f"states: expected a non-empty list of states, got {states!r}")
+        chosen = [parse_state(state, "states") for state in states]
+        finished = sorted(state.value for state in chosen if state.is_terminal)
+        if finished:
+            raise ConfigurationError(
+                f"states: only unfinished tasks can be cancelled (pending, blocked, running), "
+                f"not {finished}"
+            )
+        store = self._store
+        await store.ready()
+        result = await store.collection.update_many(
+            q.cancel_many_filter(name, [state.value for state in chosen]),
+            q.cancel_update(reason, store.clock.now()),
+        )
+        cancelled = int(result.modified_count)
+        if cancelled:
+            log.info(
+                "tasks cancelled",
+                extra={"action": "tasks_cancelled", "task_name": name, "count": cancelled},
+            )
+            await store.tasks.recover_dependents()
+        return cancelled
 
     @driver_errors
     async def set_options(self, key: str, options: TaskOptions) -> Task | None:

@@ -222,7 +222,7 @@ class Publisher:
     ) -> PublishResult | Task:
         """Publish onto an existing task. Returns the result, or the re-read task to retry on."""
         key, update_payload, replace_finished = task.key, spec.update_payload, spec.replace_finished
-        if replace_finished and task.state.is_terminal:
+        if task.state in replace_finished:
             query = q.replace_finished_filter(key, task.version)
             replaced = await self._replace(task, document, query)
             if replaced is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,13 @@ from .finishes import Quiet, lease_lost
 from .flows import Flows
 
 log = logging.getLogger(__name__)
+
+
+def _draw_spread() -> float:
+    """A failure's draw of its retry's jitter: uniform in [-1, 1], scaled on the server by the
+    task's ``retry_jitter`` (`queries.retry_delay`). Drawn here, by the writer, because the
+    server's ``$rand`` is not evaluated by every engine the queries run on."""
+    return random.uniform(-1.0, 1.0)
 
 
 class TaskStore:
@@ -372,7 +380,14 @@ class TaskStore:
         now = self.clock.now()
         task = await self._finish_write(
             lease,
-            lq.fail_update(lease.worker_id, lease.run_id, info, now, final=final),
+            lq.fail_update(
+                lease.worker_id,
+                lease.run_id,
+                info,
+                now,
+                spread=_draw_spread(),
+                final=final,
+            ),
             now,
             WorkerStateKind.FAIL,
         )

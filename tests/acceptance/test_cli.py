@@ -85,6 +85,37 @@ def test_publish_show_cancel(uri: str):
     assert code == 0 and out == "already finished: k (cancelled)\n"
 
 
+def test_publish_replaces_a_finished_task_by_its_state(uri: str):
+    fill(uri)  # sms:1 failed
+    code, out, _ = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "cancelled")
+    assert code == 0 and out == "exists, unchanged: sms:1 (fail)\n"
+    code, out, _ = cli(
+        uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "fail,cancelled"
+    )
+    assert code == 0 and out == "published anew: sms:1 (pending)\n"
+    code, _, err = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", "running")
+    assert code == 2 and "replace-finished: 'running' is not a finished state" in err
+    code, _, err = cli(uri, "publish", "sms:1", "--name", "sms", "--replace-finished", ",")
+    assert code == 2 and "replace-finished" in err
+
+
+def test_cancel_every_task_of_a_name(uri: str):
+    fill(uri)  # email:1 and email:2 pending, sms:1 failed
+    code, _, err = cli(uri, "cancel", "--name", "email")
+    assert code == 2 and err.startswith("error: yes: this cancels every pending/blocked task")
+    assert "--yes" in err
+    code, _, err = cli(uri, "cancel", "--name", "email", "--state", "success", "--yes")
+    assert code == 2 and err.startswith("error: state: only unfinished tasks can be cancelled")
+    code, out, _ = cli(uri, "cancel", "--name", "email", "--yes")
+    assert code == 0 and out == "cancelled 2 task(s) of email\n"
+    code, out, _ = cli(uri, "ls", "--name", "email", "--state", "cancelled", "--json")
+    assert sorted(t["key"] for t in json.loads(out)) == ["email:1", "email:2"]
+    code, out, _ = cli(uri, "cancel", "--name", "email", "--state", "running", "--yes")
+    assert code == 0 and out == "cancelled 0 task(s) of email\n"
+    code, _, err = cli(uri, "cancel", "email:1", "--name", "email", "--yes")
+    assert code == 2 and "give a KEY or --name, not both" in err
+
+
 def test_retry_failed_and_purge(uri: str):
     fill(uri)
     code, out, _ = cli(uri, "retry", "--failed")

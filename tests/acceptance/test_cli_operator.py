@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -201,6 +202,47 @@ def test_workers_stop_lets_the_running_task_finish_then_the_worker_exits_0(uri: 
     assert worker_states(uri, "nap:1").state is ms.TaskState.SUCCESS
     assert worker_states(uri, "e:after").state is ms.TaskState.PENDING
     assert json.loads(ok(cli(uri, "workers", "--json"))) == []
+
+
+def test_a_burst_worker_drains_what_is_due_and_exits_0(uri: str):
+    publish(uri, ("e:1", "echo", 1), ("e:2", "echo", 2), ("bad:1", "boom", "novalue"))
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    ok(cli(uri, "publish", "e:later", "--name", "echo", "--not-before", later.isoformat()))
+    done = subprocess.run(
+        [str(BIN), "--uri", uri, "worker", HANDLERS, "--burst", "--worker-id", "w-burst"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "MSCHEDULER_POLL_INTERVAL": "50ms"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "worker w-burst done (burst): 3 task(s) run" in done.stderr
+    states = {key: worker_states(uri, key).state for key in ("e:1", "e:2", "bad:1", "e:later")}
+    assert states == {
+        "e:1": ms.TaskState.SUCCESS,
+        "e:2": ms.TaskState.SUCCESS,
+        "bad:1": ms.TaskState.FAIL,
+        "e:later": ms.TaskState.PENDING,  # due in an hour: not waited for
+    }
+
+
+def test_max_tasks_exits_0_after_that_many_runs(uri: str):
+    publish(uri, *((f"e:{n}", "echo", n) for n in range(4)))
+    done = subprocess.run(
+        [str(BIN), "--uri", uri, "worker", HANDLERS, "--max-tasks", "2", "--max-running", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "MSCHEDULER_POLL_INTERVAL": "50ms"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "done (max_tasks): 2 task(s) run" in done.stderr
+    finished = Counter(worker_states(uri, f"e:{n}").state for n in range(4))
+    assert finished == {ms.TaskState.SUCCESS: 2, ms.TaskState.PENDING: 2}
+    refused = cli(uri, "worker", HANDLERS, "--max-tasks", "0")
+    one_line_error(refused, "error: max-tasks: must be at least 1")
 
 
 def test_workers_stop_now_releases_the_running_task_and_the_worker_exits_0(uri: str):

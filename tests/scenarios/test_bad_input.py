@@ -32,6 +32,10 @@ def test_the_task_option_defaults_are_the_documented_ones():
         ({"specific_worker_ids": [""]}, "worker_id must be a non-empty string"),
         ({"priority": "high"}, "priority"),
         ({"retries": 3}, "retries"),
+        ({"retry_backoff": 0.5}, "retry_backoff"),
+        ({"retry_backoff_max_ms": 0}, "retry_backoff_max_ms"),
+        ({"retry_jitter": -0.1}, "retry_jitter"),
+        ({"retry_jitter": 1.5}, "retry_jitter"),
     ],
 )
 def test_invalid_options_name_the_field(fields: dict[str, Any], message: str):

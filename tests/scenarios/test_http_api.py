@@ -102,6 +102,8 @@ async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
         ({"key": "k", "name": "job", "options": {"priority": "high"}}, "priority"),
         ({"key": "k", "name": "job", "surprise": 1}, "surprise"),
         ({"key": "k", "name": "job", "depends_on": ["missing"]}, "missing"),
+        ({"key": "k", "name": "job", "replace_finished": ["running"]}, "replace_finished"),
+        ({"key": "k", "name": "job", "replace_finished": "fail"}, "replace_finished"),
     ],
 )
 async def test_a_bad_body_is_422_naming_the_field_and_writes_nothing(
@@ -112,6 +114,22 @@ async def test_a_bad_body_is_422_naming_the_field_and_writes_nothing(
     assert reply.json()["error"] == "invalid" and field in reply.json()["message"]
     assert "\n" not in reply.json()["message"]
     assert await scheduler.list_tasks() == []
+
+
+async def test_publish_replaces_a_finished_task_by_its_state(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler
+):
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("k", {"run": 1}, name="job", options=once)
+    lease = await scheduler.store.tasks.claim("w1", key="k")
+    assert lease is not None
+    await scheduler.store.tasks.fail(lease, RuntimeError("boom"))
+    body = {"key": "k", "name": "job", "payload": {"run": 2}}
+    kept = await client.post("/v1/tasks", json={**body, "replace_finished": ["cancelled"]})
+    assert kept.status_code == 200 and kept.json()["state"] == "fail"
+    anew = await client.post("/v1/tasks", json={**body, "replace_finished": ["fail", "cancelled"]})
+    assert anew.status_code == 201
+    assert (anew.json()["state"], anew.json()["payload"]) == ("pending", {"run": 2})
 
 
 async def test_own_extend_and_succeed_over_http(client: httpx.AsyncClient):

@@ -45,6 +45,27 @@ def test_chain_group_and_chord_fill_in_the_edges():
     assert {s.key: s.depends_on for s in fan_in.specs}["z"] == ("x", "y")
 
 
+def test_an_empty_chord_is_its_body_alone():
+    body = spec("join", depends_on=("earlier",))
+    for header in ([], (), iter([])):
+        flow = ms.chord(header, body)
+        assert flow.specs == (body,) and flow.heads == ("join",) and flow.tails == ("join",)
+    with pytest.raises(ValueError, match="at least one step"):
+        ms.group()  # a group or a chain of nothing is still refused
+
+
+async def test_an_empty_chord_runs_its_body_at_once(scheduler: ms.Scheduler):
+    parts: list[ms.TaskSpec] = []  # a fan-out over a list that turned out empty
+    flow = ms.chain(spec("start"), ms.chord(parts, spec("join")))
+    results = await scheduler.publish_many(flow)
+    assert [r.task.key for r in results] == ["start", "join"]
+    join = results[1].task
+    assert join.depends_on == ["start"], "the join waits for what came before, nothing more"
+    assert await run_all(scheduler) == ["start", "join"]
+    [alone] = await scheduler.publish_many(ms.chord([], spec("alone")))
+    assert alone.task.state is S.PENDING and alone.task.depends_on == []
+
+
 async def test_chord_of_fifty_runs_the_join_last(scheduler: ms.Scheduler):
     parts = [spec(f"part:{n}") for n in range(50)]
     results = await scheduler.publish_many(ms.chord(parts, spec("join")))

@@ -60,6 +60,7 @@ SAMPLES: dict[str, Any] = {
     "run_id": "run-of-w1",
     "now": NOW,
     "delay_s": 5.0,
+    "spread": 0.5,
     "finished_before": NOW,
     "retry_at": NOW + dt.timedelta(seconds=30),
     "version": 2,

@@ -3,6 +3,8 @@ Applied to the memory server's own copy of mongomock's engine (`engine`), never 
 
 - ``$add`` of a date and milliseconds gives a date (mongomock only adds numbers), and
   evaluates its operands once;
+- ``$trunc`` takes MongoDB's array form, ``[number]`` (its decimal place left out; mongomock
+  takes a bare number only, which the wire tier's engine refuses);
 - the elements of an array literal are evaluated as expressions (mongomock stores them
   unevaluated), and a date in a pipeline (or under ``$literal``) is the date as stored
   (naive UTC to the millisecond): an update pipeline's dates are converted as it is
@@ -36,6 +38,8 @@ def apply(aggregate: Any) -> None:
 def _arithmetic_with_dates(original: Any) -> Any:
     @functools.wraps(original)
     def handle(self: Any, operator: str, values: Any) -> Any:
+        if operator == "$trunc" and isinstance(values, (list, tuple)) and len(values) == 1:
+            values = values[0]
         if operator == "$add" and isinstance(values, (list, tuple)):
             parsed = list(self.parse_many(values))
             dates = [v for v in parsed if isinstance(v, dt.datetime)]
