@@ -762,3 +762,32 @@ def test_a_window_full_of_held_starts_is_asked_again_after_per_not_after_the_hol
     confirmed = {"id": "a", "until": now + dt.timedelta(milliseconds=300)}
     limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [confirmed]})
     assert limit.free_at(now) == now + dt.timedelta(milliseconds=300)
+
+
+async def test_the_slot_of_a_consumer_that_vanished_frees_with_its_lease(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
+):
+    """A consumer dies while it runs a task under ``max_running=1`` (nothing it would write
+    after that lands): once its lease expires (``worker_timeout_ms``), the task is taken over
+    and the slot is free for it, without waiting for any longer life of the slot."""
+    await scheduler.set_limit("render", max_running=1)
+    fast = ms.TaskOptions(worker_timeout_ms=2_000, ping_interval_ms=500)
+    for n in range(2):
+        await scheduler.publish(f"r{n}", n, name="render", options=fast)
+    dying = ms.Scheduler(scheduler.collection, clock=clock)
+
+    async def lost(*args: Any, **kwargs: Any) -> None:
+        """The process is gone: its slot's release never lands."""
+
+    dying.store.limits.release = lost  # type: ignore[method-assign]
+    runs = _Concurrency()
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(dying.consumer({"render": runs.handler}, options=worker()).run)
+        await discover()
+        assert runs.started == ["r0"]
+        task_group.cancel_scope.cancel()  # killed: its lease is left to expire
+    clock.advance(1.9)
+    assert await scheduler.own(["render"], worker_id="w2") == []
+    clock.advance(0.2)
+    [taken] = await scheduler.own(["render"], worker_id="w2")
+    assert taken.key == "r0"
