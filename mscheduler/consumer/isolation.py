@@ -31,6 +31,7 @@ import logging
 import pickle
 import signal
 import subprocess
+from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
 import anyio
@@ -86,9 +87,12 @@ class _Child:
         log.debug("isolated handlers' process %d started", process.pid)
         return cls(process)
 
-    async def call(self, isolated: Isolated, lease: Lease) -> tuple[bool, Any, int]:
+    async def call(
+        self, isolated: Isolated, lease: Lease, started: Callable[[], None]
+    ) -> tuple[bool, Any, int]:
         """Run the handler: (returned?, its result or exception, resident bytes after).
-        Progress reports are passed to ``lease`` as they come."""
+        ``started`` is called as the child begins the handler; progress reports are passed
+        to ``lease`` as they come."""
         crossing = Lease(
             key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=lease.task
         )
@@ -96,7 +100,9 @@ class _Child:
         while True:
             message = await self._receive()
             kind = message[0]
-            if kind == "progress":
+            if kind == "started":
+                started()
+            elif kind == "progress":
                 await lease.progress(message[1], message[2])
             elif kind == "return":
                 return True, message[1], message[2]
@@ -163,12 +169,14 @@ class ProcessPool:
         """The process ids of the children alive now, idle or running a handler."""
         return {child.pid for child in self._children}
 
-    async def run(self, isolated: Isolated, lease: Lease) -> Any:
+    async def run(self, isolated: Isolated, lease: Lease, started: Callable[[], None]) -> Any:
         """Run ``isolated`` for ``lease`` in a child: its result, or its exception re-raised.
-        A child that died raises `HandlerProcessDied`; cancelled, the child is killed."""
+        ``started``: called as the child begins the handler (a cold child starts later than
+        the call, and a start counts against a rate from the handler's real start). A child
+        that died raises `HandlerProcessDied`; cancelled, the child is killed."""
         child = await self._lend()
         try:
-            returned, value, resident = await child.call(isolated, lease)
+            returned, value, resident = await child.call(isolated, lease, started)
         except BaseException:
             self._children.discard(child)
             await child.kill()

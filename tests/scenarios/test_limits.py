@@ -172,12 +172,12 @@ async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
     sched = ms.Scheduler(scheduler.collection, clock=clock)
     acquire, calls = sched.store.limits.acquire, 0
 
-    async def second_fails(name: str, until: dt.datetime) -> Any:
+    async def second_fails(name: str, until: dt.datetime, **token: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise BackendUnavailable("MongoDB is unreachable: connection reset")
-        return await acquire(name, until)
+        return await acquire(name, until, **token)
 
     sched.store.limits.acquire = second_fails  # type: ignore[method-assign]
     async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
@@ -321,10 +321,10 @@ async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(
     sched = ms.Scheduler(scheduler.collection, clock=clock)
     acquire, calls = sched.store.limits.acquire, 0
 
-    async def counted(name: str, until: dt.datetime) -> Any:
+    async def counted(name: str, until: dt.datetime, **token: Any) -> Any:
         nonlocal calls
         calls += 1
-        return await acquire(name, until)
+        return await acquire(name, until, **token)
 
     sched.store.limits.acquire = counted  # type: ignore[method-assign]
     async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
