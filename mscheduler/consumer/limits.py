@@ -97,6 +97,8 @@ class Limiter:
         self.blocked: dict[str, dt.datetime] = {}  # name -> when its limit frees
         self._held: dict[str, _Slot] = {}  # key -> the slot its run holds
         self._uncertain: dict[str, str] = {}  # run_id (its token) -> name
+        # key -> whether its run still runs, while its adoption is written (`_adopt`)
+        self._adopting: dict[str, bool] = {}
         self._wake = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._releasing = 0
@@ -142,9 +144,16 @@ class Limiter:
                 unslotted.setdefault(lease.task.name, {})[lease.run_id] = lease
         for name, leases in unslotted.items():
             untils = {run_id: _lease_end(lease, now) for run_id, lease in leases.items()}
-            await self._store.limits.adopt(name, untils)
-            for run_id, lease in leases.items():
-                self._hold(lease, name, now, untils[run_id], start=None)
+            for lease in leases.values():
+                self._adopting[lease.key] = True
+            try:
+                await self._store.limits.adopt(name, untils)
+            finally:
+                for run_id, lease in leases.items():
+                    if self._adopting.pop(lease.key, False):
+                        self._hold(lease, name, now, untils[run_id], start=None)
+                    else:  # its run ended during the write: the slot it was given frees
+                        self._spawn(functools.partial(self._release, name, run_id))
 
     def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None:
         """When the consumer may try ``task`` (claimable from ``when``): a limited name's
@@ -405,6 +414,8 @@ class Limiter:
     def ended(self, key: str) -> str | None:
         """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its
         start still counts in the window). Returns the name whose slot freed, if any."""
+        if key in self._adopting:
+            self._adopting[key] = False  # the adoption being written frees its slot after
         slot = self._held.pop(key, None)
         if slot is None:
             return None

@@ -337,7 +337,13 @@ class Owner:
         until = None
         if length is not None:
             until = self._clock.now() + _timedelta(length, "lease", minimum=_MIN_LEASE)
-        task = await self._store.tasks.ping(lease, until)
+        try:
+            task = await self._store.tasks.ping(lease, until)
+        except LeaseLost:
+            # Cancelled, deleted or taken over: the run is over, so is its slot (a taken over
+            # one lapsed already; a cancelled task's would block its name until the lease's end).
+            await self._free_slot(lease)
+            raise
         extended = Lease(key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=task)
         extended._slot, extended._slot_seen = lease._slot, lease._slot_seen
         slot = self._slot_of(lease)

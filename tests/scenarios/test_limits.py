@@ -791,3 +791,35 @@ async def test_the_slot_of_a_consumer_that_vanished_frees_with_its_lease(
     clock.advance(0.2)
     [taken] = await scheduler.own(["render"], worker_id="w2")
     assert taken.key == "r0"
+
+
+async def test_a_run_that_ends_while_its_slot_is_being_adopted_leaves_no_slot_behind(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
+):
+    """A limit is set while a task runs: its consumer gives the run a slot, and the run ends
+    before that write lands. The slot frees with it, and the next task starts."""
+    await scheduler.publish("r0", 0, name="render")
+    runs = _Concurrency()
+    sched = ms.Scheduler(scheduler.collection, clock=clock)
+    adopt = sched.store.limits.adopt
+
+    async def run_ends_first(name: str, untils: Any) -> None:
+        runs.gates["r0"].set()
+        await until_idle()  # the run ends, and its end is handled, before the write
+        await adopt(name, untils)
+
+    sched.store.limits.adopt = run_ends_first  # type: ignore[method-assign]
+    async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        assert runs.started == ["r0"]
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        await scheduler.publish("r1", 1, name="render")
+        for _ in range(3):
+            await discover()
+            clock.advance(1)
+        await discover()
+        assert runs.started == ["r0", "r1"]
+        runs.gates["r1"].set()
+        await discover()
+    assert await _live_slots(scheduler, "render", clock.now()) == 0

@@ -487,3 +487,18 @@ async def test_the_slot_of_a_vanished_owner_frees_with_its_lease(
     clock.advance(0.2)
     [taken] = await scheduler.own(["job"], worker_id="w")
     assert taken.key == "t0"
+
+
+async def test_a_lease_lost_to_a_cancel_frees_its_slot_when_its_worker_learns_of_it(
+    scheduler: ms.Scheduler,
+):
+    """A task owned under ``max_running=1`` is cancelled: the worker's next extend finds the
+    lease gone, and the name's slot is free at once, not at the end of the lease."""
+    await scheduler.set_limit("job", max_running=1)
+    await _publish(scheduler, 2)
+    [lease] = await scheduler.own(["job"], worker_id="w", lease=3600 * SECONDS)
+    assert await scheduler.cancel(lease.key)
+    with pytest.raises(LeaseLost):
+        await scheduler.extend(lease, 3600 * SECONDS)
+    [second] = await scheduler.own(["job"], worker_id="w")
+    assert second.key == "t1"
