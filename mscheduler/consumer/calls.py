@@ -21,6 +21,7 @@ from ..clock import Clock
 from ..errors import TaskTimeout
 from ..models import ErrorInfo, Lease, Task
 from ..worker_options import WorkerOptions
+from .batching import Batcher
 from .handlers import HandlerSpec
 from .isolation import ProcessPool
 from .stats import ConsumerStats
@@ -100,6 +101,8 @@ class HandlerCalls:
                 if spec.isolated is not None:
                     lease = context.current_lease()
                     return await self.children.run(spec.isolated, lease, started)
+                if isinstance(spec.function, Batcher):  # its group's call is its start
+                    return await spec.function(task, started)
                 started()
                 if spec.is_async:
                     return await spec.function(task)
