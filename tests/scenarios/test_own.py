@@ -299,8 +299,8 @@ async def test_while_the_control_hub_watches_own_reads_no_controls(
 async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
     scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
 ):
-    """A lease owned here knows it holds no limit slot: no read of the limits, whether or not
-    a hub keeps them."""
+    """On the tasks, one fenced write each, and never a read of the limits: a slot the lease
+    may hold is extended or freed by its run_id, not looked up."""
     await _publish(scheduler, 2)
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
@@ -502,3 +502,44 @@ async def test_a_lease_lost_to_a_cancel_frees_its_slot_when_its_worker_learns_of
         await scheduler.extend(lease, 3600 * SECONDS)
     [second] = await scheduler.own(["job"], worker_id="w")
     assert second.key == "t1"
+
+
+async def test_while_the_control_hub_watches_a_lease_without_a_slot_writes_none(
+    scheduler: ms.Scheduler,
+    discover: Callable[[], Awaitable[None]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A name without a limit pays nothing for limits: while the process's control hub
+    watches (here a consumer runs it) and hears no change, extending and ending a lease that
+    took no slot writes no slot; after a limit is set, the same lease's end frees the slot
+    the limit gave it."""
+    await _publish(scheduler, 3)
+    writes: list[str] = []
+    for method in ("extend", "release"):
+        original = getattr(scheduler.store.limits, method)
+
+        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
+            writes.append(_name)
+            return await _original(*args)
+
+        monkeypatch.setattr(scheduler.store.limits, method, counted)
+
+    async def other(task: ms.Task) -> None: ...
+
+    async with scheduler.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")):
+        await discover()
+        first, second, third = await scheduler.own(["job"], worker_id="w", max_tasks=3)
+        first = await scheduler.extend(first, 30 * SECONDS)
+        await scheduler.succeed(first)
+        assert writes == []
+        await scheduler.set_limit("job", max_running=1)  # counts the two still running
+        await scheduler.succeed(second)
+        assert writes == ["release"]
+        await scheduler.succeed(third)
+    assert await _live_slots(scheduler, "job") == 0
+
+
+async def _live_slots(sched: ms.Scheduler, name: str) -> int:
+    limit = (await sched.limits()).get(name)
+    now = sched.store.clock.now()
+    return 0 if limit is None else len([s for s in limit.slots if s.until and s.until > now])
