@@ -307,25 +307,20 @@ class Owner:
             for name in (name for name in active if name in limits):
                 if len(leases) >= max_tasks:
                     break
-                first = len(leases)
-                try:
-                    blocked = await self._limiter.claim_up_to(
-                        worker_id,
-                        name,
-                        max_tasks - len(leases),
-                        [],
-                        leases,
-                        pulled=True,
-                        length=length,
-                    )
-                finally:
-                    await self._limiter.handed_out(name, leases[first:])
+                blocked = await self._limiter.claim_up_to(
+                    worker_id, name, max_tasks - len(leases), [], leases, pulled=True, length=length
+                )
                 if blocked is not None:
                     freed = blocked if freed is None else min(freed, blocked)
         except BackendUnavailable as exc:
             if not leases:
                 raise
             log.warning(str(exc), extra={"action": "own_partial", "leases": len(leases)})
+        finally:
+            # As the leases go to their worker, who starts at once: their starts count from
+            # now, their slots live as long as they do.
+            for name in limits:
+                await self._limiter.handed_out(name, [ls for ls in leases if ls._slot == name])
         for lease in leases:
             lease._slot_seen = stamp
             takeover.report(lease)
