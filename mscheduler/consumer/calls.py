@@ -69,6 +69,12 @@ class HandlerCalls:
         # claim those keys again until they return.
         self.abandoned: dict[str, asyncio.Task[Any]] = {}
 
+    async def prepare(self, task: Task) -> None:
+        """Before the start of ``task``'s handler is taken: an isolated handler's child is
+        started now if none is idle (a cold start takes long, and must not come between)."""
+        if self._handlers[task.name].isolated is not None:
+            await self.children.warm()
+
     async def call(
         self, task: Task, may_start: Callable[[], bool], started: Callable[[], None]
     ) -> Any:

@@ -258,6 +258,7 @@ class Executor:
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
+            await self._calls.prepare(task)
             if attempt:
                 await self._gate.restart(task)
             else:

@@ -18,8 +18,9 @@ Invariants:
   call returns: once the call has returned, no code of that attempt runs, and its slot is
   free.
 - The pool holds at most as many children as handlers run at once: the consumer's
-  ``max_running`` bounds the calls, and a child is started only for a call that finds none
-  idle. Children start lazily, at the first call that needs one.
+  ``max_running`` bounds the calls, and a child is started only for a call about to be made
+  that finds none idle (`warm`, before its start is taken, or as it is made). Children start
+  lazily, at the first call that needs one.
 - `aclose` kills every child; a child whose worker died on its own ends as its command
   pipe closes (`child.py`).
 """
@@ -197,6 +198,13 @@ class ProcessPool:
         if not returned:
             raise value
         return value
+
+    async def warm(self) -> None:
+        """A child idle and ready for the call about to be made (started now if none is): a
+        start that counts against a rate is taken after this, so a cold child's start never
+        comes between the start taken and the handler's."""
+        if not any(child.process.returncode is None for child in self._idle):
+            self._idle.append(await self._start())
 
     async def _lend(self) -> _Child:
         """The child used last (warm), or a new one; an idle child that died meanwhile (killed

@@ -274,6 +274,47 @@ async def test_a_start_under_a_rate_counts_from_when_the_handler_starts_in_its_c
     assert start.until >= claimed_at + dt.timedelta(seconds=5) + per
 
 
+async def test_a_child_slower_to_start_than_a_start_is_held_still_keeps_the_rate(
+    scheduler: ms.Scheduler, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+):
+    """The child takes 12 s to start, longer than a start taken with a claim is held for
+    its handler: the handler's start still counts ``per`` from its real start (it takes a
+    start of its own once its child is up, waiting for the window if it is full)."""
+    per = dt.timedelta(seconds=60)
+    await scheduler.set_limit("pid", rate=1, per=per)
+    child_asked, child_may_start = anyio.Event(), anyio.Event()
+    real_start = isolation._Child.start
+
+    async def slow_start(cls: type[Any]) -> Any:
+        child_asked.set()
+        await child_may_start.wait()
+        return await real_start()
+
+    monkeypatch.setattr(isolation._Child, "start", classmethod(slow_start))
+    held = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=600_000)
+    await scheduler.publish("k", None, name="pid", options=held)
+    claimed_at = clock.now()
+
+    async def ended() -> ms.Task | None:
+        task = await scheduler.get("k")
+        return task if task is not None and task.state.is_terminal else None
+
+    async with scheduler.consumer({"pid": isolated(h.pid)}, options=worker(max_running=1)):
+        await until(child_asked.is_set)
+        await until_idle()
+        clock.advance(12)
+        child_may_start.set()
+        with anyio.fail_after(REAL_WAIT_S):
+            while (task := await ended()) is None:  # the window frees 70 s after the claim
+                await anyio.sleep(0.01)
+                clock.advance(1)
+    assert task.state is S.SUCCESS, task.error
+    starts = (await scheduler.limits())["pid"].starts
+    assert max(start.until for start in starts if start.until) >= (
+        claimed_at + dt.timedelta(seconds=12) + per
+    )
+
+
 # ------------------------------------------------------------------------ the pool
 
 
