@@ -331,5 +331,7 @@ async def test_a_waiting_own_is_answered_when_a_task_it_may_claim_is_due(
     [reply] = replies
     assert reply.status_code == 200, reply.text
     assert [lease["key"] for lease in reply.json()["leases"]] == ["later"]
-    waited = clock.now() - dt.datetime.fromisoformat(reply.json()["leases"][0]["task"]["created_at"])
+    waited = clock.now() - dt.datetime.fromisoformat(
+        reply.json()["leases"][0]["task"]["created_at"]
+    )
     assert waited < dt.timedelta(seconds=2)
