@@ -244,9 +244,12 @@ class Limiter:
         bound: bool = True,
     ) -> None:
         slot = _Slot(name, lease.run_id, lease, until, now, start, now, bound)
-        # A first life is bound to the lease at once (a consumer that dies after its claim
-        # leaves a slot that lapses with its lease, not a minute later).
-        slot.extend_at = slot.next_extension(now) if bound else now
+        # A first life is bound to the lease at once where a slot counts (``max_running``): a
+        # consumer that dies after its claim leaves a slot that lapses with its lease, not a
+        # minute later. Under a rate alone, slots count for nothing: no write for it.
+        limit = self.limited.get(name)
+        counts = limit is None or limit.max_running is not None
+        slot.extend_at = now if not bound and counts else slot.next_extension(now)
         self._held[lease.key] = slot
         self._wake.set()  # its first extension may be the earliest
 
