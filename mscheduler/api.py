@@ -219,7 +219,9 @@ class Scheduler:
         timedelta or seconds; the task's ``worker_timeout_ms`` by default) unless extended,
         and holds its name's limit slot until it ends or expires. End each with `succeed`,
         `fail` or `release`. ``wait``: when none is claimable, wait up to that long for one
-        (woken by the process's discovery hub); ``[]`` after it."""
+        (woken by the process's discovery hub, by a control change: one made here, or one
+        made elsewhere, which the wait follows, and when the first task it may claim is due);
+        ``[]`` after it."""
         return await self._owner.own(
             names, worker_id=worker_id, max_tasks=max_tasks, lease=lease, wait=wait
         )

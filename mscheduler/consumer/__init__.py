@@ -7,7 +7,8 @@
 - ``heap``: what it may claim next, one entry per key, earliest first;
 - ``claimer``: the claim path: claim what is due, put back the rest, recover lost replies;
 - ``spread``: the ``spread`` claim policy (long tasks shared across the live workers);
-- ``limits``: `Limiter`, the tokens a claim of a limited name takes and gives back;
+- ``limits``: `Limiter`, the one claim core of every surface (the consumer, `own`, isolated
+  handlers): the tokens a claim of a limited name takes, confirms, extends and frees;
 - ``controls``: schedules, pauses, limits and a remote stop, kept current;
 - ``executor``: running handlers: local retries, pings, the fenced finish, release;
 - ``calls``: one handler call (its own asyncio task, a thread for ``def``, the time limit);
@@ -15,7 +16,7 @@
 - ``batching``: `mscheduler.handlers.batch`, one handler call for many tasks;
 - ``isolation``: the worker's pool of child processes for isolated handlers;
 - ``child``: a child process's side of isolated handlers;
-- ``owner``: the pull API (`Scheduler.own`), through the same claim;
+- ``owner``: the pull API (`Scheduler.own`), through the same claim core;
 - ``presence``: its entry in the live workers;
 - ``stats``: what it counts, and the observers told (the exporters of `observability`).
 """

@@ -85,6 +85,8 @@ def batch(
 class _Group:
     name: str
     tasks: list[Task | None] = dataclasses.field(default_factory=list)  # None: left
+    # Each task's: told as the handler's call begins (a start counts against a rate from then).
+    started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     results: list[Any] = dataclasses.field(default_factory=list)
     error: BaseException | None = None
     full: anyio.Event = dataclasses.field(default_factory=anyio.Event)
@@ -104,13 +106,16 @@ class Batcher:
         self._task_group = task_group
         self._open: dict[str, _Group] = {}
 
-    async def __call__(self, task: Task) -> Any:
+    async def __call__(self, task: Task, started: Callable[[], None] = lambda: None) -> Any:
+        """``task``'s result from its group's call; ``started`` is called as that call
+        begins, which may be ``max_wait`` after the task joined."""
         group = self._open.get(task.name)
         if group is None:
             group = self._open[task.name] = _Group(task.name)
             self._start(self._flush_after_wait, group)
         index = len(group.tasks)
         group.tasks.append(task)
+        group.started.append(started)
         if len(group.tasks) >= self._batch.max_size:
             self._close(group)
         try:
@@ -148,6 +153,8 @@ class Batcher:
         try:
             if kept:
                 tasks = [task for _, task in kept]
+                for index, _ in kept:
+                    group.started[index]()
                 returned = await self._run(tasks)
                 if not isinstance(returned, Sequence) or isinstance(returned, str | bytes):
                     raise TypeError(

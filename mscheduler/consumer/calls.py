@@ -21,6 +21,7 @@ from ..clock import Clock
 from ..errors import TaskTimeout
 from ..models import ErrorInfo, Lease, Task
 from ..worker_options import WorkerOptions
+from .batching import Batcher
 from .handlers import HandlerSpec
 from .isolation import ProcessPool
 from .stats import ConsumerStats
@@ -68,7 +69,15 @@ class HandlerCalls:
         # claim those keys again until they return.
         self.abandoned: dict[str, asyncio.Task[Any]] = {}
 
-    async def call(self, task: Task, may_start: Callable[[], bool]) -> Any:
+    async def prepare(self, task: Task) -> None:
+        """Before the start of ``task``'s handler is taken: an isolated handler's child is
+        started now if none is idle (a cold start takes long, and must not come between)."""
+        if self._handlers[task.name].isolated is not None:
+            await self.children.warm()
+
+    async def call(
+        self, task: Task, may_start: Callable[[], bool], started: Callable[[], None]
+    ) -> Any:
         """One call of the handler, in an asyncio task of its own (it inherits the lease in
         its context). Why not just ``await handler(task)``: a handler that ignores
         cancellation would then hold the consumer's task group, and `stop()`, for ever.
@@ -76,7 +85,8 @@ class HandlerCalls:
         it is abandoned (left to run, its outcome never written, its key not claimed again by
         this worker until it returns) and the stop goes on. ``may_start`` is asked first, in
         that task: False (the lease ran out while the task waited to run) and the handler
-        never starts.
+        never starts. ``started`` is called as the handler really begins (here, or in its child
+        process once the child says so): a start counts against its name's rate from then.
 
         A sync handler runs in a worker thread, which cannot be killed: cancelling it (a
         stop, a lost lease, a remote cancel, ``timeout_ms``) means its outcome is discarded
@@ -95,7 +105,11 @@ class HandlerCalls:
                 if not may_start():
                     await anyio.sleep_forever()  # the stop that refused it cancels this
                 if spec.isolated is not None:
-                    return await self.children.run(spec.isolated, context.current_lease())
+                    lease = context.current_lease()
+                    return await self.children.run(spec.isolated, lease, started)
+                if isinstance(spec.function, Batcher):  # its group's call is its start
+                    return await spec.function(task, started)
+                started()
                 if spec.is_async:
                     return await spec.function(task)
                 result = await anyio.to_thread.run_sync(spec.function, task, limiter=self._threads)

@@ -4,8 +4,9 @@ A child serves one worker: it reads commands from its stdin pipe and answers on 
 pipe, each message a pickled tuple behind an 8-byte length (`HEADER`):
 
 - worker → child: ``("run", function, lease)``, one at a time;
-- child → worker: ``("progress", fraction, message)`` any number of times while the handler
-  runs, then ``("return", result, resident_bytes)`` or ``("raise", error, traceback_text,
+- child → worker: ``("started",)`` as the handler begins (a start counts against its name's
+  rate from then), ``("progress", fraction, message)`` any number of times while it runs,
+  then ``("return", result, resident_bytes)`` or ``("raise", error, traceback_text,
   resident_bytes)``.
 
 The handler runs in a worker thread of the child's event loop, as a plain ``def`` handler runs
@@ -126,6 +127,7 @@ async def _run(function: Callable[[Task], Any], lease: Lease, replies: _Replies)
     lease.on_progress(progressed)
     token = context.enter(context.Run(lease))
     try:
+        replies.send(("started",))
         result = await anyio.to_thread.run_sync(function, lease.task)
     except SystemExit as exc:  # sys.exit() in the handler: this process ends, as it asked
         os._exit(exc.code if isinstance(exc.code, int) else 1)

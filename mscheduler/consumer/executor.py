@@ -104,13 +104,17 @@ class FreedSlots(Protocol):
 
 class StartGate(Protocol):
     """Where a handler's start waits for its name's rate (`limits.Limiter`). Invariant: each
-    returns once the start may count (at once for a name without a limit)."""
+    wait returns once the start may count (at once for a name without a limit), and
+    `started` is called as the handler really begins, which is when the start counts from."""
 
     async def at_start(self, task: Task) -> None:
         """Before the first call of a run's handler."""
 
     async def restart(self, task: Task) -> None:
         """Before a local retry: a start like the first (its slot is held already)."""
+
+    def started(self, task: Task) -> None:
+        """The handler begins now: in this process, or in its child process."""
 
 
 class Executor:
@@ -260,13 +264,16 @@ class Executor:
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task
         for attempt in range(self._options.handler_retries + 1):
+            await self._calls.prepare(task)
             if attempt:
                 await self._gate.restart(task)
             else:
                 await self._gate.at_start(task)
             try:
                 with tracing.processing(entry.lease, lambda: entry.stop_reason):
-                    result = await self._calls.call(task, lambda: self._may_start(entry))
+                    result = await self._calls.call(
+                        task, lambda: self._may_start(entry), lambda: self._gate.started(task)
+                    )
                 return _Outcome(result=result)
             except (Abort, RetryLater) as exc:
                 # the handler's decision: no local retry

@@ -18,8 +18,9 @@ Invariants:
   call returns: once the call has returned, no code of that attempt runs, and its slot is
   free.
 - The pool holds at most as many children as handlers run at once: the consumer's
-  ``max_running`` bounds the calls, and a child is started only for a call that finds none
-  idle. Children start lazily, at the first call that needs one.
+  ``max_running`` bounds the calls, and a child is started only for a call about to be made
+  that finds none idle (`warm`, before its start is taken, or as it is made). Children start
+  lazily, at the first call that needs one.
 - `aclose` kills every child; a child whose worker died on its own ends as its command
   pipe closes (`child.py`).
 """
@@ -31,6 +32,7 @@ import logging
 import pickle
 import signal
 import subprocess
+from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
 import anyio
@@ -86,9 +88,12 @@ class _Child:
         log.debug("isolated handlers' process %d started", process.pid)
         return cls(process)
 
-    async def call(self, isolated: Isolated, lease: Lease) -> tuple[bool, Any, int]:
+    async def call(
+        self, isolated: Isolated, lease: Lease, started: Callable[[], None]
+    ) -> tuple[bool, Any, int]:
         """Run the handler: (returned?, its result or exception, resident bytes after).
-        Progress reports are passed to ``lease`` as they come."""
+        ``started`` is called as the child begins the handler; progress reports are passed
+        to ``lease`` as they come."""
         crossing = Lease(
             key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=lease.task
         )
@@ -96,7 +101,9 @@ class _Child:
         while True:
             message = await self._receive()
             kind = message[0]
-            if kind == "progress":
+            if kind == "started":
+                started()
+            elif kind == "progress":
                 await lease.progress(message[1], message[2])
             elif kind == "return":
                 return True, message[1], message[2]
@@ -163,12 +170,14 @@ class ProcessPool:
         """The process ids of the children alive now, idle or running a handler."""
         return {child.pid for child in self._children}
 
-    async def run(self, isolated: Isolated, lease: Lease) -> Any:
+    async def run(self, isolated: Isolated, lease: Lease, started: Callable[[], None]) -> Any:
         """Run ``isolated`` for ``lease`` in a child: its result, or its exception re-raised.
-        A child that died raises `HandlerProcessDied`; cancelled, the child is killed."""
+        ``started``: called as the child begins the handler (a cold child starts later than
+        the call, and a start counts against a rate from the handler's real start). A child
+        that died raises `HandlerProcessDied`; cancelled, the child is killed."""
         child = await self._lend()
         try:
-            returned, value, resident = await child.call(isolated, lease)
+            returned, value, resident = await child.call(isolated, lease, started)
         except BaseException:
             self._children.discard(child)
             await child.kill()
@@ -189,6 +198,13 @@ class ProcessPool:
         if not returned:
             raise value
         return value
+
+    async def warm(self) -> None:
+        """A child idle and ready for the call about to be made (started now if none is): a
+        start that counts against a rate is taken after this, so a cold child's start never
+        comes between the start taken and the handler's."""
+        if not any(child.process.returncode is None for child in self._idle):
+            self._idle.append(await self._start())
 
     async def _lend(self) -> _Child:
         """The child used last (warm), or a new one; an idle child that died meanwhile (killed

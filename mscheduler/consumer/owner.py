@@ -5,18 +5,27 @@ claim, under the same rules.
 A call of `Owner.own` is one round of the consumer's claim path (`claimer.Claimer`): the
 paused names are left out, the names without a limit are claimed in one batched claim
 (`TaskStore.claim_many`: three round trips for any number of tasks, one for a single task),
-and a limited name's tasks one by one, each under a token of its limit taken first
-(`store.limits`), as `limits.Limiter.claim` does. What differs is where the state lives:
+and a limited name's tasks through the one claim core (`limits.Limiter`), as a consumer's
+are. What differs is where the state lives:
 
 - A lease owned here holds its limit slot until it ends or expires, without a process that
-  keeps it: the slot's token *is* the lease's ``run_id`` and the slot lasts as long as the
-  lease (``until``). `Owner.extend` extends both; a finish releases the slot by the run_id.
-  Any process can therefore end a lease another one owned (the HTTP API's workers come back
-  to any server), and a worker that vanishes leaves a slot that lapses with its lease.
+  keeps it: the slot's token *is* the lease's ``run_id`` (as every slot's is) and the slot
+  lives as long as the lease, bound to it as the lease is handed out (`Limiter.handed_out`).
+  `Owner.extend` extends both; an end frees the slot by the run_id. Any process can
+  therefore end a lease another one owned (the HTTP API's workers come back to any server),
+  and a worker that vanishes leaves a slot that lapses with its lease.
+- Whether a lease may hold a slot is not decided from the limits as they are at its end (a
+  limit removed meanwhile, set again, or set while it ran: `store.limits.set` adopts the
+  running attempts): a lease that took none is known to hold none only while the process's
+  control hub watched from its claim on and heard no change; any other lease's slot is
+  extended and freed by its run_id, a write that touches no one else's.
 - The paused names and the limits are read at each call, or taken from `ControlView`, which
-  keeps them while the process's `ControlHub` watches (a consumer, or the HTTP server, runs
-  it), exactly as a consumer keeps them: a change is in effect within one event or one poll
-  interval, and a claim then costs what the consumer's costs.
+  keeps them while the process's `ControlHub` watches (a consumer, the HTTP server, or a
+  waiting `own` runs it), exactly as a consumer keeps them: a change is in effect within one
+  event or one poll interval, and one made through this process at once.
+- A waiting `own` wakes at each write its names' tasks see, at each control change, and at
+  the soonest time a task of its names that is not paused becomes claimable, a limited
+  name's not before its limit frees (`Limiter.offered`, as a consumer's heap has it).
 
 Invariant: every lease won is returned, whatever fails after it (a lease nobody knows of
 would expire unrun and count as an attempt).
@@ -25,13 +34,14 @@ would expire unrun and count as an attempt).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from ..errors import BackendUnavailable, ClaimUncertain, ConfigurationError, LeaseLost
+from ..errors import BackendUnavailable, ConfigurationError, LeaseLost
 from ..models import (
     ErrorInfo,
     Lease,
@@ -40,17 +50,20 @@ from ..models import (
     check_name,
     check_worker_id,
     checked,
-    new_run_id,
 )
 from ..services.discovery import Subscription
 from ..store.components import Store
 from ..worker_options import WorkerOptions
 from . import takeover
-from .limits import FIRST_SLOT_LIFE
+from .limits import Limiter
 
 log = logging.getLogger(__name__)
 
 MAX_TASKS = 1_000  # the most one call of `own` claims
+# The tasks a waiting `own` reads to know when the first it may claim is due: those of its
+# names neither paused nor at their limit, soonest first (a page, not one: the soonest may be
+# claimable now by the read's rules and taken by another worker meanwhile).
+_SOONEST_PAGE = 16
 _MIN_LEASE = dt.timedelta(milliseconds=1)
 _LONGEST_LEASE = dt.timedelta(days=7)
 
@@ -65,13 +78,33 @@ class ControlView:
         self._version = -1
         self._paused: dict[str, bool] = {}
         self._limits: dict[str, Limit | None] = {}
+        self._written_here = 0  # control writes made through this process
+        self._write: anyio.Event | None = None  # set by the next one
 
     def forget(self) -> None:
         """This process wrote a control: read them again at the next call, not at the hub's
-        event (a claim right after a pause made here must see it)."""
+        event (a claim right after a pause made here must see it), and wake the waiting
+        owners (a resume made here is heard at once, whether or not a hub watches)."""
         self._version = -1
         self._paused.clear()
         self._limits.clear()
+        self._written_here += 1
+        if self._write is not None:
+            self._write.set()
+            self._write = None
+
+    def next_write(self) -> anyio.Event:
+        """Set by the next control write made through this process."""
+        if self._write is None:
+            self._write = anyio.Event()
+        return self._write
+
+    def stamp(self) -> tuple[int, int] | None:
+        """What is known of the controls now: equal stamps mean no change in between (None:
+        no hub watches, so a change made elsewhere could pass unseen)."""
+        if not self._hub.ready.is_set():
+            return None
+        return self._hub.version, self._written_here
 
     def _current(self) -> bool:
         """Whether what is kept is still true: the hub watches and saw no change since."""
@@ -127,6 +160,9 @@ class Owner:
         self._store = store
         self._clock = store.clock
         self.controls = ControlView(store)
+        # The one claim core, as a consumer's claimer uses it; it holds no lease (a pull
+        # lease is its worker's: `handed_out`, `extend`, its end).
+        self._limiter = Limiter(store)
 
     async def own(
         self,
@@ -160,38 +196,61 @@ class Owner:
         length: dt.timedelta | None,
         deadline: dt.datetime,
     ) -> list[Lease]:
-        """Claim again on each write the process's hub says may give work on ``names`` (as
-        a consumer hears of it), on each control change its control hub sees while one runs
-        (a resume, a limit raised), and at the times nothing announces: the soonest task's
-        next claim time, and when a full limit frees; ``[]`` at ``deadline``. Subscribed
-        before the first claim of the wait, so a task published after the first try is not
-        missed."""
+        """Claim again now, on each write the process's hub says may give work on
+        ``names`` (as a consumer hears of it), on each control change (a resume, a limit
+        raised: made through this process, or seen by its control hub, which this wait runs
+        if nothing else in the process does), and at the times nothing announces: when the
+        first task it may claim is due; ``[]`` at ``deadline``. Subscribed before the first
+        claim, so a task published meanwhile is not missed."""
         subscription = Subscription(WorkerOptions(), wakes=names)
-        async with self._store.task_hub.subscription(subscription):
-            while True:
-                seen = self._store.control_hub.version  # before the claim: no change missed
-                leases, wake_at = await self._claim(names, worker_id, max_tasks, length)
-                if leases:
-                    return leases
-                now = self._clock.now()
-                if now >= deadline:
-                    return []
-                soonest = await self._soonest(names, worker_id, now)
-                wake_at = min(t for t in (deadline, wake_at, soonest) if t is not None)
-                await self._until_event(subscription, seen, wake_at)
+        hub = self._store.control_hub
+        async with (
+            self._store.task_hub.subscription(subscription),
+            anyio.create_task_group() as task_group,
+        ):
+            # A pull-only process hears control changes made elsewhere while it waits.
+            task_group.start_soon(functools.partial(hub.serve, WorkerOptions()))
+            try:
+                while True:
+                    seen, written = hub.version, self.controls.next_write()  # none missed
+                    leases, freed = await self._claim(names, worker_id, max_tasks, length)
+                    if leases:
+                        return leases
+                    now = self._clock.now()
+                    if now >= deadline:
+                        return []
+                    soonest = await self._soonest(names, worker_id, now)
+                    wake_at = min(t for t in (deadline, freed, soonest) if t is not None)
+                    await self._until_event(subscription, seen, written, wake_at)
+            finally:
+                task_group.cancel_scope.cancel()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _soonest(
         self, names: list[str], worker_id: str, now: dt.datetime
     ) -> dt.datetime | None:
-        """When the first task of ``names`` that no write will announce becomes claimable by
-        ``worker_id`` (a ``not_before``, a retry delay, a lease that expires)."""
-        for task in await self._store.fetch(names, worker_id, 1, 1):
-            when = task.next_claim_for(worker_id, now)
-            if when is not None and when > now:
-                return when
-        return None
+        """When the first task that ``worker_id`` may claim of ``names`` becomes due, of those
+        no write will announce (a ``not_before``, a retry delay, a lease that expires): of
+        the names neither paused nor at their limit (whose freeing is the claim's to say),
+        each task not before its name's limit frees (`Limiter.offered`)."""
+        paused = await self.controls.paused(names)
+        free = [
+            name
+            for name in names
+            if name not in paused and self._limiter.blocked_until(name, now) is None
+        ]
+        if not free:
+            return None
+        soonest: dt.datetime | None = None
+        for task in await self._store.fetch(free, worker_id, _SOONEST_PAGE, _SOONEST_PAGE):
+            when = self._limiter.offered(task, task.next_claim_for(worker_id, now))
+            if when is not None and when > now and (soonest is None or when < soonest):
+                soonest = when
+        return soonest
 
-    async def _until_event(self, subscription: Subscription, seen: int, until: dt.datetime) -> None:
+    async def _until_event(
+        self, subscription: Subscription, seen: int, written: anyio.Event, until: dt.datetime
+    ) -> None:
         wake = anyio.Event()
         async with anyio.create_task_group() as task_group:
 
@@ -205,8 +264,13 @@ class Owner:
                 await self._store.control_hub.changed(seen)
                 wake.set()
 
+            async def written_here() -> None:
+                await written.wait()
+                wake.set()
+
             task_group.start_soon(heard)
             task_group.start_soon(controls_changed)
+            task_group.start_soon(written_here)
             await self._clock.wait_until(until, wake)
             task_group.cancel_scope.cancel()
 
@@ -214,9 +278,11 @@ class Owner:
         self, names: list[str], worker_id: str, max_tasks: int, length: dt.timedelta | None
     ) -> tuple[list[Lease], dt.datetime | None]:
         """Up to ``max_tasks`` leases, and when a limit that refused a claim frees."""
+        stamp = self.controls.stamp()  # before the reads: a change during them is not missed
         paused = await self.controls.paused(names)
         active = [name for name in names if name not in paused]
         limits = await self.controls.limits(active) if active else {}
+        await self._limiter.apply(active, limits)
         plain = [name for name in active if name not in limits]
         leases: list[Lease] = []
         freed: dt.datetime | None = None
@@ -239,63 +305,26 @@ class Owner:
                 if len(won) < (1 if asked < 3 else asked):
                     break
             for name in (name for name in active if name in limits):
-                free = await self._claim_limited(name, worker_id, max_tasks, length, leases)
-                if free is not None:
-                    freed = free if freed is None else min(freed, free)
+                if len(leases) >= max_tasks:
+                    break
+                blocked = await self._limiter.claim_up_to(
+                    worker_id, name, max_tasks - len(leases), [], leases, pulled=True, length=length
+                )
+                if blocked is not None:
+                    freed = blocked if freed is None else min(freed, blocked)
         except BackendUnavailable as exc:
             if not leases:
                 raise
             log.warning(str(exc), extra={"action": "own_partial", "leases": len(leases)})
+        finally:
+            # As the leases go to their worker, who starts at once: their starts count from
+            # now, their slots live as long as they do.
+            for name in limits:
+                await self._limiter.handed_out(name, [ls for ls in leases if ls._slot == name])
         for lease in leases:
+            lease._slot_seen = stamp
             takeover.report(lease)
         return leases, freed
-
-    async def _claim_limited(
-        self,
-        name: str,
-        worker_id: str,
-        max_tasks: int,
-        length: dt.timedelta | None,
-        leases: list[Lease],
-    ) -> dt.datetime | None:
-        """Leases of ``name``, each under a token of its limit (the lease's run_id), appended
-        to ``leases`` as each is won; returns when the limit frees if it was reached."""
-        while len(leases) < max_tasks:
-            now = self._clock.now()
-            until = None if length is None else now + length
-            run_id = new_run_id()
-            slot_until = until or now + FIRST_SLOT_LIFE
-            token = await self._store.limits.acquire(name, slot_until, token=run_id)
-            if isinstance(token, dt.datetime):
-                return token
-            excluded = [lease.key for lease in leases]
-            try:
-                lease = await self._store.tasks.claim(
-                    worker_id, names=[name], exclude_keys=excluded, run_id=run_id, until=until
-                )
-            except ClaimUncertain:
-                # The claim may have landed with its reply lost: the slot lapses with the
-                # lease it would belong to (``slot_until``), never before it.
-                raise
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._store.limits.give_back(name, run_id)
-                raise
-            if lease is None:
-                if token is not None:
-                    await self._store.limits.give_back(name, run_id)
-                return None
-            lease._slot = "" if token is None else name
-            leases.append(lease)
-            if token is not None:
-                # The caller starts its work as the lease comes back: the start its token
-                # took, held until now, counts ``per`` from here (as a handler's start does).
-                await self._store.limits.confirm(name, [run_id])
-            expires = lease.ping_expire_at
-            if token is not None and expires is not None and expires > slot_until:
-                # The task's own timeout outlasts the first slot life: the slot lasts as long.
-                await self._store.limits.extend(name, [run_id], expires)
-        return None
 
     async def extend(self, lease: Lease, length: dt.timedelta | float | None = None) -> Lease:
         """The lease extended by ``length`` from now (else its task's ``worker_timeout_ms``),
@@ -303,22 +332,31 @@ class Owner:
         until = None
         if length is not None:
             until = self._clock.now() + _timedelta(length, "lease", minimum=_MIN_LEASE)
-        task = await self._store.tasks.ping(lease, until)
+        try:
+            task = await self._store.tasks.ping(lease, until)
+        except LeaseLost:
+            # Cancelled, deleted or taken over: the run is over, so is its slot (a taken over
+            # one lapsed already; a cancelled task's would block its name until the lease's end).
+            await self._free_slot(lease)
+            raise
         extended = Lease(key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=task)
-        extended._slot = slot = await self._slot_of(lease)
+        extended._slot, extended._slot_seen = lease._slot, lease._slot_seen
+        slot = self._slot_of(lease)
         expires = extended.ping_expire_at
         if slot and expires is not None:
-            await self._store.limits.extend(slot, [lease.run_id], expires)
+            await self._limiter.extend_slot(slot, lease.run_id, expires)
         return extended
 
-    async def _slot_of(self, lease: Lease) -> str:
-        """The name whose limit slot ``lease`` holds ("" for none): known for a lease owned
-        in this process; else a slot may be held if the name has a limit now (its token is
-        the run_id, so extending or freeing it touches no one else's)."""
-        if lease._slot is not None:
-            return lease._slot
-        limited = await self.controls.limits([lease.task.name])
-        return lease.task.name if limited else ""
+    def _slot_of(self, lease: Lease) -> str:
+        """The name whose limit may hold a slot of ``lease`` ("" for none): its task's name,
+        unless the lease took none and the control hub watched from its claim until now
+        without a change (a limit set meanwhile adopted it: `store.limits.set`). Its token is
+        the run_id, so extending or freeing it touches no one else's, and a slot that is not
+        there is not made."""
+        seen = lease._slot_seen
+        if lease._slot == "" and seen is not None and seen == self.controls.stamp():
+            return ""
+        return lease.task.name
 
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         try:
@@ -344,15 +382,11 @@ class Owner:
             await self._free_slot(lease)
 
     async def _free_slot(self, lease: Lease) -> None:
-        """The run ended (or its lease is gone): its slot, if its name is limited, frees.
-        Its token is its run_id, so this frees nothing of anyone else's."""
-        with anyio.CancelScope(shield=True):
-            try:
-                slot = await self._slot_of(lease)
-                if slot:
-                    await self._store.limits.release(slot, lease.run_id)
-            except BackendUnavailable as exc:  # the slot lapses with the lease
-                log.warning(str(exc), extra={"action": "slot_release_failed"})
+        """The run ended (or its lease is gone): its slot, if it may hold one, frees, whatever
+        the limits say now."""
+        slot = self._slot_of(lease)
+        if slot:
+            await self._limiter.free(slot, lease.run_id)
 
     async def find(self, key: str, *, worker_id: str, run_id: str) -> Lease:
         """The live lease ``key + worker_id + run_id`` (one read), for a caller that kept only

@@ -38,7 +38,7 @@ early. With the workers' clocks within δ of each other, at most ``rate`` start 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .stages import Document, Pipeline, literal
@@ -105,9 +105,13 @@ def start(name: str, token: str, now: dt.datetime, hold_ms: int) -> tuple[Docume
 def confirm(name: str, tokens: Sequence[str], now: dt.datetime) -> tuple[Document, Pipeline]:
     """The handlers of these held starts have started (by ``now``): each counts until
     ``per_ms`` from ``now``, never longer than it was held."""
+    return {"_id": name}, [{"$set": {"starts": _confirmed(tokens, now)}}]
+
+
+def _confirmed(tokens: Sequence[str], now: dt.datetime) -> Document:
     confirmed = {"$add": [now, {"$ifNull": ["$per_ms", 0]}]}
     until = {"$cond": [{"$lt": [confirmed, "$$s.until"]}, confirmed, "$$s.until"]}
-    return {"_id": name}, [{"$set": {"starts": _until(tokens, "starts", until)}}]
+    return _until(tokens, "starts", until)
 
 
 def _until(tokens: Sequence[str], field: str, until: Any) -> Document:
@@ -128,17 +132,67 @@ def _until(tokens: Sequence[str], field: str, until: Any) -> Document:
     }
 
 
+def started(
+    name: str, tokens: Sequence[str], leases: Mapping[str, dt.datetime], now: dt.datetime
+) -> tuple[Document, Pipeline]:
+    """As leases are handed to workers that start their work at once (`Scheduler.own`): the
+    held starts ``tokens`` confirmed (`confirm`), and each slot of ``leases`` (its token, the
+    lease's run_id, to its lease's end) living exactly as long as its lease, whatever life it
+    was taken with: one write."""
+    fields: Document = {"slots": _slots_until(leases)}
+    if tokens:
+        fields["starts"] = _confirmed(tokens, now)
+    return {"_id": name}, [{"$set": fields}]
+
+
+def _slots_until(untils: Mapping[str, dt.datetime]) -> Document:
+    """The slots, those of ``untils`` (token -> time) now lasting until their time."""
+    branches = [
+        {"case": {"$eq": ["$$s.id", literal(token)]}, "then": {"id": "$$s.id", "until": until}}
+        for token, until in untils.items()
+    ]
+    return {
+        "$map": {
+            "input": {"$ifNull": ["$slots", []]},
+            "as": "s",
+            "in": {"$switch": {"branches": branches, "default": "$$s"}} if branches else "$$s",
+        }
+    }
+
+
 def give_back(name: str, token: str) -> tuple[Document, Document]:
     """A token whose claim found nothing: neither a start nor a slot was used."""
     return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
 
 
-def adopt(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
+def adopt(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipeline]:
     """Runs that started before their name was limited take slots, whatever the limit: they
-    run already, and claims count them from now on."""
-    slots = [{"id": literal(token), "until": until} for token in tokens]
-    added = {"$concatArrays": [{"$ifNull": ["$slots", []]}, slots]}
-    return {"_id": name}, [{"$set": {"slots": added}}]
+    run already, and claims count them from now on. ``untils``: each run's token (its
+    run_id) and when its lease ends. Idempotent: a run whose slot is there already (adopted
+    by its holder and by the limit's writer, in either order) keeps one, lasting until the
+    time given now."""
+    now_live = {"$ifNull": ["$slots", []]}
+    missing = {
+        "$filter": {
+            "input": literal([{"id": token, "until": until} for token, until in untils.items()]),
+            "as": "e",
+            "cond": {
+                "$eq": [
+                    {
+                        "$size": {
+                            "$filter": {
+                                "input": now_live,
+                                "as": "s",
+                                "cond": {"$eq": ["$$s.id", "$$e.id"]},
+                            }
+                        }
+                    },
+                    0,
+                ]
+            },
+        }
+    }
+    return {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_slots_until(untils), missing]}}}]
 
 
 def release(name: str, token: str) -> tuple[Document, Document]:
@@ -146,9 +200,10 @@ def release(name: str, token: str) -> tuple[Document, Document]:
     return {"_id": name}, {"$pull": {"slots": {"id": token}}}
 
 
-def extend(name: str, tokens: Sequence[str], until: dt.datetime) -> tuple[Document, Pipeline]:
-    """The holders still run: their slots live until ``until`` (their lease's expiry)."""
-    return {"_id": name}, [{"$set": {"slots": _until(tokens, "slots", until)}}]
+def extend(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipeline]:
+    """The holders still run: each slot of ``untils`` (token -> time) lives until its time,
+    its lease's end (later or sooner than before: a slot lives as long as its lease)."""
+    return {"_id": name}, [{"$set": {"slots": _slots_until(untils)}}]
 
 
 def set_limit(

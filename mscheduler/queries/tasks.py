@@ -683,3 +683,17 @@ def cancel_update(reason: str, now: dt.datetime) -> Pipeline:
         wake_consumers(),  # its holders stop their handlers now, not at their next ping
         *recompute(now),
     ]
+
+
+def running_of(name: str) -> Document:
+    """The running tasks of ``name`` (served by ``claim_time``: name, state), whose live
+    attempts a ``max_running`` set now counts (`queries.limits.adopt`)."""
+    return {"name": name, "state": TaskState.RUNNING.value}
+
+
+RUNNING_ATTEMPTS: Document = {
+    "_id": 0,
+    "worker_states.run_id": 1,
+    "worker_states.state": 1,
+    "worker_states.ping_expire_at": 1,
+}

@@ -7,15 +7,17 @@ import contextlib
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
+from ..clock import to_bson_time
 from ..errors import ConfigurationError
-from ..models import Limit, check_name, checked
+from ..models import Limit, WorkerStateKind, check_name, checked
 from ..queries import limits as lq
+from ..queries import tasks as q
 from .base import BesideTasks
 from .driver import driver_errors
 
@@ -80,12 +82,35 @@ class Limits(BesideTasks):
 
     @driver_errors
     async def set(self, spec: LimitSpec) -> Limit:
-        """Replace the limits of ``spec.name`` (set anew: a field not given is removed)."""
+        """Replace the limits of ``spec.name`` (set anew: a field not given is removed). A
+        ``max_running`` counts the attempts running now (`adopt_running`), wherever they
+        were claimed: no start beyond it from now on."""
         update = lq.set_limit(spec.name, spec.rate, spec.per_ms, spec.max_running)
         await self.collection.update_one(*update, upsert=True)
+        if spec.max_running is not None:
+            await self.adopt_running(spec.name)
         await self._tasks.control_changed()
         found = await self.collection.find_one(lq.by_name(spec.name))
         return Limit.model_validate(found)
+
+    @driver_errors
+    async def adopt_running(self, name: str) -> None:
+        """The live attempts of ``name`` take slots (their run_ids), each until its lease
+        ends (one read of its running tasks, one write). A claim whose token request found no
+        limit and that lands after the read is adopted by its holder as it hears of the
+        limit (`consumer.limits.Limiter.apply`), or lapses with its lease's first end."""
+        now = self._tasks.clock.now()
+        untils: dict[str, dt.datetime] = {}
+        cursor = self._tasks.collection.find(q.running_of(name), q.RUNNING_ATTEMPTS)
+        async for document in cursor:
+            for ws in document.get("worker_states") or []:
+                expires = ws.get("ping_expire_at")
+                if ws.get("state") == WorkerStateKind.RUNNING.value and expires is not None:
+                    expires = to_bson_time(expires)
+                    if expires > now:
+                        untils[ws["run_id"]] = expires
+        if untils:
+            await self.collection.update_one(*lq.adopt(name, untils))
 
     @driver_errors
     async def remove(self, name: str) -> bool:
@@ -147,17 +172,27 @@ class Limits(BesideTasks):
         await self.collection.update_one(*lq.confirm(name, tokens, self._tasks.clock.now()))
 
     @driver_errors
+    async def started(
+        self, name: str, tokens: Sequence[str], leases: Mapping[str, dt.datetime]
+    ) -> None:
+        """Leases handed out for work that starts now: their held starts ``tokens``
+        confirmed, and their slots (run_id -> the lease's end) living as long as they do."""
+        update = lq.started(name, tokens, leases, self._tasks.clock.now())
+        await self.collection.update_one(*update)
+
+    @driver_errors
     async def give_back(self, name: str, token: str) -> None:
         await self.collection.update_one(*lq.give_back(name, token))
 
     @driver_errors
-    async def adopt(self, name: str, tokens: Sequence[str], until: dt.datetime) -> None:
-        await self.collection.update_one(*lq.adopt(name, tokens, until))
+    async def adopt(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
+        await self.collection.update_one(*lq.adopt(name, untils))
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:
         await self.collection.update_one(*lq.release(name, token))
 
     @driver_errors
-    async def extend(self, name: str, tokens: Sequence[str], until: dt.datetime) -> None:
-        await self.collection.update_one(*lq.extend(name, tokens, until))
+    async def extend(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
+        """Each slot of ``untils`` (token -> time) lives until its time."""
+        await self.collection.update_one(*lq.extend(name, untils))

@@ -127,3 +127,27 @@ def test_batch_refuses_bad_arguments_naming_the_field() -> None:
         batch(lambda tasks: tasks, max_size=0)
     with pytest.raises(ConfigurationError, match="max_wait"):
         batch(lambda tasks: tasks, max_wait=-1)
+
+
+async def test_a_start_under_a_rate_counts_from_when_its_batch_is_called(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
+):
+    """A task waits ``max_wait`` for its batch to fill: its start counts against its name's
+    rate for ``per`` from the batch's call, when its handler really starts."""
+    per = dt.timedelta(seconds=60)
+    await scheduler.set_limit("job", rate=1, per=per)
+    calls: list[dt.datetime] = []
+
+    async def handle(tasks: list[ms.Task]) -> list[None]:
+        calls.append(clock.now())
+        return [None] * len(tasks)
+
+    await scheduler.publish("t0", None, name="job")
+    handlers = {"job": batch(handle, max_size=5, max_wait=dt.timedelta(seconds=5))}
+    async with scheduler.consumer(handlers, options=_options(max_running=5)):
+        await discover()
+        assert calls == []
+        clock.advance(5)
+        await _until(clock, lambda: len(calls) == 1)
+    [start] = (await scheduler.limits())["job"].starts
+    assert start.until is not None and start.until >= calls[0] + per

@@ -11,6 +11,7 @@ import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -18,6 +19,7 @@ import mscheduler as ms
 from mscheduler.http import create_app
 from mscheduler.models import WorkerStateKind
 from mscheduler.testing import ManualClock
+from tests.engines import until_idle
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret"
@@ -447,3 +449,34 @@ async def test_every_time_in_an_answer_is_utc_with_z(client: httpx.AsyncClient):
     times = _times(answers)
     assert len(times) >= 10
     assert [time for time in times if not time.endswith("Z")] == []
+
+
+async def test_a_waiting_own_is_answered_when_a_task_it_may_claim_is_due(
+    client: httpx.AsyncClient, scheduler: ms.Scheduler, clock: ManualClock
+):
+    """The soonest task of the names asked for is of a paused name: the request is answered
+    when a later task of another name is due, not at the end of its wait."""
+    await scheduler.publish("held", None, name="paused")
+    await scheduler.pause("paused")
+    await scheduler.publish("later", None, name="job", delay=1)
+    replies: list[httpx.Response] = []
+
+    async def own() -> None:
+        body = {"names": ["paused", "job"], "worker_id": "w", "wait_ms": 10_000}
+        replies.append(await client.post("/v1/own", json=body))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(own)
+        await until_idle()
+        assert not replies
+        clock.advance(1)
+        with anyio.fail_after(10):
+            while not replies:
+                await until_idle()
+    [reply] = replies
+    assert reply.status_code == 200, reply.text
+    assert [lease["key"] for lease in reply.json()["leases"]] == ["later"]
+    waited = clock.now() - dt.datetime.fromisoformat(
+        reply.json()["leases"][0]["task"]["created_at"]
+    )
+    assert waited < dt.timedelta(seconds=2)

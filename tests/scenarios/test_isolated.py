@@ -9,6 +9,7 @@ briefly. The scheduler's time is the manual clock's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import pathlib
 from collections.abc import Callable
@@ -18,12 +19,13 @@ import anyio
 import pytest
 
 import mscheduler as ms
+from mscheduler.consumer import isolation
 from mscheduler.errors import ConfigurationError
 from mscheduler.handlers import Isolated, isolated
 from mscheduler.models import Progress, WorkerStateKind
 from mscheduler.testing import ManualClock
 from tests import isolated_handlers as h
-from tests.engines import POLL_MS, worker
+from tests.engines import POLL_MS, until_idle, worker
 
 pytestmark = pytest.mark.anyio
 S = ms.TaskState
@@ -239,6 +241,78 @@ async def test_a_stopping_worker_kills_the_child_still_running_past_its_grace(
     task = await scheduler.get("stuck")
     assert task is not None and task.state is S.PENDING  # released for another worker
     assert task.worker_states[-1].state is WorkerStateKind.RELEASED
+
+
+async def test_a_start_under_a_rate_counts_from_when_the_handler_starts_in_its_child(
+    scheduler: ms.Scheduler, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+):
+    """The child takes 5 s to start (a cold process, a loaded machine): the handler's start
+    counts against the rate for ``per`` from when it really started in the child, not from
+    the claim, so no window of ``per`` holds two handler starts."""
+    per = dt.timedelta(seconds=60)
+    await scheduler.set_limit("pid", rate=1, per=per)
+    child_asked, child_may_start = anyio.Event(), anyio.Event()
+    real_start = isolation._Child.start
+
+    async def slow_start(cls: type[Any]) -> Any:
+        child_asked.set()
+        await child_may_start.wait()
+        return await real_start()
+
+    monkeypatch.setattr(isolation._Child, "start", classmethod(slow_start))
+    await scheduler.publish("k", None, name="pid")
+    claimed_at = clock.now()
+    async with scheduler.consumer({"pid": isolated(h.pid)}, options=worker()):
+        await until(child_asked.is_set)
+        await until_idle()  # whatever the worker does before the child exists is done
+        clock.advance(5)
+        child_may_start.set()
+        task = await finished(scheduler, "k", None)
+    assert task.state is S.SUCCESS, task.error
+    [start] = (await scheduler.limits())["pid"].starts
+    assert start.until is not None
+    assert start.until >= claimed_at + dt.timedelta(seconds=5) + per
+
+
+async def test_a_child_slower_to_start_than_a_start_is_held_still_keeps_the_rate(
+    scheduler: ms.Scheduler, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+):
+    """The child takes 12 s to start, longer than a start taken with a claim is held for
+    its handler: the handler's start still counts ``per`` from its real start (it takes a
+    start of its own once its child is up, waiting for the window if it is full)."""
+    per = dt.timedelta(seconds=60)
+    await scheduler.set_limit("pid", rate=1, per=per)
+    child_asked, child_may_start = anyio.Event(), anyio.Event()
+    real_start = isolation._Child.start
+
+    async def slow_start(cls: type[Any]) -> Any:
+        child_asked.set()
+        await child_may_start.wait()
+        return await real_start()
+
+    monkeypatch.setattr(isolation._Child, "start", classmethod(slow_start))
+    held = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=600_000)
+    await scheduler.publish("k", None, name="pid", options=held)
+    claimed_at = clock.now()
+
+    async def ended() -> ms.Task | None:
+        task = await scheduler.get("k")
+        return task if task is not None and task.state.is_terminal else None
+
+    async with scheduler.consumer({"pid": isolated(h.pid)}, options=worker(max_running=1)):
+        await until(child_asked.is_set)
+        await until_idle()
+        clock.advance(12)
+        child_may_start.set()
+        with anyio.fail_after(REAL_WAIT_S):
+            while (task := await ended()) is None:  # the window frees 70 s after the claim
+                await anyio.sleep(0.01)
+                clock.advance(1)
+    assert task.state is S.SUCCESS, task.error
+    starts = (await scheduler.limits())["pid"].starts
+    assert max(start.until for start in starts if start.until) >= (
+        claimed_at + dt.timedelta(seconds=12) + per
+    )
 
 
 # ------------------------------------------------------------------------ the pool

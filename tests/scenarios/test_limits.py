@@ -172,12 +172,12 @@ async def test_a_token_request_that_fails_loses_no_lease_won_before_it(
     sched = ms.Scheduler(scheduler.collection, clock=clock)
     acquire, calls = sched.store.limits.acquire, 0
 
-    async def second_fails(name: str, until: dt.datetime) -> Any:
+    async def second_fails(name: str, until: dt.datetime, **token: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise BackendUnavailable("MongoDB is unreachable: connection reset")
-        return await acquire(name, until)
+        return await acquire(name, until, **token)
 
     sched.store.limits.acquire = second_fails  # type: ignore[method-assign]
     async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
@@ -321,10 +321,10 @@ async def test_a_consumer_at_max_running_asks_again_each_second_not_in_a_loop(
     sched = ms.Scheduler(scheduler.collection, clock=clock)
     acquire, calls = sched.store.limits.acquire, 0
 
-    async def counted(name: str, until: dt.datetime) -> Any:
+    async def counted(name: str, until: dt.datetime, **token: Any) -> Any:
         nonlocal calls
         calls += 1
-        return await acquire(name, until)
+        return await acquire(name, until, **token)
 
     sched.store.limits.acquire = counted  # type: ignore[method-assign]
     async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
@@ -762,3 +762,64 @@ def test_a_window_full_of_held_starts_is_asked_again_after_per_not_after_the_hol
     confirmed = {"id": "a", "until": now + dt.timedelta(milliseconds=300)}
     limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [confirmed]})
     assert limit.free_at(now) == now + dt.timedelta(milliseconds=300)
+
+
+async def test_the_slot_of_a_consumer_that_vanished_frees_with_its_lease(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
+):
+    """A consumer dies while it runs a task under ``max_running=1`` (nothing it would write
+    after that lands): once its lease expires (``worker_timeout_ms``), the task is taken over
+    and the slot is free for it, without waiting for any longer life of the slot."""
+    await scheduler.set_limit("render", max_running=1)
+    fast = ms.TaskOptions(worker_timeout_ms=2_000, ping_interval_ms=500)
+    for n in range(2):
+        await scheduler.publish(f"r{n}", n, name="render", options=fast)
+    dying = ms.Scheduler(scheduler.collection, clock=clock)
+
+    async def lost(*args: Any, **kwargs: Any) -> None:
+        """The process is gone: its slot's release never lands."""
+
+    dying.store.limits.release = lost  # type: ignore[method-assign]
+    runs = _Concurrency()
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(dying.consumer({"render": runs.handler}, options=worker()).run)
+        await discover()
+        assert runs.started == ["r0"]
+        task_group.cancel_scope.cancel()  # killed: its lease is left to expire
+    clock.advance(1.9)
+    assert await scheduler.own(["render"], worker_id="w2") == []
+    clock.advance(0.2)
+    [taken] = await scheduler.own(["render"], worker_id="w2")
+    assert taken.key == "r0"
+
+
+async def test_a_run_that_ends_while_its_slot_is_being_adopted_leaves_no_slot_behind(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Any
+):
+    """A limit is set while a task runs: its consumer gives the run a slot, and the run ends
+    before that write lands. The slot frees with it, and the next task starts."""
+    await scheduler.publish("r0", 0, name="render")
+    runs = _Concurrency()
+    sched = ms.Scheduler(scheduler.collection, clock=clock)
+    adopt = sched.store.limits.adopt
+
+    async def run_ends_first(name: str, untils: Any) -> None:
+        runs.gates["r0"].set()
+        await until_idle()  # the run ends, and its end is handled, before the write
+        await adopt(name, untils)
+
+    sched.store.limits.adopt = run_ends_first  # type: ignore[method-assign]
+    async with sched.consumer({"render": runs.handler}, options=worker(max_running=4)):
+        await discover()
+        assert runs.started == ["r0"]
+        await scheduler.set_limit("render", max_running=1)
+        await discover()
+        await scheduler.publish("r1", 1, name="render")
+        for _ in range(3):
+            await discover()
+            clock.advance(1)
+        await discover()
+        assert runs.started == ["r0", "r1"]
+        runs.gates["r1"].set()
+        await discover()
+    assert await _live_slots(scheduler, "render", clock.now()) == 0

@@ -299,8 +299,8 @@ async def test_while_the_control_hub_watches_own_reads_no_controls(
 async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
     scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
 ):
-    """A lease owned here knows it holds no limit slot: no read of the limits, whether or not
-    a hub keeps them."""
+    """On the tasks, one fenced write each, and never a read of the limits: a slot the lease
+    may hold is extended or freed by its run_id, not looked up."""
     await _publish(scheduler, 2)
     counting = CountingCollection(scheduler.collection)
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
@@ -347,3 +347,199 @@ async def test_a_waiting_owner_wakes_when_its_name_is_resumed(
                 await discover()
     assert [lease.key for lease in found] == ["t0"]
     assert clock.now() < found[0].task.created_at + 30 * SECONDS
+
+
+async def test_a_waiting_owner_wakes_for_a_later_task_when_the_soonest_is_of_a_paused_name(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """The soonest task of the names asked for cannot be claimed (its name is paused): the
+    owner wakes when the first task it may claim is due, not at the end of its wait."""
+    await scheduler.publish("held", None, name="paused")
+    await scheduler.pause("paused")
+    await scheduler.publish("later", None, name="job", delay=1)
+    found: list[Lease] = []
+
+    async def owner() -> None:
+        found.extend(await scheduler.own(["paused", "job"], worker_id="w", wait=10 * SECONDS))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(owner)
+        await until_idle()
+        assert not found
+        clock.advance(1)
+        with anyio.fail_after(10):
+            while not found:
+                await until_idle()
+    assert [lease.key for lease in found] == ["later"]
+    assert clock.now() < found[0].task.created_at + 2 * SECONDS
+
+
+async def test_a_waiting_owner_wakes_for_a_task_of_a_free_name_when_another_is_at_its_limit(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """The soonest task is of a name at its rate for the hour: a later task of another name
+    is owned when it is due."""
+    await scheduler.set_limit("full", rate=1, per=dt.timedelta(hours=1))
+    await scheduler.publish("f0", None, name="full")
+    await scheduler.publish("f1", None, name="full")
+    [running] = await scheduler.own(["full"], worker_id="other")
+    await scheduler.publish("later", None, name="job", delay=2)
+    found: list[Lease] = []
+
+    async def owner() -> None:
+        found.extend(await scheduler.own(["full", "job"], worker_id="w", wait=30 * SECONDS))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(owner)
+        with anyio.fail_after(10):
+            while not found:
+                await until_idle()
+                clock.advance(0.5)
+    assert [lease.key for lease in found] == ["later"]
+    assert clock.now() < found[0].task.created_at + 4 * SECONDS
+    assert running.key == "f0"
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+async def test_a_waiting_owner_in_a_process_without_consumers_hears_a_resume(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
+    clock: ManualClock,
+    engine: str,
+    where: str,
+):
+    """No consumer and no HTTP server run in the owner's process: a resume made through the
+    same scheduler, or by another process, still wakes the waiting owner well before its
+    wait is over."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await _publish(sched, 1)
+    await sched.pause("job")
+    found: list[Lease] = []
+
+    async def owner() -> None:
+        found.extend(await sched.own(["job"], worker_id="w", wait=60 * SECONDS))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(owner)
+        await until_idle()
+        assert not found
+        await (sched if where == "here" else other).resume("job")
+        with anyio.fail_after(10):
+            while not found:
+                await until_idle()
+                if engine != "memory":
+                    clock.advance(1)  # the hub polls: its interval passes
+    assert [lease.key for lease in found] == ["t0"]
+    assert clock.now() < found[0].task.created_at + 30 * SECONDS
+
+
+async def test_a_slot_is_freed_at_the_end_of_its_lease_whatever_the_limits_say_then(
+    scheduler: ms.Scheduler,
+):
+    """A lease owned under ``max_running=1`` ends (through `find_lease`, as another server
+    would end it) while its limit is removed; the limit set again finds the slot free."""
+    await scheduler.set_limit("job", max_running=1)
+    await _publish(scheduler, 2)
+    [lease] = await scheduler.own(["job"], worker_id="w", lease=3600 * SECONDS)
+    assert await scheduler.remove_limit("job")
+    found = await scheduler.find_lease(lease.key, worker_id="w", run_id=lease.run_id)
+    await scheduler.succeed(found)
+    await scheduler.set_limit("job", max_running=1)
+    [second] = await scheduler.own(["job"], worker_id="w")
+    assert second.key == "t1"
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+async def test_a_limit_set_while_owned_leases_run_counts_them(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]], where: str
+):
+    """Three leases run; ``max_running=1`` is set (by their process, or another): none more
+    starts until two of them have ended, and one once all three have."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await _publish(sched, 5)
+    leases = await sched.own(["job"], worker_id="w", max_tasks=3, lease=3600 * SECONDS)
+    assert len(leases) == 3
+    setter = sched if where == "here" else other
+    await setter.set_limit("job", max_running=1)
+    assert await other.own(["job"], worker_id="w2") == []
+    assert await sched.own(["job"], worker_id="w3") == []
+    for lease in leases[:2]:
+        await sched.succeed(lease)
+        assert await other.own(["job"], worker_id="w2") == []
+    await sched.succeed(leases[2])
+    assert len(await other.own(["job"], worker_id="w2", max_tasks=2)) == 1
+
+
+@pytest.mark.parametrize("lease", [None, 2 * SECONDS], ids=["task_timeout", "lease_given"])
+async def test_the_slot_of_a_vanished_owner_frees_with_its_lease(
+    scheduler: ms.Scheduler, clock: ManualClock, lease: dt.timedelta | None
+):
+    """An owner takes a task under ``max_running=1`` and vanishes: as soon as its lease
+    expires (``worker_timeout_ms``, or the ``lease`` it asked for), the task and the slot are
+    free for another owner."""
+    await scheduler.set_limit("job", max_running=1)
+    await _publish(scheduler, 2, worker_timeout_ms=2_000, ping_interval_ms=500)
+    [gone] = await scheduler.own(["job"], worker_id="gone", lease=lease)
+    assert gone.ping_expire_at == clock.now() + 2 * SECONDS
+    clock.advance(1.9)
+    assert await scheduler.own(["job"], worker_id="w") == []
+    clock.advance(0.2)
+    [taken] = await scheduler.own(["job"], worker_id="w")
+    assert taken.key == "t0"
+
+
+async def test_a_lease_lost_to_a_cancel_frees_its_slot_when_its_worker_learns_of_it(
+    scheduler: ms.Scheduler,
+):
+    """A task owned under ``max_running=1`` is cancelled: the worker's next extend finds the
+    lease gone, and the name's slot is free at once, not at the end of the lease."""
+    await scheduler.set_limit("job", max_running=1)
+    await _publish(scheduler, 2)
+    [lease] = await scheduler.own(["job"], worker_id="w", lease=3600 * SECONDS)
+    assert await scheduler.cancel(lease.key)
+    with pytest.raises(LeaseLost):
+        await scheduler.extend(lease, 3600 * SECONDS)
+    [second] = await scheduler.own(["job"], worker_id="w")
+    assert second.key == "t1"
+
+
+async def test_while_the_control_hub_watches_a_lease_without_a_slot_writes_none(
+    scheduler: ms.Scheduler,
+    discover: Callable[[], Awaitable[None]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A name without a limit pays nothing for limits: while the process's control hub
+    watches (here a consumer runs it) and hears no change, extending and ending a lease that
+    took no slot writes no slot; after a limit is set, the same lease's end frees the slot
+    the limit gave it."""
+    await _publish(scheduler, 3)
+    writes: list[str] = []
+    for method in ("extend", "release"):
+        original = getattr(scheduler.store.limits, method)
+
+        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
+            writes.append(_name)
+            return await _original(*args)
+
+        monkeypatch.setattr(scheduler.store.limits, method, counted)
+
+    async def other(task: ms.Task) -> None: ...
+
+    async with scheduler.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")):
+        await discover()
+        first, second, third = await scheduler.own(["job"], worker_id="w", max_tasks=3)
+        first = await scheduler.extend(first, 30 * SECONDS)
+        await scheduler.succeed(first)
+        assert writes == []
+        await scheduler.set_limit("job", max_running=1)  # counts the two still running
+        await scheduler.succeed(second)
+        assert writes == ["release"]
+        await scheduler.succeed(third)
+    assert await _live_slots(scheduler, "job") == 0
+
+
+async def _live_slots(sched: ms.Scheduler, name: str) -> int:
+    limit = (await sched.limits()).get(name)
+    now = sched.store.clock.now()
+    return 0 if limit is None else len([s for s in limit.slots if s.until and s.until > now])

@@ -85,6 +85,8 @@ SAMPLES: dict[str, Any] = {
     "progress": Progress(fraction=0.5, message="half way"),
     "token": "token-1",
     "tokens": ["token-1"],
+    "untils": {"token-1": NOW + dt.timedelta(seconds=60)},
+    "leases": {"token-1": NOW + dt.timedelta(seconds=30)},
     "until": NOW + dt.timedelta(seconds=60),
     "rate": 10,
     "per_ms": 60_000,
