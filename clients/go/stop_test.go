@@ -1,0 +1,111 @@
+package mscheduler
+
+// How Work ends its runs when it stops on an error or the server stops answering: no lease is
+// left to expire (an expiry counts an attempt, and may fail a task for good) and no write
+// waits for ever.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestWorkStopsCleanly(t *testing.T) {
+	url := serve(t, token)
+	ctx := context.Background()
+
+	t.Run("a permanent error releases the leases whose handlers it cancels", func(t *testing.T) {
+		name := fresh("refused")
+		var started atomic.Bool
+		client := NewClient(url, token)
+		client.HTTP = &http.Client{Transport: refusingOwn{&started}}
+		once := &PublishOptions{Options: map[string]any{"max_unexpected_retries": 0}}
+		of(first(client.Publish(ctx, name+":1", name, nil, once))).must(t)
+		err := client.Work(ctx, []string{name}, func(handlerCtx context.Context, _ Task) (any, error) {
+			started.Store(true) // the next own is refused for good
+			<-handlerCtx.Done()
+			return nil, handlerCtx.Err()
+		}, WorkOptions{Concurrency: 2, Lease: 30 * time.Second, Wait: 100 * time.Millisecond})
+		wantStatus(t, err, 422, "invalid")
+		task := of(NewClient(url, token).Get(ctx, name+":1")).must(t)
+		if task.State == "running" || len(task.WorkerStates) != 1 || task.WorkerStates[0].State != "released" {
+			t.Fatalf("the task is %s, its attempts %+v: left running until its lease expires",
+				task.State, task.WorkerStates)
+		}
+	})
+}
+
+// refusingOwn answers every own with a 422 once refused is true, as a server would that
+// no longer takes the worker's names.
+type refusingOwn struct{ refused *atomic.Bool }
+
+func (r refusingOwn) RoundTrip(request *http.Request) (*http.Response, error) {
+	if r.refused.Load() && strings.HasSuffix(request.URL.Path, "/v1/own") {
+		body := `{"error": "invalid", "message": "names: not taken here"}`
+		return &http.Response{
+			StatusCode: 422, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(strings.NewReader(body)), Request: request,
+		}, nil
+	}
+	return http.DefaultTransport.RoundTrip(request)
+}
+
+func TestWorkDoesNotWaitForAServerThatNeverAnswers(t *testing.T) {
+	for _, route := range []string{"/v1/leases/succeed", "/v1/leases/extend"} {
+		t.Run(route, func(t *testing.T) {
+			hanging := make(chan struct{})
+			var owned atomic.Int32
+			fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				switch r.URL.Path {
+				case route:
+					select { // a server that took the request and went silent
+					case <-r.Context().Done():
+					case <-hanging:
+					}
+				case "/v1/own":
+					leases := []Lease{}
+					if owned.Add(1) == 1 {
+						expires := time.Now().Add(300 * time.Millisecond)
+						leases = append(leases, Lease{Key: "k", WorkerID: "w", RunID: "r", ExpiresAt: &expires})
+					} else {
+						time.Sleep(20 * time.Millisecond)
+					}
+					var answer bytes.Buffer
+					_ = json.NewEncoder(&answer).Encode(map[string]any{"leases": leases})
+					_, _ = w.Write(answer.Bytes())
+				default:
+					expires := time.Now().Add(300 * time.Millisecond)
+					_ = json.NewEncoder(w).Encode(Lease{Key: "k", WorkerID: "w", RunID: "r", ExpiresAt: &expires})
+				}
+			}))
+			defer fake.Close()
+			defer close(hanging)
+			working, stop := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- NewClient(fake.URL, "").Work(working, []string{"x"}, func(context.Context, Task) (any, error) {
+					stop() // a graceful stop: the outcome is still written
+					time.Sleep(250 * time.Millisecond)
+					return "ok", nil
+				}, WorkOptions{Concurrency: 1, Lease: 300 * time.Millisecond, Wait: 50 * time.Millisecond})
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal(fmt.Sprintf("Work waits on %s after its 300 ms lease has long expired", route))
+			}
+		})
+	}
+}
