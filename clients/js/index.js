@@ -181,7 +181,7 @@ export class Client {
     try {
       return (await this.request("GET", `/tasks/${encodeURIComponent(key)}`)).body;
     } catch (error) {
-      if (error instanceof ApiError && error.status === 404) return null;
+      if (error instanceof ApiError && error.code === "not_found") return null;
       throw error;
     }
   }
@@ -209,29 +209,39 @@ export class Client {
 
   /**
    * The lease extended to leaseMs from now (the task's worker_timeout_ms by default).
-   * @param {Lease} lease @param {number} [leaseMs] @returns {Promise<Lease>}
+   * @param {Lease} lease @param {number} [leaseMs] @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Lease>}
    */
-  async extend(lease, leaseMs) {
-    return (await this.request("POST", "/leases/extend", { ...fence(lease), lease_ms: leaseMs })).body;
+  async extend(lease, leaseMs, options = {}) {
+    const body = { ...fence(lease), lease_ms: leaseMs };
+    return (await this.request("POST", "/leases/extend", body, options.signal)).body;
   }
 
-  /** @param {Lease} lease @param {any} [result] @returns {Promise<Task>} */
-  async succeed(lease, result = null) {
-    return (await this.request("POST", "/leases/succeed", { ...fence(lease), result })).body;
+  /**
+   * @param {Lease} lease @param {any} [result] @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Task>}
+   */
+  async succeed(lease, result = null, options = {}) {
+    return (await this.request("POST", "/leases/succeed", { ...fence(lease), result }, options.signal)).body;
   }
 
   /**
    * The attempt failed: the task is retried by its rules.
-   * @param {Lease} lease @param {unknown} error @returns {Promise<Task>}
+   * @param {Lease} lease @param {unknown} error @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Task>}
    */
-  async fail(lease, error) {
+  async fail(lease, error, options = {}) {
     const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    return (await this.request("POST", "/leases/fail", { ...fence(lease), error: text || "failed" })).body;
+    const body = { ...fence(lease), error: text || "failed" };
+    return (await this.request("POST", "/leases/fail", body, options.signal)).body;
   }
 
-  /** Hand the task back unrun: claimable at once, no attempt counted. @param {Lease} lease */
-  async release(lease) {
-    return (await this.request("POST", "/leases/release", fence(lease))).body;
+  /**
+   * Hand the task back unrun: claimable at once, no attempt counted.
+   * @param {Lease} lease @param {{signal?: AbortSignal}} [options] @returns {Promise<Task>}
+   */
+  async release(lease, options = {}) {
+    return (await this.request("POST", "/leases/release", fence(lease), options.signal)).body;
   }
 
   /**
@@ -325,12 +335,19 @@ export class Client {
     const onBroken = () => lost.abort(worker.broken.reason);
     worker.broken.addEventListener("abort", onBroken, { once: true });
     let current = lease;
+    let leaseLost = false;
+    // A request about this lease with no answer after a lease's length is abandoned: the
+    // lease has expired meanwhile, and a server that took it and went silent must not hold
+    // the run, or a stopping work(), for ever.
+    const bounded = () => ({ signal: AbortSignal.timeout(leaseMs) });
     const keeper = setInterval(async () => {
       try {
-        current = await this.extend(current, leaseMs);
+        current = await this.extend(current, leaseMs, bounded());
       } catch (error) {
-        if (error instanceof LeaseLost) lost.abort(error);
-        else if (isPermanent(error)) worker.stopWith(error);
+        if (error instanceof LeaseLost) {
+          leaseLost = true;
+          lost.abort(error);
+        } else if (isPermanent(error)) worker.stopWith(error);
         else worker.report(error, lease); // tried again at the next tick
       }
     }, Math.max(10, Math.floor(leaseMs / 3)));
@@ -339,18 +356,29 @@ export class Client {
       let outcome;
       try {
         const result = await handler(lease.task, { lease, signal: lost.signal });
-        outcome = () => this.succeed(current, result ?? null);
+        outcome = () => this.succeed(current, result ?? null, bounded());
       } catch (error) {
-        outcome = () => this.fail(current, error);
+        outcome = () => this.fail(current, error, bounded());
       }
-      if (lost.signal.aborted) return;
+      // The handler is done: the lease is no longer extended, so an outcome the server
+      // keeps failing to take is tried until the lease expires, and no longer.
+      clearInterval(keeper);
+      if (leaseLost) return;
+      if (lost.signal.aborted) {
+        // work stops on a permanent error and aborted the handler: the task goes back unrun
+        // now, as a stopped Python worker's does, instead of waiting out its lease, whose
+        // expiry would count an attempt (and could fail the task for good). A server that
+        // refuses this too (the token work stopped on) leaves it to expire.
+        await this.release(current, bounded()).catch(() => {});
+        return;
+      }
       try {
         await this.#write(outcome, () => current, worker);
       } catch (error) {
         // The result was refused (too large, not storable): the attempt fails, as it
         // would in a Python worker, with the server's reason.
         if (!(error instanceof ApiError && error.status === 422)) throw error;
-        await this.#write(() => this.fail(current, error), () => current, worker);
+        await this.#write(() => this.fail(current, error, bounded()), () => current, worker);
       }
     } catch (error) {
       if (error instanceof LeaseLost) return; // another worker has it now
