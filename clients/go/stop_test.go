@@ -41,6 +41,52 @@ func TestWorkStopsCleanly(t *testing.T) {
 				task.State, task.WorkerStates)
 		}
 	})
+
+	t.Run("a lease lost while its handler runs cancels that handler only, and writes nothing", func(t *testing.T) {
+		name := fresh("lost")
+		client := NewClient(url, token)
+		for _, key := range []string{name + ":cancelled", name + ":kept"} {
+			of(first(client.Publish(ctx, key, name, nil, nil))).must(t)
+		}
+		working, stop := context.WithCancel(ctx)
+		told := make(chan string, 2)
+		done := make(chan error, 1)
+		go func() {
+			done <- client.Work(working, []string{name}, func(handlerCtx context.Context, task Task) (any, error) {
+				if task.Key == name+":kept" { // outlives several leases, extended each time
+					time.Sleep(time.Second)
+					return "kept", handlerCtx.Err()
+				}
+				if _, err := client.Do(ctx, "POST", "/tasks/"+task.Key+"/cancel", nil, nil); err != nil {
+					t.Error(err) // not Fatal: this is the handler's goroutine
+				}
+				select {
+				case <-handlerCtx.Done():
+					told <- task.Key
+				case <-time.After(10 * time.Second):
+				}
+				return "written after the lease was lost", nil
+			}, WorkOptions{Concurrency: 2, Lease: 300 * time.Millisecond, Wait: 100 * time.Millisecond})
+		}()
+		select {
+		case <-told:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the handler of a cancelled task was not told")
+		}
+		waitFor(t, "the other task succeeded", func() bool {
+			return of(client.Get(ctx, name+":kept")).must(t).State == "success"
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("a lost lease stops nothing else: %v", err)
+		}
+		if task := of(client.Get(ctx, name+":cancelled")).must(t); task.State != "cancelled" || string(task.Result) != "null" {
+			t.Fatalf("%s %s", task.State, task.Result)
+		}
+		if task := of(client.Get(ctx, name+":kept")).must(t); len(task.WorkerStates) != 1 || string(task.Result) != `"kept"` {
+			t.Fatalf("%d attempts, %s", len(task.WorkerStates), task.Result)
+		}
+	})
 }
 
 // refusingOwn answers every own with a 422 once refused is true, as a server would that
