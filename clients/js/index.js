@@ -172,14 +172,14 @@ export class Client {
    */
   async wait(key, options = {}) {
     const query = `timeout_ms=${options.timeoutMs ?? 30_000}`;
-    const path = `/tasks/${encodeURIComponent(key)}/wait?${query}`;
+    const path = `/tasks/${segment(key)}/wait?${query}`;
     return (await this.request("GET", path, undefined, options.signal)).body;
   }
 
   /** @param {string} key @returns {Promise<Task | null>} */
   async get(key) {
     try {
-      return (await this.request("GET", `/tasks/${encodeURIComponent(key)}`)).body;
+      return (await this.request("GET", `/tasks/${segment(key)}`)).body;
     } catch (error) {
       if (error instanceof ApiError && error.code === "not_found") return null;
       throw error;
@@ -427,6 +427,19 @@ export function isPermanent(error) {
   if (!(error instanceof ApiError) || error instanceof LeaseLost) return false;
   const { status, code } = error;
   return [400, 401, 403, 422].includes(status) || (status === 404 && code !== "not_found");
+}
+
+/**
+ * A key or name as one segment of a path, `/` and `%` included. fetch resolves a segment "."
+ * or ".." (percent-encoded too) as a URL's dot segment, which would name another route (the
+ * task list, another key's wait): such a key is refused here, before any request.
+ * @param {string} text @returns {string}
+ */
+export function segment(text) {
+  if (text === "." || text === "..") {
+    throw new TypeError(`key: ${JSON.stringify(text)} cannot be named in a URL path by fetch`);
+  }
+  return encodeURIComponent(text);
 }
 
 /** @param {string} text @returns {any} its JSON, or null if it is none */
