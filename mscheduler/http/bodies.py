@@ -68,7 +68,8 @@ _JSON_FORMS: list[tuple[Any, str, Any, Callable[[], Any], Callable[[Any], Any]]]
     ),
     (TaskOptions | None, "", TaskOptions | None, lambda: Field(default=None), _same),
     (Sequence[str] | None, "", list[str] | None, lambda: Field(default=None), _same),
-    (bool, "", bool, lambda: Field(default=False), _same),
+    # A flag is JSON true or false, nothing read as one ("false", 1): strict.
+    (bool, "", bool, lambda: Field(default=False, strict=True), _same),
 ]
 _FROM_BODY: dict[str, tuple[str, Callable[[Any], Any]]] = {}
 
@@ -136,7 +137,7 @@ class PauseBody(_Body):
 class RetryBody(_Body):
     """``with_dependents``: run again too the dependents its end cancelled (and theirs)."""
 
-    with_dependents: bool = False
+    with_dependents: bool = Field(default=False, strict=True)
 
 
 class LimitBody(_Body):
