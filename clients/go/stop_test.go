@@ -155,3 +155,58 @@ func TestWorkDoesNotWaitForAServerThatNeverAnswers(t *testing.T) {
 		})
 	}
 }
+
+func TestAStopDuringAnAnswerKeepsItsLeases(t *testing.T) {
+	headers, resume := make(chan struct{}), make(chan struct{})
+	ended := make(chan string, 4)
+	var owned atomic.Int32
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/v1/own":
+			if owned.Add(1) > 1 {
+				time.Sleep(20 * time.Millisecond)
+				fmt.Fprint(w, `{"leases": []}`)
+				return
+			}
+			w.WriteHeader(200) // the answer has begun: the server counts its leases as given
+			w.(http.Flusher).Flush()
+			close(headers)
+			<-resume
+			expires := time.Now().Add(10 * time.Second)
+			_ = json.NewEncoder(w).Encode(map[string]any{"leases": []Lease{{Key: "k", WorkerID: "w", RunID: "r", ExpiresAt: &expires}}})
+		default:
+			ended <- r.URL.Path
+			fmt.Fprint(w, `{"key": "k"}`)
+		}
+	}))
+	defer fake.Close()
+	working, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- NewClient(fake.URL, "").Work(working, []string{"x"}, func(context.Context, Task) (any, error) {
+			return "ok", nil
+		}, WorkOptions{Concurrency: 1, Lease: 10 * time.Second})
+	}()
+	<-headers
+	time.Sleep(100 * time.Millisecond) // the worker has the answer's head
+	stop()
+	time.Sleep(100 * time.Millisecond)
+	close(resume)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Work did not return")
+	}
+	select {
+	case path := <-ended:
+		if path != "/v1/leases/succeed" && path != "/v1/leases/release" {
+			t.Fatalf("the lease ended with %s", path)
+		}
+	default:
+		t.Fatal("the lease of an answer the stop cut short was dropped: it runs out its 10 s and counts an attempt")
+	}
+}

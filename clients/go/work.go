@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"net/http/httptrace"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -86,7 +87,7 @@ func (c *Client) Work(ctx context.Context, names []string, handler Handler, opts
 			slots <- struct{}{}
 			free++
 		}
-		leases, err := c.Own(stopping, names, OwnOptions{
+		leases, err := w.own(stopping, names, OwnOptions{
 			WorkerID: opts.WorkerID, MaxTasks: free, Lease: opts.Lease, Wait: opts.Wait,
 		})
 		for unused := len(leases); unused < free; unused++ {
@@ -136,6 +137,29 @@ func (w *worker) report(err error, lease *Lease) {
 	if w.opts.OnError != nil {
 		w.opts.OnError(err, lease)
 	}
+}
+
+// own is one own of Work's loop. A stop cancels it only while no answer has begun to
+// arrive: the server releases what a request it sees closed had won, but an answer it has
+// begun to send is the only record of its leases, so that one is read to its end (and its
+// leases run, as a graceful stop lets running handlers finish).
+func (w *worker) own(stopping context.Context, names []string, opts OwnOptions) ([]Lease, error) {
+	var answering atomic.Bool
+	trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { answering.Store(true) }}
+	asking, cancel := context.WithCancel(httptrace.WithClientTrace(context.Background(), trace))
+	defer cancel()
+	asked := make(chan struct{})
+	defer close(asked) // before cancel: the watcher below has ended by then
+	go func() {
+		select {
+		case <-stopping.Done():
+			if !answering.Load() {
+				cancel()
+			}
+		case <-asked:
+		}
+	}()
+	return w.client.Own(asking, names, opts)
 }
 
 // run is one lease's run: the handler, the lease kept alive meanwhile, the outcome.
