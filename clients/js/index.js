@@ -42,6 +42,7 @@
  * @property {number} [leaseMs] each lease's length (default: the task's worker_timeout_ms)
  * @property {number} [waitMs] when none is claimable, wait up to this long for one
  * @property {AbortSignal} [signal]
+ * @property {() => void} [onAnswer] called once the answer has begun to arrive
  */
 
 /**
@@ -118,9 +119,10 @@ export class Client {
   /**
    * @param {string} method @param {string} path @param {any} [body]
    * @param {AbortSignal} [signal]
+   * @param {() => void} [onAnswer] called once the answer has begun to arrive (its head)
    * @returns {Promise<{status: number, body: any}>}
    */
-  async request(method, path, body, signal) {
+  async request(method, path, body, signal, onAnswer) {
     /** @type {Record<string, string>} */
     const headers = { accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
@@ -131,6 +133,7 @@ export class Client {
       body: body === undefined ? undefined : JSON.stringify(body),
       signal,
     });
+    onAnswer?.();
     const text = await reply.text();
     if (reply.status >= 400) {
       // Our errors are JSON; a proxy's or another server's page is not.
@@ -203,6 +206,7 @@ export class Client {
         wait_ms: options.waitMs,
       },
       options.signal,
+      options.onAnswer,
     );
     return reply.body.leases;
   }
@@ -294,13 +298,26 @@ export class Client {
           continue;
         }
         let leases;
+        // A stop closes a waiting own only while no answer has begun to arrive: the server
+        // releases what a request it sees closed had won, but an answer it has begun to send
+        // is the only record of its leases, so that one is read to its end (and its leases
+        // run, as a graceful stop lets running handlers finish).
+        const asking = new AbortController();
+        let answering = false;
+        const onStop = () => {
+          if (!answering) asking.abort();
+        };
+        stopping.signal.addEventListener("abort", onStop, { once: true });
         try {
           leases = await this.own(names, {
             workerId,
             maxTasks: free,
             leaseMs,
             waitMs: options.waitMs ?? 5_000,
-            signal: stopping.signal,
+            signal: asking.signal,
+            onAnswer: () => {
+              answering = true;
+            },
           });
           failures = 0;
         } catch (error) {
@@ -313,6 +330,8 @@ export class Client {
           worker.report(error, null);
           await sleep(backoff(failures), stopping.signal);
           continue;
+        } finally {
+          stopping.signal.removeEventListener("abort", onStop);
         }
         for (const lease of leases) {
           const run = this.#run(lease, handler, leaseMs, worker).finally(() => running.delete(run));
@@ -334,6 +353,7 @@ export class Client {
     const lost = new AbortController();
     const onBroken = () => lost.abort(worker.broken.reason);
     worker.broken.addEventListener("abort", onBroken, { once: true });
+    if (worker.broken.aborted) onBroken(); // an own answered after work broke: released below
     let current = lease;
     let leaseLost = false;
     // A request about this lease with no answer after a lease's length is abandoned: the

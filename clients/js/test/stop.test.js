@@ -103,3 +103,58 @@ for (const route of ["/v1/leases/succeed", "/v1/leases/extend"]) {
     }
   });
 }
+
+test("a stop during an own's answer keeps its leases", { timeout: 30_000 }, async () => {
+  /** @type {() => void} */
+  let resume = () => {};
+  const resumed = new Promise((resolve) => {
+    resume = () => resolve(null);
+  });
+  /** @type {() => void} */
+  let headed = () => {};
+  const headers = new Promise((resolve) => {
+    headed = () => resolve(null);
+  });
+  /** @type {string[]} */
+  const ended = [];
+  let owned = 0;
+  const fake = createServer(async (request, response) => {
+    request.resume();
+    response.writeHead(200, { "content-type": "application/json" });
+    if (request.url !== "/v1/own") {
+      ended.push(String(request.url));
+      response.end(JSON.stringify({ key: "k" }));
+      return;
+    }
+    owned += 1;
+    if (owned > 1) {
+      setTimeout(() => response.end(JSON.stringify({ leases: [] })), 20);
+      return;
+    }
+    response.flushHeaders(); // the answer has begun: the server counts its leases as given
+    headed();
+    await resumed;
+    const expires_at = new Date(Date.now() + 10_000).toISOString();
+    const lease = { key: "k", worker_id: "w", run_id: "r", expires_at, task: { key: "k", name: "x" } };
+    response.end(JSON.stringify({ leases: [lease] }));
+  });
+  await new Promise((resolve) => fake.listen(0, "127.0.0.1", () => resolve(null)));
+  const { port } = /** @type {import("node:net").AddressInfo} */ (fake.address());
+  const stop = new AbortController();
+  try {
+    const working = new Client(`http://127.0.0.1:${port}`).work(["x"], async () => "ok", {
+      concurrency: 1,
+      leaseMs: 10_000,
+      signal: stop.signal,
+    });
+    await headers;
+    await new Promise((resolve) => setTimeout(resolve, 100)); // the worker has the answer's head
+    stop.abort();
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    resume();
+    await working;
+    assert.deepEqual(ended, ["/v1/leases/succeed"], "the leases of an answer the stop cut short were dropped");
+  } finally {
+    fake.close();
+  }
+});
