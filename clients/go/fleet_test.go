@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,7 +15,9 @@ import (
 
 // A mixed fleet on one collection: a Python consumer (in the server's process), the Node
 // worker (clients/js) and this Go worker; every task runs exactly once, and each language
-// runs some.
+// runs some. Once means once as the server recorded it (one attempt, its result naming the
+// language) and as the Go and Node handlers saw it (each ran the keys its language's results
+// name, each once).
 func TestMixedFleet(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -34,23 +38,37 @@ func TestMixedFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodeDone := make(chan error, 1)
+	nodeRan := map[string]int{} // read once nodeDone has answered
 	go func() {
 		lines := bufio.NewScanner(stdout)
 		for lines.Scan() {
+			if line := lines.Text(); strings.HasPrefix(line, "ran ") {
+				nodeRan[strings.TrimPrefix(line, "ran ")]++
+			}
 		}
 		nodeDone <- nodeWorker.Wait()
 	}()
-	defer func() {
-		_ = nodeWorker.Process.Signal(syscall.SIGTERM)
-		if err := <-nodeDone; err != nil {
-			t.Errorf("the Node worker: %v", err)
+	nodeStopped := false
+	stopNode := func() {
+		if !nodeStopped {
+			nodeStopped = true
+			_ = nodeWorker.Process.Signal(syscall.SIGTERM)
+			if err := <-nodeDone; err != nil {
+				t.Errorf("the Node worker: %v", err)
+			}
 		}
-	}()
+	}
+	defer stopNode()
 
 	working, stop := context.WithCancel(ctx)
 	goDone := make(chan error, 1)
+	var goMu sync.Mutex
+	goRan := map[string]int{}
 	go func() {
-		goDone <- client.Work(working, []string{"fleet"}, func(context.Context, Task) (any, error) {
+		goDone <- client.Work(working, []string{"fleet"}, func(_ context.Context, task Task) (any, error) {
+			goMu.Lock()
+			goRan[task.Key]++
+			goMu.Unlock()
 			time.Sleep(2 * time.Millisecond)
 			return map[string]string{"by": "go"}, nil
 		}, WorkOptions{Concurrency: 8, Lease: 10 * time.Second, Wait: 200 * time.Millisecond})
@@ -75,6 +93,8 @@ func TestMixedFleet(t *testing.T) {
 	if err := <-goDone; err != nil {
 		t.Fatalf("the Go worker: %v", err)
 	}
+	stopNode()
+	handled := map[string]map[string]int{"go": goRan, "node": nodeRan}
 
 	runs := map[string]int{}
 	duplicates := 0
@@ -87,6 +107,15 @@ func TestMixedFleet(t *testing.T) {
 			t.Fatalf("%s: %s", task.Key, task.Result)
 		}
 		runs[result.By]++
+		for language, ran := range handled {
+			want := 0
+			if result.By == language {
+				want = 1
+			}
+			if ran[task.Key] != want {
+				t.Errorf("%s (its result by %s): the %s handler ran it %d times", task.Key, result.By, language, ran[task.Key])
+			}
+		}
 	}
 	t.Logf("mixed fleet: %d tasks, runs %v, duplicates %d", len(ended), runs, duplicates)
 	if len(ended) != tasks || duplicates != 0 || runs["python"]+runs["node"]+runs["go"] != tasks {

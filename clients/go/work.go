@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"net/http/httptrace"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -40,8 +41,10 @@ type WorkOptions struct {
 // It returns nil once ctx is cancelled and the running handlers have finished and their
 // outcomes are written (a graceful stop: ctx is not passed to the handlers). It returns the
 // error when the server answers with one that retrying cannot mend (IsPermanent: a wrong
-// token, Origin, route or body), after cancelling the running handlers' contexts and waiting
-// for them. Any other error is given to opts.OnError and the request tried again.
+// token, Origin, route or body), after cancelling the running handlers' contexts, waiting
+// for them and releasing their tasks. Any other error is given to opts.OnError and the
+// request tried again. A request about a lease (an extension, an outcome) is abandoned
+// after opts.Lease without an answer.
 func (c *Client) Work(ctx context.Context, names []string, handler Handler, opts WorkOptions) error {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 4
@@ -84,7 +87,7 @@ func (c *Client) Work(ctx context.Context, names []string, handler Handler, opts
 			slots <- struct{}{}
 			free++
 		}
-		leases, err := c.Own(stopping, names, OwnOptions{
+		leases, err := w.own(stopping, names, OwnOptions{
 			WorkerID: opts.WorkerID, MaxTasks: free, Lease: opts.Lease, Wait: opts.Wait,
 		})
 		for unused := len(leases); unused < free; unused++ {
@@ -136,6 +139,29 @@ func (w *worker) report(err error, lease *Lease) {
 	}
 }
 
+// own is one own of Work's loop. A stop cancels it only while no answer has begun to
+// arrive: the server releases what a request it sees closed had won, but an answer it has
+// begun to send is the only record of its leases, so that one is read to its end (and its
+// leases run, as a graceful stop lets running handlers finish).
+func (w *worker) own(stopping context.Context, names []string, opts OwnOptions) ([]Lease, error) {
+	var answering atomic.Bool
+	trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { answering.Store(true) }}
+	asking, cancel := context.WithCancel(httptrace.WithClientTrace(context.Background(), trace))
+	defer cancel()
+	asked := make(chan struct{})
+	defer close(asked) // before cancel: the watcher below has ended by then
+	go func() {
+		select {
+		case <-stopping.Done():
+			if !answering.Load() {
+				cancel()
+			}
+		case <-asked:
+		}
+	}()
+	return w.client.Own(asking, names, opts)
+}
+
 // run is one lease's run: the handler, the lease kept alive meanwhile, the outcome.
 func (w *worker) run(lease Lease) {
 	handlerCtx, lose := context.WithCancel(w.broken)
@@ -158,7 +184,9 @@ func (w *worker) run(lease Lease) {
 			mu.Lock()
 			was := current
 			mu.Unlock()
-			extended, err := w.client.Extend(w.broken, was, w.opts.Lease)
+			asking, done := w.bounded(w.broken)
+			extended, err := w.client.Extend(asking, was, w.opts.Lease)
+			done()
 			switch {
 			case err == nil:
 				mu.Lock()
@@ -179,7 +207,20 @@ func (w *worker) run(lease Lease) {
 	result, failure := w.call(handlerCtx, lease.Task)
 	close(keeping)
 	<-kept
-	if lost.Load() || w.broken.Err() != nil {
+	if lost.Load() {
+		return
+	}
+	if w.broken.Err() != nil {
+		// Work stops on a permanent error and cancelled the handler: the task goes back
+		// unrun now, as a stopped Python worker's does, instead of waiting out its lease,
+		// whose expiry would count an attempt (and could fail the task for good). A server
+		// that refuses this too (the token it stopped on) leaves it to expire.
+		mu.Lock()
+		final := current
+		mu.Unlock()
+		releasing, done := w.bounded(context.Background())
+		defer done()
+		_, _ = w.client.Release(releasing, final)
 		return
 	}
 	mu.Lock()
@@ -187,14 +228,14 @@ func (w *worker) run(lease Lease) {
 	mu.Unlock()
 	var err error
 	if failure != nil {
-		err = w.write(final, func() error { _, err := w.client.Fail(w.broken, final, failure); return err })
+		err = w.write(final, func(ctx context.Context) error { _, err := w.client.Fail(ctx, final, failure); return err })
 	} else {
-		err = w.write(final, func() error { _, err := w.client.Succeed(w.broken, final, result); return err })
+		err = w.write(final, func(ctx context.Context) error { _, err := w.client.Succeed(ctx, final, result); return err })
 		var api *APIError
 		if errors.As(err, &api) && api.Status == 422 {
 			// The result was refused (too large, not storable): the attempt fails, as it
 			// would in a Python worker, with the server's reason.
-			err = w.write(final, func() error { _, err := w.client.Fail(w.broken, final, api); return err })
+			err = w.write(final, func(ctx context.Context) error { _, err := w.client.Fail(ctx, final, api); return err })
 		}
 	}
 	switch {
@@ -216,11 +257,21 @@ func (w *worker) call(ctx context.Context, task Task) (result any, err error) {
 	return w.handler(ctx, task)
 }
 
+// bounded is parent with a deadline one lease long: a request of a run (an extension, an
+// outcome) that the server has not answered by then is abandoned, as the lease it is about
+// has expired meanwhile; without it a server that takes requests and goes silent would hold
+// the run, and a stopping Work, for ever.
+func (w *worker) bounded(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, w.opts.Lease)
+}
+
 // write sends an outcome, again after a transient error (reported each time), until the
 // lease has expired, when the server would refuse it anyway.
-func (w *worker) write(lease Lease, send func() error) error {
+func (w *worker) write(lease Lease, send func(context.Context) error) error {
 	for failures := 1; ; failures++ {
-		err := send()
+		sending, done := w.bounded(w.broken)
+		err := send(sending)
+		done()
 		var api *APIError
 		if err == nil || (errors.As(err, &api) && api.Status < 500) || w.broken.Err() != nil {
 			return err

@@ -42,6 +42,7 @@
  * @property {number} [leaseMs] each lease's length (default: the task's worker_timeout_ms)
  * @property {number} [waitMs] when none is claimable, wait up to this long for one
  * @property {AbortSignal} [signal]
+ * @property {() => void} [onAnswer] called once the answer has begun to arrive
  */
 
 /**
@@ -118,9 +119,10 @@ export class Client {
   /**
    * @param {string} method @param {string} path @param {any} [body]
    * @param {AbortSignal} [signal]
+   * @param {() => void} [onAnswer] called once the answer has begun to arrive (its head)
    * @returns {Promise<{status: number, body: any}>}
    */
-  async request(method, path, body, signal) {
+  async request(method, path, body, signal, onAnswer) {
     /** @type {Record<string, string>} */
     const headers = { accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
@@ -131,6 +133,7 @@ export class Client {
       body: body === undefined ? undefined : JSON.stringify(body),
       signal,
     });
+    onAnswer?.();
     const text = await reply.text();
     if (reply.status >= 400) {
       // Our errors are JSON; a proxy's or another server's page is not.
@@ -172,16 +175,16 @@ export class Client {
    */
   async wait(key, options = {}) {
     const query = `timeout_ms=${options.timeoutMs ?? 30_000}`;
-    const path = `/tasks/${encodeURIComponent(key)}/wait?${query}`;
+    const path = `/tasks/${segment(key)}/wait?${query}`;
     return (await this.request("GET", path, undefined, options.signal)).body;
   }
 
   /** @param {string} key @returns {Promise<Task | null>} */
   async get(key) {
     try {
-      return (await this.request("GET", `/tasks/${encodeURIComponent(key)}`)).body;
+      return (await this.request("GET", `/tasks/${segment(key)}`)).body;
     } catch (error) {
-      if (error instanceof ApiError && error.status === 404) return null;
+      if (error instanceof ApiError && error.code === "not_found") return null;
       throw error;
     }
   }
@@ -203,35 +206,46 @@ export class Client {
         wait_ms: options.waitMs,
       },
       options.signal,
+      options.onAnswer,
     );
     return reply.body.leases;
   }
 
   /**
    * The lease extended to leaseMs from now (the task's worker_timeout_ms by default).
-   * @param {Lease} lease @param {number} [leaseMs] @returns {Promise<Lease>}
+   * @param {Lease} lease @param {number} [leaseMs] @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Lease>}
    */
-  async extend(lease, leaseMs) {
-    return (await this.request("POST", "/leases/extend", { ...fence(lease), lease_ms: leaseMs })).body;
+  async extend(lease, leaseMs, options = {}) {
+    const body = { ...fence(lease), lease_ms: leaseMs };
+    return (await this.request("POST", "/leases/extend", body, options.signal)).body;
   }
 
-  /** @param {Lease} lease @param {any} [result] @returns {Promise<Task>} */
-  async succeed(lease, result = null) {
-    return (await this.request("POST", "/leases/succeed", { ...fence(lease), result })).body;
+  /**
+   * @param {Lease} lease @param {any} [result] @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Task>}
+   */
+  async succeed(lease, result = null, options = {}) {
+    return (await this.request("POST", "/leases/succeed", { ...fence(lease), result }, options.signal)).body;
   }
 
   /**
    * The attempt failed: the task is retried by its rules.
-   * @param {Lease} lease @param {unknown} error @returns {Promise<Task>}
+   * @param {Lease} lease @param {unknown} error @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Task>}
    */
-  async fail(lease, error) {
+  async fail(lease, error, options = {}) {
     const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    return (await this.request("POST", "/leases/fail", { ...fence(lease), error: text || "failed" })).body;
+    const body = { ...fence(lease), error: text || "failed" };
+    return (await this.request("POST", "/leases/fail", body, options.signal)).body;
   }
 
-  /** Hand the task back unrun: claimable at once, no attempt counted. @param {Lease} lease */
-  async release(lease) {
-    return (await this.request("POST", "/leases/release", fence(lease))).body;
+  /**
+   * Hand the task back unrun: claimable at once, no attempt counted.
+   * @param {Lease} lease @param {{signal?: AbortSignal}} [options] @returns {Promise<Task>}
+   */
+  async release(lease, options = {}) {
+    return (await this.request("POST", "/leases/release", fence(lease), options.signal)).body;
   }
 
   /**
@@ -284,13 +298,26 @@ export class Client {
           continue;
         }
         let leases;
+        // A stop closes a waiting own only while no answer has begun to arrive: the server
+        // releases what a request it sees closed had won, but an answer it has begun to send
+        // is the only record of its leases, so that one is read to its end (and its leases
+        // run, as a graceful stop lets running handlers finish).
+        const asking = new AbortController();
+        let answering = false;
+        const onStop = () => {
+          if (!answering) asking.abort();
+        };
+        stopping.signal.addEventListener("abort", onStop, { once: true });
         try {
           leases = await this.own(names, {
             workerId,
             maxTasks: free,
             leaseMs,
             waitMs: options.waitMs ?? 5_000,
-            signal: stopping.signal,
+            signal: asking.signal,
+            onAnswer: () => {
+              answering = true;
+            },
           });
           failures = 0;
         } catch (error) {
@@ -303,6 +330,8 @@ export class Client {
           worker.report(error, null);
           await sleep(backoff(failures), stopping.signal);
           continue;
+        } finally {
+          stopping.signal.removeEventListener("abort", onStop);
         }
         for (const lease of leases) {
           const run = this.#run(lease, handler, leaseMs, worker).finally(() => running.delete(run));
@@ -324,13 +353,21 @@ export class Client {
     const lost = new AbortController();
     const onBroken = () => lost.abort(worker.broken.reason);
     worker.broken.addEventListener("abort", onBroken, { once: true });
+    if (worker.broken.aborted) onBroken(); // an own answered after work broke: released below
     let current = lease;
+    let leaseLost = false;
+    // A request about this lease with no answer after a lease's length is abandoned: the
+    // lease has expired meanwhile, and a server that took it and went silent must not hold
+    // the run, or a stopping work(), for ever.
+    const bounded = () => ({ signal: AbortSignal.timeout(leaseMs) });
     const keeper = setInterval(async () => {
       try {
-        current = await this.extend(current, leaseMs);
+        current = await this.extend(current, leaseMs, bounded());
       } catch (error) {
-        if (error instanceof LeaseLost) lost.abort(error);
-        else if (isPermanent(error)) worker.stopWith(error);
+        if (error instanceof LeaseLost) {
+          leaseLost = true;
+          lost.abort(error);
+        } else if (isPermanent(error)) worker.stopWith(error);
         else worker.report(error, lease); // tried again at the next tick
       }
     }, Math.max(10, Math.floor(leaseMs / 3)));
@@ -339,18 +376,29 @@ export class Client {
       let outcome;
       try {
         const result = await handler(lease.task, { lease, signal: lost.signal });
-        outcome = () => this.succeed(current, result ?? null);
+        outcome = () => this.succeed(current, result ?? null, bounded());
       } catch (error) {
-        outcome = () => this.fail(current, error);
+        outcome = () => this.fail(current, error, bounded());
       }
-      if (lost.signal.aborted) return;
+      // The handler is done: the lease is no longer extended, so an outcome the server
+      // keeps failing to take is tried until the lease expires, and no longer.
+      clearInterval(keeper);
+      if (leaseLost) return;
+      if (lost.signal.aborted) {
+        // work stops on a permanent error and aborted the handler: the task goes back unrun
+        // now, as a stopped Python worker's does, instead of waiting out its lease, whose
+        // expiry would count an attempt (and could fail the task for good). A server that
+        // refuses this too (the token work stopped on) leaves it to expire.
+        await this.release(current, bounded()).catch(() => {});
+        return;
+      }
       try {
         await this.#write(outcome, () => current, worker);
       } catch (error) {
         // The result was refused (too large, not storable): the attempt fails, as it
         // would in a Python worker, with the server's reason.
         if (!(error instanceof ApiError && error.status === 422)) throw error;
-        await this.#write(() => this.fail(current, error), () => current, worker);
+        await this.#write(() => this.fail(current, error, bounded()), () => current, worker);
       }
     } catch (error) {
       if (error instanceof LeaseLost) return; // another worker has it now
@@ -399,6 +447,19 @@ export function isPermanent(error) {
   if (!(error instanceof ApiError) || error instanceof LeaseLost) return false;
   const { status, code } = error;
   return [400, 401, 403, 422].includes(status) || (status === 404 && code !== "not_found");
+}
+
+/**
+ * A key or name as one segment of a path, `/` and `%` included. fetch resolves a segment "."
+ * or ".." (percent-encoded too) as a URL's dot segment, which would name another route (the
+ * task list, another key's wait): such a key is refused here, before any request.
+ * @param {string} text @returns {string}
+ */
+export function segment(text) {
+  if (text === "." || text === "..") {
+    throw new TypeError(`key: ${JSON.stringify(text)} cannot be named in a URL path by fetch`);
+  }
+  return encodeURIComponent(text);
 }
 
 /** @param {string} text @returns {any} its JSON, or null if it is none */

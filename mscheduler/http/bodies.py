@@ -13,7 +13,16 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, cast, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+)
 
 from ..consumer.owner import MAX_TASKS
 from ..models import (
@@ -63,9 +72,15 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _replace_finished(value: bool | list[TaskState]) -> bool | list[TaskState]:
-    finished_states_to_replace(value)  # refuses a state that is not a finished one
-    return value
+def _replace_finished(value: Any, handler: ValidatorFunctionWrapHandler) -> bool | list[TaskState]:
+    """JSON true or false, or a list of finished states: one refusal naming the field, not one
+    per form it could have taken."""
+    try:
+        chosen: bool | list[TaskState] = handler(value)
+    except ValidationError:
+        raise ValueError("must be true, false or a list of finished states") from None
+    finished_states_to_replace(chosen)  # refuses a state that is not a finished one
+    return chosen
 
 
 # How each type of publish parameter travels as JSON: its body field's suffix, type and
@@ -81,11 +96,12 @@ _JSON_FORMS: list[tuple[Any, str, Any, Callable[[], Any], Callable[[Any], Any]]]
     ),
     (TaskOptions | None, "", TaskOptions | None, lambda: Field(default=None), _same),
     (Sequence[str] | None, "", list[str] | None, lambda: Field(default=None), _same),
-    (bool, "", bool, lambda: Field(default=False), _same),
+    # A flag is JSON true or false, nothing read as one ("false", 1): strict.
+    (bool, "", bool, lambda: Field(default=False, strict=True), _same),
     (
         ReplaceFinished,
         "",
-        Annotated[bool | list[TaskState], AfterValidator(_replace_finished)],
+        Annotated[StrictBool | list[TaskState], WrapValidator(_replace_finished)],
         lambda: Field(default=False),
         _same,
     ),
@@ -156,7 +172,7 @@ class PauseBody(_Body):
 class RetryBody(_Body):
     """``with_dependents``: run again too the dependents its end cancelled (and theirs)."""
 
-    with_dependents: bool = False
+    with_dependents: bool = Field(default=False, strict=True)
 
 
 class LimitBody(_Body):

@@ -1,5 +1,6 @@
 // The mixed fleet's Node worker (fleet_test.go): clients/js's work() on `fleet` tasks until
-// SIGTERM, each run returning {"by": "node"}. Usage: node node_worker.mjs URL TOKEN
+// SIGTERM, each run printing "ran KEY" and returning {"by": "node"}. Usage: node
+// node_worker.mjs URL TOKEN
 import { Client } from "../../js/index.js";
 
 const [url, token] = process.argv.slice(2);
@@ -9,7 +10,8 @@ const sleep = (/** @type {number} */ ms) => new Promise((resolve) => setTimeout(
 console.log("working");
 await new Client(url, { token }).work(
   ["fleet"],
-  async () => {
+  async (task) => {
+    console.log(`ran ${task.key}`);
     await sleep(2);
     return { by: "node" };
   },

@@ -112,6 +112,39 @@ subtest 'an error retrying cannot mend stops work' => sub {
     }
 };
 
+{
+    package RevokedClient;    # its token is refused once the handler has started ($started)
+    our @ISA = ('MScheduler::Client');
+    our $started;
+    sub extend {
+        my ($self, $lease) = @_;
+        return $lease unless -s $started;
+        die MScheduler::Error->new(401, 'unauthorized', 'the token is wrong');
+    }
+}
+
+subtest 'a permanent error mid-run ends the handler and releases its task' => sub {
+    my $revoked = bless { %$client }, 'RevokedClient';
+    $client->publish('revoked:1', 'revoked', options => { max_unexpected_retries => 0 });
+    my $marker = $RevokedClient::started = File::Spec->catfile(File::Spec->tmpdir, "mscheduler-perl-$$.pid");
+    unlink $marker;
+    eval {
+        $revoked->work(['revoked'], sub {
+            open my $out, '>', $marker or die $!;
+            print {$out} $$;
+            close $out;
+            sleep 30;    # a long run, cut short
+        }, lease_ms => 300, wait_ms => 100);
+    };
+    is ref $@ && $@->status, 401, 'stopped with 401';
+    my $pid = do { local @ARGV = ($marker); <> };
+    unlink $marker;
+    ok $pid && !kill(0, $pid), "the handler's process is gone";
+    my $task = $client->get('revoked:1');
+    is $task->{state}, 'pending', 'the task is claimable at once, not left to expire';
+    is_deeply [map { $_->{state} } @{ $task->{worker_states} }], ['released'];
+};
+
 subtest 'a server that is down is reported each time' => sub {
     my $socket = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1:0');
     my $port = $socket->sockport;

@@ -202,7 +202,16 @@ sub _run {
             ($lost = 1, kill TERM => $child);
             last;
         }
-        die $error if is_permanent($error);
+        if (is_permanent($error)) {
+            # work stops: the handler is ended and waited for, and its task goes back unrun
+            # (best effort: the server may refuse this too) instead of waiting out its lease,
+            # whose expiry would count an attempt.
+            kill TERM => $child;
+            close $reader;
+            waitpid($child, 0);
+            eval { $self->release($current) };
+            die $error;
+        }
         $report->($error, $lease);
     }
     close $reader;
