@@ -35,10 +35,11 @@ from ..errors import (
     TaskRunning,
     phrase,
 )
+from ..host_guard import served_hosts
 from ..models import ErrorInfo, Lease, TaskState
 from ..worker_options import WorkerOptions
 from . import bodies as b
-from .guard import Guard, Refused, allowed_hosts
+from .guard import Guard, Refused
 from .leases import KnownLeases
 
 log = logging.getLogger(__name__)
@@ -89,16 +90,20 @@ def _ms(value: int | None) -> dt.timedelta | None:
 
 
 def create_app(
-    scheduler: Scheduler, *, token: str | None = None, hosts: Sequence[str] = ()
+    scheduler: Scheduler,
+    *,
+    token: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The HTTP API over ``scheduler``. ``token``: required as ``Authorization: Bearer`` on
-    every ``/v1`` route. ``hosts``: the names it answers to besides the loopback ones (the
-    address it is bound to, or its name behind a proxy); a request for another Host is
-    refused, and so is a write whose Origin is not one of them.
+    every ``/v1`` route. ``allowed_hosts``: the names it answers to besides the loopback ones
+    (its name behind a proxy; ``"*"``: any); by default any name with a token, the loopback
+    names only without one (`host_guard.served_hosts`, the dashboard's rule too). A request
+    for another Host is refused, and so is a write whose Origin is not one of them.
 
     While it runs as an application (its lifespan), it keeps the paused names and limits
     current through the process's control hub, so a claim reads none of them."""
-    guard = Guard(token, allowed_hosts(hosts))
+    guard = Guard(token, served_hosts(allowed_hosts, token=token))
     known = KnownLeases()
 
     @contextlib.asynccontextmanager

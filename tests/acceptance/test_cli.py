@@ -698,12 +698,12 @@ def test_serve_refuses_another_interface_without_a_token():
     assert code == 2 and "--token" in err
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
-    """``mscheduler serve`` on a free loopback port (``python -m mscheduler``, so the package
-    of this checkout), and its address once it listens."""
+def start_server(*args: str, serve: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], str]:
+    """``mscheduler serve`` on a free port (``python -m mscheduler``, so the package of this
+    checkout), and its address once it listens. ``serve``: the command's own flags."""
     root = pathlib.Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
-        [sys.executable, "-m", "mscheduler", *args, "serve", "--port", "0"],
+        [sys.executable, "-m", "mscheduler", *args, "serve", "--port", "0", *serve],
         stderr=subprocess.PIPE,
         text=True,
         cwd=root,
@@ -728,3 +728,43 @@ def test_serve_answers_with_its_token_on_a_free_port():
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) in (0, 130)  # 130: ended by the signal, as asked
+
+
+SERVED_TOKEN = "a-token-of-24-characters"
+
+
+@pytest.mark.parametrize(
+    ("allowed", "answered", "refused"),
+    [
+        ((), ["192.0.2.7", "tasks.example", "localhost"], []),
+        (("--allowed-host", "tasks.example"), ["tasks.example", "localhost"], ["192.0.2.7"]),
+    ],
+)
+def test_serve_on_every_interface_answers_the_names_a_token_guards(
+    allowed: tuple[str, ...], answered: list[str], refused: list[str]
+):
+    """``serve --host 0.0.0.0 --token T`` is reached by the machine's address or any name it
+    has (the token guards it); ``--allowed-host`` narrows that to the names given and the
+    loopback ones, as the dashboard's flag does."""
+    import httpx
+
+    process, address = start_server(
+        "--uri",
+        "memory://every-interface",
+        "--log-level",
+        "warning",
+        serve=("--host", "0.0.0.0", "--token", SERVED_TOKEN, *allowed),
+    )
+    port = address.rsplit(":", 1)[1]
+    auth = {"Authorization": f"Bearer {SERVED_TOKEN}"}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for name in answered:
+                reply = http.get("/v1/stats", headers={**auth, "Host": f"{name}:{port}"})
+                assert reply.status_code == 200, (name, reply.text)
+            for name in refused:
+                reply = http.get("/v1/stats", headers={**auth, "Host": f"{name}:{port}"})
+                assert reply.status_code == 400 and reply.json()["error"] == "bad_host"
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) in (0, 130)

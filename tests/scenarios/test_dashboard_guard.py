@@ -10,7 +10,7 @@ import base64
 import pytest
 
 import mscheduler as ms
-from mscheduler.cli.dashboard import allowed_hosts, is_loopback
+from mscheduler.cli.web import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.errors import ConfigurationError
 from mscheduler.testing import ManualClock

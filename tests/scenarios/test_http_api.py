@@ -213,10 +213,14 @@ async def test_every_v1_route_needs_the_token(client: httpx.AsyncClient):
             assert reply.json()["error"] == "unauthorized"
 
 
-async def test_another_host_or_a_foreign_origin_is_refused(client: httpx.AsyncClient):
+async def test_another_host_or_a_foreign_origin_is_refused(scheduler: ms.Scheduler):
+    app = create_app(scheduler, token=TOKEN, allowed_hosts=["tasks.internal"])
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8700", headers=AUTH
+    )
     rebound = await client.get("/v1/stats", headers={"Host": "evil.example"})
     assert rebound.status_code == 400 and rebound.json()["error"] == "bad_host"
-    for host in ("localhost:8700", "[::1]:8700", "127.0.0.1"):
+    for host in ("localhost:8700", "[::1]:8700", "127.0.0.1", "tasks.internal"):
         assert (await client.get("/v1/stats", headers={"Host": host})).status_code == 200
     body = {"key": "k", "name": "job"}
     foreign = await client.post("/v1/tasks", json=body, headers={"Origin": "https://evil.example"})
@@ -225,10 +229,40 @@ async def test_another_host_or_a_foreign_origin_is_refused(client: httpx.AsyncCl
     assert own.status_code == 201
     read = await client.get("/v1/stats", headers={"Origin": "https://evil.example"})
     assert read.status_code == 200  # a read: the browser's same-origin policy guards it
+    await client.aclose()
+
+
+def _dashboard(scheduler: ms.Scheduler, **given: Any) -> Any:
+    from mscheduler.dashboard import create_app as dashboard_app
+
+    return dashboard_app(scheduler, **given)
+
+
+@pytest.mark.parametrize(("make", "path"), [(create_app, "/v1/stats"), (_dashboard, "/")])
+async def test_the_api_and_the_dashboard_answer_hosts_by_one_rule(
+    scheduler: ms.Scheduler, make: Any, path: str
+):
+    """With a token and no names given, any Host (the machine's address: ``serve --host
+    0.0.0.0``); with names given, those and the loopback ones; without a token, the loopback
+    names only."""
+
+    async def status(host: str, **given: Any) -> int:
+        transport = httpx.ASGITransport(app=make(scheduler, **given))
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
+            return (await http.get(path, headers=AUTH)).status_code
+
+    assert await status("192.0.2.7:8700", token=TOKEN) == 200
+    assert await status("tasks.example", token=TOKEN) == 200
+    named = {"token": TOKEN, "allowed_hosts": ["tasks.example"]}
+    assert await status("tasks.example", **named) == 200
+    assert await status("localhost:8700", **named) == 200
+    assert await status("192.0.2.7:8700", **named) == 400
+    assert await status("127.0.0.1:8700") == 200
+    assert await status("192.0.2.7:8700") == 400
 
 
 async def test_a_host_given_to_the_app_is_answered(scheduler: ms.Scheduler):
-    app = create_app(scheduler, hosts=["tasks.internal"])
+    app = create_app(scheduler, allowed_hosts=["tasks.internal"])
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://tasks.internal"
     ) as http:
