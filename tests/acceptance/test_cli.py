@@ -768,3 +768,21 @@ def test_serve_on_every_interface_answers_the_names_a_token_guards(
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) in (0, 130)
+
+
+@needs_bin
+@pytest.mark.parametrize("command", ["serve", "dashboard"])
+def test_a_busy_port_is_one_line_before_anything_is_announced(
+    wire_server: WireServer, command: str
+):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = program("--uri", wire_db(wire_server), command, "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"error: port: {port} on 127.0.0.1 is in use by another program; choose another --port\n"
+    )
