@@ -542,6 +542,10 @@ def test_a_handlers_module_that_cannot_be_imported_is_one_line(
             "error: payload: not valid JSON (1e999",
         ),
         (
+            ["publish", "k", "--name", "n", "--payload", '{"x": {"$numberDecimal": "abc"}}'],
+            "error: payload: not valid extended JSON: a $numberDecimal must be a decimal",
+        ),
+        (
             ["publish", "k", "--name", "n", "--not-before", "2030-01-01T09:00"],
             "error: not-before: '2030-01-01T09:00' has no timezone",
         ),

@@ -75,12 +75,18 @@ async def test_canonical_extended_json_is_taken_and_a_malformed_value_is_422(
     assert reply.status_code == 201, reply.text
     task = await scheduler.get("c")
     assert task is not None and task.payload["n"] == 5 and task.payload["at"].year == 2030
-    for bad in ({"$oid": "zz"}, {"$date": "soon"}, {"$binary": 5}):
+    decimals = [{"$numberDecimal": text} for text in ("abc", "1e9999999", "1" * 60)]
+    for bad in ({"$oid": "zz"}, {"$date": "soon"}, {"$binary": 5}, *decimals):
         body = {"key": "bad", "name": "job", "payload": {"x": bad}}
         reply = await client.post("/v1/tasks", json=body)
         assert reply.status_code == 422, reply.text
-        assert reply.json()["message"].startswith("payload")
+        assert reply.json()["error"] == "invalid"
+        assert reply.json()["message"].startswith("payload: not valid extended JSON")
     assert await scheduler.get("bad") is None
+    [lease] = await _own(client)
+    result = {**_ref(lease), "result": {"total": {"$numberDecimal": "abc"}}}
+    reply = await client.post("/v1/leases/succeed", json=result)
+    assert reply.status_code == 422 and reply.json()["message"].startswith("result: ")
 
 
 async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
