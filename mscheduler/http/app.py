@@ -41,6 +41,7 @@ from ..worker_options import WorkerOptions
 from . import bodies as b
 from .guard import Guard, Refused
 from .leases import KnownLeases
+from .paths import EncodedSlashes, restore_slashes
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,11 @@ def create_app(
     ) -> None:
         guard.check(request.scope, request.headers.get("authorization"))
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(guarded)], responses=_RESPONSES)
+    v1 = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(guarded), Depends(restore_slashes)],
+        responses=_RESPONSES,
+    )
 
     @app.exception_handler(Refused)
     async def refused(_: Request, exc: Refused) -> JSONResponse:
@@ -299,4 +304,5 @@ def create_app(
         return b.Done(changed=await scheduler.resume(name))
 
     app.include_router(v1)
+    app.add_middleware(EncodedSlashes)
     return app

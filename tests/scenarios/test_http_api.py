@@ -5,6 +5,7 @@ httpx's ASGI transport (no socket), the manual clock."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,6 +96,25 @@ async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
     assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
     no_route = await client.get("/v1/nowhere")
     assert no_route.status_code == 404 and no_route.json()["error"] == "no_route"
+
+
+@pytest.mark.parametrize("key", ["a/b", "reports/2030/01", "x/wait", "100%/done", "a b/ü"])
+async def test_a_key_with_a_slash_is_read_waited_cancelled_and_retried_by_its_encoded_path(
+    client: httpx.AsyncClient, key: str
+):
+    published = await client.post("/v1/tasks", json={"key": key, "name": "job"})
+    assert published.status_code == 201
+    path = "/v1/tasks/" + urllib.parse.quote(key, safe="")
+    got = await client.get(path)
+    assert got.status_code == 200 and got.json()["key"] == key
+    cancelled = await client.post(path + "/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["changed"] is True
+    waited = await client.get(path + "/wait", params={"timeout_ms": 1000})
+    assert waited.status_code == 200 and waited.json()["state"] == "cancelled"
+    retried = await client.post(path + "/retry")
+    assert retried.status_code == 200 and retried.json()["state"] == "pending"
+    listed = await client.get("/v1/tasks")
+    assert [task["key"] for task in listed.json()["tasks"]] == [key]
 
 
 @pytest.mark.parametrize(
