@@ -535,6 +535,14 @@ class TaskEvent(BaseModel):
 STALE_AFTER_BEATS = 2
 
 
+class FoundDead(BaseModel):
+    """When a worker was first found dead, and why, as the reader that found it recorded
+    it (`store.workers`)."""
+
+    since: UtcDatetime
+    because: str
+
+
 class WorkerInfo(BaseModel):
     """One consumer as it last described itself, with what it holds now read from the tasks
     (``running``, ``running_keys``) and ``alive`` and ``dead_since`` judged against a clock
@@ -563,12 +571,18 @@ class WorkerInfo(BaseModel):
     lease_until: UtcDatetime | None = None
     lease_lost_at: UtcDatetime | None = None
     lease_lost_claimed_at: UtcDatetime | None = None  # the latest claim of the leases lost
+    # Its death as first found, written once into its entry and void at its next heartbeat:
+    # later reads say the same time and reason, whatever ended since (the leases whose
+    # expiry showed it may belong to tasks that ended, which are not read).
+    found_dead: FoundDead | None = None
 
     @property
     def dead_because(self) -> str:
         """Why it was found dead (empty while alive), in an operator's words."""
         if self.alive or self.dead_since is None:
             return ""
+        if self.found_dead is not None:
+            return self.found_dead.because
         if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
             return "its leases expired"
         return "it missed its heartbeats"
@@ -589,7 +603,9 @@ class WorkerInfo(BaseModel):
         that task runs; once it ended, only the heartbeat rule is left to judge by (the
         tasks that ended are not read: their number grows without bound). Leases claimed
         before this instance started (a worker restarted under the same id) are its previous
-        life's: they say nothing of this one."""
+        life's: they say nothing of this one. A death recorded (`found_dead`) is kept."""
+        if self.found_dead is not None:
+            return self.model_copy(update={"alive": False, "dead_since": self.found_dead.since})
         dead_since = self.stale_at()
         lost = self.lease_lost_at
         pinging = self.lease_until is not None and self.lease_until > now
@@ -697,6 +713,7 @@ class ScheduleParams(TypedDict, total=False):
 __all__ = [
     "EarlierAttempt",
     "ErrorInfo",
+    "FoundDead",
     "Lease",
     "Limit",
     "Progress",
