@@ -66,7 +66,12 @@ def report(request: HttpRequest, name: str) -> JsonResponse:
 
 @require_http_methods(["POST"])
 def cancel_report(request: HttpRequest, name: str) -> JsonResponse:
-    cancelled = scheduler(settings.MSCHEDULER_URI).cancel(f"report:{name}", "cancelled by a user")
+    try:
+        cancelled = scheduler(settings.MSCHEDULER_URI).cancel(
+            f"report:{name}", "cancelled by a user"
+        )
+    except ms.errors.TaskNotFound:
+        return JsonResponse({"error": f"no report {name!r}"}, status=404)
     return JsonResponse({"cancelled": cancelled})
 
 

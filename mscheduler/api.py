@@ -447,6 +447,7 @@ class Scheduler:
         return TaskEvents(self.store, names, poll_interval_ms)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
-        """Cancel a task that has not finished. Running workers lose their lease: their next
-        ping fails and their handlers are cancelled."""
+        """Cancel a task that has not finished: True if this call cancelled it, False if it
+        had already ended; `TaskNotFound` if no task has the key. Running workers lose their
+        lease: their next ping fails and their handlers are cancelled."""
         return await self.store.operations.cancel(key, reason)

@@ -205,9 +205,12 @@ def create_app(
         )
         return b.Tasks(tasks=[task_json(task) for task in tasks])
 
-    @v1.post("/tasks/{key}/cancel")
+    @v1.post(
+        "/tasks/{key}/cancel", responses={404: {"model": b.Error, "description": "no such task"}}
+    )
     async def cancel(key: str) -> b.Done:
-        """Cancel a task that has not ended; its workers lose their leases."""
+        """Cancel a task that has not ended; its workers lose their leases. ``changed`` is
+        false for a task that had already ended."""
         return b.Done(changed=await scheduler.cancel(key))
 
     @v1.post(

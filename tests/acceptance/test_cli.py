@@ -83,6 +83,8 @@ def test_publish_show_cancel(uri: str):
     assert cli(uri, "cancel", "k")[0] == 0
     code, out, _ = cli(uri, "cancel", "k")
     assert code == 0 and out == "already finished: k (cancelled)\n"
+    code, out, err = cli(uri, "cancel", "nothing")
+    assert (code, out, err) == (2, "", "error: no task has the key 'nothing'\n")
 
 
 def test_retry_failed_and_purge(uri: str):

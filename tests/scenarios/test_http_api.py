@@ -91,9 +91,15 @@ async def test_canonical_extended_json_is_taken_and_a_malformed_value_is_422(
 
 
 async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
-    reply = await client.get("/v1/tasks/nothing")
-    assert reply.status_code == 404
-    assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
+    for method, path in [
+        ("GET", "/v1/tasks/nothing"),
+        ("POST", "/v1/tasks/nothing/cancel"),
+        ("POST", "/v1/tasks/nothing/retry"),
+        ("GET", "/v1/tasks/nothing/wait"),
+    ]:
+        reply = await client.request(method, path)
+        assert reply.status_code == 404, (method, path)
+        assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
     no_route = await client.get("/v1/nowhere")
     assert no_route.status_code == 404 and no_route.json()["error"] == "no_route"
 
