@@ -295,7 +295,8 @@ class Scheduler:
         poll_interval_ms: int = 1_000,
     ) -> Task:
         """The task once it is terminal (success, fail or cancelled), from the change stream.
-        `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key,
+        `TimeoutError` after ``timeout`` seconds (0: look once; a negative one is refused,
+        `ConfigurationError`); `TaskNotFound` if no task has the key,
         unless ``missing_ok`` (then a task that a flow will publish is waited for). Where the
         server refuses a change stream, ``discovery="auto"`` polls every ``poll_interval_ms``
         (as `WorkerOptions.discovery`)."""
