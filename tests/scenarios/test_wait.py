@@ -87,16 +87,16 @@ async def test_wait_with_no_time_left_still_looks_once(scheduler: ms.Scheduler):
         await scheduler.wait("open", timeout=0)
 
 
-@pytest.mark.parametrize("timeout", [-1, -0.001, float("nan"), float("inf"), "5", 1e300])
+@pytest.mark.parametrize("seconds", [-1, -0.001, float("nan"), float("inf"), "5", 1e300])
 async def test_a_timeout_that_is_no_time_to_wait_is_refused_naming_it(
-    scheduler: ms.Scheduler, timeout: object
+    scheduler: ms.Scheduler, seconds: object
 ):
     await scheduler.publish("k", None, name="job")
     await scheduler.cancel("k")
-    with pytest.raises(ConfigurationError, match="^timeout: "):
-        await scheduler.wait("k", timeout)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="^timeout: "):
-        await scheduler.wait_many(["k"], timeout)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"^timeout: "):
+        await scheduler.wait("k", seconds)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"^timeout: "):
+        await scheduler.wait_many(["k"], seconds)  # type: ignore[arg-type]
 
 
 async def test_wait_on_an_unknown_key(scheduler: ms.Scheduler):
