@@ -39,6 +39,7 @@ from ..host_guard import served_hosts
 from ..models import ErrorInfo, Lease, TaskState
 from ..worker_options import WorkerOptions
 from . import bodies as b
+from .capped import CappedBodies
 from .guard import Guard, Refused
 from .leases import KnownLeases
 from .paths import EncodedSlashes, restore_slashes
@@ -61,6 +62,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "Host not allowed"),
         (401, "token missing or wrong"),
         (403, "Origin not allowed"),
+        (413, "body too large: refused before it is read"),
         (422, "invalid body or parameter: nothing was written"),
         (503, "MongoDB unreachable"),
     ]
@@ -140,7 +142,9 @@ def create_app(
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         """The framework's own (no such route, method not allowed), in our error format."""
-        code = {404: "no_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "no_route", 405: "method_not_allowed", 413: "too_large"}.get(
+            exc.status_code, "http_error"
+        )
         return _error(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
@@ -308,4 +312,5 @@ def create_app(
 
     app.include_router(v1)
     app.add_middleware(EncodedSlashes)
+    app.add_middleware(CappedBodies)
     return app

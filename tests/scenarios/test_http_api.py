@@ -367,3 +367,52 @@ async def test_leases_won_for_a_worker_that_left_are_released(scheduler: ms.Sche
     task = await scheduler.get("t")
     assert task is not None and task.state is ms.TaskState.PENDING
     assert [ws.state for ws in task.worker_states] == [WorkerStateKind.RELEASED]
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_body_over_the_limit_is_413_before_it_is_read(
+    scheduler: ms.Scheduler, declared: bool
+):
+    """60 MB posted: refused by its Content-Length before a byte is read, or, sent without
+    one (chunked), as soon as what was read passes the limit; nothing is written."""
+    from mscheduler.http.capped import MAX_BODY_BYTES
+
+    app = create_app(scheduler)
+    chunk = b" " * (1 << 20)
+    total = 60 << 20
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        more = reads * len(chunk) < total
+        return {"type": "http.request", "body": chunk, "more_body": more}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
+    if declared:
+        headers.append((b"content-length", str(total).encode()))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/tasks",
+        "raw_path": b"/v1/tasks",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8700),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 413
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert answer["error"] == "too_large" and answer["message"].startswith("body: ")
+    assert reads == (0 if declared else MAX_BODY_BYTES // len(chunk) + 1)
+    assert await scheduler.list_tasks() == []
