@@ -792,3 +792,25 @@ def test_a_busy_port_is_one_line_before_anything_is_announced(
     assert done.stderr == (
         f"error: port: {port} on 127.0.0.1 is in use by another program; choose another --port\n"
     )
+
+
+@needs_bin
+def test_help_shows_no_type_beside_a_flag_and_wraps_whole_sentences():
+    wide = {"COLUMNS": "200"}
+    for command in (
+        [],
+        ["publish"],
+        ["worker"],
+        ["dashboard"],
+        ["schedule", "add"],
+        ["limit", "set"],
+        ["workers", "stop"],
+    ):
+        done = program(*command, "--help", env=wide)
+        assert done.returncode == 0, done.stderr
+        assert "--help" in done.stdout and "<bool>" not in done.stdout, command
+    # Paragraphs of several source lines, each on one line of a wide terminal.
+    listed = program("--help", env=wide).stdout
+    assert "The attempts of the earlier runs stay in its history" in listed
+    worker = program("worker", "--help", env=wide).stdout
+    assert "a mapping of task name to handler (async or plain functions)" in worker
