@@ -89,15 +89,15 @@ ObjectIdField = Annotated[
 
 def _check_text(value: str, field: str, max_length: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field} must be a non-empty string")
+        raise ValueError(f"{field}: must be a non-empty string")
     if len(value) > max_length:
-        raise ValueError(f"{field} is {len(value)} characters long; the limit is {max_length}")
+        raise ValueError(f"{field}: {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
-        raise ValueError(f"{field} must not contain NUL characters")
+        raise ValueError(f"{field}: must not contain NUL characters")
     bad = _lone_surrogate(value)
     if bad is not None:
         raise ValueError(
-            f"{field} is not valid UTF-8 text: a lone surrogate {value[bad]!r} at position {bad}"
+            f"{field}: not valid UTF-8 text: a lone surrogate {value[bad]!r} at position {bad}"
         )
     return value
 
@@ -170,8 +170,8 @@ class TaskOptions(BaseModel):
     def _worker_ids(cls, ids: list[str]) -> list[str]:
         if not ids:  # nearly every task: not pinned to workers
             return ids
-        for worker_id in ids:
-            check_worker_id(worker_id)
+        for index, worker_id in enumerate(ids):
+            _check_text(worker_id, f"specific_worker_ids[{index}]", c.MAX_WORKER_ID_LENGTH)
         return sorted(set(ids))
 
     @model_validator(mode="after")

@@ -41,7 +41,7 @@ def check_token(token: str | None, envvar: str) -> None:
         fail(
             f"token: the --token (or {envvar}) given is too easy to guess: use at least "
             f"{TOKEN_LENGTH} characters, {TOKEN_DISTINCT} or more of them different, e.g. "
-            f"from {MAKE_TOKEN}; over a network, put TLS in front (docs: the dashboard page)"
+            f"from {MAKE_TOKEN}; over a network, put TLS in front (docs/operations/dashboard.md)"
         )
 
 

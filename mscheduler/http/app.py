@@ -77,6 +77,24 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": code, "message": message}, status_code=status)
 
 
+# Where FastAPI found a value, the first part of an error's location: not a field's name.
+_PLACES = ("body", "query", "path", "header", "cookie")
+
+
+def _refusal(error: Any) -> str:
+    """One of FastAPI's validation errors as ``field: what is wrong`` (``key: must be a
+    string``, ``options.priority: ...``); a body that is no JSON says where it stops being
+    JSON, as a position in the body."""
+    where = [str(part) for part in error["loc"]]
+    if error["type"] == "json_invalid":
+        position = f" at position {where[1]}" if len(where) > 1 else ""
+        reason = (error.get("ctx") or {}).get("error")
+        return f"body: not valid JSON{position}" + (f" ({reason})" if reason else "")
+    if len(where) > 1 and where[0] in _PLACES:
+        where = where[1:]
+    return f"{'.'.join(where) or 'body'}: {phrase(error)}"
+
+
 def _lease_out(lease: Lease) -> b.LeaseOut:
     expires = lease.ping_expire_at
     return b.LeaseOut(
@@ -149,11 +167,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {phrase(error)}"
-            for error in exc.errors()
-        )
-        return _error(422, "invalid", message)
+        return _error(422, "invalid", "; ".join(_refusal(error) for error in exc.errors()))
 
     @app.exception_handler(MSchedulerError)
     async def library_error(_: Request, exc: MSchedulerError) -> JSONResponse:

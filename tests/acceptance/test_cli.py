@@ -128,7 +128,7 @@ def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.
         (["show", "nope"], "no task has the key 'nope'"),
         (["purge", "--older-than", "soon"], "is not a duration"),
         (["retry"], "retry: give the KEY of a task to run again, or --failed"),
-        (["publish", "k", "--name", ""], "name must be a non-empty string"),
+        (["publish", "k", "--name", ""], "error: name: must be a non-empty string"),
         (["worker", "no.such.module:handlers"], "cannot load 'no.such.module:handlers'"),
     ],
 )
@@ -617,7 +617,7 @@ def test_schedule_add_ls_rm(uri: str):
     assert cli(uri, "schedule", "rm", "tick")[0] == 0
     assert cli(uri, "schedule", "rm", "tick")[:2] == (0, "no schedule to remove: tick\n")
     code, _, err = cli(uri, "schedule", "add", "bad", "--name", "x", "--cron", "every day")
-    assert code == 2 and err.startswith("error: schedule: cron:") and err.count("\n") == 1
+    assert code == 2 and err.startswith("error: cron:") and err.count("\n") == 1
 
 
 def test_pause_resume_and_stats_show_it(uri: str):

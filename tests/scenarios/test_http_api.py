@@ -143,6 +143,25 @@ async def test_a_bad_body_is_422_naming_the_field_and_writes_nothing(
     assert await scheduler.list_tasks() == []
 
 
+async def test_a_refusal_names_its_field_once_and_a_body_that_is_no_json_its_position(
+    client: httpx.AsyncClient,
+):
+    """``key: ...``, not ``body.key: ...``; JSON that stops at character 12 is said so, not
+    as a field named ``12``."""
+    empty_key = await client.post("/v1/tasks", json={"key": "", "name": "job"})
+    assert empty_key.status_code == 422 and empty_key.json()["message"].startswith("key: ")
+    priority = {"key": "k", "name": "job", "options": {"priority": "high"}}
+    nested = await client.post("/v1/tasks", json=priority)
+    assert nested.json()["message"] == "options.priority: must be an integer"
+    waited = await client.get("/v1/tasks/k/wait", params={"timeout_ms": -5})
+    assert waited.json()["message"].startswith("timeout_ms: ")
+    broken = b'{"key": "k",, "name": "job"}'
+    headers = {"content-type": "application/json"}
+    reply = await client.post("/v1/tasks", content=broken, headers=headers)
+    assert reply.status_code == 422 and reply.json()["error"] == "invalid"
+    assert reply.json()["message"].startswith("body: not valid JSON at position 12")
+
+
 async def test_own_extend_and_succeed_over_http(client: httpx.AsyncClient):
     for n in range(3):
         await client.post("/v1/tasks", json={"key": f"t{n}", "name": "job", "payload": n})
@@ -237,12 +256,20 @@ async def test_own_honours_max_running(client: httpx.AsyncClient, scheduler: ms.
 
 
 async def test_every_v1_route_needs_the_token(client: httpx.AsyncClient):
+    """Without a token, the client is told one is required; with a wrong one, that it is
+    wrong."""
     app_routes = [("GET", "/v1/stats"), ("POST", "/v1/own"), ("GET", "/v1/tasks/x")]
+    said = {
+        "": "token: required",
+        "Basic b3BzOnMzY3JldA==": "token: required",
+        "Bearer wrong": "token: the bearer token given is wrong",
+    }
     for method, path in app_routes:
-        for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}):
-            reply = await client.request(method, path, headers=headers, json={})
+        for given, message in said.items():
+            reply = await client.request(method, path, headers={"Authorization": given}, json={})
             assert reply.status_code == 401, (method, path)
             assert reply.json()["error"] == "unauthorized"
+            assert reply.json()["message"].startswith(message), (given, reply.text)
 
 
 async def test_another_host_or_a_foreign_origin_is_refused(scheduler: ms.Scheduler):
