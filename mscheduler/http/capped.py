@@ -67,7 +67,7 @@ class CappedBodies:
 
 
 async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error": "too_large", "message": message}).encode()
+    body = json.dumps({"error": "too_large", "message": message}, separators=(",", ":")).encode()
     await send(
         {
             "type": "http.response.start",
