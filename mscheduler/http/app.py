@@ -124,6 +124,8 @@ def create_app(
 
     While it runs as an application (its lifespan), it keeps the paused names and limits
     current through the process's control hub, so a claim reads none of them."""
+    if token is not None and not token.strip():
+        raise ConfigurationError("token: must not be empty")  # as the dashboard's
     guard = Guard(token, served_hosts(allowed_hosts, token=token))
     known = KnownLeases()
 

@@ -318,6 +318,8 @@ async def test_the_api_and_the_dashboard_answer_hosts_by_one_rule(
     assert await status("192.0.2.7:8700", **named) == 400
     assert await status("127.0.0.1:8700") == 200
     assert await status("192.0.2.7:8700") == 400
+    with pytest.raises(ms.MSchedulerError, match=r"^token: "):
+        make(scheduler, token=" ")  # a token nobody can present opens nothing
 
 
 async def test_a_host_given_to_the_app_is_answered(scheduler: ms.Scheduler):
