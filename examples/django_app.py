@@ -30,6 +30,7 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 
 import mscheduler as ms
+from mscheduler.errors import TaskNotFound
 
 COLLECTION = "django_example"
 
@@ -66,7 +67,12 @@ def report(request: HttpRequest, name: str) -> JsonResponse:
 
 @require_http_methods(["POST"])
 def cancel_report(request: HttpRequest, name: str) -> JsonResponse:
-    cancelled = scheduler(settings.MSCHEDULER_URI).cancel(f"report:{name}", "cancelled by a user")
+    try:
+        cancelled = scheduler(settings.MSCHEDULER_URI).cancel(
+            f"report:{name}", "cancelled by a user"
+        )
+    except TaskNotFound:
+        return JsonResponse({"error": f"no report {name!r}"}, status=404)
     return JsonResponse({"cancelled": cancelled})
 
 

@@ -83,6 +83,11 @@ _MOVED = {
 }
 
 
+# The public submodules: attributes of the package (``ms.errors.TaskNotFound``), imported at
+# their first use.
+_SUBMODULES = ("collection", "errors", "handlers", "models", "testing")
+
+
 @functools.cache
 def _public() -> dict[str, str]:
     """Each top-level name and the module it is loaded from, as the ``TYPE_CHECKING`` imports
@@ -117,6 +122,8 @@ if not TYPE_CHECKING:
                 stacklevel=2,
             )
             return getattr(importlib.import_module(home, __name__), name)
+        if home is None and name in _SUBMODULES:
+            return importlib.import_module(f".{name}", __name__)
         if home is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(home, __name__), name)
@@ -125,7 +132,8 @@ if not TYPE_CHECKING:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_public()})
+    """The public names only: not the ones this module's own code imports."""
+    return sorted({"__version__", *_public(), *_SUBMODULES})
 
 
 # A library logs, the application decides where to: no "No handlers could be found" noise,

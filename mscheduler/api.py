@@ -299,7 +299,8 @@ class Scheduler:
         poll_interval_ms: int = 1_000,
     ) -> Task:
         """The task once it is terminal (success, fail or cancelled), from the change stream.
-        `TimeoutError` after ``timeout`` seconds; `TaskNotFound` if no task has the key,
+        `TimeoutError` after ``timeout`` seconds (0: look once; a negative one is refused,
+        `ConfigurationError`); `TaskNotFound` if no task has the key,
         unless ``missing_ok`` (then a task that a flow will publish is waited for). Where the
         server refuses a change stream, ``discovery="auto"`` polls every ``poll_interval_ms``
         (as `WorkerOptions.discovery`)."""
@@ -451,8 +452,9 @@ class Scheduler:
         return TaskEvents(self.store, names, poll_interval_ms)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
-        """Cancel a task that has not finished. Running workers lose their lease: their next
-        ping fails and their handlers are cancelled."""
+        """Cancel a task that has not finished: True if this call cancelled it, False if it
+        had already ended; `TaskNotFound` if no task has the key. Running workers lose their
+        lease: their next ping fails and their handlers are cancelled."""
         return await self.store.operations.cancel(key, reason)
 
     async def cancel_many(

@@ -9,6 +9,7 @@ by (`growth_reserve`), so no later write of the scheduler's own can be refused.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import functools
 import json
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 import bson
 from bson import json_util
+from bson.decimal128 import create_decimal128_context
 from bson.errors import BSONError, InvalidDocument
 from pydantic import BaseModel
 
@@ -200,6 +202,8 @@ def extended(value: Any) -> Any:
 
 # Extended JSON read as input: canonical and relaxed alike; a date is an aware UTC datetime.
 _EXTENDED_INPUT = json_util.JSONOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+# What a Decimal128 holds (its digits and exponents), as the refusal of one says.
+_DECIMAL128 = create_decimal128_context()
 
 
 def from_extended(value: Any, field: str) -> Any:
@@ -213,6 +217,12 @@ def from_extended(value: Any, field: str) -> Any:
         return value
     try:
         return json_util.loads(json.dumps(value), json_options=_EXTENDED_INPUT)
+    except decimal.DecimalException as exc:  # not text Decimal128 holds exactly
+        raise PayloadError(
+            f"{field}: not valid extended JSON: a $numberDecimal must be a decimal number of "
+            f"at most {_DECIMAL128.prec} significant digits, exponent {_DECIMAL128.Emin} to "
+            f"{_DECIMAL128.Emax} (or NaN, Infinity, -Infinity)"
+        ) from exc
     except (BSONError, ValueError, TypeError, KeyError, OverflowError) as exc:
         said = " ".join(str(exc).split())
         raise PayloadError(

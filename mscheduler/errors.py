@@ -206,7 +206,11 @@ def phrase(error: Any) -> str:
     raised it, a built-in check's in our words."""
     context = error.get("ctx") or {}
     if error["type"] in ("value_error", "assertion_error") and "error" in context:
-        return str(context["error"])
+        # A validator's message may start with the field it is about, which the caller
+        # names already: said once.
+        said = str(context["error"])
+        field = f"{error['loc'][-1]}: " if error.get("loc") else ""
+        return said[len(field) :] if field and said.startswith(field) else said
     phrase = _PHRASES.get(error["type"])
     if phrase is not None:
         try:

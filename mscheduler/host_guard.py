@@ -9,6 +9,11 @@ refused when the browser says it comes from elsewhere: ``Sec-Fetch-Site`` other 
 ``same-origin`` or ``none``, or an ``Origin`` whose host is not one of those names. A client
 that is not a browser sends neither header and is judged by the host alone.
 
+Which names an app answers is one rule for every app of ours (`served_hosts`): the names it
+was given and the loopback names; given none, any name once a token is set (a page that
+rebinds a name to the app cannot present the token, so the token guards the app, and an app
+bound to every interface is reached by names it cannot know), else the loopback names only.
+
 `HostGuard` is plain ASGI (no framework), so any app of the package can wrap itself in it.
 """
 
@@ -17,6 +22,8 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+from .errors import ConfigurationError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,6 +54,19 @@ def host_name(host: str) -> str:
 def allowed_host_names(hosts: Iterable[str]) -> frozenset[str]:
     """``hosts`` as `HostGuard` compares them; ``"*"`` stays, meaning any name."""
     return frozenset(ANY_HOST if host.strip() == ANY_HOST else host_name(host) for host in hosts)
+
+
+def served_hosts(given: Iterable[str] | None, *, token: str | None) -> frozenset[str]:
+    """The names an app answers, as `HostGuard` compares them (the rule above): the loopback
+    names and ``given`` (``"*"``: any); with none given, any once ``token`` is set, else the
+    loopback names only. A ``given`` that is not a list of names is refused, naming
+    ``allowed_hosts``."""
+    names = [] if given is None else [given] if isinstance(given, str) else list(given)
+    if isinstance(given, str) or not all(isinstance(h, str) and h.strip() for h in names):
+        raise ConfigurationError(f"allowed_hosts: expected a list of host names, got {given!r}")
+    if not names:
+        return frozenset({ANY_HOST}) if token is not None else allowed_host_names(LOOPBACK_HOSTS)
+    return allowed_host_names([*LOOPBACK_HOSTS, *names])
 
 
 def refusal(scope: Scope, allowed: frozenset[str]) -> tuple[int, str] | None:

@@ -122,15 +122,15 @@ ObjectIdField = Annotated[
 
 def _check_text(value: str, field: str, max_length: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field} must be a non-empty string")
+        raise ValueError(f"{field}: must be a non-empty string")
     if len(value) > max_length:
-        raise ValueError(f"{field} is {len(value)} characters long; the limit is {max_length}")
+        raise ValueError(f"{field}: {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
-        raise ValueError(f"{field} must not contain NUL characters")
+        raise ValueError(f"{field}: must not contain NUL characters")
     bad = _lone_surrogate(value)
     if bad is not None:
         raise ValueError(
-            f"{field} is not valid UTF-8 text: a lone surrogate {value[bad]!r} at position {bad}"
+            f"{field}: not valid UTF-8 text: a lone surrogate {value[bad]!r} at position {bad}"
         )
     return value
 
@@ -211,8 +211,8 @@ class TaskOptions(BaseModel):
     def _worker_ids(cls, ids: list[str]) -> list[str]:
         if not ids:  # nearly every task: not pinned to workers
             return ids
-        for worker_id in ids:
-            check_worker_id(worker_id)
+        for index, worker_id in enumerate(ids):
+            _check_text(worker_id, f"specific_worker_ids[{index}]", c.MAX_WORKER_ID_LENGTH)
         return sorted(set(ids))
 
     @model_validator(mode="after")
@@ -594,6 +594,14 @@ class TaskEvent(BaseModel):
 STALE_AFTER_BEATS = 2
 
 
+class FoundDead(BaseModel):
+    """When a worker was first found dead, and why, as the reader that found it recorded
+    it (`store.workers`)."""
+
+    since: UtcDatetime
+    because: str
+
+
 class WorkerInfo(BaseModel):
     """One consumer as it last described itself, with what it holds now read from the tasks
     (``running``, ``running_keys``) and ``alive`` and ``dead_since`` judged against a clock
@@ -622,12 +630,18 @@ class WorkerInfo(BaseModel):
     lease_until: UtcDatetime | None = None
     lease_lost_at: UtcDatetime | None = None
     lease_lost_claimed_at: UtcDatetime | None = None  # the latest claim of the leases lost
+    # Its death as first found, written once into its entry and void at its next heartbeat:
+    # later reads say the same time and reason, whatever ended since (the leases whose
+    # expiry showed it may belong to tasks that ended, which are not read).
+    found_dead: FoundDead | None = None
 
     @property
     def dead_because(self) -> str:
         """Why it was found dead (empty while alive), in an operator's words."""
         if self.alive or self.dead_since is None:
             return ""
+        if self.found_dead is not None:
+            return self.found_dead.because
         if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
             return "its leases expired"
         return "it missed its heartbeats"
@@ -648,7 +662,9 @@ class WorkerInfo(BaseModel):
         that task runs; once it ended, only the heartbeat rule is left to judge by (the
         tasks that ended are not read: their number grows without bound). Leases claimed
         before this instance started (a worker restarted under the same id) are its previous
-        life's: they say nothing of this one."""
+        life's: they say nothing of this one. A death recorded (`found_dead`) is kept."""
+        if self.found_dead is not None:
+            return self.model_copy(update={"alive": False, "dead_since": self.found_dead.since})
         dead_since = self.stale_at()
         lost = self.lease_lost_at
         pinging = self.lease_until is not None and self.lease_until > now
@@ -769,6 +785,7 @@ class ScheduleParams(TypedDict, total=False):
 __all__ = [
     "EarlierAttempt",
     "ErrorInfo",
+    "FoundDead",
     "Lease",
     "Limit",
     "Progress",

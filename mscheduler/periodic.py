@@ -26,10 +26,19 @@ from pydantic import (
 )
 from typing_extensions import Unpack
 
+from . import constants as c
 from .clock import UTC, to_bson_time
 from .encoding import check_document_size, to_storable
 from .errors import ConfigurationError, field_errors
-from .models import CatchUp, ScheduleParams, TaskOptions, UtcDatetime, check_key, check_name
+from .models import (
+    CatchUp,
+    ScheduleParams,
+    TaskOptions,
+    UtcDatetime,
+    check_key,
+    check_name,
+    checked,
+)
 
 # With catch_up="none", an occurrence is still run if found at most this late (a consumer
 # busy for a moment is not downtime).
@@ -64,11 +73,7 @@ class Schedule(BaseModel):
     @field_validator("id")
     @classmethod
     def _id_is_a_key_prefix(cls, value: str) -> str:
-        # The occurrence keys are "<id>@<time>": the id must leave room for the time.
-        check_key(value + "@" + "0" * 16)
-        if "@" in value:
-            raise ValueError("schedule id must not contain '@' (it separates the time)")
-        return value
+        return check_schedule_id(value)
 
     @field_validator("name")
     @classmethod
@@ -144,6 +149,27 @@ def due(schedule: Schedule, now: dt.datetime) -> tuple[list[dt.datetime], dt.dat
     return latest, moment
 
 
+# An occurrence's key is "<id>@<time>", the time in at most this many characters.
+_OCCURRENCE_SUFFIX = 1 + 16
+
+
+def check_schedule_id(value: str) -> str:
+    """A schedule's id, which its occurrences' keys start with (``<id>@<time>``): a key
+    without the room the time takes, and without ``@``."""
+    field = "schedule_id"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field}: must be a non-empty string")
+    if len(value) + _OCCURRENCE_SUFFIX > c.MAX_KEY_LENGTH:
+        raise ValueError(
+            f"{field}: {len(value)} characters long; the limit is "
+            f"{c.MAX_KEY_LENGTH - _OCCURRENCE_SUFFIX} (its occurrences' keys add the time)"
+        )
+    if "@" in value:
+        raise ValueError(f"{field}: must not contain '@' (it separates the time)")
+    check_key(value)
+    return value
+
+
 def new_schedule(
     schedule_id: str, *, name: str, now: dt.datetime, **params: Unpack[ScheduleParams]
 ) -> Schedule:
@@ -152,8 +178,12 @@ def new_schedule(
     unknown = sorted(set(params) - set(ScheduleParams.__annotations__))
     if unknown:  # as a signature that lists them would (the type checker refuses them too)
         raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
+    checked(check_schedule_id, schedule_id)
     every = params.get("every")
     jitter = params.get("jitter")
+    for field, span in (("every", every), ("jitter", jitter)):
+        if span is not None and not isinstance(span, dt.timedelta):
+            raise ConfigurationError(f"{field}: expected a timedelta, got {type(span).__name__}")
     options = params.get("options")
     payload = params.get("payload")
     fields: dict[str, Any] = {
@@ -173,17 +203,15 @@ def new_schedule(
         "updated_at": now,
     }
     if not isinstance(fields["options"], TaskOptions):
-        raise ConfigurationError(
-            f"schedule: options: expected TaskOptions, got {type(options).__name__}"
-        )
+        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
     if fields["options"].not_before is not None:
         raise ConfigurationError(
-            "schedule: options.not_before: a schedule sets each occurrence's start itself"
+            "options.not_before: a schedule sets each occurrence's start itself"
         )
     try:
         draft = Schedule.model_validate(fields)
     except ValidationError as exc:
-        raise ConfigurationError(f"schedule: {field_errors(exc, 'schedule')}") from None
+        raise ConfigurationError(field_errors(exc, "schedule")) from None
     check_document_size({"payload": payload}, draft.options)  # each occurrence's payload
     return draft.model_copy(update={"next_at": draft.after(now)})
 

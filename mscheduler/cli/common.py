@@ -77,9 +77,41 @@ def flag_words(exc: BaseException, flags: Flags) -> str:
     return f"{flags[name]}: {rest}" if colon and name in flags else text
 
 
+def whole_sentences(text: str | None) -> str | None:
+    """A docstring as help: each paragraph one line, for the help to wrap at the terminal's
+    width (rich help keeps a paragraph's own line breaks after the first); a paragraph that
+    starts with ``\b`` keeps them, as click's convention says."""
+    if not text:
+        return text
+    import inspect
+
+    paragraphs = inspect.cleandoc(text).partition("\f")[0].split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
+
+
+def _plain_help(command: Any, ctx: typer.Context) -> None:
+    """``command``'s help as it is printed: its text in whole sentences, and no type beside a
+    flag (``--json <bool>``): a flag takes no value (typer's plain help shows none either)."""
+    command.help = whole_sentences(command.help)
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
 class Commands(TyperGroup):
-    """A group of commands that names an unknown command in our words, and ends with success
+    """A group of commands that names an unknown command in our words, prints its help and
+    its commands' in whole sentences without a type beside a flag, and ends with success
     when the reader of its output went away (``mscheduler ls | head -1``)."""
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:  # type: ignore[override]
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _plain_help(command, ctx)
+        return command
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:  # type: ignore[override]
+        _plain_help(self, ctx)
+        super().format_help(ctx, formatter)
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         """A write to a pipe whose reader closed it is refused (``BrokenPipeError``): the

@@ -262,7 +262,7 @@ def register(app: typer.Typer) -> None:
         """Print what happens to tasks, by any worker, as it happens: one line per event
         (published, started, progress, succeeded, failed, cancelled). From the change
         stream; on a server without change streams, polled every second (changes between
-        two polls are told from the newest: see the events guide)."""
+        two polls are told from the newest: see docs/guides/events.md)."""
 
         async def work(sched: Scheduler) -> None:
             seen = 0

@@ -53,7 +53,8 @@ def add(
     catch_up: Annotated[str, typer.Option(help="After downtime: latest, all or none.")] = "latest",
     jitter: Annotated[str | None, typer.Option(help="Delay each start by up to, e.g. 30s.")] = None,
 ) -> None:
-    """Add a schedule, or change the one with this ID (its state is kept: README)."""
+    """Add a schedule, or change the one with this ID (its state is kept:
+    docs/guides/schedules.md)."""
     body = parse_json(read_text(payload, "payload"), "payload")
     interval = parse_duration(every, "every") if every else None
     spread = parse_duration(jitter, "jitter", minimum=dt.timedelta(0)) if jitter else None

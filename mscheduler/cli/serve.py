@@ -3,13 +3,19 @@ collection."""
 
 from __future__ import annotations
 
-import socket
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .common import fail, run
-from .dashboard import check_token, is_loopback
+from .web import (
+    AllowedHostFlag,
+    allowed_hosts,
+    check_token,
+    listen,
+    refuse_open_without_token,
+    url,
+)
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to print --help
     from ..api import Scheduler
@@ -31,36 +37,24 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        allowed_host: AllowedHostFlag = None,
     ) -> None:
         """The HTTP API: publish, own, extend and return tasks over JSON (/openapi.json)."""
         check_token(token, "MSCHEDULER_HTTP_TOKEN")
-        if not is_loopback(host) and not token:
-            fail(
-                f"serve: binding {host} opens the API to the network; give --token (or "
-                "MSCHEDULER_HTTP_TOKEN), or bind 127.0.0.1"
-            )
+        refuse_open_without_token("API", host, token, "MSCHEDULER_HTTP_TOKEN")
         try:
             import uvicorn
 
             from ..http import create_app
         except ImportError as exc:
             fail(f"serve: {exc} (pip install 'mscheduler[http]')")
+        hosts = allowed_hosts(host, token=token, extra=allowed_host or [])
+        listening = listen(host, port)
 
         async def work(sched: Scheduler) -> None:
-            app = create_app(sched, token=token, hosts=[host])
+            app = create_app(sched, token=token, allowed_hosts=hosts)
             config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=2)
-            # Bound and listening before it is announced: a client that reads the address
-            # (port 0: any free one) and connects at once is queued, never refused.
-            family, kind, proto, _, address = socket.getaddrinfo(
-                host.strip("[]"), port, type=socket.SOCK_STREAM
-            )[0]
-            listening = socket.socket(family, kind, proto)
-            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listening.bind(address)
-            listening.listen(2048)
-            bound = listening.getsockname()[1]
-            shown = f"[{host.strip('[]')}]" if ":" in host else host
-            typer.echo(f"serve: http://{shown}:{bound}/ (Ctrl-C stops it)", err=True)
+            typer.echo(f"serve: {url(host, listening)} (Ctrl-C stops it)", err=True)
             await uvicorn.Server(config).serve(sockets=[listening])
 
         # memory:// is fine: the server is the one process on it, and clients come over HTTP.

@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from ..api import Scheduler
 from ..encoding import task_json
 from ..errors import ConfigurationError, MSchedulerError
-from ..host_guard import ANY_HOST, LOOPBACK_HOSTS, HostGuard
+from ..host_guard import HostGuard, served_hosts
 from ..models import TaskState, WorkerState, WorkerStateKind
 from ..store import browse
 from .events import refresh_signals
@@ -172,15 +172,6 @@ class EventStream(Response):
             )
 
 
-def _allowed_hosts(given: Sequence[str] | None, token: str | None) -> list[str]:
-    """The host names the dashboard answers (see `create_app`), checked."""
-    if given is None:
-        return [ANY_HOST] if token is not None else list(LOOPBACK_HOSTS)
-    if isinstance(given, str) or not all(isinstance(h, str) and h.strip() for h in given):
-        raise ConfigurationError(f"allowed_hosts: expected a list of host names, got {given!r}")
-    return list(given)
-
-
 def create_app(
     scheduler: Scheduler,
     *,
@@ -196,11 +187,11 @@ def create_app(
 
     ``read_only``: pages only, no action. ``token``: every request must carry it (HTTP
     basic auth's password, or a bearer token); without it, serve on a trusted address only.
-    ``allowed_hosts``: the host names browsers reach it by (``"*"``: any, where the app it is
-    mounted in checks the host); others are refused, and so is an action a page of another
-    origin sends. By default, with a token any name (the token guards it), without one the
-    loopback names only (127.0.0.1, localhost, [::1]): a dashboard anyone on the network may
-    reach needs a token, or the names it is served on.
+    ``allowed_hosts``: the host names browsers reach it by besides the loopback ones (``"*"``:
+    any, where the app it is mounted in checks the host); others are refused, and so is an
+    action a page of another origin sends. By default, with a token any name (the token
+    guards it), without one the loopback names only (127.0.0.1, localhost, [::1]): the rule
+    of `host_guard.served_hosts`, the HTTP API's too.
     ``secret``: derives the CSRF token, so several processes behind one address accept each
     other's pages (by default each process draws its own). ``poll_interval``: how often
     open pages refresh where the server has no change streams. ``page_size``: rows of the
@@ -210,7 +201,7 @@ def create_app(
         raise ConfigurationError(f"page_size: expected 1 to {browse.MAX_PAGE}, got {page_size}")
     if not poll_interval > 0 or not min_refresh_interval >= 0:
         raise ConfigurationError("poll_interval, min_refresh_interval: must be positive")
-    hosts = _allowed_hosts(allowed_hosts, token)
+    hosts = served_hosts(allowed_hosts, token=token)
     environment = _environment()
     csrf = csrf_token(secret)
 

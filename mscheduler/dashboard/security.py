@@ -61,11 +61,13 @@ class RequireToken:
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not same_token(
-            presented_token(Headers(scope=scope)), self.token
-        ):
+        given = presented_token(Headers(scope=scope)) if scope["type"] == "http" else None
+        if scope["type"] == "http" and not same_token(given, self.token):
             response = PlainTextResponse(
-                "the dashboard needs its token (as the basic-auth password, or a bearer token)",
+                "token: the token given is wrong"
+                if given
+                else "token: the dashboard needs its token (as the basic-auth password, or a "
+                "bearer token)",
                 status_code=401,
                 headers={"WWW-Authenticate": 'Basic realm="mscheduler dashboard"'},
             )

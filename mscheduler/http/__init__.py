@@ -7,7 +7,9 @@
 - ``bodies``: the request and response models, from which the OpenAPI document is made (the
   protocol, with ``docs/operations/http-api.md``);
 - ``guard``: who may call it (token, Host, Origin);
-- ``leases``: the leases this server handed out, so a worker's finish needs no read first.
+- ``leases``: the leases this server handed out, so a worker's finish needs no read first;
+- ``paths``: a key with a ``/`` in a route's path, sent percent-encoded;
+- ``capped``: a request body capped before it is read.
 """
 
 from __future__ import annotations

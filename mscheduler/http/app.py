@@ -34,11 +34,14 @@ from ..errors import (
     TaskRunning,
     phrase,
 )
+from ..host_guard import served_hosts
 from ..models import ErrorInfo, Lease, TaskState
 from ..worker_options import WorkerOptions
 from . import bodies as b
-from .guard import Guard, Refused, allowed_hosts
+from .capped import CappedBodies
+from .guard import Guard, Refused
 from .leases import KnownLeases
+from .paths import EncodedSlashes, restore_slashes
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "Host not allowed"),
         (401, "token missing or wrong"),
         (403, "Origin not allowed"),
+        (413, "body too large: refused before it is read"),
         (422, "invalid body or parameter: nothing was written"),
         (503, "MongoDB unreachable"),
     ]
@@ -70,6 +74,24 @@ _BEARER = HTTPBearer(auto_error=False, description="the server's token (mschedul
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+# Where FastAPI found a value, the first part of an error's location: not a field's name.
+_PLACES = ("body", "query", "path", "header", "cookie")
+
+
+def _refusal(error: Any) -> str:
+    """One of FastAPI's validation errors as ``field: what is wrong`` (``key: must be a
+    string``, ``options.priority: ...``); a body that is no JSON says where it stops being
+    JSON, as a position in the body."""
+    where = [str(part) for part in error["loc"]]
+    if error["type"] == "json_invalid":
+        position = f" at position {where[1]}" if len(where) > 1 else ""
+        reason = (error.get("ctx") or {}).get("error")
+        return f"body: not valid JSON{position}" + (f" ({reason})" if reason else "")
+    if len(where) > 1 and where[0] in _PLACES:
+        where = where[1:]
+    return f"{'.'.join(where) or 'body'}: {phrase(error)}"
 
 
 def _lease_out(lease: Lease) -> b.LeaseOut:
@@ -86,16 +108,22 @@ _ms = b.milliseconds
 
 
 def create_app(
-    scheduler: Scheduler, *, token: str | None = None, hosts: Sequence[str] = ()
+    scheduler: Scheduler,
+    *,
+    token: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The HTTP API over ``scheduler``. ``token``: required as ``Authorization: Bearer`` on
-    every ``/v1`` route. ``hosts``: the names it answers to besides the loopback ones (the
-    address it is bound to, or its name behind a proxy); a request for another Host is
-    refused, and so is a write whose Origin is not one of them.
+    every ``/v1`` route. ``allowed_hosts``: the names it answers to besides the loopback ones
+    (its name behind a proxy; ``"*"``: any); by default any name with a token, the loopback
+    names only without one (`host_guard.served_hosts`, the dashboard's rule too). A request
+    for another Host is refused, and so is a write whose Origin is not one of them.
 
     While it runs as an application (its lifespan), it keeps the paused names and limits
     current through the process's control hub, so a claim reads none of them."""
-    guard = Guard(token, allowed_hosts(hosts))
+    if token is not None and not token.strip():
+        raise ConfigurationError("token: must not be empty")  # as the dashboard's
+    guard = Guard(token, served_hosts(allowed_hosts, token=token))
     known = KnownLeases()
 
     @contextlib.asynccontextmanager
@@ -118,7 +146,11 @@ def create_app(
     ) -> None:
         guard.check(request.scope, request.headers.get("authorization"))
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(guarded)], responses=_RESPONSES)
+    v1 = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(guarded), Depends(restore_slashes)],
+        responses=_RESPONSES,
+    )
 
     @app.exception_handler(Refused)
     async def refused(_: Request, exc: Refused) -> JSONResponse:
@@ -127,16 +159,14 @@ def create_app(
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         """The framework's own (no such route, method not allowed), in our error format."""
-        code = {404: "no_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "no_route", 405: "method_not_allowed", 413: "too_large"}.get(
+            exc.status_code, "http_error"
+        )
         return _error(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {phrase(error)}"
-            for error in exc.errors()
-        )
-        return _error(422, "invalid", message)
+        return _error(422, "invalid", "; ".join(_refusal(error) for error in exc.errors()))
 
     @app.exception_handler(MSchedulerError)
     async def library_error(_: Request, exc: MSchedulerError) -> JSONResponse:
@@ -187,9 +217,12 @@ def create_app(
         )
         return b.Tasks(tasks=[task_json(task) for task in tasks])
 
-    @v1.post("/tasks/{key}/cancel")
+    @v1.post(
+        "/tasks/{key}/cancel", responses={404: {"model": b.Error, "description": "no such task"}}
+    )
     async def cancel(key: str) -> b.Done:
-        """Cancel a task that has not ended; its workers lose their leases."""
+        """Cancel a task that has not ended; its workers lose their leases. ``changed`` is
+        false for a task that had already ended."""
         return b.Done(changed=await scheduler.cancel(key))
 
     @v1.post(
@@ -307,4 +340,6 @@ def create_app(
         return b.Done(changed=await scheduler.remove_limit(name))
 
     app.include_router(v1)
+    app.add_middleware(EncodedSlashes)
+    app.add_middleware(CappedBodies)
     return app

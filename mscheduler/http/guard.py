@@ -1,17 +1,15 @@
 """Who may call the API: a Host this server answers to and, on a write, a page of its own
-origin (the rules of `mscheduler.host_guard`, which the dashboard applies too), then a bearer
-token when one is set.
-
-The hosts are the loopback names (``127.0.0.1``, ``localhost``, ``[::1]``) and the ones the
-server was given (``mscheduler serve --host``, or ``create_app(hosts=...)`` behind a name).
+origin (the rules of `mscheduler.host_guard`, which the dashboard applies too: the names given,
+``mscheduler serve --allowed-host`` or ``create_app(allowed_hosts=...)``, and the loopback
+ones; given none, any name behind a token, the loopback names without), then a bearer token
+when one is set.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
 
-from ..host_guard import LOOPBACK_HOSTS, Scope, allowed_host_names, refusal
+from ..host_guard import Scope, refusal
 
 
 class Refused(Exception):
@@ -22,11 +20,6 @@ class Refused(Exception):
         self.status = status
         self.code = code
         self.message = message
-
-
-def allowed_hosts(hosts: Iterable[str]) -> frozenset[str]:
-    """The loopback names and ``hosts``, as `host_guard` compares them."""
-    return allowed_host_names([*LOOPBACK_HOSTS, *hosts])
 
 
 class Guard:
@@ -42,7 +35,9 @@ class Guard:
             raise Refused(status, "bad_host" if status == 400 else "bad_origin", reason)
         if self._token is not None:
             scheme, _, given = (auth or "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self._token.encode()
-            ):
-                raise Refused(401, "unauthorized", "Authorization: Bearer <token> is required")
+            if scheme.lower() != "bearer" or not given.strip():
+                raise Refused(
+                    401, "unauthorized", "token: required, as Authorization: Bearer <token>"
+                )
+            if not hmac.compare_digest(given.strip().encode(), self._token.encode()):
+                raise Refused(401, "unauthorized", "token: the bearer token given is wrong")

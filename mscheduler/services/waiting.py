@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
@@ -63,6 +64,7 @@ class _Waiter:
         self._known: dict[str, tuple[Any, int]] = {}
         self.error: BaseException | None = None
         self.done = anyio.Event()
+        self.looked = anyio.Event()  # the first read is done (or failed)
 
     @property
     def remaining(self) -> list[str]:
@@ -101,6 +103,7 @@ class _Waiter:
         try:
             async with self._store.task_hub.subscription(self._subscription) as subscription:
                 await self._read_all()
+                self.looked.set()
                 while not self.done.is_set():
                     task = await subscription.next()
                     if task is RESYNC:
@@ -110,6 +113,25 @@ class _Waiter:
         except Exception as exc:
             self.error = exc
             self.done.set()
+            self.looked.set()
+
+
+def _deadline(store: WholeStore, timeout: object) -> dt.datetime | None:
+    """When a wait of ``timeout`` seconds ends (None: never); a timeout that is no number of
+    seconds to wait is refused, naming it."""
+    if timeout is None:
+        return None
+    refused = ConfigurationError(
+        f"timeout: expected seconds to wait, 0 or more (None: no end), got {timeout!r}"
+    )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise refused
+    if not 0 <= timeout < math.inf:  # NaN too
+        raise refused
+    try:
+        return store.clock.now() + dt.timedelta(seconds=timeout)
+    except OverflowError:
+        raise refused from None
 
 
 async def wait_for(
@@ -128,11 +150,12 @@ async def wait_for(
         raise ConfigurationError(f"discovery: {discovery!r} is not one of 'auto', 'stream', 'poll'")
     if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
         raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
+    deadline = _deadline(store, timeout)
     waiter = _Waiter(store, keys, poll_interval_ms, missing_ok, discovery)
-    deadline = None if timeout is None else store.clock.now() + dt.timedelta(seconds=timeout)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(waiter.follow)
         await store.clock.wait_until(deadline, waiter.done)
+        await waiter.looked.wait()  # however short the timeout, 0 included: one look
         task_group.cancel_scope.cancel()
     if waiter.error is not None:
         raise waiter.error

@@ -77,7 +77,8 @@ class Operations:
 
     @driver_errors
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
-        """True if this call cancelled the task; False if it was already finished or missing."""
+        """True if this call cancelled the task, False if it had already ended; `TaskNotFound`
+        if no task has the key (a read more, only when nothing was cancelled)."""
         store = self._store
         await store.ready()
         now = store.clock.now()
@@ -86,10 +87,13 @@ class Operations:
             q.cancel_update(reason, now),
             return_document=ReturnDocument.AFTER,
         )
-        if found is not None:
-            log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
-            await store.tasks.after_write(Task.model_validate(found))
-        return found is not None
+        if found is None:
+            if await store.collection.find_one(q.by_key(key), q.KEY_ONLY) is None:
+                raise TaskNotFound(f"no task has the key {key!r}")
+            return False
+        log.info("task cancelled", extra={"action": "task_cancelled", "key": key})
+        await store.tasks.after_write(Task.model_validate(found))
+        return True
 
     @driver_errors
     async def cancel_many(

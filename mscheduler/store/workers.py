@@ -11,7 +11,9 @@ A worker that died without stopping (kill -9, a lost host) leaves its document b
 judged dead (`WorkerInfo.judged`) from the first of two promises it broke: a heartbeat every
 ``heartbeat_ms`` (dead `models.STALE_AFTER_BEATS` heartbeats after the last), and a ping of every
 task it runs before its lease expires (dead when its leases expired after its last
-heartbeat, and none is live). A TTL index removes the document a day later. Nothing else
+heartbeat, and none is live). The first read that finds it dead records when and why in its
+document (`WorkerInfo.found_dead`), which later reads keep until it beats again: the tasks
+whose leases showed it may end meanwhile. A TTL index removes the document a day later. Nothing else
 reads these documents to decide anything about a task: they are what operators
 (``mscheduler workers``, ``stats``, a dashboard) look at, and what the ``spread`` claim
 policy counts its peers from.
@@ -22,6 +24,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any
+
+from pymongo import UpdateOne
 
 from .. import layout
 from ..clock import to_bson_time
@@ -34,8 +38,16 @@ from .driver import driver_errors, driver_result
 # How many of its running keys a worker lists (the count is always exact): keys are up to
 # 512 characters, and a worker may run 100,000 tasks; the document must stay small.
 MAX_LISTED_KEYS = 20
-# Fields of `WorkerInfo` its reader sets, never stored.
-_READ_ONLY = {"alive", "dead_since", "lease_until", "lease_lost_at", "lease_lost_claimed_at"}
+# Fields of `WorkerInfo` its reader sets, never stored by a heartbeat (``found_dead``: by the
+# reader that finds it dead, `_recorded`).
+_READ_ONLY = {
+    "alive",
+    "dead_since",
+    "lease_until",
+    "lease_lost_at",
+    "lease_lost_claimed_at",
+    wq.FOUND_DEAD,
+}
 
 
 class Workers(BesideTasks):
@@ -54,7 +66,7 @@ class Workers(BesideTasks):
             self._ttl_ready = True
         document = info.model_dump(by_alias=True, exclude=_READ_ONLY)
         worker_id = document.pop("_id")
-        await self.collection.update_one(*wq.put(worker_id, document), upsert=True)
+        await self.collection.update_one(*wq.heartbeat(worker_id, document), upsert=True)
 
     @driver_errors
     async def remove(self, worker_id: str) -> bool:
@@ -69,7 +81,8 @@ class Workers(BesideTasks):
             return None
         now = self._tasks.clock.now()
         held = await self._held(now)
-        return _with_held(WorkerInfo.model_validate(document), held).judged(now)
+        [info] = await self._recorded([_with_held(WorkerInfo.model_validate(document), held)], now)
+        return info
 
     @driver_errors
     async def all(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
@@ -78,14 +91,35 @@ class Workers(BesideTasks):
         registered = await self.registered(names)
         now = self._tasks.clock.now()
         held = await self._held(now) if registered else {}
-        found = [_with_held(info, held).judged(now) for info in registered]
+        found = await self._recorded([_with_held(info, held) for info in registered], now)
         return sorted(found, key=lambda w: (not w.alive, w.worker_id))
+
+    async def _recorded(self, entries: list[WorkerInfo], now: dt.datetime) -> list[WorkerInfo]:
+        """``entries`` judged as of ``now``, each death found for the first time recorded in
+        its entry (one bulk write, only when there is one): later reads keep its time and
+        reason (`WorkerInfo.found_dead`)."""
+        judged = [info.judged(now) for info in entries]
+        newly = [info for info in judged if not info.alive and info.found_dead is None]
+        if newly:
+            await self.collection.bulk_write(
+                [
+                    UpdateOne(
+                        *wq.record_death(
+                            info.worker_id, info.last_seen_at, info.dead_since, info.dead_because
+                        )
+                    )
+                    for info in newly
+                    if info.dead_since is not None
+                ],
+                ordered=False,
+            )
+        return judged
 
     @driver_errors
     async def registered(self, names: Sequence[str] | None = None) -> list[WorkerInfo]:
         """The entries as the workers wrote them (serving any of ``names``), judged by their
-        heartbeats alone: one small read, for a consumer that counts its peers at each
-        heartbeat (`all` adds what each holds, from the tasks)."""
+        heartbeats alone or a death recorded: one small read, for a consumer that counts its
+        peers at each heartbeat (`all` adds what each holds, from the tasks)."""
         now = self._tasks.clock.now()
         found = []
         async for document in self.collection.find(wq.serving(names)):

@@ -83,6 +83,8 @@ def test_publish_show_cancel(uri: str):
     assert cli(uri, "cancel", "k")[0] == 0
     code, out, _ = cli(uri, "cancel", "k")
     assert code == 0 and out == "already finished: k (cancelled)\n"
+    code, out, err = cli(uri, "cancel", "nothing")
+    assert (code, out, err) == (2, "", "error: no task has the key 'nothing'\n")
 
 
 def test_publish_replaces_a_finished_task_by_its_state(uri: str):
@@ -157,7 +159,7 @@ def test_watch_prints_each_change_until_the_limit(uri: str, monkeypatch: pytest.
         (["show", "nope"], "no task has the key 'nope'"),
         (["purge", "--older-than", "soon"], "is not a duration"),
         (["retry"], "retry: give the KEY of a task to run again, or --failed"),
-        (["publish", "k", "--name", ""], "name must be a non-empty string"),
+        (["publish", "k", "--name", ""], "error: name: must be a non-empty string"),
         (["worker", "no.such.module:handlers"], "cannot load 'no.such.module:handlers'"),
     ],
 )
@@ -573,6 +575,10 @@ def test_a_handlers_module_that_cannot_be_imported_is_one_line(
             "error: payload: not valid JSON (1e999",
         ),
         (
+            ["publish", "k", "--name", "n", "--payload", '{"x": {"$numberDecimal": "abc"}}'],
+            "error: payload: not valid extended JSON: a $numberDecimal must be a decimal",
+        ),
+        (
             ["publish", "k", "--name", "n", "--not-before", "2030-01-01T09:00"],
             "error: not-before: '2030-01-01T09:00' has no timezone",
         ),
@@ -642,7 +648,7 @@ def test_schedule_add_ls_rm(uri: str):
     assert cli(uri, "schedule", "rm", "tick")[0] == 0
     assert cli(uri, "schedule", "rm", "tick")[:2] == (0, "no schedule to remove: tick\n")
     code, _, err = cli(uri, "schedule", "add", "bad", "--name", "x", "--cron", "every day")
-    assert code == 2 and err.startswith("error: schedule: cron:") and err.count("\n") == 1
+    assert code == 2 and err.startswith("error: cron:") and err.count("\n") == 1
 
 
 def test_pause_resume_and_stats_show_it(uri: str):
@@ -729,12 +735,12 @@ def test_serve_refuses_another_interface_without_a_token():
     assert code == 2 and "--token" in err
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
-    """``mscheduler serve`` on a free loopback port (``python -m mscheduler``, so the package
-    of this checkout), and its address once it listens."""
+def start_server(*args: str, serve: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], str]:
+    """``mscheduler serve`` on a free port (``python -m mscheduler``, so the package of this
+    checkout), and its address once it listens. ``serve``: the command's own flags."""
     root = pathlib.Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
-        [sys.executable, "-m", "mscheduler", *args, "serve", "--port", "0"],
+        [sys.executable, "-m", "mscheduler", *args, "serve", "--port", "0", *serve],
         stderr=subprocess.PIPE,
         text=True,
         cwd=root,
@@ -759,3 +765,83 @@ def test_serve_answers_with_its_token_on_a_free_port():
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) in (0, 130)  # 130: ended by the signal, as asked
+
+
+SERVED_TOKEN = "a-token-of-24-characters"
+
+
+@pytest.mark.parametrize(
+    ("allowed", "answered", "refused"),
+    [
+        ((), ["192.0.2.7", "tasks.example", "localhost"], []),
+        (("--allowed-host", "tasks.example"), ["tasks.example", "localhost"], ["192.0.2.7"]),
+    ],
+)
+def test_serve_on_every_interface_answers_the_names_a_token_guards(
+    allowed: tuple[str, ...], answered: list[str], refused: list[str]
+):
+    """``serve --host 0.0.0.0 --token T`` is reached by the machine's address or any name it
+    has (the token guards it); ``--allowed-host`` narrows that to the names given and the
+    loopback ones, as the dashboard's flag does."""
+    import httpx
+
+    process, address = start_server(
+        "--uri",
+        "memory://every-interface",
+        "--log-level",
+        "warning",
+        serve=("--host", "0.0.0.0", "--token", SERVED_TOKEN, *allowed),
+    )
+    port = address.rsplit(":", 1)[1]
+    auth = {"Authorization": f"Bearer {SERVED_TOKEN}"}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for name in answered:
+                reply = http.get("/v1/stats", headers={**auth, "Host": f"{name}:{port}"})
+                assert reply.status_code == 200, (name, reply.text)
+            for name in refused:
+                reply = http.get("/v1/stats", headers={**auth, "Host": f"{name}:{port}"})
+                assert reply.status_code == 400 and reply.json()["error"] == "bad_host"
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) in (0, 130)
+
+
+@needs_bin
+@pytest.mark.parametrize("command", ["serve", "dashboard"])
+def test_a_busy_port_is_one_line_before_anything_is_announced(
+    wire_server: WireServer, command: str
+):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = program("--uri", wire_db(wire_server), command, "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"error: port: {port} on 127.0.0.1 is in use by another program; choose another --port\n"
+    )
+
+
+@needs_bin
+def test_help_shows_no_type_beside_a_flag_and_wraps_whole_sentences():
+    wide = {"COLUMNS": "200"}
+    for command in (
+        [],
+        ["publish"],
+        ["worker"],
+        ["dashboard"],
+        ["schedule", "add"],
+        ["limit", "set"],
+        ["workers", "stop"],
+    ):
+        done = program(*command, "--help", env=wide)
+        assert done.returncode == 0, done.stderr
+        assert "--help" in done.stdout and "<bool>" not in done.stdout, command
+    # Paragraphs of several source lines, each on one line of a wide terminal.
+    listed = program("--help", env=wide).stdout
+    assert "The attempts of the earlier runs stay in its history" in listed
+    worker = program("worker", "--help", env=wide).stdout
+    assert "a mapping of task name to handler (async or plain functions)" in worker

@@ -626,7 +626,7 @@ def test_the_command_starts_without_loading_the_library():
         ),
         (
             ["schedule", "add", "s", "--name", "x", "--cron", "every day"],
-            "error: schedule: cron: 'every day' is not a cron expression",
+            "error: cron: 'every day' is not a cron expression",
         ),
         (["retry"], "error: retry: give the KEY of a task to run again, or --failed"),
         (

@@ -281,7 +281,7 @@ def test_an_operator_retries_a_failed_task_with_its_dependents_and_sees_its_hist
         (["--uri", "memory://", "dashboard"], "error: dashboard: memory:// is a database inside"),
         (
             ["--uri", "mongodb://127.0.0.1:1/", "dashboard", "--host", "0.0.0.0"],
-            "error: dashboard: binding 0.0.0.0 opens it to the network; give --token",
+            "error: host: binding 0.0.0.0 opens the dashboard to the network; give --token",
         ),
     ],
 )

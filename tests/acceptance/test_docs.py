@@ -33,3 +33,24 @@ def test_every_page_of_the_site_is_in_its_navigation():
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     missing = [page for page in pages if f": {page}" not in nav]
     assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
+
+
+def test_every_page_a_message_or_help_names_exists():
+    """A refusal or a command's help that sends the reader to a page of the docs names one
+    that is there (``docs/guides/schedules.md``), not a page's description or the README
+    for what only the docs say."""
+    package = DOCS.parent / "mscheduler"
+    named = {
+        (path.name, page)
+        for path in package.rglob("*.py")
+        for page in re.findall(r"docs/[\w/.-]+?\.md", path.read_text())
+    }
+    assert named, "no message names a page: the search is broken"
+    missing = sorted((source, page) for source, page in named if not (DOCS.parent / page).exists())
+    assert not missing
+    vague = [
+        path.name
+        for path in package.joinpath("cli").glob("*.py")
+        if re.search(r"\(docs: |: README\)|the \w+ guide\)", path.read_text())
+    ]
+    assert not vague, f"pages named by description, not path: {vague}"

@@ -72,15 +72,15 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "empty key",
         lambda s: s.publish("", None, name="job"),
         ConfigurationError,
-        "key must be a non-empty",
+        "key: must be a non-empty",
     ),
     (
         "huge key",
         lambda s: s.publish("k" * 600, None, name="job"),
         ConfigurationError,
-        "key is 600 characters",
+        "key: 600 characters",
     ),
-    ("empty name", lambda s: s.publish("k", None, name=""), ConfigurationError, "name must be"),
+    ("empty name", lambda s: s.publish("k", None, name=""), ConfigurationError, "name: must be"),
     (
         "set payload",
         lambda s: s.publish("k", {1}, name="job"),
@@ -115,13 +115,13 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "lone surrogate in key",
         lambda s: s.publish("k\ud800", None, name="job"),
         ConfigurationError,
-        "key is not valid UTF-8",
+        "key: not valid UTF-8",
     ),
     (
         "lone surrogate in name",
         lambda s: s.publish("k", None, name="job\ud800"),
         ConfigurationError,
-        "name is not valid UTF-8",
+        "name: not valid UTF-8",
     ),
     (
         "payload nested 5,000 deep",
@@ -241,13 +241,13 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "schedule cron",
         lambda s: s.schedule("s", name="job", cron="every day"),
         ConfigurationError,
-        "schedule: cron: 'every day' is not a cron expression",
+        "cron: 'every day' is not a cron expression",
     ),
     (
         "schedule timezone",
         lambda s: s.schedule("s", name="job", cron="0 3 * * *", timezone="Paris"),
         ConfigurationError,
-        "schedule: timezone: 'Paris' is not an IANA timezone",
+        "timezone: 'Paris' is not an IANA timezone",
     ),
     (
         "schedule payload",
@@ -265,7 +265,7 @@ CATALOGUE: list[tuple[str, Call, type[Exception], str]] = [
         "pause name",
         lambda s: s.pause(""),
         ConfigurationError,
-        "name must be a non-empty string",
+        "name: must be a non-empty string",
     ),
     (
         "debounce type",
@@ -413,7 +413,7 @@ async def test_commit_cases_write_nothing_beyond_their_claim(scheduler: ms.Sched
         ({"unexpected_retry_delay_ms": 2**63}, "unexpected_retry_delay_ms"),
         ({"priority": 2**63}, "priority"),
         ({"concurrent_worker_cnt": 2, "max_tries": 1}, "max_tries .1. must be at least"),
-        ({"specific_worker_ids": ["w\ud800"]}, "worker_id is not valid UTF-8"),
+        ({"specific_worker_ids": ["w\ud800"]}, r"specific_worker_ids\[0\]: not valid UTF-8"),
         ({"on_dependency_failure": "ignore"}, "on_dependency_failure"),
     ],
 )

@@ -484,7 +484,7 @@ async def test_polling_fallback_warns_and_keeps_working(clock, caplog):
         ({}, "non-empty mapping"),
         ([("job", None)], "non-empty mapping"),
         ({"job": "not callable"}, "handlers\\['job'\\]: expected a function"),
-        ({"": Recorder().for_worker("w")}, "name must be a non-empty string"),
+        ({"": Recorder().for_worker("w")}, "name: must be a non-empty string"),
     ],
 )
 async def test_bad_handlers_are_refused(scheduler: ms.Scheduler, handlers: Any, message: str):

@@ -10,7 +10,7 @@ import base64
 import pytest
 
 import mscheduler as ms
-from mscheduler.cli.dashboard import allowed_hosts, is_loopback
+from mscheduler.cli.web import allowed_hosts, is_loopback
 from mscheduler.dashboard import create_app
 from mscheduler.errors import ConfigurationError
 from mscheduler.testing import ManualClock
@@ -70,6 +70,8 @@ async def test_a_dashboard_with_a_token_answers_nobody_without_it(filled: ms.Sch
         assert (await script.get("/tasks/email:0")).status_code == 200
     assert denied.status_code == denied_post.status_code == wrong.status_code == 401
     assert denied.headers["www-authenticate"].startswith("Basic")
+    assert "needs its token" in denied.text and "wrong" not in denied.text
+    assert wrong.text.startswith("token: the token given is wrong")
     assert allowed.status_code == 200
     assert (await filled.get("email:0")).state is ms.TaskState.PENDING
     with pytest.raises(ConfigurationError, match="token"):

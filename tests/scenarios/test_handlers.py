@@ -197,7 +197,7 @@ async def test_a_registry_retries_only_the_listed_exceptions(
     ("build", "message"),
     [
         (lambda h: h.task("x", retry_on=("ValueError",))(print), "retry_on must be exception"),
-        (lambda h: h.task("")(print), "name must be a non-empty string"),
+        (lambda h: h.task("")(print), "name: must be a non-empty string"),
         (lambda h: [h.add("x", print), h.add("x", print)], "'x' is registered twice"),
         (lambda h: h.add("x", 3), r"handlers\['x'\]: expected a function"),
     ],

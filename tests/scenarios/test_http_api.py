@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import re
 import typing
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -80,20 +81,51 @@ async def test_canonical_extended_json_is_taken_and_a_malformed_value_is_422(
     assert reply.status_code == 201, reply.text
     task = await scheduler.get("c")
     assert task is not None and task.payload["n"] == 5 and task.payload["at"].year == 2030
-    for bad in ({"$oid": "zz"}, {"$date": "soon"}, {"$binary": 5}):
+    decimals = [{"$numberDecimal": text} for text in ("abc", "1e9999999", "1" * 60)]
+    for bad in ({"$oid": "zz"}, {"$date": "soon"}, {"$binary": 5}, *decimals):
         body = {"key": "bad", "name": "job", "payload": {"x": bad}}
         reply = await client.post("/v1/tasks", json=body)
         assert reply.status_code == 422, reply.text
-        assert reply.json()["message"].startswith("payload")
+        assert reply.json()["error"] == "invalid"
+        assert reply.json()["message"].startswith("payload: not valid extended JSON")
     assert await scheduler.get("bad") is None
+    [lease] = await _own(client)
+    result = {**_ref(lease), "result": {"total": {"$numberDecimal": "abc"}}}
+    reply = await client.post("/v1/leases/succeed", json=result)
+    assert reply.status_code == 422 and reply.json()["message"].startswith("result: ")
 
 
 async def test_a_missing_task_is_404_in_json(client: httpx.AsyncClient):
-    reply = await client.get("/v1/tasks/nothing")
-    assert reply.status_code == 404
-    assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
+    for method, path in [
+        ("GET", "/v1/tasks/nothing"),
+        ("POST", "/v1/tasks/nothing/cancel"),
+        ("POST", "/v1/tasks/nothing/retry"),
+        ("GET", "/v1/tasks/nothing/wait"),
+    ]:
+        reply = await client.request(method, path)
+        assert reply.status_code == 404, (method, path)
+        assert reply.json()["error"] == "not_found" and "nothing" in reply.json()["message"]
     no_route = await client.get("/v1/nowhere")
     assert no_route.status_code == 404 and no_route.json()["error"] == "no_route"
+
+
+@pytest.mark.parametrize("key", ["a/b", "reports/2030/01", "x/wait", "100%/done", "a b/ü"])
+async def test_a_key_with_a_slash_is_read_waited_cancelled_and_retried_by_its_encoded_path(
+    client: httpx.AsyncClient, key: str
+):
+    published = await client.post("/v1/tasks", json={"key": key, "name": "job"})
+    assert published.status_code == 201
+    path = "/v1/tasks/" + urllib.parse.quote(key, safe="")
+    got = await client.get(path)
+    assert got.status_code == 200 and got.json()["key"] == key
+    cancelled = await client.post(path + "/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["changed"] is True
+    waited = await client.get(path + "/wait", params={"timeout_ms": 1000})
+    assert waited.status_code == 200 and waited.json()["state"] == "cancelled"
+    retried = await client.post(path + "/retry")
+    assert retried.status_code == 200 and retried.json()["state"] == "pending"
+    listed = await client.get("/v1/tasks")
+    assert [task["key"] for task in listed.json()["tasks"]] == [key]
 
 
 @pytest.mark.parametrize(
@@ -132,6 +164,25 @@ async def test_publish_replaces_a_finished_task_by_its_state(
     anew = await client.post("/v1/tasks", json={**body, "replace_finished": ["fail", "cancelled"]})
     assert anew.status_code == 201
     assert (anew.json()["state"], anew.json()["payload"]) == ("pending", {"run": 2})
+
+
+async def test_a_refusal_names_its_field_once_and_a_body_that_is_no_json_its_position(
+    client: httpx.AsyncClient,
+):
+    """``key: ...``, not ``body.key: ...``; JSON that stops at character 12 is said so, not
+    as a field named ``12``."""
+    empty_key = await client.post("/v1/tasks", json={"key": "", "name": "job"})
+    assert empty_key.status_code == 422 and empty_key.json()["message"].startswith("key: ")
+    priority = {"key": "k", "name": "job", "options": {"priority": "high"}}
+    nested = await client.post("/v1/tasks", json=priority)
+    assert nested.json()["message"] == "options.priority: must be an integer"
+    waited = await client.get("/v1/tasks/k/wait", params={"timeout_ms": -5})
+    assert waited.json()["message"].startswith("timeout_ms: ")
+    broken = b'{"key": "k",, "name": "job"}'
+    headers = {"content-type": "application/json"}
+    reply = await client.post("/v1/tasks", content=broken, headers=headers)
+    assert reply.status_code == 422 and reply.json()["error"] == "invalid"
+    assert reply.json()["message"].startswith("body: not valid JSON at position 12")
 
 
 async def test_own_extend_and_succeed_over_http(client: httpx.AsyncClient):
@@ -228,18 +279,30 @@ async def test_own_honours_max_running(client: httpx.AsyncClient, scheduler: ms.
 
 
 async def test_every_v1_route_needs_the_token(client: httpx.AsyncClient):
+    """Without a token, the client is told one is required; with a wrong one, that it is
+    wrong."""
     app_routes = [("GET", "/v1/stats"), ("POST", "/v1/own"), ("GET", "/v1/tasks/x")]
+    said = {
+        "": "token: required",
+        "Basic b3BzOnMzY3JldA==": "token: required",
+        "Bearer wrong": "token: the bearer token given is wrong",
+    }
     for method, path in app_routes:
-        for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}):
-            reply = await client.request(method, path, headers=headers, json={})
+        for given, message in said.items():
+            reply = await client.request(method, path, headers={"Authorization": given}, json={})
             assert reply.status_code == 401, (method, path)
             assert reply.json()["error"] == "unauthorized"
+            assert reply.json()["message"].startswith(message), (given, reply.text)
 
 
-async def test_another_host_or_a_foreign_origin_is_refused(client: httpx.AsyncClient):
+async def test_another_host_or_a_foreign_origin_is_refused(scheduler: ms.Scheduler):
+    app = create_app(scheduler, token=TOKEN, allowed_hosts=["tasks.internal"])
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8700", headers=AUTH
+    )
     rebound = await client.get("/v1/stats", headers={"Host": "evil.example"})
     assert rebound.status_code == 400 and rebound.json()["error"] == "bad_host"
-    for host in ("localhost:8700", "[::1]:8700", "127.0.0.1"):
+    for host in ("localhost:8700", "[::1]:8700", "127.0.0.1", "tasks.internal"):
         assert (await client.get("/v1/stats", headers={"Host": host})).status_code == 200
     body = {"key": "k", "name": "job"}
     foreign = await client.post("/v1/tasks", json=body, headers={"Origin": "https://evil.example"})
@@ -248,10 +311,42 @@ async def test_another_host_or_a_foreign_origin_is_refused(client: httpx.AsyncCl
     assert own.status_code == 201
     read = await client.get("/v1/stats", headers={"Origin": "https://evil.example"})
     assert read.status_code == 200  # a read: the browser's same-origin policy guards it
+    await client.aclose()
+
+
+def _dashboard(scheduler: ms.Scheduler, **given: Any) -> Any:
+    from mscheduler.dashboard import create_app as dashboard_app
+
+    return dashboard_app(scheduler, **given)
+
+
+@pytest.mark.parametrize(("make", "path"), [(create_app, "/v1/stats"), (_dashboard, "/")])
+async def test_the_api_and_the_dashboard_answer_hosts_by_one_rule(
+    scheduler: ms.Scheduler, make: Any, path: str
+):
+    """With a token and no names given, any Host (the machine's address: ``serve --host
+    0.0.0.0``); with names given, those and the loopback ones; without a token, the loopback
+    names only."""
+
+    async def status(host: str, **given: Any) -> int:
+        transport = httpx.ASGITransport(app=make(scheduler, **given))
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
+            return (await http.get(path, headers=AUTH)).status_code
+
+    assert await status("192.0.2.7:8700", token=TOKEN) == 200
+    assert await status("tasks.example", token=TOKEN) == 200
+    named = {"token": TOKEN, "allowed_hosts": ["tasks.example"]}
+    assert await status("tasks.example", **named) == 200
+    assert await status("localhost:8700", **named) == 200
+    assert await status("192.0.2.7:8700", **named) == 400
+    assert await status("127.0.0.1:8700") == 200
+    assert await status("192.0.2.7:8700") == 400
+    with pytest.raises(ms.MSchedulerError, match=r"^token: "):
+        make(scheduler, token=" ")  # a token nobody can present opens nothing
 
 
 async def test_a_host_given_to_the_app_is_answered(scheduler: ms.Scheduler):
-    app = create_app(scheduler, hosts=["tasks.internal"])
+    app = create_app(scheduler, allowed_hosts=["tasks.internal"])
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://tasks.internal"
     ) as http:
@@ -480,3 +575,52 @@ async def test_a_waiting_own_is_answered_when_a_task_it_may_claim_is_due(
         reply.json()["leases"][0]["task"]["created_at"]
     )
     assert waited < dt.timedelta(seconds=2)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_body_over_the_limit_is_413_before_it_is_read(
+    scheduler: ms.Scheduler, declared: bool
+):
+    """60 MB posted: refused by its Content-Length before a byte is read, or, sent without
+    one (chunked), as soon as what was read passes the limit; nothing is written."""
+    from mscheduler.http.capped import MAX_BODY_BYTES
+
+    app = create_app(scheduler)
+    chunk = b" " * (1 << 20)
+    total = 60 << 20
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        more = reads * len(chunk) < total
+        return {"type": "http.request", "body": chunk, "more_body": more}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
+    if declared:
+        headers.append((b"content-length", str(total).encode()))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/tasks",
+        "raw_path": b"/v1/tasks",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8700),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 413
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert answer["error"] == "too_large" and answer["message"].startswith("body: ")
+    assert reads == (0 if declared else MAX_BODY_BYTES // len(chunk) + 1)
+    assert await scheduler.list_tasks() == []

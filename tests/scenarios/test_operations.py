@@ -278,3 +278,14 @@ async def test_a_purged_and_republished_key_runs_again(
         await discover()
         assert await _state(scheduler, "report") is S.SUCCESS
     assert [key for key, _ in recorder.runs] == ["report", "report"]
+
+
+async def test_cancel_says_whether_it_cancelled_and_refuses_a_key_no_task_has(
+    scheduler: ms.Scheduler,
+):
+    await scheduler.publish("k", None, name="job")
+    assert await scheduler.cancel("k") is True
+    assert await scheduler.cancel("k") is False  # already ended: nothing to do
+    with pytest.raises(TaskNotFound, match="nothing"):
+        await scheduler.cancel("nothing")
+    assert await scheduler.get("nothing") is None

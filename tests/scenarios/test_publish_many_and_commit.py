@@ -86,7 +86,7 @@ async def test_publish_many_is_idempotent(scheduler: ms.Scheduler):
     ("specs", "error", "message"),
     [
         ([spec("a"), spec("b", payload={1, 2})], PayloadError, "cannot be stored"),
-        ([spec("a"), spec("", payload=None)], ConfigurationError, "key must be"),
+        ([spec("a"), spec("", payload=None)], ConfigurationError, "key: must be"),
         ([spec("a", depends_on=("b",)), spec("b", depends_on=("a",))], DependencyError, "cycle"),
         ([spec("a"), spec("a", payload=2)], DependencyError, "given twice"),
         ([spec("a"), spec("b", depends_on=("ghost",))], DependencyError, "ghost"),

@@ -210,8 +210,13 @@ async def test_schedules_are_listed_replaced_and_removed(
             "cron: '61 \\* \\* \\* \\*' is not a cron expression",
         ),
         ({"every": dt.timedelta(minutes=1), "timezone": "Mars/Base"}, "timezone: .*IANA"),
-        ({}, "give either cron or every"),
-        ({"cron": "* * * * *", "every": dt.timedelta(minutes=1)}, "give either cron or every"),
+        ({}, "schedule: give either cron or every"),
+        (
+            {"cron": "* * * * *", "every": dt.timedelta(minutes=1)},
+            "schedule: give either cron or every",
+        ),
+        ({"every": "5m"}, "every: expected a timedelta, got str"),
+        ({"every": dt.timedelta(minutes=1), "jitter": 5}, "jitter: expected a timedelta, got int"),
         ({"every": dt.timedelta(milliseconds=10)}, "every_ms"),
         (
             {
@@ -226,10 +231,14 @@ async def test_schedules_are_listed_replaced_and_removed(
 async def test_a_bad_schedule_names_the_field_and_writes_nothing(
     scheduler: ms.Scheduler, fields: dict[str, Any], message: str
 ):
-    with pytest.raises(ConfigurationError, match=f"schedule: .*{message}"):
+    """Each refusal starts with the field it is about, once."""
+    with pytest.raises(ConfigurationError, match=f"^{message}"):
         await scheduler.schedule("s", name="job", **fields)
-    with pytest.raises(ConfigurationError, match="must not contain '@'"):
-        await scheduler.schedule("a@b", name="job", every=dt.timedelta(minutes=1))
+    every = dt.timedelta(minutes=1)
+    with pytest.raises(ConfigurationError, match=r"^schedule_id: must not contain '@'"):
+        await scheduler.schedule("a@b", name="job", every=every)
+    with pytest.raises(ConfigurationError, match=r"^schedule_id: must be a non-empty string"):
+        await scheduler.schedule(" ", name="job", every=every)
     assert await scheduler.schedules() == []
 
 

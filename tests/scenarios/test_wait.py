@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import mscheduler as ms
-from mscheduler.errors import TaskNotFound
+from mscheduler.errors import ConfigurationError, TaskNotFound
 from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, needs_change_streams, until_idle, worker
 
@@ -75,6 +75,28 @@ async def test_wait_on_a_finished_task_returns_at_once(scheduler: ms.Scheduler):
     await scheduler.publish("k", None, name="job")
     await scheduler.cancel("k")
     assert (await scheduler.wait("k", timeout=0.001)).state is S.CANCELLED
+
+
+async def test_wait_with_no_time_left_still_looks_once(scheduler: ms.Scheduler):
+    """``timeout=0``: the task as it is if it has ended, a `TimeoutError` if not."""
+    await scheduler.publish("done", None, name="job")
+    await scheduler.cancel("done")
+    await scheduler.publish("open", None, name="job")
+    assert (await scheduler.wait("done", timeout=0)).state is ms.TaskState.CANCELLED
+    with pytest.raises(TimeoutError):
+        await scheduler.wait("open", timeout=0)
+
+
+@pytest.mark.parametrize("seconds", [-1, -0.001, float("nan"), float("inf"), "5", 1e300])
+async def test_a_timeout_that_is_no_time_to_wait_is_refused_naming_it(
+    scheduler: ms.Scheduler, seconds: object
+):
+    await scheduler.publish("k", None, name="job")
+    await scheduler.cancel("k")
+    with pytest.raises(ConfigurationError, match=r"^timeout: "):
+        await scheduler.wait("k", seconds)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"^timeout: "):
+        await scheduler.wait_many(["k"], seconds)  # type: ignore[arg-type]
 
 
 async def test_wait_on_an_unknown_key(scheduler: ms.Scheduler):

@@ -155,6 +155,33 @@ async def test_a_worker_that_died_holding_tasks_is_dead_when_its_leases_expire(
     assert rows["job", "running"].live_workers == 0
 
 
+async def test_a_death_once_found_keeps_its_time_and_reason(
+    scheduler: ms.Scheduler, clock: ManualClock
+):
+    """Found dead when its leases expired, a worker stays dead since then and for that
+    reason after the tasks it held ended, and after its heartbeats would have said so too;
+    until it beats again."""
+    start = clock.now()
+    await scheduler.store.workers.beat(registered("gone", start, heartbeat_ms=30_000))
+    lease = ms.TaskOptions(ping_interval_ms=5_000, worker_timeout_ms=10_000)
+    await scheduler.publish("x", None, name="job", options=lease)
+    assert await scheduler.store.tasks.claim("gone", key="x") is not None
+    clock.advance(10)
+    [found] = await scheduler.workers()
+    assert not found.alive and found.dead_because == "its leases expired"
+    assert await scheduler.store.tasks.claim("w2", key="x") is not None  # a takeover
+    await scheduler.cancel("x")  # the task it held ended: no lease of it is read any more
+    clock.advance(120)  # its heartbeats lapsed too, at start + 60 s
+    for info in [*await scheduler.workers(), await scheduler.store.workers.get("gone")]:
+        assert info is not None and not info.alive
+        assert (info.dead_since, info.dead_because) == (found.dead_since, found.dead_because)
+    [counted] = await scheduler.store.workers.registered()
+    assert not counted.alive and counted.dead_since == found.dead_since
+    await scheduler.store.workers.beat(registered("gone", clock.now(), heartbeat_ms=30_000))
+    [back] = await scheduler.workers()
+    assert back.alive and back.dead_since is None and back.dead_because == ""
+
+
 async def test_a_worker_restarted_under_its_id_is_alive_though_its_previous_life_lost_a_lease(
     scheduler: ms.Scheduler, clock: ManualClock
 ):

@@ -225,3 +225,14 @@ def test_the_round_trip_counter_still_loads_from_testing_with_a_warning() -> Non
 
     with pytest.warns(DeprecationWarning, match=r"mscheduler\.backends\.counting"):
         assert testing.CountingCollection is CountingCollection  # type: ignore[attr-defined]
+
+
+def test_dir_of_the_package_shows_its_public_names_only() -> None:
+    """What ``dir(mscheduler)`` (and so a REPL's completion) offers: the top-level API and
+    the public submodules, each reachable from the package; not the names its own code
+    imports (``TYPE_CHECKING``, ``functools``, ``warnings``)."""
+    shown = set(dir(ms))
+    public_modules = {name.rpartition(".")[2] for name in PUBLIC_MODULES if "." in name}
+    assert shown == {*ms.__all__, *public_modules}
+    for name in shown:
+        assert getattr(ms, name) is not None

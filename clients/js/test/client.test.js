@@ -29,6 +29,11 @@ test("publish is idempotent by key", async () => {
   assert.equal(await client.get("pub:none"), null);
 });
 
+test("a key with a slash is read back", async () => {
+  await client.publish("reports/2030/01", "pub");
+  assert.equal((await client.get("reports/2030/01")).key, "reports/2030/01");
+});
+
 test("a request without the token is refused", async () => {
   const anonymous = new Client(server.url);
   await assert.rejects(anonymous.own(["x"], { workerId: "w" }), (error) => {
