@@ -35,6 +35,10 @@ ENDED_KEYS_PER_POLL = KEYS_PER_READ  # one read
 # How often the poll reads by state, at most: a write that showed up late is rare (a slow
 # transaction, a clock behind), and this bounds what catching it costs a busy process.
 STATE_READ_INTERVAL = dt.timedelta(seconds=5)
+# How often a polling process reads the signal (`store.signal`) between its polls, and so
+# how late at most it reads a write that signalled (a publish, a retry, a freed slot, a
+# dependent told, a control change) after it landed. One read by ``_id`` of a small document.
+SIGNAL_INTERVAL = dt.timedelta(milliseconds=100)
 
 
 class Poller:
