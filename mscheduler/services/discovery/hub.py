@@ -34,7 +34,7 @@ from ...store.streams import (
 from ...worker_options import Discovery, WorkerOptions
 from ..runner import OneRunner
 from .filters import Coverage, hub_pipeline, may_wake
-from .poller import SIGNAL_INTERVAL, Poller
+from .poller import SIGNAL_IDLE_AFTER, SIGNAL_IDLE_INTERVAL, SIGNAL_INTERVAL, Poller
 from .subscriptions import RESYNC, Subscription
 
 log = logging.getLogger(__name__)
@@ -458,7 +458,8 @@ class TaskHub:
 
     async def _poll(self, options: WorkerOptions) -> None:
         """One read per interval for every subscriber, and between them the signal every
-        `SIGNAL_INTERVAL` (when that is shorter), the tasks read at once when it moved. With
+        `SIGNAL_INTERVAL` (`SIGNAL_IDLE_INTERVAL` once it stopped moving; when shorter than
+        the poll interval), the tasks read at once when it moved. With
         ``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``;
         returns once it opens."""
         self._cover()
@@ -469,6 +470,7 @@ class TaskHub:
         next_poll = self._clock.now()
         next_signal: dt.datetime | None = next_poll
         signal: SignalState | None = None
+        moved_at = next_poll  # when the signal last moved (or the poll began)
         while True:
             if self.polling_by_choice and self._wants_stream():
                 log.info(
@@ -484,7 +486,8 @@ class TaskHub:
             elif next_signal is None:
                 next_signal = now
             if next_signal is not None and now >= next_signal:
-                next_signal = now + SIGNAL_INTERVAL
+                active = now - moved_at < SIGNAL_IDLE_AFTER
+                next_signal = now + (SIGNAL_INTERVAL if active else SIGNAL_IDLE_INTERVAL)
                 try:
                     read = await self._read_signal(signal)
                 except (PyMongoError, BackendUnavailable) as exc:
@@ -503,7 +506,7 @@ class TaskHub:
                     next_signal = None
                 else:
                     if signal is not None and read.tasks != signal.tasks:
-                        next_poll = now  # something was written: read it now
+                        next_poll = moved_at = now  # something was written: read it now
                     signal = read
             if now >= next_poll:
                 try:

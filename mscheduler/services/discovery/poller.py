@@ -37,8 +37,13 @@ ENDED_KEYS_PER_POLL = KEYS_PER_READ  # one read
 STATE_READ_INTERVAL = dt.timedelta(seconds=5)
 # How often a polling process reads the signal (`store.signal`) between its polls, and so
 # how late at most it reads a write that signalled (a publish, a retry, a freed slot, a
-# dependent told, a control change) after it landed. One read by ``_id`` of a small document.
+# dependent told, a control change) after it landed: one read by ``_id`` of a small document.
+# Every `SIGNAL_INTERVAL` while it moved within `SIGNAL_IDLE_AFTER`; every
+# `SIGNAL_IDLE_INTERVAL` after that, so an idle process costs the server a few such reads a
+# second, and the first task after an idle time waits at most that longer interval.
 SIGNAL_INTERVAL = dt.timedelta(milliseconds=100)
+SIGNAL_IDLE_INTERVAL = dt.timedelta(milliseconds=200)
+SIGNAL_IDLE_AFTER = dt.timedelta(seconds=5)
 
 
 class Poller:
