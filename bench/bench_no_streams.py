@@ -11,9 +11,10 @@ Each round, for each system in turn: 2 worker processes start on a fresh databas
 one consumer each, default `WorkerOptions`; Celery: a worker each, threads pool of 16, the
 transport's default polling), then the parent publishes 5 tasks a second for
 ``--flow-seconds`` (one publish a task), waits ``--idle-seconds`` with nothing published, and
-publishes a burst of 100 at once (mscheduler: one ``publish_many``; Celery: 100
-``send_task``). Each task carries the time its publish was called (the burst's: when the
-call(s) began); its handler records the wait (same machine, same clock).
+publishes a burst of 100, back to back, one call a task as Celery sends them (``publish``,
+``send_task``: the first task of the burst is the first after the idle time, and waits for
+no batch). Each task carries the time its publish was called; its handler records the wait
+(same machine, same clock).
 
 Rows, per system (median of the rounds; each round's figure in brackets):
 
@@ -86,7 +87,7 @@ def child_mscheduler(child: Child) -> None:
         sched = ms.Scheduler(client[child.db]["tasks"])
 
         async def job(task: ms.Task) -> None:
-            child.waits.put(time.time() - task.payload["t"])
+            child.waits.put((task.payload["n"], time.time() - task.payload["t"]))
 
         threading.Thread(target=_exit_on_stop, args=(child, commands), daemon=True).start()
         async with sched.consumer({"job": job}):
@@ -130,8 +131,8 @@ def child_celery(child: Child) -> None:
     app = _celery_app(child.uri, child.db)
 
     @app.task(name="noop")  # type: ignore[untyped-decorator]
-    def noop(t: float) -> None:
-        child.waits.put(time.time() - t)
+    def noop(t: float, n: int) -> None:
+        child.waits.put((n, time.time() - t))
 
     worker = app.Worker(
         pool="threads",
@@ -156,8 +157,8 @@ def child_celery(child: Child) -> None:
 class Publisher:
     """The parent's side of a system: ``one()`` publishes a task, ``burst(n)`` n at once."""
 
-    one: Callable[[], None]
-    burst: Callable[[int], None]
+    one: Callable[[int], None]  # the task's number
+    burst: Callable[[int, int], None]  # the first task's number, how many
     close: Callable[[], None]
 
 
@@ -167,10 +168,16 @@ def mscheduler_publisher(uri: str, db: str) -> Publisher:
     sched = ms.SyncScheduler.connect(uri, database=db, collection="tasks")
     sched.ensure_indexes()
     publisher = Publisher()
-    publisher.one = lambda: sched.publish(uuid.uuid4().hex, {"t": time.time()}, name="job")
-    publisher.burst = lambda n: sched.publish_many(
-        ms.TaskSpec(key=uuid.uuid4().hex, payload={"t": t}, name="job") for t in [time.time()] * n
-    )
+
+    def one(n: int) -> None:
+        sched.publish(uuid.uuid4().hex, {"t": time.time(), "n": n}, name="job")
+
+    def burst(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            one(n)
+
+    publisher.one = one
+    publisher.burst = burst
     publisher.close = sched.close
     return publisher
 
@@ -180,13 +187,15 @@ def celery_publisher(uri: str, db: str) -> Publisher:
     producer_context = app.producer_or_acquire()
     producer = producer_context.__enter__()
 
-    def burst(n: int) -> None:
-        t = time.time()
-        for _ in range(n):
-            app.send_task("noop", args=(t,), producer=producer)
+    def one(n: int) -> None:
+        app.send_task("noop", args=(time.time(), n), producer=producer)
+
+    def burst(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            one(n)
 
     publisher = Publisher()
-    publisher.one = lambda: app.send_task("noop", args=(time.time(),), producer=producer)
+    publisher.one = one
     publisher.burst = burst
     publisher.close = lambda: producer_context.__exit__(None, None, None)
     return publisher
@@ -225,12 +234,14 @@ class Run(NamedTuple):
     complete: bool
 
 
-def _collect(waits: Any, count: int, limit: float) -> list[float]:
-    got: list[float] = []
+def _collect(waits: Any, count: int, limit: float) -> dict[int, float]:
+    """Each task's wait, by its number, until ``count`` came or ``limit`` seconds passed."""
+    got: dict[int, float] = {}
     ends = time.perf_counter() + limit
     while len(got) < count and time.perf_counter() < ends:
         try:
-            got.append(waits.get(timeout=max(0.01, ends - time.perf_counter())))
+            n, wait = waits.get(timeout=max(0.01, ends - time.perf_counter()))
+            got[n] = wait
         except Exception:
             break
     return got
@@ -260,8 +271,8 @@ def run_once(system: System, server: WireServer, flow_s: float, idle_s: float) -
         delay = began + n / RATE - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        publisher.one()
-    flow = _collect(waits, flow_tasks, 30.0)
+        publisher.one(n)
+    flow = list(_collect(waits, flow_tasks, 30.0).values())
     # The idle time: measured from when the flow's last task started.
     cpu_idle_start = cpu_seconds(pid)
     idle_began = time.perf_counter()
@@ -269,9 +280,10 @@ def run_once(system: System, server: WireServer, flow_s: float, idle_s: float) -
     idle_cpu = cpu_seconds(pid) - cpu_idle_start
     idle_elapsed = time.perf_counter() - idle_began
     burst_began = time.perf_counter()
-    publisher.burst(BURST)
+    publisher.burst(flow_tasks, BURST)
     sent = time.perf_counter() - burst_began
-    burst = _collect(waits, BURST, 60.0)
+    burst_waits = _collect(waits, BURST, 60.0)
+    burst = list(burst_waits.values())
     drain = time.perf_counter() - burst_began
     load = os.getloadavg()[0]
     time.sleep(0.5)
@@ -293,7 +305,7 @@ def run_once(system: System, server: WireServer, flow_s: float, idle_s: float) -
     tasks = max(len(flow) + len(burst), 1)
     return Run(
         flow=flow,
-        first_after_idle=min(burst) if burst else float("nan"),
+        first_after_idle=burst_waits.get(flow_tasks, float("nan")),
         burst=burst,
         burst_drain=drain,
         burst_sent=sent,

@@ -471,6 +471,7 @@ class TaskHub:
         next_signal: dt.datetime | None = next_poll
         signal: SignalState | None = None
         moved_at = next_poll  # when the signal last moved (or the poll began)
+        moved = False  # since the last read of writes
         while True:
             if self.polling_by_choice and self._wants_stream():
                 log.info(
@@ -506,19 +507,22 @@ class TaskHub:
                     next_signal = None
                 else:
                     if signal is not None and read.tasks != signal.tasks:
-                        next_poll = moved_at = now  # something was written: read it now
+                        moved, moved_at = True, now  # something was written: read it now
                     signal = read
-            if now >= next_poll:
+            if now >= next_poll or moved:
+                signalled = now < next_poll
                 try:
                     self.polls += 1
-                    await self._poller.poll_once(self._subs, self._hand_out)
+                    await self._poller.poll_once(self._subs, self._hand_out, signalled=signalled)
                 except (PyMongoError, BackendUnavailable) as exc:
                     log.warning("poll failed: %s", exc, extra={"action": "poll_retry"})
                     await backoff.wait()
                     continue
                 backoff.reset()
                 self._cover()
-                next_poll = now + interval
+                moved = False
+                if not signalled:
+                    next_poll = now + interval
             if retry_at is not None and now >= retry_at:
                 retry_at = now + retry
                 if await self._stream_back():
