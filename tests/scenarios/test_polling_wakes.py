@@ -9,6 +9,7 @@ lets the manual clock pass `BOUND` only, far less than the poll interval.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
@@ -190,3 +191,44 @@ async def test_a_resume_starts_the_paused_name_within_the_bound(
         assert "k" not in starts.at
         await writer.resume("job")
         await _within_bound(clock, starts, "k")
+
+
+async def test_a_watch_beside_a_polling_consumer_sees_each_version_once(
+    open_scheduler: OpenScheduler, clock: ManualClock
+) -> None:
+    """The reads the signal brings read back only a moment, the polls at their interval a
+    second: across both, each version of a task reaches a watch once, in order."""
+    side, writer = await _pair(open_scheduler)
+    seen: list[tuple[str, int, ms.TaskState]] = []
+
+    async def job(task: ms.Task) -> None:
+        return None
+
+    async with (
+        side.consumer({"job": job}, options=DEFAULTS),
+        contextlib.aclosing(side.watch(names=["job"])) as watch,
+    ):
+
+        async def follow() -> None:
+            async for task in watch:
+                seen.append((task.key, task.version, task.state))
+
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(follow)
+            await _settled(clock)
+            for n in range(5):
+                await writer.publish(f"k{n}", None, name="job")
+                for _ in range(3):
+                    await until_idle()
+                    clock.advance(0.05)
+            for _ in range(60):  # past several polls at their interval
+                await until_idle()
+                clock.advance(0.05)
+            await until_idle()
+            task_group.cancel_scope.cancel()
+        assert side.store.task_hub.signal_reads > 0  # the reads the signal brought ran
+    assert len(seen) == len(set(seen)), f"a version was handed out twice: {seen}"
+    for n in range(5):
+        versions = [version for key, version, _ in seen if key == f"k{n}"]
+        assert versions == sorted(versions)
+        assert (f"k{n}", ms.TaskState.SUCCESS) in {(key, state) for key, _, state in seen}
