@@ -56,6 +56,7 @@ class Signal(BesideTasks):
         self._polled_until: dt.datetime | None = None  # the last registration read
         self._checked_at: dt.datetime | None = None  # when it was read
         self.bumps = 0  # sent by this process (the benchmarks and tests count them)
+        self.reads = 0
 
     async def bump(self, *, controls: bool = False) -> None:
         """After a write that may give work (``controls``: a control change): one small
@@ -83,6 +84,7 @@ class Signal(BesideTasks):
         return await self._read()
 
     async def _read(self) -> SignalState:
+        self.reads += 1
         found = await self.collection.find_one(sq.SIGNAL, sq.SIGNAL_FIELDS)
         found = found or {}
         until = found.get("polled_until")

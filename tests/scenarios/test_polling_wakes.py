@@ -18,7 +18,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.testing import ManualClock
-from tests.engines import until_idle
+from tests.engines import needs_change_streams, until_idle
 
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
@@ -232,3 +232,33 @@ async def test_a_watch_beside_a_polling_consumer_sees_each_version_once(
         versions = [version for key, version, _ in seen if key == f"k{n}"]
         assert versions == sorted(versions)
         assert (f"k{n}", ms.TaskState.SUCCESS) in {(key, state) for key, _, state in seen}
+
+
+async def test_with_change_streams_writers_send_nothing_to_the_signal(
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str
+) -> None:
+    """Nobody polls: a publish, a retry, a dependent told and a control change write nothing
+    more, and each writer reads whether someone polls once at most while the clock stands."""
+    needs_change_streams(engine)
+    sched = await open_scheduler()
+    starts = Starts(clock)
+
+    async def flaky(task: ms.Task) -> None:
+        starts.record(task)
+        if task.key == "k0" and len(starts.at[task.key]) == 1:
+            raise RuntimeError("the first attempt fails")
+
+    retry = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+    async with sched.consumer({"job": flaky}, options=DEFAULTS) as consumer:
+        assert not consumer.polling
+        await sched.publish("k0", None, name="job", options=retry)
+        await sched.publish_many(ms.TaskSpec(key=f"k{n}", name="job") for n in range(1, 20))
+        await sched.publish("after", None, name="job", depends_on=["k1"])
+        await sched.pause("job")
+        await sched.resume("job")
+        for _ in range(5):
+            await until_idle()
+            clock.advance(0.05)
+        assert len(starts.at.get("k0", [])) == 2 and "after" in starts.at
+    assert sched.store.signal.bumps == 0
+    assert sched.store.signal.reads <= 1
