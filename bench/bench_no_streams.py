@@ -163,22 +163,39 @@ class Publisher:
 
 
 def mscheduler_publisher(uri: str, db: str) -> Publisher:
+    """A `Scheduler` on its own event loop, in a thread of the parent (one client, one
+    connection pool), called from the parent's timeline."""
+    import anyio.from_thread
+    from pymongo import AsyncMongoClient
+
     import mscheduler as ms
 
-    sched = ms.SyncScheduler.connect(uri, database=db, collection="tasks")
-    sched.ensure_indexes()
-    publisher = Publisher()
+    portal_context = anyio.from_thread.start_blocking_portal()
+    portal = portal_context.__enter__()
 
-    def one(n: int) -> None:
-        sched.publish(uuid.uuid4().hex, {"t": time.time(), "n": n}, name="job")
+    async def open_scheduler() -> tuple[Any, ms.Scheduler]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        sched = ms.Scheduler(client[db]["tasks"])
+        await sched.ensure_indexes()
+        return client, sched
+
+    client, sched = portal.call(open_scheduler)
+
+    async def publish(n: int) -> None:
+        await sched.publish(uuid.uuid4().hex, {"t": time.time(), "n": n}, name="job")
 
     def burst(first: int, count: int) -> None:
         for n in range(first, first + count):
-            one(n)
+            portal.call(publish, n)
 
-    publisher.one = one
+    def close() -> None:
+        portal.call(client.close)
+        portal_context.__exit__(None, None, None)
+
+    publisher = Publisher()
+    publisher.one = lambda n: portal.call(publish, n)
     publisher.burst = burst
-    publisher.close = sched.close
+    publisher.close = close
     return publisher
 
 
@@ -206,6 +223,7 @@ class System(NamedTuple):
     modules: tuple[str, ...]
     publisher: Callable[[str, str], Publisher]
     child: Callable[[Child], None]
+    pythonpath: str | None = None  # where the worker processes import from first
 
 
 SYSTEMS = [
@@ -257,8 +275,17 @@ def run_once(system: System, server: WireServer, flow_s: float, idle_s: float) -
     child = Child(server.uri, db, waits, ready, stop, counts)
     publisher = system.publisher(server.uri, db)
     workers = [context.Process(target=system.child, args=(child,)) for _ in range(PROCESSES)]
-    for worker in workers:
-        worker.start()
+    before = os.environ.get("PYTHONPATH")
+    if system.pythonpath is not None:
+        os.environ["PYTHONPATH"] = system.pythonpath
+    try:
+        for worker in workers:
+            worker.start()
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
     for _ in workers:
         ready.get(timeout=120)
     wait_idle(server.process.pid)
@@ -371,11 +398,21 @@ def main() -> None:
         "--by-command", action="store_true", help="also the workers' commands per task"
     )
     parser.add_argument("--only", default="", help="comma-separated name prefixes to run")
+    parser.add_argument(
+        "--before",
+        default=None,
+        help="a folder holding an older mscheduler package: its workers run as one more "
+        "system (published to by this one: e.g. `git archive REV mscheduler | tar -x -C DIR`)",
+    )
     args = parser.parse_args()
     import importlib
 
     runnable = []
-    for system in SYSTEMS:
+    systems = list(SYSTEMS)
+    if args.before:
+        before = System("mscheduler before", (), mscheduler_publisher, child_mscheduler)
+        systems.insert(1, before._replace(pythonpath=args.before))
+    for system in systems:
         if args.only and not any(system.name.startswith(p) for p in args.only.split(",")):
             continue
         try:
