@@ -53,6 +53,9 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_server_cost import Commands, WireServer, cpu_seconds, wait_idle  # noqa: E402
 
 RATE = 5  # tasks a second in the flow
+# Where a worker process imports mscheduler from first (``--before``): spawned processes take
+# the parent's ``sys.path``, so the folder travels in the environment.
+_PACKAGE = "MSCHEDULER_BENCH_PACKAGE"
 BURST = 100
 PROCESSES = 2
 
@@ -77,10 +80,14 @@ def _exit_on_stop(child: Child, commands: Commands) -> None:
 
 def child_mscheduler(child: Child) -> None:
     commands = Commands()
+    if os.environ.get(_PACKAGE):  # an older package's workers (``--before``)
+        sys.path.insert(0, os.environ[_PACKAGE])
     import anyio
     from pymongo import AsyncMongoClient
 
     import mscheduler as ms
+
+    sys.stderr.write(f"worker {os.getpid()}: mscheduler from {ms.__file__}\n")
 
     async def main() -> None:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(child.uri)
@@ -275,17 +282,13 @@ def run_once(system: System, server: WireServer, flow_s: float, idle_s: float) -
     child = Child(server.uri, db, waits, ready, stop, counts)
     publisher = system.publisher(server.uri, db)
     workers = [context.Process(target=system.child, args=(child,)) for _ in range(PROCESSES)]
-    before = os.environ.get("PYTHONPATH")
     if system.pythonpath is not None:
-        os.environ["PYTHONPATH"] = system.pythonpath
+        os.environ[_PACKAGE] = system.pythonpath
     try:
         for worker in workers:
             worker.start()
     finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+        os.environ.pop(_PACKAGE, None)
     for _ in workers:
         ready.get(timeout=120)
     wait_idle(server.process.pid)
