@@ -23,7 +23,7 @@ from tests.engines import needs_change_streams, until_idle
 pytestmark = pytest.mark.anyio
 OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 
-# How late a task may start after what made it startable: the p99 bound.
+# How late a task may start after what made it startable, at most, without change streams.
 BOUND = dt.timedelta(milliseconds=250)
 DEFAULTS = ms.WorkerOptions(worker_id="w1")  # the poll interval untouched
 
