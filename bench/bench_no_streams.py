@@ -78,8 +78,26 @@ def _exit_on_stop(child: Child, commands: Commands) -> None:
     os._exit(0)
 
 
+def _reads_by_collection(commands: Commands) -> None:
+    """Counts the reads (``find``) apart by collection too, into ``commands``: the signal's
+    beside the tasks' (installed before any client)."""
+    from pymongo import monitoring
+
+    class Listener(monitoring.CommandListener):
+        def started(self, event: monitoring.CommandStartedEvent) -> None:
+            if event.command_name == "find":
+                with commands.lock:
+                    commands.by_command[f"  find on {event.command.get('find')}"] += 1
+
+        def succeeded(self, event: monitoring.CommandSucceededEvent) -> None: ...
+        def failed(self, event: monitoring.CommandFailedEvent) -> None: ...
+
+    monitoring.register(Listener())
+
+
 def child_mscheduler(child: Child) -> None:
     commands = Commands()
+    _reads_by_collection(commands)
     if os.environ.get(_PACKAGE):  # an older package's workers (``--before``)
         sys.path.insert(0, os.environ[_PACKAGE])
     import anyio
@@ -407,6 +425,9 @@ def main() -> None:
         help="a folder holding an older mscheduler package: its workers run as one more "
         "system (published to by this one: e.g. `git archive REV mscheduler | tar -x -C DIR`)",
     )
+    parser.add_argument(
+        "--profile", default=None, help="run the server under cProfile, its statistics to this file"
+    )
     args = parser.parse_args()
     import importlib
 
@@ -425,7 +446,7 @@ def main() -> None:
             print(f"{system.name}: skipped: {error} (pip install -e '.[bench-peers-server]')")
             continue
         runnable.append(system)
-    server = WireServer()
+    server = WireServer(args.profile)
     print(
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} with "
         f"{os.cpu_count() or 1} cores, Python {platform.python_version()}, wire engine "
