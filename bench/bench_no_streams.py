@@ -401,6 +401,41 @@ def read_costs(server: WireServer, reads: int = 2_000) -> tuple[float, float]:
     return costs[0], costs[1]
 
 
+def claim_costs(
+    server: WireServer, claims: int = 160, batch: int = 16, pending: int = 200
+) -> tuple[float, float]:
+    """Server CPU ms per task of a claim alone (what a task that starts at once costs: the
+    consumer claims each as it comes), and per task of a claim of ``batch`` at once (what a
+    poll that found several costs), on one collection of ``pending`` tasks beyond those
+    claimed, one client: the part of the gap to a slow poll that is the claim's."""
+    import anyio
+    from pymongo import AsyncMongoClient
+
+    import mscheduler as ms
+
+    async def measure() -> tuple[float, float]:
+        costs = []
+        for limit in (1, batch):
+            db = f"claims_{uuid.uuid4().hex[:8]}"
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(server.uri)
+            sched = ms.Scheduler(client[db]["tasks"])
+            await sched.ensure_indexes()
+            await sched.publish_many(
+                ms.TaskSpec(key=f"k{n}", name="job") for n in range(pending + claims)
+            )
+            wait_idle(server.process.pid)
+            before = cpu_seconds(server.process.pid)
+            for _ in range(claims // limit):
+                await sched.store.tasks.claim_many("bench-claims", names=["job"], limit=limit)
+            wait_idle(server.process.pid)
+            costs.append((cpu_seconds(server.process.pid) - before) * 1000 / claims)
+            await client.drop_database(db)
+            await client.close()
+        return costs[0], costs[1]
+
+    return anyio.run(measure)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f}"
 
@@ -460,6 +495,12 @@ def main() -> None:
         print(
             f"one read by _id (the signal): {by_id:.3f} server CPU ms; one small indexed read "
             f"(the poll's read of writes): {indexed:.3f} ms; load {os.getloadavg()[0]:.1f}\n",
+            flush=True,
+        )
+        alone, batched = claim_costs(server)
+        print(
+            f"one claim of one task: {alone:.3f} server CPU ms per task; a claim of 16 at once: "
+            f"{batched:.3f} ms per task; load {os.getloadavg()[0]:.1f}\n",
             flush=True,
         )
         runs: dict[str, list[Run]] = {system.name: [] for system in runnable}
