@@ -25,7 +25,9 @@ Rows, per system (median of the rounds; each round's figure in brackets):
   burst per task (a drain's cost), and what the idle time adds per task of the run;
 - the idle time's server CPU per second per worker process, beside what one read by ``_id``
   (the signal's) and one small indexed read (the poll's read of writes) cost the server,
-  measured alone first.
+  measured alone first;
+- before the rounds, what one claim of one task costs the server per task beside a claim of 16
+  at once (a task that starts at once is claimed alone; a poll that found several, in a batch).
 
 The machine's load average is printed beside each round: the wire engine is one Python
 process and the machine is shared; ratios within a round are what to compare.
