@@ -557,7 +557,7 @@ def main() -> None:
             for a, b in zip(runs[names[0]], runs[names[1]], strict=False)
         ]
         print(
-            "\nserver CPU per task, mscheduler / Celery, each round: "
+            f"\nserver CPU per task, {names[0]} / {names[1]}, each round: "
             + ", ".join(f"{r:.2f}" for r in ratios)
         )
 
