@@ -29,8 +29,11 @@ WORKERS: Final = ".workers"  # the live workers (`store.workers`)
 STOPS: Final = ".stops"  # remote stops of a worker (`store.stops`)
 # One document, the control version, bumped by every control write (`store.controls`).
 CONTROLS: Final = ".controls"
+# One document, the signal: bumped by writes that may give a polling process work, while one
+# polls (`store.signal`); read by `_id` between polls where the server has no change streams.
+SIGNAL: Final = ".signal"
 # What operators write beside the tasks: `StoreBase.in_use` looks in these. The control
-# version is left out, being only the echo of a write to one of them.
+# version and the signal are left out, being only the echo of other writes.
 BESIDE_SUFFIXES: Final = (SCHEDULES, PAUSED, LIMITS, WORKERS, STOPS)
 
 # ------------------------------------------------------------ the tasks' indexes

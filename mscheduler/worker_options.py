@@ -45,7 +45,12 @@ class WorkerOptions(BaseModel):
     drains after it was full, each poll): what it may claim soonest. The heap holds up to
     ``heap_size``, fed by change events too."""
     poll_interval_ms: int = Field(default=5_000, ge=10, le=_DAY_MS)
-    """Re-fetch interval when the server has no change streams (standalone mongod)."""
+    """Where the server has no change streams (a standalone mongod): how often the process
+    reads the writes of its names whatever it was told. Between these reads it reads the
+    signal that writers bump (`store.signal`, a fraction of a second apart:
+    `services.discovery.poller.SIGNAL_INTERVAL`) and reads the writes at once when it moved:
+    a task starts about as soon as with a change stream, so this is only the backstop of a
+    lost signal, and lowering it buys no speed."""
     schedule_refresh_ms: int = Field(default=60_000, ge=10, le=_DAY_MS)
     """How often a consumer looks for new schedules of its names (it wakes for the next
     occurrence of those it knows on its own), ends its names' expired tasks, and reads their
@@ -61,11 +66,10 @@ class WorkerOptions(BaseModel):
     consumer lets a new task wait this long, so that an idle peer gets it; what no peer took
     by then is claimed, a share per worker, the rest after one more wait. A consumer with
     more due than free slots (a drain), or whose name no other worker with a free slot
-    serves, claims at once. One second: more than a peer takes to see a task with change
-    streams; without them a peer sees it only at its next poll, so keep this above
-    ``poll_interval_ms`` there. It costs one small read of the live workers per heartbeat,
-    and one more at most once a spread while claiming beside running tasks. None: greedy, as
-    many due tasks as there are free slots."""
+    serves, claims at once. One second: more than a peer takes to see a task, with change
+    streams or without (the signal, `store.signal`). It costs one small read of the live
+    workers per heartbeat, and one more at most once a spread while claiming beside running
+    tasks. None: greedy, as many due tasks as there are free slots."""
     discovery: Discovery = "auto"
     """How new work is found: ``auto`` listens on a change stream and, when the server refuses
     one (for any reason), polls instead and tries the stream again every

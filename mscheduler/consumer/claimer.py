@@ -163,11 +163,18 @@ class Claimer:
         now = self._clock.now()
         name = self._limiter.ended(key)
         if name is not None:
-            for waiting in self._heap.keys_of([name]):
-                self._heap.nudge(waiting, now)
+            self.limit_freed(name)
         if not written:
             self._heap.nudge(key, now)
         self._ask_done_at = None
+        self.wake()
+
+    def limit_freed(self, name: str) -> None:
+        """A slot of limited ``name`` freed (here, or in another process: `Limiter`): its
+        waiting keys are tried again now."""
+        now = self._clock.now()
+        for waiting in self._heap.keys_of([name]):
+            self._heap.nudge(waiting, now)
         self.wake()
 
     async def run(self) -> None:

@@ -266,6 +266,8 @@ class Consumer:
                 self._recovery_wake.set()
         else:
             self._recovery_checks.pop(task.key, None)
+        if self._limiter.ended_elsewhere(task):
+            self._claimer.limit_freed(task.name)
         self.offer(task)
 
     def offer(self, task: Task) -> None:

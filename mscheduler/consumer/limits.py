@@ -414,6 +414,16 @@ class Limiter:
         except (BackendUnavailable, StoreError) as exc:  # held until they expire: under-used
             log.warning(str(exc), extra={"action": "start_unconfirmed"})
 
+    def ended_elsewhere(self, task: Task) -> bool:
+        """A run of ``task`` ended, seen by its write (another process's, or ours): a name
+        held back by its ``max_running`` is worth asking at once, as that run's slot frees
+        (its writer releases it right after the write, and signals a process that polls
+        then). A rate's window does not free on an end: such a name keeps waiting."""
+        limit = self.limited.get(task.name)
+        if limit is None or limit.max_running is None or not task.state.is_terminal:
+            return False
+        return self.blocked.pop(task.name, None) is not None
+
     def ended(self, key: str) -> str | None:
         """The run of ``key`` ended (an abandoned handler's: it returned): its slot frees (its
         start still counts in the window). Returns the name whose slot freed, if any."""

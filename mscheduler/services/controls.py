@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import TaskStatus
 from pymongo.errors import PyMongoError
 
-from ..clock import Clock, sleep
+from ..clock import Clock
 from ..errors import BackendUnavailable
 from ..queries import controls as cq
 from ..reconnect_backoff import Backoff, Delay
@@ -145,6 +145,7 @@ class ControlHub:
         interval. Every (re)start counts as a change: what happened while nobody watched is
         read again. A poll returns once the process's stream carries the controls again."""
         stream, known = None, None
+        signalled = self._task_hub.control_signals  # control changes the signal counted
         backoff = Backoff(self._clock, reconnect_delay)
         try:
             while True:
@@ -168,6 +169,7 @@ class ControlHub:
                                 )
                     if stream is None or known is None:
                         self.reads += 1
+                        signalled = self._task_hub.control_signals
                         version = await self._version.read()
                         if version != known:
                             known = version
@@ -184,7 +186,11 @@ class ControlHub:
                 task_status.started()
                 task_status = anyio.TASK_STATUS_IGNORED
                 if stream is None:
-                    await sleep(self._clock, poll_interval_ms / 1000)
+                    # A poll interval, or sooner when the discovery hub's signal counts a
+                    # control change (read at its own interval).
+                    await self._task_hub.control_signal(
+                        self._clock.now() + dt.timedelta(milliseconds=poll_interval_ms), signalled
+                    )
                     if self._task_hub.carries_controls:
                         return task_status
                     continue

@@ -25,5 +25,6 @@ groups: those are `services`.
 - `schedules`: schedule documents and publishing their occurrences;
 - `pauses`: paused names; `limits`: limits per name and the tokens of their slots;
 - `workers`: the live workers' entries; `stops`: remote stops asked of a worker;
-- `controls`: the control version every control write bumps.
+- `controls`: the control version every control write bumps;
+- `signal`: what writers bump, while some process polls, and that process reads between polls.
 """

@@ -250,6 +250,11 @@ class StoreBase:
         """After a write of a control document (a pause, a limit, a schedule): the store with
         a `ControlVersion` bumps it."""
 
+    async def work_written(self) -> None:
+        """After a write that may give a consumer elsewhere work (a publish, a retry, a
+        dependent told, a slot freed), outside a batch: the store with a `Signal` bumps it,
+        while some process polls. A batch signals once, after its last write."""
+
     @driver_errors
     async def changed_since(self, since: dt.datetime, names: Sequence[str] | None) -> list[Task]:
         """Tasks (of ``names``) written at or after ``since``, oldest write first: what a

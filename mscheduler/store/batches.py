@@ -147,7 +147,9 @@ async def _publish_many(
                     return await _publish_flow(store, ordered, now, drafts)
                 return await _publish_flat(store, ordered, existing, now, drafts)
 
-        return await run_atomically(store.collection, write)
+        published = await run_atomically(store.collection, write)
+        await store.work_written()  # once for the batch, after its last write
+        return published
 
 
 def _replaces(specs: Sequence[PublishSpec], existing: Mapping[str, Task]) -> bool:
@@ -361,6 +363,7 @@ async def _commit(
 
     published = await run_atomically(store.collection, write)
     context.mark_completed({lease.run_id for lease, _ in results})
+    await store.work_written()  # once for the commit, after its last write
     return published
 
 

@@ -27,6 +27,7 @@ from .operations import Operations
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
+from .signal import Signal
 from .stops import Stops
 from .tasks import TaskStore
 from .workers import Workers
@@ -46,8 +47,10 @@ class Store(StoreBase):
         self.limits = Limits(self)
         self.workers = Workers(self)
         self.stops = Stops(self)
+        # What writers bump while some process polls, and a polling process reads often.
+        self.signal = Signal(self)
         # The process's one change stream (or poll loop), the controls' changes on it too.
-        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS)
+        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS, signal=self.signal)
         self.control_version = ControlVersion(self)
         self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
         self.operations = Operations(self)
@@ -57,3 +60,8 @@ class Store(StoreBase):
 
     async def control_changed(self) -> None:
         await self.control_version.bump()
+        await self.signal.bump(controls=True)
+
+    async def work_written(self) -> None:
+        if not self.in_batch:
+            await self.signal.bump()

@@ -77,6 +77,7 @@ class Flows:
             await self._store.collection.update_one(
                 *fq.mark_notified(task.key, self._store.clock.now())
             )
+        await self._store.work_written()  # a dependent may start now
 
     async def _tell(self, dependency: Task, only: str | None = None) -> list[Task]:
         """Apply ``dependency``'s outcome to its waiting dependents; return those it ended."""

@@ -190,7 +190,9 @@ class Limits(BesideTasks):
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:
+        """A run of ``name`` ended: its slot is free, for this process or another."""
         await self.collection.update_one(*lq.release(name, token))
+        await self._tasks.work_written()
 
     @driver_errors
     async def extend(self, name: str, untils: Mapping[str, dt.datetime]) -> None:

@@ -92,8 +92,11 @@ class Publisher:
         check_fits(spec)
         await self._store.ready()
         if spec.debounce:
-            return await self._debounce(spec)
-        return await self._publish(spec)
+            result = await self._debounce(spec)
+        else:
+            result = await self._publish(spec)
+        await self._store.work_written()
+        return result
 
     async def _publish(self, spec: PublishSpec) -> PublishResult:
         document = await self._document(spec)
@@ -151,6 +154,7 @@ class Publisher:
             query = q.replace_filter(spec.key, current.version, running_ok=running_ok)
             replaced = await self._replace(current, document, query)
             if replaced is not None:
+                await self._store.work_written()
                 return PublishResult(task=replaced, created=False, replaced=True)
         raise StoreError(f"replace {spec.key!r}: the task kept changing; try again")
 
@@ -167,6 +171,7 @@ class Publisher:
         replaced = await self._replace(current, document, query)
         if replaced is None:
             return None
+        await self._store.work_written()
         return PublishResult(task=replaced, created=False, replaced=True)
 
     async def _document(self, spec: PublishSpec) -> dict[str, Any]:

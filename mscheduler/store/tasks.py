@@ -25,6 +25,7 @@ from ..models import (
     ErrorInfo,
     Lease,
     Task,
+    TaskState,
     WorkerStateKind,
     check_worker_id,
     checked,
@@ -89,12 +90,16 @@ class TaskStore:
     # ------------------------------------------------------------ after a write: the dependents
 
     async def after_write(self, task: Task) -> Task:
-        """A write that ended a task with dependents tells them (only then: no extra call).
+        """A write that ended a task with dependents tells them (only then: no extra call);
+        one that left it claimable again (a retry, a release) signals the processes that poll
+        (`StoreBase.work_written`).
 
         If telling them fails on the network, the write itself has landed: raising would make
         the caller retry a write that is done (a finish would then see `LeaseLost`). The task
         stays ``dependents_notified: false`` and is owed instead: `recover_dependents` retries it (a
         consumer does, with backoff, without waiting for a restart, so none stays owed)."""
+        if task.state is TaskState.PENDING:  # a retry, a release: claimable again
+            await self._base.work_written()
         if task.dependents_notified is False:
             try:
                 await self._flows.notify(task)

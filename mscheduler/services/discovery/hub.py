@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ...clock import Clock
-from ...errors import BackendUnavailable, ConfigurationError
+from ...errors import BackendUnavailable, ConfigurationError, StoreError
 from ...models import Task
 from ...reconnect_backoff import Backoff
 from ...store.base import StoreBase
+from ...store.signal import REGISTRATION, Signal, SignalState
 from ...store.streams import (
     MAX_AWAIT_MS,
     RESUME_IMPOSSIBLE,
@@ -33,7 +34,7 @@ from ...store.streams import (
 from ...worker_options import Discovery, WorkerOptions
 from ..runner import OneRunner
 from .filters import Coverage, hub_pipeline, may_wake
-from .poller import Poller
+from .poller import SIGNAL_IDLE_AFTER, SIGNAL_IDLE_INTERVAL, SIGNAL_INTERVAL, Poller
 from .subscriptions import RESYNC, Subscription
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,22 @@ class TaskHub:
     kept resume token (or poll time), when it leaves; the last to leave forgets it
     (`_leave`)."""
 
-    def __init__(self, store: StoreBase, clock: Clock, controls_suffix: str) -> None:
+    def __init__(
+        self,
+        store: StoreBase,
+        clock: Clock,
+        controls_suffix: str,
+        signal: Signal | None = None,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._controls_suffix = controls_suffix
+        # Read between polls, where there is one (`store.signal`): the tasks are read when it
+        # moved, and a control change it counts wakes the controls' hub (`control_signal`).
+        self._signal = signal
+        self.signal_reads = 0
+        self.control_signals = 0  # control changes the signal counted, seen here
+        self._control_waiters: set[anyio.Event] = set()
         # On the database, with the control version, until the server refuses that.
         self.whole_database = getattr(store.collection, "database", None) is not None
         self._subs: list[Subscription] = []
@@ -411,15 +424,54 @@ class TaskHub:
     def poll_interval_ms(self) -> int:
         return min((sub.options.poll_interval_ms for sub in self._subs), default=1_000)
 
+    async def control_signal(self, deadline: dt.datetime, seen: int) -> None:
+        """Until the signal counted a control change after ``seen`` (a value of
+        `control_signals`), or ``deadline``: how the controls' hub, polling, learns of a
+        change sooner than its own interval."""
+        if self.control_signals > seen:
+            return
+        wake = anyio.Event()  # its own: a manual clock sets the event it times out
+        self._control_waiters.add(wake)
+        try:
+            await self._clock.wait_until(deadline, wake)
+        finally:
+            self._control_waiters.discard(wake)
+
+    def _controls_signalled(self) -> None:
+        self.control_signals += 1
+        waiting, self._control_waiters = self._control_waiters, set()
+        for wake in waiting:
+            wake.set()
+
+    async def _read_signal(self, seen: SignalState | None) -> SignalState:
+        """The signal, read; registered as a poller when the registration nears its end, and
+        the controls' hub told of a control change it counts."""
+        assert self._signal is not None
+        self.signal_reads += 1
+        state = await self._signal.read()
+        now = self._clock.now()
+        if state.polled_until is None or state.polled_until - now < REGISTRATION / 2:
+            state = SignalState(state.tasks, state.controls, await self._signal.register())
+        if seen is not None and state.controls != seen.controls:
+            self._controls_signalled()
+        return state
+
     async def _poll(self, options: WorkerOptions) -> None:
-        """One read per interval for every subscriber. With ``discovery="auto"`` the stream
-        is tried again every ``stream_retry_interval_ms``; returns once it opens."""
+        """One read per interval for every subscriber, and between them the signal every
+        `SIGNAL_INTERVAL` (`SIGNAL_IDLE_INTERVAL` once it stopped moving; when shorter than
+        the poll interval), the tasks read at once when it moved. With
+        ``discovery="auto"`` the stream is tried again every ``stream_retry_interval_ms``;
+        returns once it opens."""
         self._cover()
         backoff = Backoff(self._clock, options.reconnect_delay)  # while the poll fails
         retry = dt.timedelta(milliseconds=options.stream_retry_interval_ms)
         auto = self._discovery(options) == "auto"
         retry_at = self._clock.now() + retry if auto else None
         next_poll = self._clock.now()
+        next_signal: dt.datetime | None = next_poll
+        signal: SignalState | None = None
+        moved_at = next_poll  # when the signal last moved (or the poll began)
+        moved = False  # since the last read of writes
         while True:
             if self.polling_by_choice and self._wants_stream():
                 log.info(
@@ -429,22 +481,53 @@ class TaskHub:
                 self._stop_polling()
                 return
             now = self._clock.now()
-            if now >= next_poll:
+            interval = dt.timedelta(milliseconds=self.poll_interval_ms)
+            if self._signal is None or interval <= SIGNAL_INTERVAL:
+                next_signal = None  # the poll itself comes as often
+            elif next_signal is None:
+                next_signal = now
+            if next_signal is not None and now >= next_signal:
+                active = now - moved_at < SIGNAL_IDLE_AFTER
+                next_signal = now + (SIGNAL_INTERVAL if active else SIGNAL_IDLE_INTERVAL)
+                try:
+                    read = await self._read_signal(signal)
+                except (PyMongoError, BackendUnavailable) as exc:
+                    # The poll goes on at its interval (and its backoff): the signal only
+                    # brings it sooner.
+                    log.debug("signal not read: %s", exc, extra={"action": "signal_retry"})
+                    next_signal = max(next_signal, next_poll)
+                except StoreError as exc:  # refused (a role without the signal's collection)
+                    log.warning(
+                        "the signal cannot be read (%s): polling every %.1f s alone",
+                        exc,
+                        interval.total_seconds(),
+                        extra={"action": "signal_refused"},
+                    )
+                    self._signal = None
+                    next_signal = None
+                else:
+                    if signal is not None and read.tasks != signal.tasks:
+                        moved, moved_at = True, now  # something was written: read it now
+                    signal = read
+            if now >= next_poll or moved:
+                signalled = now < next_poll
                 try:
                     self.polls += 1
-                    await self._poller.poll_once(self._subs, self._hand_out)
+                    await self._poller.poll_once(self._subs, self._hand_out, signalled=signalled)
                 except (PyMongoError, BackendUnavailable) as exc:
                     log.warning("poll failed: %s", exc, extra={"action": "poll_retry"})
                     await backoff.wait()
                     continue
                 backoff.reset()
                 self._cover()
-                next_poll = now + dt.timedelta(milliseconds=self.poll_interval_ms)
+                moved = False
+                if not signalled:
+                    next_poll = now + interval
             if retry_at is not None and now >= retry_at:
                 retry_at = now + retry
                 if await self._stream_back():
                     return
-            wake = min(next_poll, retry_at) if retry_at is not None else next_poll
+            wake = min(t for t in (next_poll, next_signal, retry_at) if t is not None)
             self._joined = anyio.Event()  # a subscriber that joins may want a stream
             await self._clock.wait_until(wake, self._joined)
 

@@ -25,6 +25,11 @@ from .subscriptions import Subscription
 # How far behind the previous poll a poll reads again: writers' clocks within this of ours,
 # and a write in flight across a poll, are seen there; the reads by state cover the rest.
 CLOCK_SKEW = dt.timedelta(seconds=1)
+# How far behind the previous read a read the signal brought reads again: a write in flight
+# across it, a writer's clock a little behind ours. Such reads come a fraction of a second
+# apart, and each would read the last `CLOCK_SKEW` of writes again; the poll at its interval
+# still reads from `CLOCK_SKEW` behind the previous poll, for a clock further behind.
+SIGNALLED_SKEW = dt.timedelta(milliseconds=250)
 # The tasks due soonest of one name that a poll reads for the consumers: a due task the time
 # window missed is found once it is among them, as consumers claim in that order anyway.
 DUE_PAGE = 20
@@ -35,6 +40,15 @@ ENDED_KEYS_PER_POLL = KEYS_PER_READ  # one read
 # How often the poll reads by state, at most: a write that showed up late is rare (a slow
 # transaction, a clock behind), and this bounds what catching it costs a busy process.
 STATE_READ_INTERVAL = dt.timedelta(seconds=5)
+# How often a polling process reads the signal (`store.signal`) between its polls, and so
+# how late at most it reads a write that signalled (a publish, a retry, a freed slot, a
+# dependent told, a control change) after it landed: one read by ``_id`` of a small document.
+# Every `SIGNAL_INTERVAL` while it moved within `SIGNAL_IDLE_AFTER`; every
+# `SIGNAL_IDLE_INTERVAL` after that, so an idle process costs the server a few such reads a
+# second, and the first task after an idle time waits at most that longer interval.
+SIGNAL_INTERVAL = dt.timedelta(milliseconds=100)
+SIGNAL_IDLE_INTERVAL = dt.timedelta(milliseconds=200)
+SIGNAL_IDLE_AFTER = dt.timedelta(seconds=5)
 
 
 class Poller:
@@ -43,7 +57,8 @@ class Poller:
     def __init__(self, store: StoreBase, clock: Clock) -> None:
         self._store = store
         self._clock = clock
-        self._since: dt.datetime | None = None
+        self._since: dt.datetime | None = None  # where the next poll at its interval reads from
+        self._read_at: dt.datetime | None = None  # when the previous read began
         self._seen: dict[str, Version] = {}  # key -> the version handed out
         self._due_seen: dict[str, Version] = {}  # ... to consumers, read as due
         self._due_turn = 0
@@ -51,7 +66,11 @@ class Poller:
         self._read_by_state_at: dt.datetime | None = None
 
     async def poll_once(
-        self, subs: Sequence[Subscription], hand_out: Callable[[Task, bool], None]
+        self,
+        subs: Sequence[Subscription],
+        hand_out: Callable[[Task, bool], None],
+        *,
+        signalled: bool = False,
     ) -> None:
         """A read of writes, and reads by state, each only while someone needs it:
 
@@ -68,9 +87,17 @@ class Poller:
         Each version of a task is handed out once to each subscriber: not again in the
         overlap of two polls, nor while it stays due (a limit, a pause, a busy consumer); an
         older version never after a newer one. A version the consumers were not handed (a
-        claim, read by the read of writes) goes to them once read as due (`Version`)."""
+        claim, read by the read of writes) goes to them once read as due (`Version`).
+
+        ``signalled``: a read the signal brought between polls (`store.signal`): the writes
+        since `SIGNALLED_SKEW` behind the previous read only; the next poll at its interval
+        reads from where it would have, so what this read missed is read there."""
         started = self._clock.now()
+        signalled = signalled and self._since is not None  # the first read is a poll's
         since = self._since or started - CLOCK_SKEW
+        if signalled and self._read_at is not None:
+            since = max(since, self._read_at - SIGNALLED_SKEW)
+        self._read_at = started
         wakes: set[str] = set()
         named: set[str] = set()
         every_name = False
@@ -119,17 +146,23 @@ class Poller:
                 for sub in subs:
                     if task.name in sub.wakes:
                         sub.deliver(task)
-        self._since = started - CLOCK_SKEW
         # What the next poll may read again, and no more: the overlap's writes for everyone,
         # each as it went out (to the consumers or not); the due tasks, for the consumers, of
         # this poll's names and of those not read now. Every due task read here went to the
-        # consumers, now or before, unless a newer version of it was read.
+        # consumers, now or before, unless a newer version of it was read. A signalled read
+        # leaves where the next poll reads from: what the reads since that poll's place
+        # handed out is kept until that poll, which reads it all again.
         known = {**self._seen, **handed}
-        self._seen = {}
+        if signalled and self._since is not None:
+            keep_since = self._since
+            self._seen = dict(self._seen)
+        else:
+            keep_since = self._since = started - CLOCK_SKEW
+            self._seen = {}
         for task in [*written, *ended]:
             was = known.get(task.key)
             if (
-                task.updated_at >= self._since
+                task.updated_at >= keep_since
                 and was is not None
                 and not _newer(task, {task.key: was})
             ):
