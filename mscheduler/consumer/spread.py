@@ -25,13 +25,12 @@ share.
   share.
 - A peer's liveness is judged as a whole, not name by name: what waited for peers in vain
   shows they are gone (killed since their last heartbeat, they read alive for two
-  heartbeats). Every key of a
-  name let wait for its idle peers and still ours to claim a spread later (an idle peer
-  claims at once), or a key that waited twice (its open peers took nothing for two
-  spreads): those peers (the idle ones; for a key that waited twice, every open peer of
-  its name) are not counted, for any of their names, until they beat again (`claimed`).
-  A task published alone waits for a dead peer once, one spread; a burst, two spreads,
-  once.
+  heartbeats). Every key of a name let wait for its idle peers and still ours to claim a
+  spread later (an idle peer claims at once), or a key that waited twice (its open peers
+  took nothing for two spreads): those peers (the idle ones; for a key that waited twice,
+  every open peer of its name) are not counted, for any of their names, until they beat
+  again (`claimed`). A task published alone waits for a dead peer once, one spread; a
+  burst, two spreads, once.
 - It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
   no open peer serves the name; saturated (it found tasks due with every slot taken, and
   stays so until it has a free slot and nothing due); or when its share fills every free
@@ -42,10 +41,9 @@ a spread while it claims beside running tasks or shares out a burst; and a task 
 waits one spread when its open peers cannot take it after all: they filled up since their
 heartbeat (a burst published while every worker runs something waits one spread when their
 heartbeats predate their tasks), or they were killed unseen (a spread for a task published
-alone, two for a burst, once, whatever their names). Set
-the spread above the time a peer takes to see a new task: a moment with change streams,
-the poll interval (``poll_interval_ms``) without them, or a peer sees the task only after
-the wait.
+alone, two for a burst, once, whatever their names). Set the spread above the time a peer
+takes to see a new task: a moment with change streams, the poll interval
+(``poll_interval_ms``) without them, or a peer sees the task only after the wait.
 """
 
 from __future__ import annotations
@@ -236,20 +234,23 @@ class ClaimSpread:
             room = share - running
             admitted = [*waited, *fresh][: room if room > 0 else int(room == 0)]
         if waited:
-            # Of every key of the name that waited once, due now or a moment later (a burst
-            # seen in several events was let wait a moment apart).
-            waves = [key for key in self._heap.keys_of([name]) if waits.get(key) == 1]
+            idle = self._idle.get(name, [])
+            wave_keys: list[str] = []
+            if name not in self._waves or idle:
+                # Of every key of the name that waited once, due now or a moment later (a
+                # burst seen in several events was let wait a moment apart).
+                wave_keys = [key for key in self._heap.keys_of([name]) if waits.get(key) == 1]
             if name not in self._waves:  # the first look of a wave: what is its share
-                self._waves[name] = [math.ceil(len(waves) / live), 0]
+                self._waves[name] = [math.ceil(len(wave_keys) / live), 0]
             wave = self._waves[name]
             owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
             taken = set(admitted)
             admitted += [key for key in waited if key not in taken][: max(0, owed)]
             wave[1] += sum(waits.get(key) == 1 for key in admitted)
-            if set(admitted).issuperset(waves):
+            if idle and set(admitted).issuperset(wave_keys):
                 # None of what waited for the idle peers was taken by them in a spread (an
                 # idle peer claims at once): if this claim wins it all, they are not alive.
-                self._suspects.update(self._idle.get(name, ()))
+                self._suspects.update(idle)
         else:
             self._waves.pop(name, None)
         if overdue:  # left for two spreads: none of its open peers takes tasks
