@@ -195,7 +195,9 @@ class Scheduler:
         """In one transaction: require that other tasks are still at the given ``version``,
         finish the worker's own tasks (``(lease, result)``, fenced by run_id; a handler gets
         its lease from `current_lease()`), delete tasks, then publish tasks.
-        `PreconditionFailed` or `LeaseLost` write nothing."""
+        `PreconditionFailed` or `LeaseLost` write nothing, and so does `TaskRunning`: a
+        running task is never deleted (nor deleted and published again), unless it runs only
+        by the leases this commit completes."""
         return await self.store.batches.commit(
             complete=complete, publish=publish, delete=delete, require=require
         )

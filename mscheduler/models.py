@@ -569,8 +569,9 @@ class TaskEvent(BaseModel):
     ``published``: the task was published (or a finished one replaced). ``started``: an
     attempt claimed it (``worker_id``, ``run_id``). ``progress``: a running attempt reported
     ``progress``. ``failed``: an attempt failed or its lease expired (``error``);
-    ``will_retry`` says whether the task runs again; a task that fails with no attempt
-    failing in that write (its tries used up) gives one with ``will_retry=False`` too.
+    ``will_retry`` says whether the task runs again. A task that fails for good tells one
+    ``failed`` with ``will_retry=False``: by the attempt whose failure ended it, or, when its
+    tries ran out on an attempt that did not fail, with the task's own error.
     ``succeeded``: the task succeeded (``result``, and the attempt that completed it).
     ``cancelled``: the task was cancelled or expired (``error`` says why)."""
 

@@ -82,23 +82,31 @@ class FaultyCollection:
 class HeldWrites:
     """Every fenced write (``find_one_and_update``, ``bulk_write``) made while ``holding``
     waits until the test sets its gate in ``held``, in the order they came: a slow network,
-    made step by step."""
+    made step by step. With ``replies``, the next write alone is held, and only its reply:
+    applied at once, the database and every reader see it before the writer learns that it
+    landed."""
 
-    def __init__(self, collection: Any) -> None:
+    def __init__(self, collection: Any, *, replies: bool = False) -> None:
         self.wrapped = collection
         self.held: list[anyio.Event] = []
         self.holding = True
+        self.replies = replies
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
     async def _through(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        if self.holding:
-            gate = anyio.Event()
+        gate = anyio.Event() if self.holding else None
+        if gate is not None:
             self.held.append(gate)
-            await gate.wait()
+            self.holding = not self.replies
+            if not self.replies:
+                await gate.wait()
         result = getattr(self.wrapped, name)(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        result = await result if inspect.isawaitable(result) else result
+        if gate is not None and self.replies:
+            await gate.wait()
+        return result
 
     async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
         return await self._through("find_one_and_update", *args, **kwargs)

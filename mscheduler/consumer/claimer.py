@@ -150,6 +150,9 @@ class Claimer:
         # (`_done`); now after every run started or ended.
         self._stops_by_itself = options.burst or options.max_tasks is not None
         self._ask_done_at: dt.datetime | None = None
+        # Keys seen due while a run of ours still holds them, looked at when it ends
+        # (`_set_aside_running`): at most one per slot.
+        self._after_run: dict[str, str | None] = {}  # key -> its name
 
     def wake(self) -> None:
         """Something may be due sooner (a heap entry, a free slot): look again."""
@@ -159,12 +162,15 @@ class Claimer:
         """A run of ``key`` ended and its slot is free (`Slots`). What it makes due now: the
         waiting keys of its name when that name is limited (a slot of its limit freed), and
         ``key`` itself when the run ended without writing (lease lost or expired, outcome not
-        recorded), as no change event will bring it back. Then the claimer looks again."""
+        recorded), as no change event will bring it back, or when its written end was
+        handed in before the run ended (`_set_aside_running`). Then the claimer looks again."""
         now = self._clock.now()
         name = self._limiter.ended(key)
         if name is not None:
             self.limit_freed(name)
-        if not written:
+        if key in self._after_run:  # its new version was handed in already: none will come
+            self._heap.nudge(key, now, self._after_run.pop(key))
+        elif not written:
             self._heap.nudge(key, now)
         self._ask_done_at = None
         self.wake()
@@ -238,6 +244,7 @@ class Claimer:
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return False
+            self._set_aside_running(now)
             asked = self._heap.due_keys(now, self._slots.free_slots)
             due = await self._feed.admit(asked, now)
             if asked and not due:
@@ -288,6 +295,21 @@ class Claimer:
             return await self._reschedule(self._heap.pop_due(now))
         self._start_all(leases)
         return False
+
+    def _set_aside_running(self, now: dt.datetime) -> None:
+        """Due keys that a run of ours still holds leave the heap until that run ends
+        (`slot_freed` puts them back, due). A run's end is written before its slot frees (the
+        write's reply, the finish batch): the change stream or the poll may hand in the new
+        version, due again (a retry without delay), while the run still holds the key. A claim
+        leaves out the keys we run, so it would win nothing of them, and a claim that wins
+        nothing forgets what was due (`_reschedule`): the retry would wait for a write that
+        already came, until a read by state or a fetch found it. Set aside, it is not claimed
+        before its run let go of it, and not forgotten."""
+        for key in self._slots.running_keys:
+            when = self._heap.time_of(key)
+            if when is not None and when <= now:
+                self._after_run[key] = self._heap.name_of(key)
+                self._heap.discard(key)
 
     async def _reschedule(self, keys: list[str]) -> bool:
         """Nothing due was claimable by us: each key was taken, finished or pushed back by

@@ -73,6 +73,10 @@ class ClaimHeap:
         self._put(key, when, name)
         return key in self._entries and (earliest is None or when < earliest)
 
+    def time_of(self, key: str) -> dt.datetime | None:
+        """When ``key`` is claimable, while it is in the heap."""
+        return self._entries.get(key)
+
     def name_of(self, key: str) -> str | None:
         """The task name ``key`` was offered with, while it is in the heap."""
         return self._names.get(key)
@@ -81,11 +85,12 @@ class ClaimHeap:
         """The keys in the heap offered with one of ``names``."""
         return [key for key, name in self._names.items() if name in names]
 
-    def nudge(self, key: str, when: dt.datetime) -> None:
-        """Try ``key`` at ``when`` whatever its version: after a run of ours ended without a
-        write (so no event will bring it back). At worst one claim finds it not claimable."""
+    def nudge(self, key: str, when: dt.datetime, name: str | None = None) -> None:
+        """Try ``key`` (of ``name``, when known) at ``when`` whatever its version: after a run
+        of ours ended without a write (so no event will bring it back). At worst one claim
+        finds it not claimable."""
         if key not in self._entries or when < self._entries[key]:
-            self._put(key, when)
+            self._put(key, when, name)
 
     def _put(self, key: str, when: dt.datetime, name: str | None = None) -> None:
         self._entries[key] = when

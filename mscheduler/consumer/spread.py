@@ -23,9 +23,14 @@ share.
   after one spread, by whoever wakes first). What is left once it took its share waits one
   more spread (peers woken with it may be claiming it now), then is claimed whatever the
   share.
-- A task that waited twice and was still ours to claim shows that the open peers of its
-  name did not take tasks for two spreads (killed since their last heartbeat, they still
-  read alive): they are not counted for that name until they beat again (`claimed`).
+- A peer's liveness is judged as a whole, not name by name: what waited for peers in vain
+  shows they are gone (killed since their last heartbeat, they read alive for two
+  heartbeats). Every key of a name let wait for its idle peers and still ours to claim a
+  spread later (an idle peer claims at once), or a key that waited twice (its open peers
+  took nothing for two spreads): those peers (the idle ones; for a key that waited twice,
+  every open peer of its name) are not counted, for any of their names, until they beat
+  again (`claimed`). A task published alone waits for a dead peer once, one spread; a
+  burst, two spreads, once.
 - It claims greedily when no peer can be idle, so that the drain of short tasks never waits:
   no open peer serves the name; saturated (it found tasks due with every slot taken, and
   stays so until it has a free slot and nothing due); or when its share fills every free
@@ -35,10 +40,10 @@ Its costs: one more small read per heartbeat (the live workers), and one more at
 a spread while it claims beside running tasks or shares out a burst; and a task held back
 waits one spread when its open peers cannot take it after all: they filled up since their
 heartbeat (a burst published while every worker runs something waits one spread when their
-heartbeats predate their tasks), or they were killed unseen (up to two spreads, once). Set
-the spread above the time a peer takes to see a new task: a moment with change streams,
-the poll interval (``poll_interval_ms``) without them, or a peer sees the task only after
-the wait.
+heartbeats predate their tasks), or they were killed unseen (a spread for a task published
+alone, two for a burst, once, whatever their names). Set the spread above the time a peer
+takes to see a new task: a moment with change streams, the poll interval
+(``poll_interval_ms``) without them, or a peer sees the task only after the wait.
 """
 
 from __future__ import annotations
@@ -64,13 +69,15 @@ class ClaimSpread:
         # Keys of tasks only some workers may claim (``specific_worker_ids``): not shared out,
         # since the peers this policy would wait for may be unable to claim them.
         self._pinned: set[str] = set()
-        self._open: dict[str, int] = {}  # per name, its open peers (`count_peers`)
-        self._idle: dict[str, int] = {}  # per name, those running nothing at their heartbeat
+        # Per name, the worker ids of its open peers (`count_peers`), and of those among them
+        # that ran nothing at their last heartbeat.
+        self._open: dict[str, list[str]] = {}
+        self._idle: dict[str, list[str]] = {}
         self._counted_at: dt.datetime | None = None
-        # Per name, since when its counted peers are not believed (`claimed`): a peer that
-        # beat after that moment is counted again.
+        # Per peer, since when it is not believed alive (`claimed`): counted for none of its
+        # names until it beats after that moment.
         self._distrusted: dict[str, dt.datetime] = {}
-        self._overdue_names: set[str] = set()  # of the last look's keys that waited twice
+        self._suspects: set[str] = set()  # peers the last look's keys waited for in vain
         self.saturated = False  # tasks were due while every slot was taken (`observe`)
 
     @property
@@ -79,21 +86,29 @@ class ClaimSpread:
 
     def count_peers(self, peers: Iterable[WorkerInfo], now: dt.datetime) -> None:
         """The open peers of each name, from the live workers as read at ``now``: alive,
-        not this worker, with a free slot at their last heartbeat, and not distrusted for
-        that name since. A full peer cannot take a task, a peer of another name never would,
-        and one that left tasks unclaimed for two spreads may be dead: none is waited for."""
-        counted: dict[str, int] = {}
-        idle: dict[str, int] = {}
+        not this worker, with a free slot at their last heartbeat, and not distrusted since
+        (`claimed`). A full peer cannot take a task, a peer of another name never would, and
+        one that left a task it was waited for unclaimed may be dead: none is waited for."""
+        counted: dict[str, list[str]] = {}
+        idle: dict[str, list[str]] = {}
+        listed: set[str] = set()
         for peer in peers:
+            listed.add(peer.worker_id)
             if peer.worker_id == self._worker_id or not peer.alive:
                 continue
             if peer.running >= peer.max_running:
                 continue
+            since = self._distrusted.get(peer.worker_id)
+            if since is not None and peer.last_seen_at <= since:
+                continue
             for name in peer.names:
-                since = self._distrusted.get(name)
-                if since is None or peer.last_seen_at > since:
-                    counted[name] = counted.get(name, 0) + 1
-                    idle[name] = idle.get(name, 0) + (peer.running == 0)
+                counted.setdefault(name, []).append(peer.worker_id)
+                if peer.running == 0:
+                    idle.setdefault(name, []).append(peer.worker_id)
+        # A peer no longer listed left or was found dead: listed again, it beat since.
+        self._distrusted = {
+            worker_id: since for worker_id, since in self._distrusted.items() if worker_id in listed
+        }
         self._open = counted
         self._idle = idle
         self._counted_at = now
@@ -137,22 +152,28 @@ class ClaimSpread:
 
     def claimed(self, asked: int, won: int, now: dt.datetime) -> None:
         """A claim of the last look's ``asked`` admitted keys won ``won`` tasks. When that
-        look had keys that waited twice and the claim won as many tasks as it asked, the open
-        peers of their names left claimable tasks for two spreads: they are not counted for
-        those names until they beat after ``now``. (A claim that won fewer may have met keys
-        its peers took long ago, still in the heap: no evidence.)"""
-        if asked and won >= asked and self._overdue_names:
-            for name in self._overdue_names:
-                self._distrusted[name] = now
-                self._open.pop(name, None)
-        self._overdue_names = set()
+        look claimed keys that waited for peers in vain (`_share`: every key of a name let
+        wait for its idle peers, or keys that waited twice) and the claim won as many tasks
+        as it asked, those peers did not take what they were waited for: they are not counted,
+        for any of their names, until they beat after ``now``. Liveness, not a count per name:
+        a peer killed since its heartbeat reads alive for two heartbeats, and would hold back
+        a task of each of its names in turn. (A claim that won fewer may have met keys its
+        peers took long ago, still in the heap: no evidence. A live peer distrusted wrongly,
+        say one that took other tasks, is counted again at its next heartbeat: until then its
+        names are claimed without waiting for it.)"""
+        if asked and won >= asked and self._suspects:
+            for worker_id in self._suspects:
+                self._distrusted[worker_id] = now
+            self._open = _without(self._open, self._suspects)
+            self._idle = _without(self._idle, self._suspects)
+        self._suspects = set()
 
     def admit(self, due: list[str], running: int, capacity: int, now: dt.datetime) -> list[str]:
         """Of ``due`` (as many due keys as there are free slots), the keys to claim now; the
         keys let wait go back in the heap for ``claim_spread_ms``. Keys pinned to named
         workers, and keys of a name without open peers, are claimed at once; each other
         name's keys are shared out (`_share`)."""
-        self._overdue_names = set()
+        self._suspects = set()
         if self._spread is None or not due or self.saturated:
             return due
         admitted: list[str] = []
@@ -190,7 +211,7 @@ class ClaimSpread:
         once, it claims its share of the wave (``ceil(waited / workers)``, counted as they
         came due, whatever its running tasks), and the rest wait again; keys that waited
         twice are claimed at once."""
-        live = self._open[name] + 1
+        live = len(self._open[name]) + 1
         waits = self._waits
         seen = [
             key
@@ -213,20 +234,27 @@ class ClaimSpread:
             room = share - running
             admitted = [*waited, *fresh][: room if room > 0 else int(room == 0)]
         if waited:
-            if name not in self._waves:  # the first look of a wave: what is its share
+            idle = self._idle.get(name, [])
+            wave_keys: list[str] = []
+            if name not in self._waves or idle:
                 # Of every key of the name that waited once, due now or a moment later (a
                 # burst seen in several events was let wait a moment apart).
-                everyone = sum(waits.get(key) == 1 for key in self._heap.keys_of([name]))
-                self._waves[name] = [math.ceil(everyone / live), 0]
+                wave_keys = [key for key in self._heap.keys_of([name]) if waits.get(key) == 1]
+            if name not in self._waves:  # the first look of a wave: what is its share
+                self._waves[name] = [math.ceil(len(wave_keys) / live), 0]
             wave = self._waves[name]
             owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
             taken = set(admitted)
             admitted += [key for key in waited if key not in taken][: max(0, owed)]
             wave[1] += sum(waits.get(key) == 1 for key in admitted)
+            if idle and set(admitted).issuperset(wave_keys):
+                # None of what waited for the idle peers was taken by them in a spread (an
+                # idle peer claims at once): if this claim wins it all, they are not alive.
+                self._suspects.update(idle)
         else:
             self._waves.pop(name, None)
-        if overdue:
-            self._overdue_names.add(name)
+        if overdue:  # left for two spreads: none of its open peers takes tasks
+            self._suspects.update(self._open[name])
         admitted += overdue
         chosen = set(admitted)
         # Every other due key of the name waits, not only those of this look: the claimer
@@ -234,3 +262,9 @@ class ClaimSpread:
         later = [key for key in dict.fromkeys([*due, *seen]) if key not in chosen]
         later = [key for key in later if waits.get(key, 0) < 2]
         return admitted, later
+
+
+def _without(peers: dict[str, list[str]], gone: set[str]) -> dict[str, list[str]]:
+    """``peers`` of each name, less ``gone``; a name left with none is dropped."""
+    kept = {name: [p for p in ids if p not in gone] for name, ids in peers.items()}
+    return {name: ids for name, ids in kept.items() if ids}

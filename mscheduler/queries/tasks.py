@@ -129,6 +129,12 @@ def by_keys(keys: Sequence[str]) -> Document:
     return {"key": {"$in": list(keys)}}
 
 
+def deletable(keys: Sequence[str]) -> Document:
+    """The tasks of ``keys`` a commit may delete: not running, as `replace_filter` and
+    `update_payload` ask (a running handler would lose its task under it)."""
+    return {"key": {"$in": list(keys)}, "state": {"$ne": TaskState.RUNNING.value}}
+
+
 # Writes in the order they were stamped; ``_id`` breaks ties (a sort must be total).
 
 
@@ -165,14 +171,11 @@ def retry_filter(key: str, version: int) -> Document:
     }
 
 
-def replace_filter(key: str, version: int, *, running_ok: bool = False) -> Document:
-    """`Scheduler.replace`: a task that is not running (any, inside a commit), at the version
-    the caller read. The replacement continues that version, so a ``require`` that read an
-    older incarnation can never match a newer one."""
-    query: Document = {"key": key, "version": version}
-    if not running_ok:
-        query["state"] = {"$ne": TaskState.RUNNING.value}
-    return query
+def replace_filter(key: str, version: int) -> Document:
+    """`Scheduler.replace` (and a commit's delete and publish of one key): a task that is not
+    running, at the version the caller read. The replacement continues that version, so a
+    ``require`` that read an older incarnation can never match a newer one."""
+    return {"key": key, "version": version, "state": {"$ne": TaskState.RUNNING.value}}
 
 
 def update_payload(key: str, payload: Any, now: dt.datetime) -> tuple[Document, Document]:

@@ -5,15 +5,20 @@ A listener subscribes to the hub for every write of its names (as a watch does) 
 per task, what it saw last (`_Seen`: the attempts' states, the task's state, the progress).
 The events of a write are the difference between that and the new full document: an attempt
 that appears is ``started``, one that turned ``fail``/``timeout`` is ``failed``, a new
-progress is ``progress``, the task turning ``success``/``cancelled`` (or ``fail`` with no
-attempt failing in that write) is ``succeeded``/``cancelled``/``failed``, and a task never
-seen (or with a new ``created_at``: a finished one replaced) is first ``published``.
+progress is ``progress``, and a task never seen (or with a new ``created_at``: a finished one
+replaced) is first ``published``. The task's end comes from the task, not from its attempts:
+its state turning ``success``/``cancelled``/``fail`` is one ``succeeded``/``cancelled``/
+``failed`` event. A failed task's end is told by the attempt whose failure ended it (the last
+to fail), or as the task's own when its tries ran out on an attempt that did not fail; the
+other attempts' failures are ``failed`` with ``will_retry`` (the task ran on after them), and
+an attempt given back as the task ended (``released``: another attempt's failure ended it)
+tells nothing.
 
-Invariant: each event of a task is told once, in the order written. A version no newer than
-the one seen is ignored (a stream reopened from an earlier place replays writes); the events
-of one version come attempt by attempt in claim order, each attempt's start before its end,
-``published`` first and the task's own end last, so a failed attempt always comes before the
-retry that follows it, whatever the writers' clocks.
+Invariant: each event of a task is told once, in the order written, and a task's end once. A
+version no newer than the one seen is ignored (a stream reopened from an earlier place
+replays writes); the events of one version come attempt by attempt in claim order, each
+attempt's start before its end, ``published`` first and the task's own end last, so a failed
+attempt always comes before the retry that follows it, whatever the writers' clocks.
 
 Where versions are missed the events are derived from the newest one: a poll (no change
 streams) sees only the latest version of a task at each read, and a stream's full document is
@@ -95,29 +100,24 @@ def derive(before: _Seen | None, task: Task) -> list[TaskEvent]:
     progress = None if before is None or fresh else before.progress
     reporting = _reporting(task)
     reported = _reported(task.progress) != _reported(progress)
-    final_failure = False
+    ended = fresh or before is None or before.state is not task.state
+    ending = _ending(task, attempts) if ended and task.state is TaskState.FAIL else None
     for index, ws in enumerate(task.worker_states):
         was = attempts.get(ws.run_id)
         if was is None:
             events.append(event("started", ws.started_at, **_by(ws)))
         if ws is reporting and reported and task.progress is not None:
             events.append(event("progress", task.progress.at, progress=task.progress, **_by(ws)))
-        if ws.state in _FAILED and was not in _FAILED:
+        if ws.state in _FAILED and was not in _FAILED and ws is not ending:
+            # Not the task's end: it ran on after this one (or a failure ended it later).
             later = index + 1 < len(task.worker_states)
-            will_retry = later or not task.state.is_terminal
-            final_failure = final_failure or not will_retry
+            will_retry = later or not task.state.is_terminal or task.state is TaskState.FAIL
             events.append(
-                event(
-                    "failed",
-                    ws.finished_at,
-                    will_retry=will_retry,
-                    error=ws.error,
-                    **_by(ws),
-                )
+                event("failed", ws.finished_at, will_retry=will_retry, error=ws.error, **_by(ws))
             )
     if reporting is None and reported and task.progress is not None:
         events.append(event("progress", task.progress.at, progress=task.progress))
-    if not fresh and before is not None and before.state is task.state:
+    if not ended:
         return events
     if task.state is TaskState.SUCCESS:
         done = [ws for ws in task.worker_states if ws.state is WorkerStateKind.SUCCESS]
@@ -125,10 +125,28 @@ def derive(before: _Seen | None, task: Task) -> list[TaskEvent]:
         events.append(event("succeeded", task.finished_at, result=task.result, **last))
     elif task.state is TaskState.CANCELLED:
         events.append(event("cancelled", task.finished_at, error=task.error))
-    elif task.state is TaskState.FAIL and not final_failure:
+    elif task.state is TaskState.FAIL and ending is not None:
+        events.append(
+            event("failed", ending.finished_at, will_retry=False, error=ending.error, **_by(ending))
+        )
+    elif task.state is TaskState.FAIL:  # no attempt failed as it ended: its tries ran out
         last = _by(task.worker_states[-1]) if task.worker_states else {}
         events.append(event("failed", task.finished_at, will_retry=False, error=task.error, **last))
     return events
+
+
+def _ending(task: Task, seen: dict[str, WorkerStateKind]) -> WorkerState | None:
+    """The attempt whose failure ended ``task`` (failed): of the attempts that failed since
+    ``seen``, the last to end (failures end in the order written: a lease's expiry is swept by
+    the next write). None when no attempt failed since, or when the task's error is none of
+    its failed attempts' (its tries ran out on an attempt that did not fail): the end is then
+    the task's own."""
+    failed = [ws for ws in task.worker_states if ws.state in _FAILED]
+    new = [ws for ws in failed if seen.get(ws.run_id) not in _FAILED]
+    if not new or all(ws.error != task.error for ws in failed):
+        return None
+    # The latest end; of attempts that ended at once (leases swept together), the last claimed.
+    return max(reversed(new), key=lambda ws: ws.finished_at or task.updated_at)
 
 
 def _by(ws: WorkerState) -> dict[str, Any]:

@@ -118,7 +118,7 @@ async def _publish_all(
     """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
     version (a commit that deletes and publishes one key)."""
     return [
-        await store.publisher.replace(spec, running_ok=True)
+        await store.publisher.replace(spec)
         if spec.key in replacing
         else await store.publisher.publish(spec)
         for spec in specs
@@ -354,10 +354,16 @@ async def _commit(
         with store.bound(collection):
             await _check_preconditions(store, required)
             await _check_leases(store, [lease for lease, _ in results])
+            existing = await _check_not_running(store, deletions, [lease for lease, _ in results])
             for lease, result in results:
                 await store.tasks.succeed(lease, result)
             if only_deleted:
-                await collection.delete_many(q.by_keys(only_deleted))
+                deleted = await collection.delete_many(q.deletable(only_deleted))
+                if deleted.deleted_count < len(existing & set(only_deleted)):
+                    # Claimed since the check (only where no transaction holds the read).
+                    raise TaskRunning(
+                        f"commit: a task of {only_deleted} started meanwhile; it is not deleted"
+                    )
                 await store.flows.forget(only_deleted)
             return await _publish_all(store, ordered, replacing=replacing)
 
@@ -379,6 +385,35 @@ async def _check_preconditions(store: WholeStore, required: Mapping[str, int]) -
             f"{[versions.get(k) for k in stale]})",
             keys=stale,
         )
+
+
+async def _check_not_running(
+    store: WholeStore, keys: Sequence[str], completing: Sequence[Lease]
+) -> set[str]:
+    """A commit deletes (or deletes and publishes again) no running task, as `replace` and
+    ``update_payload`` refuse one: its handler would run on with its task gone, and learn it
+    only at its next ping. A task running only by the leases the commit completes is
+    deletable (they end first). Read first, so the refusal writes nothing; returns the keys
+    that exist."""
+    if not keys:
+        return set()
+    completed = {lease.run_id for lease in completing}
+    tasks = await store.get_many(list(keys))
+    running = [
+        task.key
+        for task in tasks
+        if task.state is TaskState.RUNNING
+        and any(
+            ws.state is WorkerStateKind.RUNNING and ws.run_id not in completed
+            for ws in task.worker_states
+        )
+    ]
+    if running:
+        raise TaskRunning(
+            f"commit: nothing written; {running} running, and a running task is not deleted "
+            "or replaced (it may be once its handler finished, or cancel it first)"
+        )
+    return {task.key for task in tasks}
 
 
 async def _check_leases(store: WholeStore, leases: Sequence[Lease]) -> None:

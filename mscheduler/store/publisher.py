@@ -134,10 +134,9 @@ class Publisher:
 
     @tracing.producer("replace")  # the PRODUCER span whose context the document carries
     @driver_errors
-    async def replace(self, spec: PublishSpec, *, running_ok: bool = False) -> PublishResult:
+    async def replace(self, spec: PublishSpec) -> PublishResult:
         """Publish anew over a task that is not running, as if it had been cancelled and
-        published again (its waiting dependents now wait for the new one). ``running_ok``:
-        a commit replacing a task it deletes, whatever its state."""
+        published again (its waiting dependents now wait for the new one)."""
         check_fits(spec)
         await self._store.ready()
         # Tasks waiting for this key wait for the new task: its dependencies must not wait
@@ -148,10 +147,10 @@ class Publisher:
             current = await self._store.get(spec.key)
             if current is None:
                 return await self.publish(spec)
-            if current.state is TaskState.RUNNING and not running_ok:
+            if current.state is TaskState.RUNNING:
                 raise TaskRunning(f"task {spec.key!r} is running; it cannot be replaced now")
             document = await self._document(spec)
-            query = q.replace_filter(spec.key, current.version, running_ok=running_ok)
+            query = q.replace_filter(spec.key, current.version)
             replaced = await self._replace(current, document, query)
             if replaced is not None:
                 await self._store.work_written()

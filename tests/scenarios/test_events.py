@@ -14,7 +14,7 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.errors import ConfigurationError
-from mscheduler.models import TaskEvent
+from mscheduler.models import TaskEvent, WorkerStateKind
 from mscheduler.services.task_events import EventLog
 from mscheduler.testing import ManualClock
 from tests.engines import FAST, OpenStreams, until_idle, worker
@@ -302,6 +302,109 @@ async def test_a_last_failure_is_told_once_without_retry(
         ("started", None),
         ("failed", False),
     ]
+
+
+async def test_a_task_of_two_workers_that_fails_for_good_is_told_failed_once(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
+) -> None:
+    """Two attempts at once, no retry: the first failure ends the task, and the other
+    attempt is given back, not failed. One end, one ``failed``: final, by the attempt that
+    failed; the attempt given back tells nothing."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, max_unexpected_retries=0, **FAST)
+    async with listening(scheduler, ["job"]) as heard:
+        await scheduler.publish("k", None, name="job", options=options)
+        first = await scheduler.store.tasks.claim("w1", key="k")
+        second = await scheduler.store.tasks.claim("w2", key="k")
+        assert first is not None and second is not None
+        await _step(clock, discover, 0.5, 2)
+        await scheduler.store.tasks.fail(first, RuntimeError("boom"))
+        await _step(clock, discover, 0.5, 2)
+    task = await scheduler.get("k")
+    assert task is not None and task.state is ms.TaskState.FAIL
+    assert [ws.state for ws in task.worker_states] == [
+        WorkerStateKind.FAIL,
+        WorkerStateKind.RELEASED,
+    ]
+    assert kinds(heard, "k") == [
+        ("published", None),
+        ("started", None),
+        ("started", None),
+        ("failed", False),
+    ]
+    failed = heard[-1]
+    assert (failed.worker_id, failed.run_id) == ("w1", first.run_id)
+    assert failed.error is not None and failed.error.type == "RuntimeError"
+
+
+async def test_the_failure_that_ended_the_task_is_the_final_one_whatever_the_claim_order(
+    scheduler: ms.Scheduler, clock: ManualClock
+) -> None:
+    """As a poll may see it, in one read: the second attempt failed first (a retry left),
+    then the first attempt's failure ended the task. The later failure is the final one,
+    told as the task's end, after every attempt's own events."""
+    options = ms.TaskOptions(concurrent_worker_cnt=2, max_unexpected_retries=1, **FAST)
+    log = EventLog(clock.now())
+    await scheduler.publish("k", None, name="job", options=options)
+    first = await scheduler.store.tasks.claim("w1", key="k")
+    second = await scheduler.store.tasks.claim("w2", key="k")
+    assert first is not None and second is not None
+    clock.advance(0.5)
+    await scheduler.store.tasks.fail(second, RuntimeError("second"))
+    clock.advance(0.5)
+    await scheduler.store.tasks.fail(first, RuntimeError("first"))
+    failed = await scheduler.get("k")
+    assert failed is not None and failed.state is ms.TaskState.FAIL
+    told = [(e.kind, e.worker_id, e.will_retry) for e in log.take(failed)]
+    assert told == [
+        ("published", None, None),
+        ("started", "w1", None),
+        ("started", "w2", None),
+        ("failed", "w2", True),
+        ("failed", "w1", False),
+    ]
+
+
+async def test_a_lease_that_expired_on_the_last_try_is_the_final_failure(
+    scheduler: ms.Scheduler, clock: ManualClock
+) -> None:
+    """No retry left and the worker stopped pinging: the next write (here a claim) ends its
+    attempt ``timeout`` and the task failed, told once, by that attempt."""
+    log = EventLog(clock.now())
+    options = ms.TaskOptions(max_unexpected_retries=0, **FAST)
+    await scheduler.publish("k", None, name="job", options=options)
+    lease = await scheduler.store.tasks.claim("w1", key="k")
+    assert lease is not None
+    clock.advance(FAST["worker_timeout_ms"] / 1000 + 1)
+    await scheduler.store.tasks.claim("w2", key="k")
+    failed = await scheduler.get("k")
+    assert failed is not None and failed.state is ms.TaskState.FAIL
+    told = [(e.kind, e.worker_id, e.will_retry) for e in log.take(failed)]
+    assert [event for event in told if event[0] == "failed"] == [("failed", "w1", False)]
+
+
+async def test_tries_run_out_on_an_attempt_given_back_is_the_tasks_own_failure(
+    scheduler: ms.Scheduler, clock: ManualClock
+) -> None:
+    """A failed attempt with a retry left, then the last try allowed given back: the failure
+    was not the end (``will_retry``), and the task's end is told once, with its own error."""
+    log = EventLog(clock.now())
+    options = ms.TaskOptions(max_tries=2, max_unexpected_retries=5, **FAST)
+    await scheduler.publish("k", None, name="job", options=options)
+    first = await scheduler.store.tasks.claim("w1", key="k")
+    assert first is not None
+    await scheduler.store.tasks.fail(first, RuntimeError("boom"))
+    clock.advance(60)
+    second = await scheduler.store.tasks.claim("w2", key="k")
+    assert second is not None
+    await scheduler.store.tasks.retry_later(second, 0)
+    failed = await scheduler.get("k")
+    assert failed is not None and failed.state is ms.TaskState.FAIL
+    told = log.take(failed)
+    assert [(e.kind, e.worker_id, e.will_retry) for e in told if e.kind == "failed"] == [
+        ("failed", "w1", True),
+        ("failed", "w2", False),
+    ]
+    assert told[-1].error == failed.error and told[-1].error != told[-2].error
 
 
 async def test_a_forgotten_task_is_not_told_again(

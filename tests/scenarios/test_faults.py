@@ -209,6 +209,44 @@ async def test_a_worker_never_runs_a_key_it_is_still_running(
         await discover()
 
 
+async def test_a_retry_seen_due_while_its_failure_is_unacknowledged_runs_when_the_run_ends(
+    scheduler: ms.Scheduler, clock: ManualClock, discover: Discover
+):
+    """A failure retried at once whose write landed but whose reply is slow: the change
+    stream or the poll shows the task due again while its worker still runs it, so a claim
+    leaves it out. It is claimed as soon as that run ends, with no write to bring it back
+    and well before a read by state or a fetch would find it."""
+    held = HeldWrites(scheduler.collection, replies=True)
+    held.holding = False
+    slow = ms.Scheduler(held, clock=clock)
+    runs: list[str] = []
+
+    async def fails(task: ms.Task) -> None:
+        runs.append(task.key)
+        held.holding = len(runs) == 1  # the first failure lands at once; its reply waits
+        raise RuntimeError("no")
+
+    options = ms.TaskOptions(max_unexpected_retries=1, unexpected_retry_delay_ms=0)
+    worker = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS)
+    async with slow.consumer({"job": fails}, options=worker) as consumer:
+        try:
+            await discover()
+            await scheduler.publish("k", None, name="job", options=options)
+            await discover()
+            await discover()  # the failed version, due, is seen; its run has not ended
+            assert runs == ["k"] and len(held.held) == 1 and consumer.running == ["k"]
+            held.held[0].set()
+            for _ in range(3):
+                await discover()
+            assert runs == ["k", "k"], "the retry waited for a read that was not coming"
+        finally:
+            held.holding = False
+            for gate in held.held:
+                gate.set()
+    task = await scheduler.get("k")
+    assert task is not None and task.state is S.FAIL
+
+
 class _Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no str for you")

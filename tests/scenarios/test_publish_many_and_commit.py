@@ -144,6 +144,55 @@ async def test_commit_finishes_publishes_and_deletes_together(scheduler: ms.Sche
     assert await state_of(scheduler, "follow-up") is S.PENDING
 
 
+async def test_commit_refuses_to_delete_a_running_task_and_writes_nothing(
+    scheduler: ms.Scheduler, clock: ms.testing.ManualClock, discover: Any
+):
+    """A task a handler runs is neither deleted nor replaced by a commit (as `replace` and
+    ``update_payload`` refuse it): the whole commit is refused, and the handler finishes."""
+    gate = anyio.Event()
+
+    async def slow(task: ms.Task) -> str:
+        await gate.wait()
+        return "done"
+
+    await scheduler.publish("mine", None, name="job")
+    lease = await scheduler.store.tasks.claim("w", key="mine")
+    assert lease is not None
+    options = ms.WorkerOptions(worker_id="w1", poll_interval_ms=10)
+    async with scheduler.consumer({"busy": slow}, options=options):
+        try:
+            await scheduler.publish("busy", None, name="busy")
+            await discover()
+            assert await state_of(scheduler, "busy") is S.RUNNING
+            before = await snapshot(scheduler)
+            replacement = ms.TaskSpec(key="busy", name="busy")
+            for publish in ([spec("next")], [replacement]):  # deleted; deleted, published again
+                with pytest.raises(TaskRunning, match="busy"):
+                    await scheduler.commit(complete=[lease], publish=publish, delete=["busy"])
+                assert await snapshot(scheduler) == before
+            for _ in range(3):  # past its pings
+                clock.advance(1)
+                await discover()
+        finally:
+            gate.set()
+        await discover()
+    busy = await scheduler.get("busy")
+    assert busy is not None and busy.state is S.SUCCESS and busy.result == "done"
+    mine = await scheduler.get("mine")
+    assert mine is not None and mine.state is S.RUNNING, "the refused commit completed it"
+
+
+async def test_commit_deletes_a_task_it_completes_itself(scheduler: ms.Scheduler):
+    """Running only by the leases the commit completes, a task is no longer running when the
+    commit deletes it."""
+    await scheduler.publish("mine", None, name="job")
+    lease = await scheduler.store.tasks.claim("w", key="mine")
+    assert lease is not None
+    await scheduler.commit(complete=[lease], delete=["mine"], publish=[spec("next")])
+    assert await scheduler.get("mine") is None
+    assert await state_of(scheduler, "next") is S.PENDING
+
+
 async def test_commit_with_a_stale_requirement_writes_nothing(scheduler: ms.Scheduler):
     await scheduler.publish("mine", None, name="job")
     config = (await scheduler.publish("config", {"v": 1}, name="config")).task

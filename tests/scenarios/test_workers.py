@@ -622,6 +622,43 @@ async def test_spread_stops_waiting_for_peers_that_died_unseen(
         assert len(ran) == 2 * _SHORT
 
 
+async def test_spread_waits_once_for_an_idle_peer_killed_unseen_whatever_the_name(
+    scheduler: ms.Scheduler, clock: ManualClock, discover
+):
+    """Busy beside an idle peer killed since its last heartbeat (it reads alive for two
+    heartbeats): the first task published alone waits one spread for it and is claimed
+    then; from then on that peer counts for none of its names until it beats again, so
+    the next tasks published alone, of either name, are claimed at once."""
+    now = clock.now()
+    killed = registered("killed", now, heartbeat_ms=3_600_000, names=("job", "other"))
+    await scheduler.store.workers.beat(killed)
+    gate = anyio.Event()
+    ran: list[str] = []
+
+    async def held(task: ms.Task) -> None:
+        ran.append(task.key)
+        await gate.wait()
+
+    spreading = options("w0", heartbeat_ms=3_600_000, max_running=16)
+    async with scheduler.consumer({"job": held, "other": held}, options=spreading):
+        try:
+            await scheduler.publish("long", None, name="job")
+            await discover()
+            assert ran == ["long"]  # idle: its share at once
+            await scheduler.publish("first", None, name="job")
+            await discover()
+            assert ran == ["long"]  # busy beside an idle peer: left to it for a spread
+            clock.advance(1.0)
+            await discover()
+            assert ran == ["long", "first"]
+            for key, name in (("second", "other"), ("third", "job")):
+                await scheduler.publish(key, None, name=name)
+                await discover()
+                assert ran[-1] == key, f"{key} waited for the killed peer again"
+        finally:
+            gate.set()
+
+
 async def test_spread_claims_a_task_within_one_spread_when_every_worker_is_busy(
     scheduler: ms.Scheduler, clock: ManualClock, discover
 ):
