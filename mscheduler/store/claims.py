@@ -27,6 +27,9 @@ their slots together (their finishes share a bulk write), so at once they would 
 best candidates and split them: rounds of three round trips for a few tasks each (on
 the wire engine, many rounds won nothing). In turn, each reads past what the one before
 it won.
+Taking a free turn does not yield: the memory backend's calls never do, so its consumers'
+claims and finishes stay in one turn of the event loop, and their finishes in one batch
+(yielding there split them into a batch per consumer, and more round trips per task).
 
 Other processes race: several that free their slots at once read the same best candidates,
 and the first write takes them all (at 3 processes of 16 slots, nearly half the reads won
@@ -37,9 +40,6 @@ whole round. Priority holds: every candidate of a higher priority than the ``lim
 claimed, and only among the candidates of that priority (oldest first, within the window)
 does the choice spread. A store that does not lose reads exactly ``limit``: the window
 costs the documents it examines only while others race it.
-Taking a free turn does not yield: the memory backend's calls never do, so its consumers'
-claims and finishes stay in one turn of the event loop, and their finishes in one batch
-(yielding there split them into a batch per consumer, and more round trips per task).
 """
 
 from __future__ import annotations
