@@ -23,6 +23,9 @@ time spent encoding commands to count their bytes). The machine's load average i
 beside each row: the wire engine is one Python process and the machine is shared, so the
 rates move with it; the counts do not.
 
+Below each table, mscheduler's candidate reads that won nothing (every candidate taken by another
+process between the read and its write), of all its candidate reads, per round.
+
 The last line is memory://'s documents examined per claimed task (its index plan counters),
 for a batched claim of 16 over a backlog of 3,000.
 """
@@ -130,6 +133,8 @@ class Commands:
         self.bytes = 0
         self.encoding = 0.0
         self.by_command: collections.Counter[str] = collections.Counter()
+        # The system's own counts, read when the process reports (mscheduler's claim reads).
+        self.extra: Callable[[], dict[str, int]] = dict
         monitoring.register(Listener())
 
     def reset(self) -> None:
@@ -161,7 +166,13 @@ def _report_on_stop(child: Child, commands: Commands) -> None:
     child.stop.wait()
     with commands.lock:
         child.results.put(
-            (commands.count, commands.bytes, commands.encoding, dict(commands.by_command))
+            (
+                commands.count,
+                commands.bytes,
+                commands.encoding,
+                dict(commands.by_command),
+                commands.extra(),
+            )
         )
     child.results.close()
     child.results.join_thread()  # flushed before the exit below skips every cleanup
@@ -187,6 +198,16 @@ def child_mscheduler(child: Child) -> None:
     async def main() -> None:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(child.uri)
         sched = ms.Scheduler(client[child.db]["tasks"])
+        window = sched.store.tasks.claim_window
+        counted_from = (0, 0)
+
+        def claim_reads() -> dict[str, int]:
+            return {
+                "claim reads": window.reads - counted_from[0],
+                "lost reads": window.lost_reads - counted_from[1],
+            }
+
+        commands.extra = claim_reads
 
         async def job(task: ms.Task) -> None:
             return None
@@ -194,6 +215,7 @@ def child_mscheduler(child: Child) -> None:
         threading.Thread(target=_report_on_stop, args=(child, commands), daemon=True).start()
         child.ready.put(os.getpid())
         await anyio.to_thread.run_sync(child.go.wait)
+        counted_from = (window.reads, window.lost_reads)
         options = ms.WorkerOptions(max_running=16)
         async with sched.consumer({"job": job}, options=options) as consumer:
             counted = 0
@@ -369,12 +391,13 @@ def publish_mscheduler(uri: str, db: str, tasks: int) -> None:
 
 
 def insert_in_batches(collection: Any, documents: Iterable[dict[str, Any]]) -> None:
-    """``insert_many`` 1,000 at a time: the wire engine drops the connection of one insert of
-    5,000."""
+    """``insert_many`` 200 at a time: the wire engine drops the connection of one insert of
+    5,000, and on a loaded machine one of 1,000 outlasts the client's heartbeat, whose
+    timeout cancels it."""
     batch: list[dict[str, Any]] = []
     for document in documents:
         batch.append(document)
-        if len(batch) == 1_000:
+        if len(batch) == 200:
             collection.insert_many(batch)
             batch = []
     if batch:
@@ -454,6 +477,7 @@ class Run(NamedTuple):
     worker_ms: float
     load: float
     by_command: dict[str, float]  # commands of each name, and their bytes, per task
+    extra: dict[str, int]  # the system's own counts, summed over its processes
 
 
 def wait_idle(pid: int, limit: float = 180.0) -> None:
@@ -523,6 +547,7 @@ def run_once(
             name: sum(c[3].get(name, 0) for c in counts) / per
             for name in sorted({name for c in counts for name in c[3]})
         },
+        extra={name: sum(c[4].get(name, 0) for c in counts) for c in counts for name in c[4]},
     )
 
 
@@ -628,6 +653,13 @@ def main() -> None:
                         print(f"| {name} | did not run: {failed[name][:120]} | | | | | |")
                     elif measured:
                         print(row(name, measured))
+                lost = [
+                    f"{run.extra['lost reads']} of {run.extra['claim reads']}"
+                    for run in runs.get(SYSTEMS[0].name, [])
+                    if "claim reads" in run.extra
+                ]
+                if lost:
+                    print(f"\nmscheduler's candidate reads that won nothing: {', '.join(lost)}")
                 if args.by_command:
                     for name, measured in runs.items():
                         if measured:

@@ -62,6 +62,12 @@ KEPT_EARLIER_ATTEMPTS: Final = 10
 # documented limit, so a payload may nest 99 levels below the task document.
 MAX_NESTING_DEPTH: Final = 100
 
+# The format of the task documents this version writes (their ``format`` field). It reads every
+# older one: a document without the field is format 1, the last release's, which wrote no
+# marker. A claim never matches a newer format's document (`queries.tasks.claim_filter`), and
+# a consumer leaves it to a worker of a newer version (`models.Task.newer_format`).
+DOCUMENT_FORMAT: Final = 2
+
 # Names in one query of tasks by name (claims, fetches, the expiry scan): the planner turns
 # ``name $in`` x ``state $in`` (two states) into one index scan each, merged in sort order, up
 # to 200 scans (internalQueryMaxScansToExplode); past that it reads every matching task and

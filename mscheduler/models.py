@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import logging
 import secrets
 import traceback
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
@@ -79,6 +80,15 @@ def finished_states_to_replace(value: object) -> frozenset[TaskState]:
             )
         states.add(state)
     return frozenset(states)
+
+
+log = logging.getLogger(__name__)
+
+# What every document format keeps: a document of a format newer than this version knows
+# (`constants.DOCUMENT_FORMAT`) is read as these fields alone, and left to a newer worker.
+_ENVELOPE = ("_id", "key", "name", "created_at", "updated_at", "format")
+# The newer formats this process has logged that it leaves (one line each, not one per task).
+_LEFT_FORMATS: set[int] = set()
 
 
 class WorkerStateKind(str, enum.Enum):
@@ -389,10 +399,24 @@ class Task(BaseModel):
     trace_context: dict[str, str] | None = None  # the publisher's OpenTelemetry context
     result: Any = None
     error: ErrorInfo | None = None
+    # The document format that wrote the task (`constants.DOCUMENT_FORMAT`); absent is 1, the
+    # format of the releases before the marker.
+    format: int = 1
+
+    @property
+    def newer_format(self) -> bool:
+        """Written in a format newer than this version reads: only its envelope (key, name,
+        times) was read, as ``blocked``; no worker of this version claims or runs it."""
+        return self.format > c.DOCUMENT_FORMAT
 
     @model_validator(mode="before")
     @classmethod
     def _options_with_not_before(cls, data: Any) -> Any:
+        stored = data.get("format") if isinstance(data, dict) else None
+        if isinstance(stored, int) and stored > c.DOCUMENT_FORMAT:
+            # A newer format: what every format keeps, and no more.
+            envelope = {field: data[field] for field in _ENVELOPE if field in data}
+            return {**envelope, "options": {}, "state": TaskState.BLOCKED.value}
         # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
         if isinstance(data, dict) and isinstance(data.get("options"), dict):
             data = dict(data)
@@ -446,7 +470,22 @@ class Task(BaseModel):
         itself re-checks everything atomically on the server. A live state of ``worker_id``
         that the caller does not hold is a previous life's (a restart under the same id): like
         any lease, it ends at its expiry, which no write announces, so it gives a time to try
-        again, never None (the task would wait for some unrelated write for ever)."""
+        again, never None (the task would wait for some unrelated write for ever).
+
+        A task of a newer document format is never ours (`newer_format`): said once per
+        format in the process's log."""
+        if self.newer_format:
+            if self.format not in _LEFT_FORMATS:
+                _LEFT_FORMATS.add(self.format)
+                log.warning(
+                    "task %r is in document format %d, newer than this version of mscheduler "
+                    "reads (%d): left to workers of a newer version; upgrade this worker",
+                    self.key,
+                    self.format,
+                    c.DOCUMENT_FORMAT,
+                    extra={"action": "newer_format", "key": self.key, "format": self.format},
+                )
+            return None
         if self.state not in CLAIMABLE_STATES or self.deps_pending:
             return None
         if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:

@@ -26,6 +26,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import constants as c
 from ..models import ErrorInfo, TaskOptions, TaskState
 from .derived import recompute, wake_consumers
 from .stages import (
@@ -109,6 +110,7 @@ def new_task_document(
         "trace_context": dict(trace_context) if trace_context else None,
         "result": None,
         "error": error,
+        "format": c.DOCUMENT_FORMAT,
     }
 
 
@@ -189,6 +191,11 @@ def update_payload(key: str, payload: Any, now: dt.datetime) -> tuple[Document, 
 # ---------------------------------------------------------------- claim
 
 
+# A document written in a format newer than this version reads (a missing ``format`` is 1, so
+# this never matches the older ones): a claim leaves it to a worker of a newer version.
+NEWER_FORMAT: Document = {"format": {"$gt": c.DOCUMENT_FORMAT}}
+
+
 def claim_filter(
     worker_id: str,
     now: dt.datetime,
@@ -233,7 +240,7 @@ def claim_filter(
                 {"options.specific_worker_ids": {"$size": 0}},
                 {"options.specific_worker_ids": worker_id},
             ],
-            "$nor": [expired_by(now)],
+            "$nor": [expired_by(now), NEWER_FORMAT],
             "$and": [{"$or": [UNTOUCHED, _claimable_by_states(worker_id, now)]}],
         }
     )
@@ -261,8 +268,12 @@ def candidate_filter(
     due when a lease may expire, and a claim is then admitted, or ends the task). Not
     always: a lease that expired beside a live one after the task's slots were cut, or
     fields written by hand. Such a candidate is a write that misses, and the batch reads
-    by the whole claim filter after it (`store.claims.claim_many`)."""
+    by the whole claim filter after it (`store.claims.claim_many`). So is a candidate of a
+    newer document format, which this read does not test for (the server would evaluate it
+    on every waiting task, for the few tasks of a fleet mid-upgrade): the batch that reads one
+    (`written_newer`) reads by the whole claim filter instead."""
     query = claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
+    query["$nor"] = [expired_by(now)]
     query["$and"] = [{"$or": [UNTOUCHED, _own_states_excluded(worker_id, now)]}]
     return query
 
@@ -333,6 +344,13 @@ CANDIDATE_PROJECTION: Document = {"_id": 1, "key": 1, "options.priority": 1, "cr
 # (no worker state at all) that one worker runs (``concurrent_worker_cnt`` 1). For it the
 # pipeline's work is known in advance: nothing to sweep or trim, no slot or retry to count,
 # and `recompute` gives a running task whose ``next_claim_at`` is the new lease's expiry.
+
+
+def written_newer(document: Document) -> bool:
+    """Whether a document, as read, is in a format newer than this version reads
+    (`NEWER_FORMAT`, in Python): its fields may mean what this version cannot know."""
+    stored = document.get("format", 1)
+    return not isinstance(stored, int) or stored > c.DOCUMENT_FORMAT
 
 
 def quick_claimable(document: Document) -> bool:

@@ -26,10 +26,20 @@ The batches of one store take turns (`TaskStore.claim_many`). Consumers sharing 
 their slots together (their finishes share a bulk write), so at once they would read the same
 best candidates and split them: rounds of three round trips for a few tasks each (on
 the wire engine, many rounds won nothing). In turn, each reads past what the one before
-it won. Other processes still race; a round lost to them costs two round trips.
+it won.
 Taking a free turn does not yield: the memory backend's calls never do, so its consumers'
 claims and finishes stay in one turn of the event loop, and their finishes in one batch
 (yielding there split them into a batch per consumer, and more round trips per task).
+
+Other processes race: several that free their slots at once read the same best candidates,
+and the first write takes them all (at 3 processes of 16 slots, nearly half the reads won
+nothing). So a store that lost candidates to others reads a wider window of the best
+candidates (`Window`) and claims a random ``limit`` of it: processes that read the same
+window then mostly claim different tasks, and a lost race costs a few candidates, not a
+whole round. Priority holds: every candidate of a higher priority than the ``limit``-th is
+claimed, and only among the candidates of that priority (oldest first, within the window)
+does the choice spread. A store that does not lose reads exactly ``limit``: the window
+costs the documents it examines only while others race it.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +74,54 @@ def _claim_order(document: dict[str, Any]) -> tuple[Any, ...]:
 
 # Rounds a batch may lose every candidate to other workers before it reports nothing won.
 _CONTENDED_ROUNDS = 8
+# The widest window of candidates a contended store reads, in batches.
+MAX_WINDOW = 4
+# Rounds in a row without a lost candidate after which the window narrows by one batch.
+_CALM_ROUNDS = 16
+
+
+@dataclasses.dataclass
+class Window:
+    """How wide a store reads its candidates, in batches, from what its rounds lost to other
+    processes; and the counts of those rounds, which the benchmarks print.
+
+    Widened by one batch after each round that lost a candidate, up to `MAX_WINDOW`, and
+    narrowed by one after `_CALM_ROUNDS` rounds in a row that lost none: a process alone keeps
+    reading exactly what it claims."""
+
+    batches: int = 1
+    calm: int = 0
+    reads: int = 0  # candidate reads
+    lost_reads: int = 0  # reads of which every candidate was taken by another
+    lost_candidates: int = 0  # candidates written and not won
+
+    def after_round(self, asked: int, won: int | None) -> None:
+        self.reads += 1
+        lost = asked - (won or 0) if won is not None else 0
+        if won == 0:
+            self.lost_reads += 1
+        self.lost_candidates += lost
+        if lost:
+            self.batches = min(self.batches + 1, MAX_WINDOW)
+            self.calm = 0
+        else:
+            self.calm += 1
+            if self.calm >= _CALM_ROUNDS and self.batches > 1:
+                self.batches -= 1
+                self.calm = 0
+
+
+def choose(documents: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """``limit`` of ``documents`` (a window of candidates in claim order) to claim: every one
+    of a higher priority than the ``limit``-th, and a random choice among those of its
+    priority, returned in claim order. A window no wider than ``limit`` is taken whole."""
+    if len(documents) <= limit:
+        return documents
+    boundary = documents[limit - 1]["options"]["priority"]
+    above = [d for d in documents if d["options"]["priority"] > boundary]
+    level = [d for d in documents if d["options"]["priority"] == boundary]
+    chosen = {id(d) for d in above} | {id(d) for d in random.sample(level, limit - len(above))}
+    return [d for d in documents if id(d) in chosen]
 
 
 async def claim_many(
@@ -73,8 +132,10 @@ async def claim_many(
     exclude_keys: Sequence[str],
     notify_if_ended: Callable[[list[Any]], Awaitable[None]],
     until: dt.datetime | None = None,
+    window: Window | None = None,
 ) -> list[Lease]:
-    """``notify_if_ended``: `TaskStore.notify_if_ended`, for candidates whose claim ended the
+    """``window``: the store's (`Window`), which each round reads by and tells what it lost.
+    ``notify_if_ended``: `TaskStore.notify_if_ended`, for candidates whose claim ended the
     task instead.
     ``until``: the leases' end, when not each task's ``worker_timeout_ms`` from now.
 
@@ -89,7 +150,8 @@ async def claim_many(
     that one pings). Such a candidate is a write of the claim filter that misses, not a lost
     race: after a round where such a write missed, the rounds read by the whole claim
     filter, so the refused ones are not read again and the batch takes what is behind."""
-    batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until)
+    window = window or Window()
+    batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until, window)
     exact = False
     for _ in range(_CONTENDED_ROUNDS):
         leases, contended, refused = await batch.round(exact)
@@ -108,6 +170,7 @@ class _Batch:
     exclude_keys: Sequence[str]
     notify_if_ended: Callable[[list[Any]], Awaitable[None]]
     until: dt.datetime | None
+    window: Window
 
     async def round(self, exact: bool) -> tuple[list[Lease], bool, bool]:
         """(leases won, whether there were candidates, whether a write of the claim filter
@@ -147,6 +210,7 @@ class _Batch:
             if self.store.in_transaction:
                 raise
             lost = exc  # some may have been applied: the read below finds them
+        self.window.after_round(len(requests), matched)
         refused = matched != len(requests) and len(claimed) < len(requests)
         if matched == 0:  # every candidate was taken meanwhile, or refused: nothing to read
             return [], True, refused
@@ -212,14 +276,21 @@ class _Batch:
         return sorted(leases, key=lambda lease: order[lease.task.id]), True, refused
 
     async def _candidates(self, now: Any, exact: bool) -> list[dict[str, Any]]:
-        """The best ``limit`` candidates in claim order, whole (a quick claim's document after
-        it is computed from them): one read per group of names (`base.name_groups`), merged
-        by the claim order's fields; one read in all for up to 100 names."""
+        """``limit`` candidates chosen (`choose`) from the best of the store's window (``limit``
+        of them, while no other process takes them from under it), whole (a quick claim's
+        document after it is computed from them): one read per group of names
+        (`base.name_groups`), merged by the claim order's fields; one read in all for up to
+        100 names."""
+        wide = self.limit * self.window.batches
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
             read = q.claim_filter if exact else q.candidate_filter
             wanted = read(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
-            cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=self.limit)
+            cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=wide)
             found += [document async for document in cursor]
+        if not exact and any(q.written_newer(document) for document in found):
+            # A task of a newer document format, which the candidate filter does not test
+            # for (a fleet mid-upgrade): read again by the claim filter, which leaves it out.
+            return await self._candidates(now, exact=True)
         found.sort(key=_claim_order)
-        return found[: self.limit]
+        return choose(found[:wide], self.limit)

@@ -67,6 +67,9 @@ class TaskStore:
         self.owed_listeners: list[Callable[[], None]] = []
         self._finishes = FinishBatcher(base, self.fenced_document)
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
+        # How wide this process reads its batches' candidates, from what other processes took
+        # from under them (`claims.Window`); its counts are the benchmarks'.
+        self.claim_window = claims.Window()
 
     @property
     def collection(self) -> TasksCollection:
@@ -195,7 +198,14 @@ class TaskStore:
         await self.ready()
         async with self._claim_turn:  # batches of this process take turns (`claims`)
             return await claims.claim_many(
-                self._base, worker_id, names, limit, exclude_keys, self.notify_if_ended, until
+                self._base,
+                worker_id,
+                names,
+                limit,
+                exclude_keys,
+                self.notify_if_ended,
+                until,
+                self.claim_window,
             )
 
     async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:

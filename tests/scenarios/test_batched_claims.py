@@ -291,6 +291,51 @@ async def test_a_batch_that_loses_every_candidate_reads_again(scheduler: ms.Sche
     assert racing.counts["find"] == 2, racing.counts  # two reads of candidates
 
 
+class _RivalTakesTheBest(CountingCollection):
+    """Another process claims the best ``batch`` candidates between each read and write."""
+
+    def __init__(self, collection: Any, rival: ms.Scheduler, batch: int) -> None:
+        super().__init__(collection)
+        self.rival, self.batch = rival, batch
+
+    async def bulk_write(self, requests: Any, **kwargs: Any) -> Any:
+        taken = await self.rival.store.tasks.claim_many("rival", names=["job"], limit=self.batch)
+        assert len(taken) == self.batch
+        return await self.wrapped.bulk_write(requests, **kwargs)
+
+
+async def test_a_process_that_others_beat_to_the_best_candidates_still_wins_tasks(
+    scheduler: ms.Scheduler,
+):
+    """Processes that free their slots together read the same best candidates, and the first
+    write takes them all. One that lost them reads a wider window of the best and claims
+    among it, so it wins tasks while the other keeps taking the best; each task once."""
+    batch = 16
+    await scheduler.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(12 * batch))
+    rival = ms.Scheduler(scheduler.collection, clock=scheduler.store.clock)
+    sched = ms.Scheduler(
+        _RivalTakesTheBest(scheduler.collection, rival, batch), clock=scheduler.store.clock
+    )
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=batch)
+    assert leases
+    window = sched.store.tasks.claim_window
+    assert window.lost_reads == 1 and window.reads == 2  # one round lost, the next won
+    assert window.batches == 3  # wider after each round that lost a candidate
+    for lease in leases:
+        task = await scheduler.get(lease.key)
+        assert task is not None and [ws.worker_id for ws in task.worker_states] == ["w1"]
+
+
+async def test_a_process_alone_reads_only_the_batch_it_claims(scheduler: ms.Scheduler):
+    await _publish(scheduler, 40)
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    for _ in range(3):
+        assert len(await sched.store.tasks.claim_many("w1", names=["job"], limit=8)) == 8
+    window = sched.store.tasks.claim_window
+    assert (window.batches, window.reads, window.lost_reads) == (1, 3, 0)
+
+
 class _YieldsBeforeWriting(CountingCollection):
     """A server's round trip: other tasks of the process run while a write is in flight."""
 
