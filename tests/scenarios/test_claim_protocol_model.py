@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 )
 
 import mscheduler as ms
-from mscheduler.errors import LeaseLost
+from mscheduler.errors import LeaseLost, TaskNotFound
 from mscheduler.models import Lease, WorkerStateKind
 from mscheduler.testing import ManualClock
 from tests.engines import ENGINES, WIRE_DATABASE
@@ -174,8 +174,13 @@ class ClaimProtocol(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
         before = self.task(key)
+        if before is None:  # a key no task has is told so, and nothing is written
+            with pytest.raises(TaskNotFound):
+                self.run(self.sched.cancel, key)
+            assert self.task(key) is None
+            return
         cancelled = self.run(self.sched.cancel, key)
-        assert cancelled == (before is not None and not before.state.is_terminal)
+        assert cancelled == (not before.state.is_terminal)
 
     # ------------------------------------------------------------------ invariants
 
