@@ -528,6 +528,31 @@ async def test_a_lease_ended_before_its_process_hears_of_a_new_limit_frees_its_s
     assert await _live_slots(sched, "job") == 1
 
 
+async def test_a_lease_extended_before_its_process_hears_of_a_new_limit_keeps_its_slot(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
+    discover: Callable[[], Awaitable[None]],
+    clock: ManualClock,
+):
+    """Another process sets ``max_running=1`` while a pull lease of the name runs, and the
+    lease is extended before the owner's process has heard of the limit: its slot lives as
+    long as the extended lease, so no second task of the name starts beside it."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await _publish(sched, 2)
+
+    async def idle(task: ms.Task) -> None: ...
+
+    async with sched.consumer({"other": idle}, options=ms.WorkerOptions(worker_id="c")):
+        await discover()
+        [lease] = await sched.own(["job"], worker_id="w", lease=10 * SECONDS)
+        await other.set_limit("job", max_running=1)
+        lease = await sched.extend(lease, 3600 * SECONDS)
+    clock.advance(11)
+    assert await other.own(["job"], worker_id="w2") == []
+    await sched.succeed(lease)
+    assert len(await other.own(["job"], worker_id="w2")) == 1
+
+
 async def _live_slots(sched: ms.Scheduler, name: str) -> int:
     limit = (await sched.limits()).get(name)
     now = sched.store.clock.now()
