@@ -180,3 +180,29 @@ async def test_an_owner_that_vanishes_while_its_token_is_written_leaves_no_slot(
     monkeypatch.setattr(scheduler.store.limits, "acquire", original)
     [lease] = await scheduler.own(["job"], worker_id="w")
     assert lease.key == "t0"
+
+
+async def test_pull_and_push_starts_share_one_rate_across_processes(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
+    discover: Callable[[], Awaitable[None]],
+    clock: ManualClock,
+):
+    """``rate=2`` an hour: an owner in one process takes one, a consumer in another starts
+    exactly one more, and nothing else starts in the hour whichever side asks."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await sched.set_limit("job", rate=2, per=dt.timedelta(hours=1))
+    await _publish(sched, 4)
+    [owned] = await other.own(["job"], worker_id="w")
+    started: list[str] = []
+
+    async def handler(task: ms.Task) -> None:
+        started.append(task.key)
+
+    async with sched.consumer({"job": handler}, options=ms.WorkerOptions(worker_id="c")):
+        for _ in range(6):
+            await discover()
+            clock.advance(1)
+        assert len(started) == 1
+        assert await other.own(["job"], worker_id="w", max_tasks=2) == []
+    assert owned.key not in started
