@@ -561,9 +561,6 @@ class Lease(BaseModel):
     # The claim core's (`consumer.limits`): the name whose limit slot this lease took, "" for
     # none; None where this process does not know (a lease found by key).
     _slot: str | None = PrivateAttr(default=None)
-    # The pull API's (`consumer.owner`): what its process knew of the controls at its claim
-    # (`ControlView.stamp`; None: nothing), to tell whether a limit may have adopted it since.
-    _slot_seen: tuple[int, int] | None = PrivateAttr(default=None)
 
     def progress(self, fraction: float, message: str = "") -> Awaitable[None]:
         """Report how far the handler is, from 0 to 1, with a short message: written within a

@@ -181,7 +181,14 @@ class Limiter:
         now = self._clock.now()
         run_id = new_run_id()
         first_life = until or now + FIRST_SLOT_LIFE
-        token = await self._store.limits.acquire(name, first_life, token=run_id)
+        try:
+            token = await self._store.limits.acquire(name, first_life, token=run_id)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled (a vanished owner, a crashed consumer) while the write may have been
+            # applied: no lease holds that slot, so nothing would free it before its first life.
+            with anyio.move_on_after(_RELEASE_TIMEOUT_S, shield=True):
+                await self._give_back(name, run_id)
+            raise
         if token is None:  # no limit's document (never limited): claimed as any other name
             self.limited.pop(name, None)
             self.blocked.pop(name, None)

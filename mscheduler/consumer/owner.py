@@ -14,11 +14,11 @@ are. What differs is where the state lives:
   `Owner.extend` extends both; an end frees the slot by the run_id. Any process can
   therefore end a lease another one owned (the HTTP API's workers come back to any server),
   and a worker that vanishes leaves a slot that lapses with its lease.
-- Whether a lease may hold a slot is not decided from the limits as they are at its end (a
-  limit removed meanwhile, set again, or set while it ran: `store.limits.set` adopts the
-  running attempts): a lease that took none is known to hold none only while the process's
-  control hub watched from its claim on and heard no change; any other lease's slot is
-  extended and freed by its run_id, a write that touches no one else's.
+- Whether a lease holds a slot is never decided from the limits as this process knows them
+  (a limit removed meanwhile, set again, or set while it ran, by any process:
+  `store.limits.set` adopts the running attempts, and a process hears of it only later):
+  every lease's slot is extended and freed by its run_id, a write that touches no one
+  else's (and no document for a name never limited).
 - The paused names and the limits are read at each call, or taken from `ControlView`, which
   keeps them while the process's `ControlHub` watches (a consumer, the HTTP server, or a
   waiting `own` runs it), exactly as a consumer keeps them: a change is in effect within one
@@ -78,7 +78,6 @@ class ControlView:
         self._version = -1
         self._paused: dict[str, bool] = {}
         self._limits: dict[str, Limit | None] = {}
-        self._written_here = 0  # control writes made through this process
         self._write: anyio.Event | None = None  # set by the next one
 
     def forget(self) -> None:
@@ -88,7 +87,6 @@ class ControlView:
         self._version = -1
         self._paused.clear()
         self._limits.clear()
-        self._written_here += 1
         if self._write is not None:
             self._write.set()
             self._write = None
@@ -98,13 +96,6 @@ class ControlView:
         if self._write is None:
             self._write = anyio.Event()
         return self._write
-
-    def stamp(self) -> tuple[int, int] | None:
-        """What is known of the controls now: equal stamps mean no change in between (None:
-        no hub watches, so a change made elsewhere could pass unseen)."""
-        if not self._hub.ready.is_set():
-            return None
-        return self._hub.version, self._written_here
 
     def _current(self) -> bool:
         """Whether what is kept is still true: the hub watches and saw no change since."""
@@ -278,7 +269,6 @@ class Owner:
         self, names: list[str], worker_id: str, max_tasks: int, length: dt.timedelta | None
     ) -> tuple[list[Lease], dt.datetime | None]:
         """Up to ``max_tasks`` leases, and when a limit that refused a claim frees."""
-        stamp = self.controls.stamp()  # before the reads: a change during them is not missed
         paused = await self.controls.paused(names)
         active = [name for name in names if name not in paused]
         limits = await self.controls.limits(active) if active else {}
@@ -322,7 +312,6 @@ class Owner:
             for name in limits:
                 await self._limiter.handed_out(name, [ls for ls in leases if ls._slot == name])
         for lease in leases:
-            lease._slot_seen = stamp
             takeover.report(lease)
         return leases, freed
 
@@ -340,23 +329,11 @@ class Owner:
             await self._free_slot(lease)
             raise
         extended = Lease(key=lease.key, worker_id=lease.worker_id, run_id=lease.run_id, task=task)
-        extended._slot, extended._slot_seen = lease._slot, lease._slot_seen
-        slot = self._slot_of(lease)
+        extended._slot = lease._slot
         expires = extended.ping_expire_at
-        if slot and expires is not None:
-            await self._limiter.extend_slot(slot, lease.run_id, expires)
+        if expires is not None:
+            await self._limiter.extend_slot(lease.task.name, lease.run_id, expires)
         return extended
-
-    def _slot_of(self, lease: Lease) -> str:
-        """The name whose limit may hold a slot of ``lease`` ("" for none): its task's name,
-        unless the lease took none and the control hub watched from its claim until now
-        without a change (a limit set meanwhile adopted it: `store.limits.set`). Its token is
-        the run_id, so extending or freeing it touches no one else's, and a slot that is not
-        there is not made."""
-        seen = lease._slot_seen
-        if lease._slot == "" and seen is not None and seen == self.controls.stamp():
-            return ""
-        return lease.task.name
 
     async def succeed(self, lease: Lease, result: Any = None) -> Task:
         try:
@@ -382,11 +359,10 @@ class Owner:
             await self._free_slot(lease)
 
     async def _free_slot(self, lease: Lease) -> None:
-        """The run ended (or its lease is gone): its slot, if it may hold one, frees, whatever
-        the limits say now."""
-        slot = self._slot_of(lease)
-        if slot:
-            await self._limiter.free(slot, lease.run_id)
+        """The run ended (or its lease is gone): its slot, if it holds one, frees, whatever
+        the limits say now or this process has heard of them (a lease that took none may
+        have been adopted by a limit set anywhere since)."""
+        await self._limiter.free(lease.task.name, lease.run_id)
 
     async def find(self, key: str, *, worker_id: str, run_id: str) -> Lease:
         """The live lease ``key + worker_id + run_id`` (one read), for a caller that kept only

@@ -504,39 +504,53 @@ async def test_a_lease_lost_to_a_cancel_frees_its_slot_when_its_worker_learns_of
     assert second.key == "t1"
 
 
-async def test_while_the_control_hub_watches_a_lease_without_a_slot_writes_none(
-    scheduler: ms.Scheduler,
+async def test_a_lease_ended_before_its_process_hears_of_a_new_limit_frees_its_slot(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
     discover: Callable[[], Awaitable[None]],
-    monkeypatch: pytest.MonkeyPatch,
 ):
-    """A name without a limit pays nothing for limits: while the process's control hub
-    watches (here a consumer runs it) and hears no change, extending and ending a lease that
-    took no slot writes no slot; after a limit is set, the same lease's end frees the slot
-    the limit gave it."""
-    await _publish(scheduler, 3)
-    writes: list[str] = []
-    for method in ("extend", "release"):
-        original = getattr(scheduler.store.limits, method)
+    """A consumer runs the control hub of the owner's process. Another process sets
+    ``max_running=1`` while a pull lease of the name runs (the limit counts it), and the
+    lease ends before the owner's process has heard of the limit: the name is free at once,
+    not blocked until the end the ended lease had."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await _publish(sched, 2)
 
-        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
-            writes.append(_name)
-            return await _original(*args)
+    async def idle(task: ms.Task) -> None: ...
 
-        monkeypatch.setattr(scheduler.store.limits, method, counted)
-
-    async def other(task: ms.Task) -> None: ...
-
-    async with scheduler.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")):
+    async with sched.consumer({"other": idle}, options=ms.WorkerOptions(worker_id="c")):
         await discover()
-        first, second, third = await scheduler.own(["job"], worker_id="w", max_tasks=3)
-        first = await scheduler.extend(first, 30 * SECONDS)
-        await scheduler.succeed(first)
-        assert writes == []
-        await scheduler.set_limit("job", max_running=1)  # counts the two still running
-        await scheduler.succeed(second)
-        assert writes == ["release"]
-        await scheduler.succeed(third)
-    assert await _live_slots(scheduler, "job") == 0
+        [lease] = await sched.own(["job"], worker_id="w", lease=3600 * SECONDS)
+        await other.set_limit("job", max_running=1)
+        await sched.succeed(lease)
+        [second] = await other.own(["job"], worker_id="w2")
+    assert second.key == "t1"
+    assert await _live_slots(sched, "job") == 1
+
+
+async def test_a_lease_extended_before_its_process_hears_of_a_new_limit_keeps_its_slot(
+    open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
+    discover: Callable[[], Awaitable[None]],
+    clock: ManualClock,
+):
+    """Another process sets ``max_running=1`` while a pull lease of the name runs, and the
+    lease is extended before the owner's process has heard of the limit: its slot lives as
+    long as the extended lease, so no second task of the name starts beside it."""
+    sched = await open_scheduler(collection="shared")
+    other = await open_scheduler(collection="shared")
+    await _publish(sched, 2)
+
+    async def idle(task: ms.Task) -> None: ...
+
+    async with sched.consumer({"other": idle}, options=ms.WorkerOptions(worker_id="c")):
+        await discover()
+        [lease] = await sched.own(["job"], worker_id="w", lease=10 * SECONDS)
+        await other.set_limit("job", max_running=1)
+        lease = await sched.extend(lease, 3600 * SECONDS)
+    clock.advance(11)
+    assert await other.own(["job"], worker_id="w2") == []
+    await sched.succeed(lease)
+    assert len(await other.own(["job"], worker_id="w2")) == 1
 
 
 async def _live_slots(sched: ms.Scheduler, name: str) -> int:
