@@ -381,9 +381,13 @@ def tally(request: pytest.FixtureRequest) -> Tally:
     return add
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Sums the tallies; in a pytest-xdist worker too, where nothing prints them (the
     controller sums the reports it is sent)."""
+    # A test of text that is not UTF-8 (a lone surrogate) logs it: pytest-xdist could not send
+    # the report to the controller, and its worker would stop. Escaped here, before it sends.
+    report.sections = [(title, _utf8(text)) for title, text in report.sections]
     if report.when != "call":
         return
     for name, value in report.user_properties:
@@ -399,6 +403,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output["mscheduler_not_run"] = (dict(DESELECTED), dict(SLOW_LEFT_OUT))
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @pytest.hookimpl(optionalhook=True)
