@@ -59,6 +59,7 @@ MONGODB_MISSING = (
     f"the real-MongoDB tier: {URI_VARIABLE} is not set; to run it, start a replica set "
     "(`bash .ci/mongodb replica-set 8.0`, with Docker) and export the URI it prints"
 )
+SETS_OTEL_PROVIDERS = ("test_tracing.py", "test_otel_metrics.py")
 SLOW_TIER = "--slow"
 EVERYTHING = f".venv/bin/python -m pytest {SLOW_TIER}"  # what .ci/run runs
 DESELECTED: dict[str, int] = {}  # why -> how many, for the terminal summary
@@ -198,6 +199,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    # OpenTelemetry's providers are set once per process (tests/otel.py) and stay: the tests
+    # that set them run after every other test of their process, in any pytest-xdist worker
+    # (with a provider set, test_faults.py's unprintable exception and test_document_size.py's
+    # limit behave otherwise).
+    items.sort(key=lambda item: item.path.name in SETS_OTEL_PROVIDERS)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
