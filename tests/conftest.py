@@ -2,11 +2,15 @@
 ``engine_uri``) runs once per engine. tests/scenarios runs on all three: ``memory``,
 ``wire`` (tests/engines.py) and ``mongodb`` (a real server, tests/mongodb.py); tests/acceptance
 on memory and wire. An engine this machine lacks is deselected at collection, with one line
-in the report saying how to enable it; ``--engine NAME`` (repeatable) runs only those."""
+in the report saying how to enable it; ``--engine NAME`` (repeatable) runs only those.
+
+Two tiers: the README's command (``python -m pytest``, on every core through pytest-xdist)
+leaves out the tests marked ``slow`` (what only long runs show: the models at length, chaos
+with many seeds, the browser, ...); ``--slow`` adds them, and is what ``.ci/run`` runs. The
+closing lines say what did not run and the command that runs everything."""
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from tests.engines import (
     POLL_MS,
     ROOT,
     WIRE_DATABASE,
+    Tally,
     WireServer,
     until_idle,
     wire_python,
@@ -54,8 +59,15 @@ MONGODB_MISSING = (
     f"the real-MongoDB tier: {URI_VARIABLE} is not set; to run it, start a replica set "
     "(`bash .ci/mongodb replica-set 8.0`, with Docker) and export the URI it prints"
 )
+SETS_OTEL_PROVIDERS = ("test_tracing.py", "test_otel_metrics.py")
+SLOW_TIER = "--slow"
+EVERYTHING = f".venv/bin/python -m pytest {SLOW_TIER}"  # what .ci/run runs
 DESELECTED: dict[str, int] = {}  # why -> how many, for the terminal summary
-WIRE_SETUP_FAILED: list[str] = []  # what .ci/wire-venv said when it could not set the tier up
+SLOW_LEFT_OUT: dict[str, int] = {}  # file -> how many slow tests were left out
+# The wire tier's engine, as the first process of the run found or set it up: (python or
+# None, why not). Workers of pytest-xdist get the controller's answer (`pytest_configure_node`)
+# so that a first run sets the tier up once, before any worker starts.
+WIRE: dict[str, str | None] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,6 +78,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Run only the variants on this engine (repeatable); tests that take no engine "
         "are deselected too.",
     )
+    parser.addoption(
+        SLOW_TIER,
+        action="store_true",
+        help="Run the slow tier too (tests marked slow: the models at length, chaos with many "
+        "seeds, the browser); bash .ci/run does.",
+    )
+
+
+def _worker_input(config: pytest.Config) -> dict[str, object] | None:
+    """What the controller of a pytest-xdist run handed this worker, or None outside one."""
+    return getattr(config, "workerinput", None)
+
+
+def _wants_wire(config: pytest.Config) -> bool:
+    chosen = config.getoption("engine")
+    return not chosen or "wire" in chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Find (or, on a first run, set up) the wire tier's engine once, in the first process,
+    before pytest-xdist starts its workers, so the header says what will run."""
+    given = _worker_input(config)
+    if given is not None:
+        WIRE.update(given["mscheduler_wire"])  # type: ignore[call-overload]
+        return
+    if config.option.help or not _wants_wire(config):
+        return
+    _set_up_wire()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """pytest-xdist: each worker gets the controller's answer about the wire tier."""
+    node.workerinput["mscheduler_wire"] = dict(WIRE)  # type: ignore[attr-defined]
 
 
 def engines_for(path: Path) -> tuple[str, ...]:
@@ -81,27 +127,37 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("engine", engines_for(metafunc.definition.path), indirect=True)
 
 
-@functools.cache
-def _wire_available() -> bool:
-    """The wire tier's engine is found, or set up now from the project's own script (the
+def _set_up_wire() -> None:
+    """Find the wire tier's engine, or set it up now from the project's own script (the
     first run on a machine; it needs a Python >= 3.13 and the package index)."""
+    if WIRE:
+        return
     python = wire_python()
     if python is not None and Path(python).exists():
-        return True
+        WIRE.update(python=python, why_not=None)
+        return
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         # Under CI the wire tier must run: its variants stay, and `wire_server` fails them.
-        return True
+        WIRE.update(python=python, why_not=None)
+        return
     if os.environ.get("MSCHEDULER_WIRE_PYTHON"):
-        return False  # a path was given and is not there: not ours to replace
+        WIRE.update(python=None, why_not=WIRE_MISSING)  # a path was given and is not there
+        return
     sys.stderr.write("setting up the wire tier's engine in .venv-wire (bash .ci/wire-venv)...\n")
     made = subprocess.run(
         ["bash", str(ROOT / ".ci" / "wire-venv")], capture_output=True, text=True, check=False
     )
-    if made.returncode != 0:
-        WIRE_SETUP_FAILED.append((made.stderr.strip().splitlines() or ["failed"])[-1])
-        return False
     python = wire_python()
-    return python is not None and Path(python).exists()
+    if made.returncode == 0 and python is not None and Path(python).exists():
+        WIRE.update(python=python, why_not=None)
+        return
+    said = (made.stderr.strip().splitlines() or ["failed"])[-1]
+    WIRE.update(python=None, why_not=f"{WIRE_MISSING} ({said})")
+
+
+def _wire_available() -> bool:
+    _set_up_wire()
+    return WIRE["why_not"] is None
 
 
 def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
@@ -113,8 +169,7 @@ def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
     if chosen and engine not in chosen:
         return f"--engine {' '.join(chosen)}: not on " + (engine or "any engine")
     if engine == "wire" and not _wire_available():
-        said = f" ({WIRE_SETUP_FAILED[0]})" if WIRE_SETUP_FAILED else ""
-        return f"wire: {WIRE_MISSING}{said}"
+        return f"wire: {WIRE['why_not']}"
     if engine == "mongodb":
         if mongodb_uri() is None:
             return f"mongodb: {MONGODB_MISSING}"
@@ -124,27 +179,57 @@ def _why_not(item: pytest.Item, chosen: list[str] | None) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect, rather than skip one by one, what this machine cannot run: one line per
-    reason in the summary instead of a SKIPPED line per test."""
+    """Deselect, rather than skip one by one, what this machine cannot run and the slow tier
+    when not asked for: one line per reason in the summary instead of a SKIPPED line per
+    test."""
     chosen = config.getoption("engine")
+    slow = config.getoption("slow")
     kept, dropped = [], []
     for item in items:
         why = _why_not(item, chosen)
+        if why is None and not slow and item.get_closest_marker("slow") is not None:
+            SLOW_LEFT_OUT[item.path.name] = SLOW_LEFT_OUT.get(item.path.name, 0) + 1
+            why = "slow"
         if why is None:
             kept.append(item)
         else:
             dropped.append(item)
-            DESELECTED[why] = DESELECTED.get(why, 0) + 1
+            if why != "slow":
+                DESELECTED[why] = DESELECTED.get(why, 0) + 1
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    # OpenTelemetry's providers are set once per process (tests/otel.py) and stay: the tests
+    # that set them run after every other test of their process, in any pytest-xdist worker
+    # (with a provider set, test_faults.py's unprintable exception and test_document_size.py's
+    # limit behave otherwise).
+    items.sort(key=lambda item: item.path.name in SETS_OTEL_PROVIDERS)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    python = wire_python()
-    wire = f"wire ({python})" if _wire_available() and python else "wire: not available"
-    mongodb = "mongodb" if mongodb_uri() else f"mongodb: {URI_VARIABLE} not set"
-    return f"engines: memory, {wire}, {mongodb}"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which engines and tiers this run runs, as decided before collection (`pytest_configure`
+    set the wire tier up if it had to)."""
+    chosen = config.getoption("engine") or ENGINES
+    engines, missing = [], []
+    for engine in ENGINES:
+        if engine not in chosen:
+            missing.append(f"{engine} (--engine)")
+        elif engine == "wire" and not _wire_available():
+            missing.append("wire (no engine: bash .ci/wire-venv, needs Python >= 3.13)")
+        elif engine == "wire":
+            engines.append(f"wire ({WIRE['python'] or 'no engine: under CI=true its tests fail'})")
+        elif engine == "mongodb" and mongodb_uri() is None:
+            missing.append(f"mongodb ({URI_VARIABLE} not set)")
+        else:
+            engines.append(engine)
+    lines = [f"engines: {', '.join(engines) or 'none'}"]
+    if missing:
+        lines[0] += f"; not run: {', '.join(missing)}"
+    if config.getoption("slow"):
+        lines.append(f"tiers: the README's and the slow tier ({SLOW_TIER})")
+    else:
+        lines.append(f"tiers: the README's; not the slow tier ({EVERYTHING} adds it)")
+    return lines
 
 
 @pytest.fixture
@@ -288,31 +373,79 @@ async def scheduler(open_scheduler: OpenScheduler) -> ms.Scheduler:
     return await open_scheduler()
 
 
+TALLIES: dict[tuple[str, str], dict[str, int]] = {}  # (what, engine) -> counts, summed
+
+
+@pytest.fixture
+def tally(request: pytest.FixtureRequest) -> Tally:
+    """Counts a test adds to the run's closing lines (``tally("chaos", engine, runs=1)``):
+    carried on its report, so they add up across pytest-xdist's workers too."""
+
+    def add(what: str, engine: str, **counts: int) -> None:
+        request.node.user_properties.append(("mscheduler_tally", (what, engine, counts)))
+
+    return add
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sums the tallies; in a pytest-xdist worker too, where nothing prints them (the
+    controller sums the reports it is sent)."""
+    # A test of text that is not UTF-8 (a lone surrogate) logs it: pytest-xdist could not send
+    # the report to the controller, and its worker would stop. Escaped here, before it sends.
+    report.sections = [(title, _utf8(text)) for title, text in report.sections]
+    if report.when != "call":
+        return
+    for name, value in report.user_properties:
+        if name == "mscheduler_tally":
+            what, engine, counts = value
+            total = TALLIES.setdefault((what, engine), {})
+            for key, count in counts.items():
+                total[key] = total.get(key, 0) + count
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand what collection left out to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["mscheduler_not_run"] = (dict(DESELECTED), dict(SLOW_LEFT_OUT))
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist: every worker collects the same tests, so one worker's account of what it
+    left out is the run's."""
+    output = getattr(node, "workeroutput", {})
+    if "mscheduler_not_run" in output:
+        deselected, slow = output["mscheduler_not_run"]
+        DESELECTED.clear()
+        DESELECTED.update(deselected)
+        SLOW_LEFT_OUT.clear()
+        SLOW_LEFT_OUT.update(slow)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
     """Our lines come after pytest's short summary, just above its closing line, so that a
-    reader of the end sees what did not run and the command that runs it."""
+    reader of the end sees what did not run and the command that runs everything."""
     yield
-    from tests.scenarios.test_chaos import TOTALS
-    from tests.scenarios.test_claim_protocol_model import RUNS
-    from tests.scenarios.test_discovery_hub_model import RUNS as HUB_RUNS
-
-    for engine, totals in TOTALS.items():
-        terminalreporter.write_line(
-            f"chaos on {engine}: {totals['runs']} runs, {totals['tasks']} tasks, "
-            f"{totals['executions']} handler executions, {totals['violations']} violations"
-        )
-    for engine, counts in RUNS.items():
-        if counts["machines"]:
-            terminalreporter.write_line(
-                f"claim protocol model on {engine}: {counts['machines']} state-machine runs, "
-                f"{counts['steps']} store calls"
-            )
-    for engine, counts in HUB_RUNS.items():
-        if counts["machines"]:
-            terminalreporter.write_line(
-                f"discovery hub model on {engine}: {counts['machines']} state-machine runs, "
-                f"{counts['steps']} steps"
-            )
+    for (what, engine), counts in sorted(TALLIES.items()):
+        said = ", ".join(f"{count} {key.replace('_', ' ')}" for key, count in counts.items())
+        terminalreporter.write_line(f"{what} on {engine}: {said}")
     for why, count in DESELECTED.items():
         terminalreporter.write_line(f"not run: {count} tests, {why}")
+    if SLOW_LEFT_OUT:
+        files = ", ".join(f"{name} {count}" for name, count in sorted(SLOW_LEFT_OUT.items()))
+        terminalreporter.write_line(
+            f"not run: {sum(SLOW_LEFT_OUT.values())} tests, the slow tier (tests marked slow, "
+            f"in {files}): {SLOW_TIER} runs them"
+        )
+    if DESELECTED or SLOW_LEFT_OUT:
+        terminalreporter.write_line(
+            f"everything: {EVERYTHING} (what bash .ci/run runs; the real-MongoDB tier also "
+            f"needs {URI_VARIABLE})"
+        )

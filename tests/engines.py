@@ -14,6 +14,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ WIRE_DATABASE = "mscheduler_test"
 POLL_MS = 10
 # Task options whose pings and lease expiry a test's manual clock reaches in a few steps.
 FAST = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
+# The `tally` fixture: `tally("chaos", engine, runs=1, ...)` adds counts to the run's closing
+# lines (tests/conftest.py).
+Tally = Callable[..., None]
 
 
 def worker(worker_id: str = "w1", **fields: Any) -> ms.WorkerOptions:

@@ -46,6 +46,8 @@ CHROMIUM_ARGS = [
 ]
 T = TypeVar("T")
 
+# The slow tier (`--slow`, what .ci/run runs): a browser per test, and a worker in real time.
+pytestmark = pytest.mark.slow
 needs_bin = pytest.mark.skipif(not BIN.exists(), reason="the mscheduler command is not installed")
 
 

@@ -3,7 +3,8 @@ random handler durations and outcomes, hard crashes, graceful stops, restarts un
 worker id, remote cancels, handlers that stall past their lease, clock skew between workers,
 network errors before and after a write and on cursor reads, a name limited to
 ``LIMITED_RUNNING`` handlers at once. Fixed seeds in CI; more with ``MSCHEDULER_CHAOS_RUNS``
-(per engine) and ``MSCHEDULER_CHAOS_SEED`` (the first seed).
+(per engine) and ``MSCHEDULER_CHAOS_SEED`` (the first seed); the README's command runs the
+first seed, the slow tier (``--slow``) every one.
 
 What must hold, whatever happened:
 - never more handlers of a task at once than ``concurrent_worker_cnt`` (runs whose lease may
@@ -34,7 +35,7 @@ import mscheduler as ms
 from mscheduler.handlers import Consumer
 from mscheduler.models import WorkerStateKind
 from mscheduler.testing import ManualClock
-from tests.engines import POLL_MS, SkewedClock, until_idle
+from tests.engines import POLL_MS, SkewedClock, Tally, until_idle
 from tests.faults import FaultyCollection
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +46,6 @@ OpenScheduler = Callable[..., Awaitable[ms.Scheduler]]
 RUNS = int(os.environ.get("MSCHEDULER_CHAOS_RUNS", "2"))
 FIRST_SEED = int(os.environ.get("MSCHEDULER_CHAOS_SEED", "7"))
 FAULT_RATE = 0.05
-TOTALS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 OPTIONS = {"ping_interval_ms": 1_000, "worker_timeout_ms": 5_000}
 LIMITED, LIMITED_RUNNING = "lim", 2
 SKEW = dt.timedelta(seconds=0.25)  # the most a worker's clock is off (see `Chaos.start`)
@@ -260,16 +260,26 @@ async def _one_run(seed: int, sched: ms.Scheduler, clock: ManualClock) -> Chaos:
     return chaos
 
 
-@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + RUNS))
+# The first seed in the README's command, the others in the slow tier (`--slow`).
+SEEDS = [
+    seed if seed == FIRST_SEED else pytest.param(seed, marks=pytest.mark.slow)
+    for seed in range(FIRST_SEED, FIRST_SEED + RUNS)
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 async def test_chaos(
-    open_scheduler: OpenScheduler, clock: ManualClock, engine: str, seed: int
+    open_scheduler: OpenScheduler, clock: ManualClock, engine: str, seed: int, tally: Tally
 ) -> None:
     sched = await open_scheduler(collection=f"chaos{seed}")
     chaos = await _one_run(seed, sched, clock)
-    totals = TOTALS[engine]
-    totals["runs"] += 1
-    totals["tasks"] += len(chaos.keys)
-    totals["executions"] += sum(chaos.ledger.executions.values())
     problems = chaos.ledger.violations + [f"crash {c}" for c in chaos.ledger.crashes]
-    totals["violations"] += len(problems)
+    tally(
+        "chaos",
+        engine,
+        runs=1,
+        tasks=len(chaos.keys),
+        handler_executions=sum(chaos.ledger.executions.values()),
+        violations=len(problems),
+    )
     assert not problems, f"seed {seed}: {problems[:5]}"

@@ -48,13 +48,13 @@ import mscheduler as ms
 from mscheduler.models import Lease
 from mscheduler.services.discovery import RESYNC, Subscription
 from mscheduler.testing import ManualClock
-from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, until_idle
+from tests.engines import ENGINES, POLL_MS, WIRE_DATABASE, Tally, until_idle
 
 T = TypeVar("T")
 NAMES = ("a", "b")
 # Each key keeps its name: t1 may depend on t0.
 KEYS = {"t0": "a", "t1": "a", "t2": "b"}
-# Reported at the end of the session (conftest.py).
+# Counted by the machines; each test tallies its share for the run's closing lines.
 RUNS = {engine: {"machines": 0, "steps": 0} for engine in ENGINES}
 # One knob for every model test: MSCHEDULER_MODEL_RUNS(_WIRE), of which this model takes a
 # fortieth on memory, a hundredth on the wire (a run of it makes many more calls).
@@ -62,6 +62,7 @@ MODEL_RUNS = {
     "memory": max(1, int(os.environ.get("MSCHEDULER_MODEL_RUNS", "2000")) // 40),
     "wire": max(1, int(os.environ.get("MSCHEDULER_MODEL_RUNS_WIRE", "500")) // 100),
 }
+BRIEF = 5  # the README's command runs MODEL_RUNS // BRIEF; the slow tier (--slow) all of them
 # A step's real-time bound: a step that waits longer is a hang, reported as a failure.
 STEP_TIMEOUT_S = 30
 # Reconnect backoff, doubling from 0.1 s to 0.4 s: a step that moves the clock 0.5 s at a
@@ -451,9 +452,24 @@ def _brief(item: ms.Task | None) -> str:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("length", ["brief", pytest.param("at length", marks=pytest.mark.slow)])
 def test_every_write_that_may_give_a_subscriber_work_reaches_it(
-    engine: str, request: pytest.FixtureRequest
+    engine: str, length: str, request: pytest.FixtureRequest, tally: Tally
 ) -> None:
+    runs = MODEL_RUNS[engine] if length == "at length" else max(1, MODEL_RUNS[engine] // BRIEF)
+    before = dict(RUNS[engine])
+    try:
+        _run_the_model(engine, runs, request)
+    finally:
+        tally(
+            "discovery hub model",
+            engine,
+            state_machine_runs=RUNS[engine]["machines"] - before["machines"],
+            steps=RUNS[engine]["steps"] - before["steps"],
+        )
+
+
+def _run_the_model(engine: str, runs: int, request: pytest.FixtureRequest) -> None:
     uri = request.getfixturevalue("engine_uri")
     if engine == "memory":
         uri = "memory://"  # a private database per run
@@ -463,7 +479,7 @@ def test_every_write_that_may_give_a_subscriber_work_reaches_it(
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=MODEL_RUNS[engine],
+            max_examples=runs,
             # Random locally, to explore; the same examples in CI, so a new draw cannot turn
             # it red.
             derandomize=bool(os.environ.get("CI")),
