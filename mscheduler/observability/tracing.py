@@ -166,7 +166,11 @@ def _describe(exc: BaseException) -> str:
 
 def _failed(span: Span, exc: BaseException, outcome: str) -> None:
     span.set_attribute(ATTR_OUTCOME, outcome)
-    span.record_exception(exc)
+    try:
+        span.record_exception(exc)
+    except Exception:  # its __str__ raised: the event without the SDK's message, not a crash
+        attributes = {"exception.type": type(exc).__qualname__, "exception.message": _describe(exc)}
+        span.add_event("exception", attributes)
     span.set_status(Status(StatusCode.ERROR, _describe(exc)))
 
 

@@ -141,6 +141,32 @@ async def test_each_attempt_is_a_span_and_a_failure_is_an_error_with_its_excepti
     assert second.attributes["mscheduler.run.outcome"] == "success"
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+async def test_a_failure_whose_str_raises_is_its_tasks_failure_with_tracing_on(
+    scheduler: ms.Scheduler, discover: Discover, spans: otel.Spans
+):
+    """Recording the exception on the span must not replace the handler's failure with the
+    error its ``__str__`` raised (the SDK's record_exception calls it)."""
+
+    async def odd(task: ms.Task) -> None:
+        raise _Unprintable()
+
+    once = ms.TaskOptions(max_unexpected_retries=0)
+    await scheduler.publish("odd", None, name="odd", options=once)
+    async with running(scheduler, {"odd": odd}):
+        await discover()
+    task = await scheduler.get("odd")
+    assert task is not None and task.state is ms.TaskState.FAIL and task.error is not None
+    assert "str() of this _Unprintable raised RuntimeError" in task.error.message
+    process = spans.one("process odd")
+    assert process.status.status_code is StatusCode.ERROR
+    assert [e.attributes["exception.type"] for e in process.events] == ["_Unprintable"]
+
+
 async def test_retry_later_is_not_an_error_and_a_stopped_run_is(
     scheduler: ms.Scheduler, discover: Discover, clock: ManualClock, spans: otel.Spans
 ):
