@@ -52,7 +52,13 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_server_cost import Commands, WireServer, cpu_seconds, wait_idle  # noqa: E402
+from bench.bench_server_cost import (  # noqa: E402
+    Commands,
+    WireServer,
+    celery_app,
+    cpu_seconds,
+    wait_idle,
+)
 
 RATE = 5  # tasks a second in the flow
 # Where a worker process imports mscheduler from first (``--before``): spawned processes take
@@ -126,36 +132,12 @@ def child_mscheduler(child: Child) -> None:
     anyio.run(main)
 
 
-def _celery_app(uri: str, db: str) -> Any:
-    """Celery on kombu's MongoDB transport with its default polling; the wire engine's two
-    shims of `bench_server_cost._celery_app` (``buildInfo``, the broadcast collection)."""
-    from celery import Celery
-    from pymongo import MongoClient
-
-    def server_info(client: Any, session: Any = None) -> Any:
-        return client.admin.command("buildInfo", session=session)
-
-    MongoClient.server_info = server_info  # type: ignore[method-assign]
-    with MongoClient(uri) as client:
-        if "messages.broadcast" not in client[db].list_collection_names():
-            client[db].create_collection("messages.broadcast")
-    host = uri.split("://", 1)[1].split("/", 1)[0]
-    app = Celery("bench", broker=f"mongodb://{host}/{db}?directConnection=true")
-    app.conf.update(
-        task_ignore_result=True,
-        worker_enable_remote_control=False,
-        worker_hijack_root_logger=False,
-        broker_connection_retry_on_startup=True,
-    )
-    return app
-
-
 def child_celery(child: Child) -> None:
     import warnings
 
     warnings.simplefilter("ignore")  # the worker warns that it runs as root, here
     commands = Commands()
-    app = _celery_app(child.uri, child.db)
+    app = celery_app(child.uri, child.db, polling_interval=None)
 
     @app.task(name="noop")  # type: ignore[untyped-decorator]
     def noop(t: float, n: int) -> None:
@@ -227,7 +209,7 @@ def mscheduler_publisher(uri: str, db: str) -> Publisher:
 
 
 def celery_publisher(uri: str, db: str) -> Publisher:
-    app = _celery_app(uri, db)
+    app = celery_app(uri, db, polling_interval=None)
     producer_context = app.producer_or_acquire()
     producer = producer_context.__enter__()
 

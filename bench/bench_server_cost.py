@@ -262,8 +262,9 @@ def child_loop(child: Child) -> None:
     asyncio.run(main())
 
 
-def _celery_app(child_or_uri: Child | str, db: str) -> Any:
-    """Celery on kombu's MongoDB transport. kombu reads the server's version with pymongo's
+def celery_app(child_or_uri: Child | str, db: str, *, polling_interval: float | None = 0.05) -> Any:
+    """Celery on kombu's MongoDB transport, polling every ``polling_interval`` seconds (None:
+    kombu's default). kombu reads the server's version with pymongo's
     ``server_info``, which sends ``buildinfo`` (lower case): the wire engine answers only
     ``buildInfo``, so that one call is sent as ``buildInfo`` (the same command). kombu also
     creates a capped collection for broadcasts (remote control, disabled here), which the wire
@@ -286,9 +287,10 @@ def _celery_app(child_or_uri: Child | str, db: str) -> Any:
         task_ignore_result=True,
         worker_enable_remote_control=False,
         worker_hijack_root_logger=False,
-        broker_transport_options={"polling_interval": 0.05},
         broker_connection_retry_on_startup=True,
     )
+    if polling_interval is not None:
+        app.conf.broker_transport_options = {"polling_interval": polling_interval}
     return app
 
 
@@ -297,7 +299,7 @@ def child_celery(child: Child) -> None:
 
     warnings.simplefilter("ignore")  # the worker warns that it runs as root, here
     commands = Commands()
-    app = _celery_app(child, child.db)
+    app = celery_app(child, child.db)
 
     @app.task(name="noop")  # type: ignore[untyped-decorator]
     def noop() -> None:
@@ -414,7 +416,7 @@ def publish_loop(uri: str, db: str, tasks: int) -> None:
 
 
 def publish_celery(uri: str, db: str, tasks: int) -> None:
-    app = _celery_app(uri, db)
+    app = celery_app(uri, db)
     with app.producer_or_acquire() as producer:
         for _ in range(tasks):
             app.send_task("noop", producer=producer)
