@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 import mscheduler as ms
-from mscheduler import collection, errors, handlers, models, testing
+from mscheduler import browse, collection, errors, handlers, models, testing
 
 PUBLIC_MODULES: dict[str, ModuleType] = {
     "mscheduler": ms,
@@ -23,6 +23,7 @@ PUBLIC_MODULES: dict[str, ModuleType] = {
     "mscheduler.models": models,
     "mscheduler.handlers": handlers,
     "mscheduler.testing": testing,
+    "mscheduler.browse": browse,
     "mscheduler.collection": collection,
 }
 # Reached through a public method, yet internal: `Handlers.spec` serves the consumer only.
