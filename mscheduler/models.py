@@ -810,9 +810,6 @@ def check_params(params: Mapping[str, object], declared: type, method: str) -> N
     unknown = sorted(set(params) - set(declared.__annotations__))
     if unknown:
         raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
-    missing = sorted(getattr(declared, "__required_keys__", frozenset()) - set(params))
-    if missing:
-        raise TypeError(f"{method}() missing a required keyword argument: {missing[0]!r}")
 
 
 class TaskParams(TypedDict, total=False):

@@ -161,6 +161,8 @@ class Owner:
     async def own(self, names: Sequence[str], **params: Unpack[OwnParams]) -> list[Lease]:
         """`Scheduler.own`: its options (`OwnParams`) read here, with their defaults."""
         check_params(params, OwnParams, "own")
+        if "worker_id" not in params:  # `Required` there: the type checker refuses it too
+            raise TypeError("own() missing the required keyword argument 'worker_id'")
         worker_id = params["worker_id"]
         max_tasks = params.get("max_tasks", 1)
         lease = params.get("lease")
