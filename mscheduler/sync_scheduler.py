@@ -4,8 +4,10 @@ limits, schedules, stats, workers, the pull API) from code that is not async.
 A Django view, a Flask route or a script calls it like any blocking client. It is a
 `Scheduler` whose store runs over pymongo's synchronous ``MongoClient``
 (`backends.sync.AwaitableCollection`): each call runs the very store code, and so the same
-documents, queries and checks, in a private event loop on the caller's thread. Consumers,
-and the iterators of changes (`Scheduler.watch`, `Scheduler.events`), stay async.
+documents, queries and checks, in a private event loop on the caller's thread (a wait too:
+the process's discovery hub lives as long as the call that waits). Consumers, the iterators
+of changes (`Scheduler.watch`, `Scheduler.events`), the views of `Scheduler.browse` and
+`Scheduler.following_controls` stay async.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class SyncScheduler:
 
     @property
     def scheduler(self) -> Scheduler:
-        """The async `Scheduler` underneath (its ``store`` and ``clock``)."""
+        """The async `Scheduler` underneath (its ``clock``, its ``browse``)."""
         return self._scheduler
 
     @property

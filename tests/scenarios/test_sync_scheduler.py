@@ -24,6 +24,7 @@ from mscheduler.errors import (
     PayloadError,
     TaskNotFound,
 )
+from mscheduler.sync_scheduler import _Blocking
 from mscheduler.testing import Clock, ManualClock
 from tests.engines import MEMORY_ONE_THREAD
 
@@ -246,3 +247,20 @@ def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None
         clock.advance(60)
         with pytest.raises(LeaseLost):
             sync.succeed(found)
+
+
+# What outlives one blocking call (a consumer, the iterators of changes, a block that follows
+# the controls) or returns an async object (`Browse`): `Scheduler`'s alone.
+ASYNC_ONLY = {"browse", "consumer", "consumers", "events", "following_controls", "watch"}
+
+
+def test_every_operation_of_the_scheduler_blocks_here_or_is_async_only() -> None:
+    """A method added to `Scheduler` is offered blocking, as the very async method
+    (`_Blocking`), or named here as one that cannot block."""
+    public = {name for name in vars(ms.Scheduler) if not name.startswith("_")}
+    offered = {name for name in vars(ms.SyncScheduler) if not name.startswith("_")}
+    assert public - ASYNC_ONLY - offered == set()
+    assert public >= ASYNC_ONLY and not ASYNC_ONLY & offered
+    for name, member in vars(ms.SyncScheduler).items():
+        if isinstance(member, _Blocking):
+            assert member._method is vars(ms.Scheduler)[name], name
