@@ -807,9 +807,11 @@ class Limit(BaseModel):
 def check_params(params: Mapping[str, object], declared: type, method: str) -> None:
     """Refuse a keyword a declared parameter list (one of the ``*Params`` below) does not
     name, as a signature that lists them would (the type checker refuses it too)."""
-    unknown = sorted(set(params) - set(declared.__annotations__))
-    if unknown:
-        raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+    fields = declared.__annotations__.keys()
+    if params.keys() <= fields:  # the common case: one comparison of key views, no set built
+        return
+    unknown = sorted(params.keys() - fields)
+    raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 class TaskParams(TypedDict, total=False):
