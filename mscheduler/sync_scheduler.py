@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -53,10 +54,18 @@ class _Blocking(Generic[P, T]):
     `SyncScheduler`, it runs the method on that scheduler's `Scheduler` in a fresh event loop
     on the caller's thread (`_blocking`). Typed by the method's own parameters (a
     ``ParamSpec``), so the type checker checks a blocking call as it checks an awaited one,
-    and an option added to the method is offered here at once."""
+    and an option added to the method is offered here at once. ``per_thread``: run it on the
+    calling thread's `Scheduler` (`SyncScheduler._thread_scheduler`), for a method that runs
+    a service of the process (a wait runs the discovery hub), which serves one loop at once."""
 
-    def __init__(self, method: Callable[Concatenate[Scheduler, P], Awaitable[T]]) -> None:
+    def __init__(
+        self,
+        method: Callable[Concatenate[Scheduler, P], Awaitable[T]],
+        *,
+        per_thread: bool = False,
+    ) -> None:
         self._method = method
+        self._per_thread = per_thread
 
     @overload
     def __get__(
@@ -74,16 +83,19 @@ class _Blocking(Generic[P, T]):
 
             @functools.wraps(method)
             def unbound(sync: SyncScheduler, /, *args: P.args, **kwargs: P.kwargs) -> T:
-                return _blocking(method, sync.scheduler, *args, **kwargs)
+                return _blocking(method, self._scheduler_of(sync), *args, **kwargs)
 
             return unbound
-        scheduler = instance.scheduler
 
-        @functools.wraps(method.__get__(scheduler))
+        @functools.wraps(method.__get__(instance.scheduler))
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return _blocking(method, scheduler, *args, **kwargs)
+            # Chosen at the call, on the thread that calls (not where the method was read).
+            return _blocking(method, self._scheduler_of(instance), *args, **kwargs)
 
         return call
+
+    def _scheduler_of(self, sync: SyncScheduler) -> Scheduler:
+        return sync._thread_scheduler() if self._per_thread else sync.scheduler
 
 
 class SyncScheduler:
@@ -96,7 +108,8 @@ class SyncScheduler:
     context manager, or call `close`. ``SyncScheduler(collection)`` wraps a pymongo
     ``Collection`` you already have (its client stays yours to close). Over pymongo, one
     `SyncScheduler` serves every thread at once: each call runs in an event loop of its
-    own thread, and what these calls reach in the store is bound to no one loop.
+    own thread; what a call reaches in the store is bound to no one loop, and a wait runs
+    the discovery hub of its thread's own `Scheduler` (`_thread_scheduler`).
     """
 
     def __init__(
@@ -105,6 +118,7 @@ class SyncScheduler:
         if isinstance(collection, Collection):
             collection = AwaitableCollection(collection)
         self._scheduler = Scheduler(collection, clock=clock)
+        self._threads = threading.local()
         self._close: Callable[[], None] | None = None
 
     @classmethod
@@ -142,6 +156,18 @@ class SyncScheduler:
     @property
     def collection(self) -> TasksCollection:
         return self._scheduler.collection
+
+    def _thread_scheduler(self) -> Scheduler:
+        """The calling thread's own `Scheduler` over the same collection and clock, for the
+        calls that run a service of the process in the call's event loop (a wait runs the
+        discovery hub, which serves one loop at a time): two threads that wait at once each
+        run their own. It ensures the indexes at its first wait (one round trip, once per
+        thread)."""
+        found: Scheduler | None = getattr(self._threads, "scheduler", None)
+        if found is None:
+            found = Scheduler(self._scheduler.collection, clock=self._scheduler.clock)
+            self._threads.scheduler = found
+        return found
 
     def close(self) -> None:
         """Close the client `connect` opened; a collection passed in is the caller's."""
@@ -198,7 +224,8 @@ class SyncScheduler:
     index_information = _Blocking(Scheduler.index_information)
     workers = _Blocking(Scheduler.workers)
     stop_worker = _Blocking(Scheduler.stop_worker)
-    # A wait runs the async one, in this call's loop: the process's discovery hub (its change
-    # stream, or its poll where the server has none) lives as long as the call that waits.
-    wait = _Blocking(Scheduler.wait)
-    wait_many = _Blocking(Scheduler.wait_many)
+    # A wait runs the async one, in this call's loop: the discovery hub (its change stream,
+    # or its poll where the server has none) lives as long as the call that waits, on the
+    # calling thread's scheduler.
+    wait = _Blocking(Scheduler.wait, per_thread=True)
+    wait_many = _Blocking(Scheduler.wait_many, per_thread=True)

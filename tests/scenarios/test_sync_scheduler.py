@@ -142,6 +142,26 @@ def test_wait_returns_once_another_thread_ends_the_task(engine: str, target: Tar
     assert task.error is not None and "done elsewhere" in task.error.message
 
 
+def test_threads_waiting_at_once_through_one_scheduler_each_see_their_task_end(
+    engine: str, target: Target
+) -> None:
+    """A web server's threads wait on one `SyncScheduler` at once: each wait runs the
+    discovery hub of its own thread's scheduler, in its own call's loop."""
+    if engine == "memory":
+        pytest.skip(MEMORY_ONE_THREAD)
+    keys = [f"report:{n}" for n in range(3)]
+    with target.sync() as sync:
+        for key in keys:
+            sync.publish(key, name="report")
+        with concurrent.futures.ThreadPoolExecutor(len(keys)) as pool:
+            waits = [pool.submit(sync.wait, key, 30, poll_interval_ms=10) for key in keys]
+            for key in keys:
+                assert sync.cancel(key, "done")
+            ended = [waited.result(timeout=30) for waited in waits]
+    assert [task.key for task in ended] == keys
+    assert all(task.state is ms.TaskState.CANCELLED for task in ended)
+
+
 def test_wraps_a_pymongo_collection_and_leaves_its_client_open(engine: str, target: Target) -> None:
     if engine == "memory":
         pytest.skip("memory:// has no pymongo Collection to wrap (SyncScheduler.connect opens it)")

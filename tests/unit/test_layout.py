@@ -1,6 +1,7 @@
 """The package's layout is its architecture: layers call downward only, nothing imports in a
-cycle, only the store talks to MongoDB, the faces use the public API alone. A module is sized by its concept, not by a count of
-lines (a module trimmed to fit a number is worse than a long one).
+cycle, only the store talks to MongoDB, the faces use the public API alone. A module is sized
+by its concept, not by a count of lines (a module trimmed to fit a number is worse than a
+long one).
 
 Reads the source with `ast` (imports under ``TYPE_CHECKING`` and inside functions count too:
 a cycle for the type checker is a cycle for the reader)."""
