@@ -3,7 +3,8 @@
 The names a program needs first are here; the rest live in public submodules:
 `mscheduler.errors` (every exception), `mscheduler.models` (what the API returns: leases,
 results, stats, workers, limits, events), `mscheduler.handlers` (what handlers and their
-consumers use: ``isolated``, ``batch``, the consumer) and `mscheduler.testing` (the clocks).
+consumers use: ``isolated``, ``batch``, the consumer), `mscheduler.browse` (the operator's
+reads of the queue, `Scheduler.browse`) and `mscheduler.testing` (the clocks).
 
 The imports under ``TYPE_CHECKING`` below are the one declaration of the top-level API: the
 type checker reads them, and at run time `_public` reads the same lines to load each name
@@ -85,7 +86,7 @@ _MOVED = {
 
 # The public submodules: attributes of the package (``ms.errors.TaskNotFound``), imported at
 # their first use.
-_SUBMODULES = ("collection", "errors", "handlers", "models", "testing")
+_SUBMODULES = ("browse", "collection", "errors", "handlers", "models", "testing")
 
 
 @functools.cache

@@ -9,15 +9,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import anyio
 from typing_extensions import Unpack
 
-from . import layout
-from .backends.uri import (
-    DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-    Connection,
-    check_collection,
-    open_collection,
-)
+from .backends.uri import Connection, check_collection, open_collection, open_options
+from .browse import Browse
 from .clock import Clock, SystemClock
 from .collection import TasksCollection
 from .consumer.consumer import Consumer
@@ -27,15 +23,18 @@ from .consumer.handlers import Handler
 from .consumer.owner import Owner
 from .errors import ConfigurationError, WorkerNotLive
 from .models import (
+    ConnectParams,
     ErrorInfo,
     Lease,
     Limit,
+    OwnParams,
     PublishParams,
     PublishResult,
     ScheduleParams,
     StatsRow,
     Task,
     TaskOptions,
+    TaskParams,
     TaskState,
     WorkerInfo,
 )
@@ -60,27 +59,18 @@ class Scheduler:
         self.clock: Clock = clock or SystemClock()
         self.store = Store(collection, self.clock)
         self._owner = Owner(self.store)
+        self._browse = Browse(self.store)
         self._connection: Connection | None = None
 
     @classmethod
-    async def connect(
-        cls,
-        uri: str = "memory://",
-        *,
-        database: str | None = None,
-        collection: str = layout.DEFAULT_COLLECTION,
-        clock: Clock | None = None,
-        server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-    ) -> Scheduler:
+    async def connect(cls, uri: str = "memory://", **params: Unpack[ConnectParams]) -> Scheduler:
         """Open ``uri`` and ensure the indexes, so a bad URI or an unreachable server fails
-        here, within the server-selection timeout, rather than at the first publish."""
-        connection = await open_collection(
-            uri,
-            database=database,
-            collection=collection,
-            server_selection_timeout_ms=server_selection_timeout_ms,
-        )
-        scheduler = cls(connection.collection, clock=clock)
+        here, within the server-selection timeout, rather than at the first publish. The
+        options (``database``, ``collection``, ``clock``, ``server_selection_timeout_ms``):
+        `models.ConnectParams`."""
+        options = open_options(params, "connect")
+        connection = await open_collection(uri, **options)
+        scheduler = cls(connection.collection, clock=params.get("clock"))
         scheduler._connection = connection
         try:
             await scheduler.store.operations.ensure_indexes()
@@ -92,6 +82,12 @@ class Scheduler:
     @property
     def collection(self) -> TasksCollection:
         return self.store.collection
+
+    @property
+    def browse(self) -> Browse:
+        """The operator's reads of the queue (pages of tasks, names, dependents, paused
+        names, finished counts): what a view of the queue needs beyond the methods here."""
+        return self._browse
 
     async def close(self) -> None:
         """Close the client `connect` opened; a collection passed in is the caller's to close."""
@@ -114,6 +110,17 @@ class Scheduler:
         """Create the indexes (idempotent). With ``finished_ttl``, also a TTL index that makes
         MongoDB delete finished tasks that long after they ended."""
         return await self.store.operations.ensure_indexes(finished_ttl=finished_ttl)
+
+    async def index_information(self) -> dict[str, Any]:
+        """The collection's indexes, as the driver describes them (name -> its spec: ``key``,
+        the fields in order, and the options)."""
+        return await self.store.index_information()
+
+    async def in_use(self) -> bool:
+        """Whether anything was ever written to this collection: a task, or a document
+        beside the tasks (a schedule, a paused name, a limit, a worker, a remote stop). An
+        empty collection nobody uses is most likely a mistyped database or collection name."""
+        return await self.store.in_use()
 
     async def list_tasks(
         self, *, name: str | None = None, state: str | None = None, limit: int = 50
@@ -163,25 +170,12 @@ class Scheduler:
         return await self.store.batches.publish_many(specs, allow_missing=allow_missing)
 
     async def replace(
-        self,
-        key: str,
-        payload: Any = None,
-        *,
-        name: str,
-        options: TaskOptions | None = None,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
+        self, key: str, payload: Any = None, *, name: str, **params: Unpack[TaskParams]
     ) -> PublishResult:
         """Publish ``key`` anew over a task that is not running (as if it were cancelled and
-        published again); a running task raises `TaskRunning`."""
-        spec = PublishSpec.of(
-            key,
-            payload,
-            name=name,
-            options=options,
-            depends_on=depends_on,
-            allow_missing=allow_missing,
-        )
+        published again); a running task raises `TaskRunning`. The options (``options``,
+        ``depends_on``, ``allow_missing``): `models.TaskParams`."""
+        spec = PublishSpec.of(key, payload, name=name, **params)
         return await self.store.publisher.replace(spec)
 
     async def commit(
@@ -205,15 +199,7 @@ class Scheduler:
     async def get(self, key: str) -> Task | None:
         return await self.store.operations.get(key)
 
-    async def own(
-        self,
-        names: Sequence[str],
-        *,
-        worker_id: str,
-        max_tasks: int = 1,
-        lease: dt.timedelta | float | None = None,
-        wait: dt.timedelta | float | None = None,
-    ) -> list[Lease]:
+    async def own(self, names: Sequence[str], **params: Unpack[OwnParams]) -> list[Lease]:
         """Claim up to ``max_tasks`` tasks of ``names`` for ``worker_id``, best first (priority,
         then age), under every rule a consumer's claim follows (``not_before``, dependencies,
         ``specific_worker_ids``, ``concurrent_worker_cnt``, retries, paused names, ``rate``
@@ -223,10 +209,22 @@ class Scheduler:
         `fail` or `release`. ``wait``: when none is claimable, wait up to that long for one
         (woken by the process's discovery hub, by a control change: one made here, or one
         made elsewhere, which the wait follows, and when the first task it may claim is due);
-        ``[]`` after it."""
-        return await self._owner.own(
-            names, worker_id=worker_id, max_tasks=max_tasks, lease=lease, wait=wait
-        )
+        ``[]`` after it. The options: `models.OwnParams`."""
+        return await self._owner.own(names, **params)
+
+    @contextlib.asynccontextmanager
+    async def following_controls(self) -> AsyncIterator[None]:
+        """For the block, this process follows the paused names and limits as they change
+        (through its discovery hub, or a poll where the server has no change streams), so
+        `own` reads none of them per claim: what a long-lived process that owns tasks without
+        a consumer (the HTTP API's server) holds while it serves. A process whose consumers
+        run follows them already."""
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(self.store.control_hub.serve, WorkerOptions())
+            try:
+                yield
+            finally:
+                task_group.cancel_scope.cancel()
 
     async def extend(self, lease: Lease, length: dt.timedelta | float | None = None) -> Lease:
         """The lease extended to ``length`` from now (the task's ``worker_timeout_ms`` by
@@ -294,7 +292,7 @@ class Scheduler:
     async def wait(
         self,
         key: str,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the API, on the injectable clock
         *,
         missing_ok: bool = False,
         discovery: Discovery = "auto",
@@ -318,7 +316,7 @@ class Scheduler:
     async def wait_many(
         self,
         keys: Sequence[str],
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the API, on the injectable clock
         *,
         missing_ok: bool = False,
         discovery: Discovery = "auto",

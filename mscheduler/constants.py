@@ -25,6 +25,9 @@ MAX_UNEXPECTED_RETRIES: Final = 1_000
 MAX_TRIES: Final = 2**31 - 1  # an int32 in BSON; counted against attempts, never multiplied
 MIN_PRIORITY: Final = -(2**31)  # an int32 in BSON
 MAX_PRIORITY: Final = 2**31 - 1
+MAX_TASKS: Final = 1_000  # the most one call of `Scheduler.own` claims
+MAX_PAGE: Final = 500  # the most tasks one page of `Browse.task_page` holds
+MAX_NAMES: Final = 1_000  # the most names `Browse.task_names` lists
 # A failure's retry delay, before jitter: ``unexpected_retry_delay_ms`` and
 # ``retry_backoff_max_ms`` at most, and what a growing delay without a maximum stops at, so no
 # date computed from it can overflow (`queries.retry_delay`).
@@ -125,6 +128,11 @@ ACCUMULATORS: Final = frozenset({"$sum", "$min", "$max", "$push"})
 OPERATORS: Final = (
     QUERY_OPERATORS | EXPRESSION_OPERATORS | UPDATE_OPERATORS | AGGREGATION_STAGES | ACCUMULATORS
 )
+
+# Real seconds a release may take after a stop-now (`Consumer.stop_now`, a second
+# signal to ``mscheduler worker``): the user asked for an exit, so a database that does not
+# answer by then leaves the lease to expire.
+HURRIED_RELEASE_TIMEOUT_S: Final = 2.0
 
 # A progress message (Lease.progress): a status line, not a log.
 MAX_PROGRESS_MESSAGE = 1_000

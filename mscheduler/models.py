@@ -3,12 +3,13 @@ field names are the document's, so the shell reads them."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import logging
 import secrets
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
 from bson import ObjectId
@@ -26,9 +27,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from typing_extensions import Required
 
 from . import constants as c
-from .clock import UTC, to_bson_time
+from .clock import UTC, Clock, to_bson_time
 from .errors import ConfigurationError, field_errors
 
 
@@ -516,6 +518,36 @@ class StatsRow(BaseModel):
     live_workers: int = 0  # live consumers serving the name (`Scheduler.workers`)
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskPage:
+    """One page of `Browse.task_page`: its tasks, and where the next page starts."""
+
+    tasks: list[Task]
+    # Where the next page starts (an opaque token for ``after``); None on the last page.
+    after: str | None
+    # The order of the rows: "key" (a key prefix), "claim" (a name or a state), or "newest".
+    order: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PausedName:
+    """When and why a name was paused (`Browse.paused_names`)."""
+
+    paused_at: dt.datetime
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedCount:
+    """How many tasks succeeded and failed in one time bucket (since, until]
+    (`Browse.finished_counts`)."""
+
+    since: dt.datetime
+    until: dt.datetime
+    success: int
+    fail: int
+
+
 class PublishResult(BaseModel):
     """What publish did: ``created`` a new task, ``replaced`` a finished one, or neither."""
 
@@ -772,27 +804,77 @@ class Limit(BaseModel):
         return max(times, default=now + RUNNING_RECHECK)
 
 
-class PublishParams(TypedDict, total=False):
+def check_params(params: Mapping[str, object], declared: type, method: str) -> None:
+    """Refuse a keyword a declared parameter list (one of the ``*Params`` below) does not
+    name, as a signature that lists them would (the type checker refuses it too)."""
+    fields = declared.__annotations__.keys()
+    if params.keys() <= fields:  # the common case: one comparison of key views, no set built
+        return
+    unknown = sorted(params.keys() - fields)
+    raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+class TaskParams(TypedDict, total=False):
+    """What a task is published with besides its key, name and payload: the keyword options
+    of `Scheduler.replace` (and `SyncScheduler.replace`), read by `specs.PublishSpec.of`,
+    which holds their defaults, and the first of `PublishParams`.
+
+    ``options``: the task's `TaskOptions`. ``depends_on``: keys this task waits for;
+    ``allow_missing``: a missing one counts as met."""
+
+    options: TaskOptions | None
+    depends_on: Sequence[str] | None
+    allow_missing: bool
+
+
+class PublishParams(TaskParams, total=False):
     """The keyword options of `Scheduler.publish` (and of `SyncScheduler.publish`, its
     blocking twin), declared once: each method takes them as ``**params``, so the type
     checker checks every call against these fields, and `specs.publish_spec` reads them
     (with their defaults) into the one `PublishSpec` that travels down.
 
-    ``options``: the task's `TaskOptions`. ``update_payload``: an existing task not running
-    gets the new payload. ``replace_finished``: a finished task is published anew (``True``),
-    or only one in the finished states named (``("fail", "cancelled")``).
-    ``depends_on``: keys this task waits for; ``allow_missing``: a missing one counts as
-    met. ``delay`` (a timedelta or seconds): start that long from now. ``debounce`` (the
-    same): start that long from now, and a publish of the key again before it started gives
-    it the new payload and pushes its start back."""
+    `TaskParams` (``options``, ``depends_on``, ``allow_missing``), and:
+    ``update_payload``: an existing task not running gets the new payload.
+    ``replace_finished``: a finished task is published anew (``True``), or only one in the
+    finished states named (``("fail", "cancelled")``). ``delay`` (a timedelta or seconds):
+    start that long from now. ``debounce`` (the same): start that long from now, and a
+    publish of the key again before it started gives it the new payload and pushes its
+    start back."""
 
-    options: TaskOptions | None
     update_payload: bool
     replace_finished: ReplaceFinished
-    depends_on: Sequence[str] | None
-    allow_missing: bool
     delay: dt.timedelta | float | None
     debounce: dt.timedelta | float | None
+
+
+class ConnectParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.connect` and `SyncScheduler.connect`, declared once
+    (`backends.uri.open_options` reads them, with their defaults).
+
+    ``database``: the database (by default the URI's, else ``mscheduler``). ``collection``:
+    the tasks' collection (``tasks`` by default; the documents beside the tasks are in
+    collections named after it). ``clock``: the scheduler's clock (`testing.ManualClock` in
+    tests). ``server_selection_timeout_ms``: how long connecting waits for a server."""
+
+    database: str | None
+    collection: str
+    clock: Clock | None
+    server_selection_timeout_ms: int
+
+
+class OwnParams(TypedDict, total=False):
+    """The keyword options of `Scheduler.own` (and `SyncScheduler.own`), declared once and
+    read by the pull API's owner, which holds their defaults.
+
+    ``worker_id`` (required): who holds the leases. ``max_tasks``: the most one call claims
+    (1 by default). ``lease``: each lease's length (a timedelta or seconds; the task's
+    ``worker_timeout_ms`` by default). ``wait``: when none is claimable, how long to wait
+    for one (a timedelta or seconds; not at all by default)."""
+
+    worker_id: Required[str]
+    max_tasks: int
+    lease: dt.timedelta | float | None
+    wait: dt.timedelta | float | None
 
 
 CatchUp = Literal["latest", "all", "none"]
@@ -820,11 +902,15 @@ class ScheduleParams(TypedDict, total=False):
 
 # Public: what the API takes and returns. The validators and check_* helpers stay inside.
 __all__ = [
+    "ConnectParams",
     "EarlierAttempt",
     "ErrorInfo",
+    "FinishedCount",
     "FoundDead",
     "Lease",
     "Limit",
+    "OwnParams",
+    "PausedName",
     "Progress",
     "PublishParams",
     "PublishResult",
@@ -833,6 +919,8 @@ __all__ = [
     "Task",
     "TaskEvent",
     "TaskOptions",
+    "TaskPage",
+    "TaskParams",
     "TaskState",
     "WorkerInfo",
     "WorkerState",

@@ -22,9 +22,11 @@ from .models import (
     PublishParams,
     ReplaceFinished,
     TaskOptions,
+    TaskParams,
     TaskState,
     check_key,
     check_name,
+    check_params,
     checked,
     finished_states_to_replace,
 )
@@ -104,15 +106,18 @@ class PublishSpec:
         payload: Any = None,
         *,
         name: str,
-        options: TaskOptions | None = None,
-        depends_on: Sequence[str] | None = None,
-        allow_missing: bool = False,
         update_payload: bool = False,
         replace_finished: ReplaceFinished = False,
         debounce: bool = False,
+        **params: Unpack[TaskParams],
     ) -> PublishSpec:
         """The spec of these arguments; a bad one raises a `ConfigurationError` (or
-        `DependencyError`, `PayloadError`) naming its field."""
+        `DependencyError`, `PayloadError`) naming its field. The task's own options are
+        `TaskParams` (as `Scheduler.replace` takes them), read here with their defaults."""
+        check_params(params, TaskParams, "replace")
+        options = params.get("options")
+        depends_on = params.get("depends_on")
+        allow_missing = params.get("allow_missing", False)
         key = checked(check_key, key)
         dependencies = check_dependencies(key, depends_on or [])
         name = checked(check_name, name)
@@ -157,9 +162,7 @@ def publish_spec(
     """The spec of `Scheduler.publish`'s (and `SyncScheduler.publish`'s) arguments, with the
     defaults of the options a call leaves out: a ``delay`` or a ``debounce`` window becomes
     ``options.not_before``, from ``now``."""
-    unknown = sorted(set(params) - set(PublishParams.__annotations__))
-    if unknown:  # as a signature that lists them would (the type checker refuses them too)
-        raise TypeError(f"publish() got an unexpected keyword argument {unknown[0]!r}")
+    check_params(params, PublishParams, "publish")
     options = params.get("options")
     depends_on = params.get("depends_on")
     allow_missing = params.get("allow_missing", False)

@@ -4,42 +4,34 @@ limits, schedules, stats, workers, the pull API) from code that is not async.
 A Django view, a Flask route or a script calls it like any blocking client. It is a
 `Scheduler` whose store runs over pymongo's synchronous ``MongoClient``
 (`backends.sync.AwaitableCollection`): each call runs the very store code, and so the same
-documents, queries and checks, in a private event loop on the caller's thread. Consumers,
-and the iterators of changes (`Scheduler.watch`, `Scheduler.events`), stay async.
+documents, queries and checks, in a private event loop on the caller's thread (a wait too:
+the process's discovery hub lives as long as the call that waits). Consumers, the iterators
+of changes (`Scheduler.watch`, `Scheduler.events`), the views of `Scheduler.browse` and
+`Scheduler.following_controls` stay async.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import functools
-import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import anyio
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
+from typing_extensions import Unpack
 
-from . import layout
 from .api import Scheduler
-from .backends.sync import AwaitableCollection, open_sync_collection, open_task_stream
-from .backends.uri import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, open_collection
+from .backends.sync import AwaitableCollection, open_sync_collection
+from .backends.uri import open_collection, open_options
 from .clock import Clock
 from .collection import TasksCollection
-from .errors import BackendUnavailable, ConfigurationError, TaskNotFound
-from .models import Task
-from .queries.changes import changes_pipeline
-from .worker_options import Discovery
-
-log = logging.getLogger(__name__)
+from .errors import ConfigurationError
+from .models import ConnectParams
 
 T = TypeVar("T")
-
-# How long one read of the change stream blocks: the longest a wait overruns its timeout.
-_STREAM_AWAIT_MS = 1_000
 
 
 def _blocking(function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -62,10 +54,18 @@ class _Blocking(Generic[P, T]):
     `SyncScheduler`, it runs the method on that scheduler's `Scheduler` in a fresh event loop
     on the caller's thread (`_blocking`). Typed by the method's own parameters (a
     ``ParamSpec``), so the type checker checks a blocking call as it checks an awaited one,
-    and an option added to the method is offered here at once."""
+    and an option added to the method is offered here at once. ``per_thread``: run it on the
+    calling thread's `Scheduler` (`SyncScheduler._thread_scheduler`), for a method that runs
+    a service of the process (a wait runs the discovery hub), which serves one loop at once."""
 
-    def __init__(self, method: Callable[Concatenate[Scheduler, P], Awaitable[T]]) -> None:
+    def __init__(
+        self,
+        method: Callable[Concatenate[Scheduler, P], Awaitable[T]],
+        *,
+        per_thread: bool = False,
+    ) -> None:
         self._method = method
+        self._per_thread = per_thread
 
     @overload
     def __get__(
@@ -83,16 +83,19 @@ class _Blocking(Generic[P, T]):
 
             @functools.wraps(method)
             def unbound(sync: SyncScheduler, /, *args: P.args, **kwargs: P.kwargs) -> T:
-                return _blocking(method, sync.scheduler, *args, **kwargs)
+                return _blocking(method, self._scheduler_of(sync), *args, **kwargs)
 
             return unbound
-        scheduler = instance.scheduler
 
-        @functools.wraps(method.__get__(scheduler))
+        @functools.wraps(method.__get__(instance.scheduler))
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return _blocking(method, scheduler, *args, **kwargs)
+            # Chosen at the call, on the thread that calls (not where the method was read).
+            return _blocking(method, self._scheduler_of(instance), *args, **kwargs)
 
         return call
+
+    def _scheduler_of(self, sync: SyncScheduler) -> Scheduler:
+        return sync._thread_scheduler() if self._per_thread else sync.scheduler
 
 
 class SyncScheduler:
@@ -105,7 +108,8 @@ class SyncScheduler:
     context manager, or call `close`. ``SyncScheduler(collection)`` wraps a pymongo
     ``Collection`` you already have (its client stays yours to close). Over pymongo, one
     `SyncScheduler` serves every thread at once: each call runs in an event loop of its
-    own thread, and what these calls reach in the store is bound to no one loop.
+    own thread; what a call reaches in the store is bound to no one loop, and a wait runs
+    the discovery hub of its thread's own `Scheduler` (`_thread_scheduler`).
     """
 
     def __init__(
@@ -114,44 +118,28 @@ class SyncScheduler:
         if isinstance(collection, Collection):
             collection = AwaitableCollection(collection)
         self._scheduler = Scheduler(collection, clock=clock)
+        self._threads = threading.local()
         self._close: Callable[[], None] | None = None
 
     @classmethod
-    def connect(
-        cls,
-        uri: str = "memory://",
-        *,
-        database: str | None = None,
-        collection: str = layout.DEFAULT_COLLECTION,
-        clock: Clock | None = None,
-        server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-    ) -> SyncScheduler:
+    def connect(cls, uri: str = "memory://", **params: Unpack[ConnectParams]) -> SyncScheduler:
         """Open ``uri`` and ensure the indexes, as `Scheduler.connect` does: a bad URI or
-        an unreachable server fails here, within the server-selection timeout."""
+        an unreachable server fails here, within the server-selection timeout. The options:
+        `models.ConnectParams`."""
         if not isinstance(uri, str):
             raise ConfigurationError(f"uri: expected a string, got {type(uri).__name__}")
+        options = open_options(params, "connect")
         close: Callable[[], None]
         if uri.startswith("memory:"):
-            connection = _blocking(
-                open_collection,
-                uri,
-                database=database,
-                collection=collection,
-                server_selection_timeout_ms=server_selection_timeout_ms,
-            )
+            connection = _blocking(open_collection, uri, **options)
             tasks: Any = connection.collection
 
             def close() -> None:
                 _blocking(connection.close)
 
         else:
-            tasks, close = open_sync_collection(
-                uri,
-                database=database,
-                collection=collection,
-                server_selection_timeout_ms=server_selection_timeout_ms,
-            )
-        scheduler = cls(tasks, clock=clock)
+            tasks, close = open_sync_collection(uri, **options)
+        scheduler = cls(tasks, clock=params.get("clock"))
         scheduler._close = close
         try:
             scheduler.ensure_indexes()
@@ -162,12 +150,24 @@ class SyncScheduler:
 
     @property
     def scheduler(self) -> Scheduler:
-        """The async `Scheduler` underneath (its ``store`` and ``clock``)."""
+        """The async `Scheduler` underneath (its ``clock``, its ``browse``)."""
         return self._scheduler
 
     @property
     def collection(self) -> TasksCollection:
         return self._scheduler.collection
+
+    def _thread_scheduler(self) -> Scheduler:
+        """The calling thread's own `Scheduler` over the same collection and clock, for the
+        calls that run a service of the process in the call's event loop (a wait runs the
+        discovery hub, which serves one loop at a time): two threads that wait at once each
+        run their own. It ensures the indexes at its first wait (one round trip, once per
+        thread)."""
+        found: Scheduler | None = getattr(self._threads, "scheduler", None)
+        if found is None:
+            found = Scheduler(self._scheduler.collection, clock=self._scheduler.clock)
+            self._threads.scheduler = found
+        return found
 
     def close(self) -> None:
         """Close the client `connect` opened; a collection passed in is the caller's."""
@@ -220,112 +220,12 @@ class SyncScheduler:
     remove_limit = _Blocking(Scheduler.remove_limit)
     limits = _Blocking(Scheduler.limits)
     stats = _Blocking(Scheduler.stats)
+    in_use = _Blocking(Scheduler.in_use)
+    index_information = _Blocking(Scheduler.index_information)
     workers = _Blocking(Scheduler.workers)
     stop_worker = _Blocking(Scheduler.stop_worker)
-
-    # `wait` and `wait_many` are this class's own: the async ones wait through the process's
-    # discovery hub, which lives in an event loop that outlives any one call; a blocking call
-    # has none, so it reads the driver's synchronous change stream (or polls) itself.
-    def wait(
-        self,
-        key: str,
-        timeout: float | None = None,
-        *,
-        missing_ok: bool = False,
-        discovery: Discovery = "auto",
-        poll_interval_ms: int = 1_000,
-    ) -> Task:
-        """The task once it is terminal, blocking this thread: `Scheduler.wait`."""
-        found = self.wait_many(
-            [key],
-            timeout,
-            missing_ok=missing_ok,
-            discovery=discovery,
-            poll_interval_ms=poll_interval_ms,
-        )
-        return found[key]
-
-    def wait_many(
-        self,
-        keys: Sequence[str],
-        timeout: float | None = None,
-        *,
-        missing_ok: bool = False,
-        discovery: Discovery = "auto",
-        poll_interval_ms: int = 1_000,
-    ) -> dict[str, Task]:
-        """Every task of ``keys`` once terminal, in the order given; `TimeoutError` after
-        ``timeout`` seconds on the scheduler's clock. On a change stream where the server
-        has them (opened before the first read, so nothing ends unseen in between), else
-        by reading every ``poll_interval_ms``; ``memory://`` is polled."""
-        if discovery not in ("auto", "stream", "poll"):
-            raise ConfigurationError(
-                f"discovery: {discovery!r} is not one of 'auto', 'stream', 'poll'"
-            )
-        if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
-            raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
-        clock = self._scheduler.clock
-        deadline = None if timeout is None else clock.now() + dt.timedelta(seconds=timeout)
-        wanted = list(dict.fromkeys(keys))
-        finished: dict[str, Task] = {}
-
-        def remaining() -> list[str]:
-            return [key for key in wanted if key not in finished]
-
-        def take(task: Task) -> None:
-            if task.key in wanted and task.state.is_terminal:
-                finished[task.key] = task
-
-        while remaining():
-            stream = self._open_stream(remaining(), discovery, poll_interval_ms)
-            try:
-                found = {t.key: t for t in _blocking(self._scheduler.store.get_many, remaining())}
-                missing = [key for key in remaining() if key not in found]
-                if missing and not missing_ok:
-                    raise TaskNotFound(f"no task has the key(s) {missing}")
-                for task in found.values():
-                    take(task)
-                while remaining():
-                    left = None if deadline is None else (deadline - clock.now()).total_seconds()
-                    if left is not None and left <= 0:
-                        raise TimeoutError(
-                            f"after {timeout} s these tasks have not finished: {remaining()[:20]}"
-                        )
-                    if stream is None:
-                        time.sleep(min(poll_interval_ms / 1000, left or poll_interval_ms / 1000))
-                        for task in _blocking(self._scheduler.store.get_many, remaining()):
-                            take(task)
-                        continue
-                    event = stream.try_next()
-                    if event is not None and event.get("fullDocument") is not None:
-                        take(Task.model_validate(event["fullDocument"]))
-            except PyMongoError as exc:
-                if not remaining():
-                    break
-                log.warning("wait: change stream lost (%s); reading again", exc)
-            finally:
-                if stream is not None:
-                    stream.close()
-        return {key: finished[key] for key in wanted}
-
-    def _open_stream(self, keys: list[str], discovery: Discovery, poll_interval_ms: int) -> Any:
-        collection = self._scheduler.collection
-        if not isinstance(collection, AwaitableCollection):
-            return None  # memory://: its change feed serves async readers; polled here
-        try:
-            stream, refusal = open_task_stream(
-                collection,
-                changes_pipeline(states=keys),
-                discovery,
-                max_await_ms=min(_STREAM_AWAIT_MS, poll_interval_ms),
-            )
-        except PyMongoError as exc:
-            raise BackendUnavailable(f"wait: cannot open a change stream: {exc}") from exc
-        if refusal is not None:
-            log.warning(
-                "wait: the server refused a change stream (%s); polling every %.1f s",
-                refusal,
-                poll_interval_ms / 1000,
-                extra={"action": "polling_fallback"},
-            )
-        return stream
+    # A wait runs the async one, in this call's loop: the discovery hub (its change stream,
+    # or its poll where the server has none) lives as long as the call that waits, on the
+    # calling thread's scheduler.
+    wait = _Blocking(Scheduler.wait, per_thread=True)
+    wait_many = _Blocking(Scheduler.wait_many, per_thread=True)

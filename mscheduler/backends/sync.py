@@ -19,7 +19,7 @@ from pymongo import IndexModel, MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import PyMongoError
 
 from .. import layout
 from ..errors import ConfigurationError
@@ -211,31 +211,6 @@ class AwaitableCollection:
         self, pipeline: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any
     ) -> AsyncChangeStream:
         return AsyncChangeStream(self.wrapped.watch(pipeline, **kwargs))
-
-
-def open_task_stream(
-    collection: AwaitableCollection,
-    pipeline: list[dict[str, Any]],
-    discovery: str,
-    max_await_ms: int,
-) -> tuple[ChangeStream[Any] | None, OperationFailure | None]:
-    """A synchronous change stream for `SyncScheduler.wait`, read with ``try_next`` (which
-    returns after at most ``max_await_ms``), or ``(None, refusal)`` where the caller must
-    poll: the rule of `streams.open_unless_refused`, for the synchronous driver."""
-    if discovery == "poll":
-        return None, None
-    try:
-        stream = collection.wrapped.watch(
-            pipeline, full_document="updateLookup", max_await_time_ms=max_await_ms
-        )
-    except OperationFailure as exc:
-        if discovery == "stream":
-            raise ConfigurationError(
-                f"discovery: 'stream' was asked for, but the server refused to open a change "
-                f"stream: {exc}"
-            ) from exc
-        return None, exc
-    return stream, None
 
 
 def open_sync_collection(

@@ -11,7 +11,7 @@ import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import pymongo.common
 from pymongo import AsyncMongoClient
@@ -21,11 +21,35 @@ from pymongo.errors import InvalidURI, OperationFailure, PyMongoError
 
 from .. import layout
 from ..errors import BackendUnavailable, ConfigurationError, MSchedulerError
+from ..models import ConnectParams, check_params
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
 _MEMORY_OPTIONS = {"notablescan", "changestreams"}
+
+
+class OpenOptions(TypedDict):
+    """What opening a collection takes of `models.ConnectParams` (the clock is the
+    scheduler's, not the connection's)."""
+
+    database: str | None
+    collection: str
+    server_selection_timeout_ms: int
+
+
+def open_options(params: ConnectParams, method: str) -> OpenOptions:
+    """The options of a ``connect`` (`Scheduler.connect`, `SyncScheduler.connect`, both
+    declared by `ConnectParams`) that open the collection, with their defaults; a keyword
+    `ConnectParams` does not name is refused as a signature would."""
+    check_params(params, ConnectParams, method)
+    return {
+        "database": params.get("database"),
+        "collection": params.get("collection", layout.DEFAULT_COLLECTION),
+        "server_selection_timeout_ms": params.get(
+            "server_selection_timeout_ms", DEFAULT_SERVER_SELECTION_TIMEOUT_MS
+        ),
+    }
 
 
 @dataclass

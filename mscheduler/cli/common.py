@@ -229,7 +229,7 @@ async def check_database(sched: Scheduler, settings: Settings) -> None:
     """A read of an empty collection nobody uses is most likely a typo in --database or
     --collection: say so in a note on stderr. The result stays what it is, an empty list
     and exit 0, so that a script reading stdout and the status gets the truth."""
-    if settings.private_memory or await sched.store.in_use():
+    if settings.private_memory or await sched.in_use():
         return
     namespace = getattr(sched.collection, "full_name", None) or sched.collection.name
     typer.echo(

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..api import Scheduler
-from ..consumer.consumer import Consumer
+from ..handlers import Consumer
 from ..models import StatsRow, Task, TaskOptions
 from ..specs import TaskSpec, chord
 from ..worker_options import WorkerOptions

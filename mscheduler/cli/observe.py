@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
 
         async def work(sched: Scheduler) -> None:
             await sched.ensure_indexes(finished_ttl=ttl)
-            info = await sched.store.index_information()
+            info = await sched.index_information()
             listing = {name: [list(k) for k in spec["key"]] for name, spec in info.items()}
             if json_output:
                 emit(listing)

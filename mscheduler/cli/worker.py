@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     import anyio
 
     from ..api import Scheduler
-    from ..consumer.handlers import Handler
     from ..worker_options import WorkerOptions
 
 # The options `worker` sets from its flags, named as the flags in its refusals.
@@ -173,7 +172,7 @@ def register(app: typer.Typer) -> None:
             if names:
                 handlers = only(handlers, names, target)
             if isolate:
-                from ..consumer.handlers import isolate_plain
+                from ..handlers import isolate_plain
 
                 handlers = isolate_plain(handlers)
             if metrics_port is not None:
@@ -238,8 +237,8 @@ def _raised_on_import(target: str, exc: BaseException) -> str:
 
 def only(handlers: Mapping[str, Any], names: list[str], target: str) -> Mapping[str, Any]:
     """The handlers of ``names`` alone; a registry keeps its ``retry_on``."""
-    from ..consumer.handlers import Handlers
     from ..errors import ConfigurationError
+    from ..handlers import Handlers
 
     unknown = sorted(set(names) - set(handlers))
     if unknown:
@@ -258,7 +257,7 @@ def check_metrics_port(port: int | None) -> None:
 
 async def serve_worker(
     sched: Scheduler,
-    handlers: Mapping[str, Handler],
+    handlers: Mapping[str, Any],
     options: WorkerOptions,
     metrics_port: int | None,
 ) -> None:
@@ -270,9 +269,9 @@ async def serve_worker(
     import anyio
     from anyio.abc import TaskStatus
 
-    from ..consumer.executor import HURRIED_RELEASE_TIMEOUT_S
-    from ..consumer.handlers import Isolated
+    from ..constants import HURRIED_RELEASE_TIMEOUT_S
     from ..errors import ConfigurationError
+    from ..handlers import Isolated
 
     metrics = None
     if metrics_port is not None:

@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup
 
 from .. import context
 from ..clock import Clock, sleep
+from ..constants import HURRIED_RELEASE_TIMEOUT_S
 from ..errors import (
     Abort,
     BackendUnavailable,
@@ -45,9 +46,6 @@ log = logging.getLogger(__name__)
 # A handler's progress is written at most this often per task (it brings the ping forward).
 PROGRESS_EVERY = dt.timedelta(seconds=1)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
-# Real seconds a release may take after a stop-now (`Executor.hurry`): the user asked for an
-# exit, so a database that does not answer by then leaves the lease to expire.
-HURRIED_RELEASE_TIMEOUT_S = 2.0
 
 
 def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:

@@ -40,14 +40,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+from typing_extensions import Unpack
 
+from ..constants import MAX_TASKS
 from ..errors import BackendUnavailable, ConfigurationError, LeaseLost
 from ..models import (
     ErrorInfo,
     Lease,
     Limit,
+    OwnParams,
     Task,
     check_name,
+    check_params,
     check_worker_id,
     checked,
 )
@@ -59,7 +63,6 @@ from .limits import Limiter
 
 log = logging.getLogger(__name__)
 
-MAX_TASKS = 1_000  # the most one call of `own` claims
 # The tasks a waiting `own` reads to know when the first it may claim is due: those of its
 # names neither paused nor at their limit, soonest first (a page, not one: the soonest may be
 # claimable now by the read's rules and taken by another worker meanwhile).
@@ -155,15 +158,15 @@ class Owner:
         # lease is its worker's: `handed_out`, `extend`, its end).
         self._limiter = Limiter(store)
 
-    async def own(
-        self,
-        names: Sequence[str],
-        *,
-        worker_id: str,
-        max_tasks: int = 1,
-        lease: dt.timedelta | float | None = None,
-        wait: dt.timedelta | float | None = None,
-    ) -> list[Lease]:
+    async def own(self, names: Sequence[str], **params: Unpack[OwnParams]) -> list[Lease]:
+        """`Scheduler.own`: its options (`OwnParams`) read here, with their defaults."""
+        check_params(params, OwnParams, "own")
+        if "worker_id" not in params:  # `Required` there: the type checker refuses it too
+            raise TypeError("own() missing the required keyword argument 'worker_id'")
+        worker_id = params["worker_id"]
+        max_tasks = params.get("max_tasks", 1)
+        lease = params.get("lease")
+        wait = params.get("wait")
         if isinstance(names, str) or not names:
             raise ConfigurationError("names: expected a non-empty list of task names")
         names = list(dict.fromkeys(checked(check_name, name) for name in names))

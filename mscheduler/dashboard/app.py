@@ -26,11 +26,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from ..api import Scheduler
+from ..constants import MAX_PAGE
 from ..encoding import task_json
 from ..errors import ConfigurationError, MSchedulerError
 from ..host_guard import HostGuard, served_hosts
 from ..models import TaskState, WorkerState, WorkerStateKind
-from ..store import browse
 from .events import refresh_signals
 from .listing import elapsed, listed
 from .overview import STATES, overview
@@ -197,8 +197,8 @@ def create_app(
     open pages refresh where the server has no change streams. ``page_size``: rows of the
     task list per page.
     """
-    if not 1 <= page_size <= browse.MAX_PAGE:
-        raise ConfigurationError(f"page_size: expected 1 to {browse.MAX_PAGE}, got {page_size}")
+    if not 1 <= page_size <= MAX_PAGE:
+        raise ConfigurationError(f"page_size: expected 1 to {MAX_PAGE}, got {page_size}")
     if not poll_interval > 0 or not min_refresh_interval >= 0:
         raise ConfigurationError("poll_interval, min_refresh_interval: must be positive")
     hosts = served_hosts(allowed_hosts, token=token)
@@ -238,10 +238,10 @@ def create_app(
             field: params.get(field) or None for field in ("name", "state", "prefix", "after")
         }
         try:
-            page = await scheduler.store.browse.task_page(limit=page_size, **chosen)
+            page = await scheduler.browse.task_page(limit=page_size, **chosen)
         except MSchedulerError as exc:
             return render(request, "error.html", 400, message=str(exc))
-        names = await scheduler.store.browse.task_names()
+        names = await scheduler.browse.task_names()
         following = None
         if page.after is not None:
             kept = {k: v for k, v in chosen.items() if v and k != "after"}
@@ -263,12 +263,12 @@ def create_app(
         if found is None:
             return render(request, "error.html", 404, message=f"no task has the key {key!r}")
         shown = found.depends_on[:MAX_LINKS]
-        states = await scheduler.store.browse.states_of(shown)
+        states = await scheduler.browse.states_of(shown)
         dependencies = {dependency: states.get(dependency) for dependency in shown}
-        dependents = await scheduler.store.browse.dependents(key, limit=MAX_LINKS)
+        dependents = await scheduler.browse.dependents(key, limit=MAX_LINKS)
         retryable = found.state in (TaskState.FAIL, TaskState.CANCELLED)
         # What a retry with its dependents would revive (only asked of a task to retry).
-        cancelled = await scheduler.store.operations.cancelled_by(key) if retryable else []
+        cancelled = await scheduler.browse.cancelled_dependents(key) if retryable else []
         revived = request.query_params.get("revived")
         return render(
             request,

@@ -1,6 +1,6 @@
 """What the overview shows: each task name with its counts, pause, limits, schedules and
-workers, and the tasks that ended over the last hour. Read through the Scheduler's API, and
-`store.browse` where the API has no such read."""
+workers, and the tasks that ended over the last hour. Read through the Scheduler's API
+(`Scheduler.browse` for the reads of a view of the queue)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import datetime as dt
 from typing import Any
 
 from ..api import Scheduler
-from ..models import Limit, TaskState, WorkerInfo
+from ..models import FinishedCount, Limit, PausedName, TaskState, WorkerInfo
 from ..periodic import Schedule
-from ..store import browse
 
 STATES = [state.value for state in TaskState]
 CHART_BUCKET = dt.timedelta(minutes=5)
@@ -39,7 +38,7 @@ class NameView:
     counts: dict[str, int]
     running_workers: int = 0
     oldest_pending_s: float | None = None
-    paused: browse.Paused | None = None
+    paused: PausedName | None = None
     limit: LimitView | None = None
     schedules: list[Schedule] = dataclasses.field(default_factory=list)
     workers: list[WorkerInfo] = dataclasses.field(default_factory=list)  # the live ones
@@ -106,7 +105,7 @@ def _height(count: int, peak: int, scale: float) -> float:
     return 0.0 if not count else max(scale * count / peak, MIN_BAR)
 
 
-def chart(finished: list[browse.Finished]) -> Chart:
+def chart(finished: list[FinishedCount]) -> Chart:
     """One bar per bucket: successes up, failures down, each scaled to its own busiest bucket,
     so that 3 failures beside 290 successes are as plain as 290 failures would be (the
     counts are in each bar's label and the legend)."""
@@ -148,7 +147,7 @@ async def overview(scheduler: Scheduler) -> Overview:
         named.running_workers += row.running_workers
         if row.oldest_age_s is not None:
             named.oldest_pending_s = row.oldest_age_s
-    for name, paused in (await scheduler.store.browse.paused_names()).items():
+    for name, paused in (await scheduler.browse.paused_names()).items():
         view(name).paused = paused
     for name, limit in (await scheduler.limits()).items():
         view(name).limit = _limit_view(limit, now)
@@ -158,7 +157,7 @@ async def overview(scheduler: Scheduler) -> Overview:
     for worker in workers:
         for name in worker.names if worker.alive else ():  # a dead worker serves nothing
             view(name).workers.append(worker)
-    finished = await scheduler.store.browse.finished_counts(
+    finished = await scheduler.browse.finished_counts(
         until=now, bucket=CHART_BUCKET, buckets=CHART_BUCKETS
     )
     names = [views[name] for name in sorted(views)]

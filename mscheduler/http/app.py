@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -36,7 +35,6 @@ from ..errors import (
 )
 from ..host_guard import served_hosts
 from ..models import ErrorInfo, Lease, TaskState
-from ..worker_options import WorkerOptions
 from . import bodies as b
 from .capped import CappedBodies
 from .guard import Guard, Refused
@@ -128,10 +126,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(scheduler.store.control_hub.serve, WorkerOptions())
+        async with scheduler.following_controls():
             yield
-            task_group.cancel_scope.cancel()
 
     app = FastAPI(
         title="mscheduler",

@@ -24,7 +24,7 @@ from pydantic import (
     create_model,
 )
 
-from ..consumer.owner import MAX_TASKS
+from ..constants import MAX_TASKS
 from ..models import (
     PublishParams,
     ReplaceFinished,

@@ -5,7 +5,6 @@ is served by a declared index (`queries.browse` says which), whatever the collec
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,7 +15,7 @@ from bson.errors import InvalidId
 from .. import constants as c
 from ..clock import to_bson_time
 from ..errors import ConfigurationError
-from ..models import Task, TaskState
+from ..models import FinishedCount, PausedName, Task, TaskPage, TaskState
 from ..queries import browse as q
 from ..queries import tasks as tq
 from .driver import driver_errors
@@ -24,34 +23,6 @@ from .operations import parse_state
 
 if TYPE_CHECKING:
     from .whole import WholeStore
-
-MAX_NAMES = 1_000
-MAX_PAGE = 500
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskPage:
-    tasks: list[Task]
-    # Where the next page starts (an opaque token for ``after``); None on the last page.
-    after: str | None
-    # The order of the rows: "key" (a key prefix), "claim" (a name or a state), or "newest".
-    order: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Paused:
-    paused_at: dt.datetime
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Finished:
-    """Tasks that ended in one time bucket (since, until]."""
-
-    since: dt.datetime
-    until: dt.datetime
-    success: int
-    fail: int
 
 
 def _position(task: Task, order: str) -> str:
@@ -92,7 +63,7 @@ class Browse:
         self._store = store
 
     @driver_errors
-    async def task_names(self, limit: int = MAX_NAMES) -> list[str]:
+    async def task_names(self, limit: int = c.MAX_NAMES) -> list[str]:
         """Every task name, in order: one index seek per name (a loose scan of claim_order_v2)."""
         store = self._store
         await store.ready()
@@ -126,8 +97,8 @@ class Browse:
         store = self._store
         if state is not None:
             state = parse_state(state).value
-        if not 1 <= limit <= MAX_PAGE:
-            raise ConfigurationError(f"limit: expected 1 to {MAX_PAGE}, got {limit}")
+        if not 1 <= limit <= c.MAX_PAGE:
+            raise ConfigurationError(f"limit: expected 1 to {c.MAX_PAGE}, got {limit}")
         await store.ready()
         order = "key" if prefix else "claim" if name or state else "newest"
         position = _parse_position(after, order) if after else None
@@ -168,18 +139,18 @@ class Browse:
         return sorted(found, key=lambda task: task.key)
 
     @driver_errors
-    async def paused_names(self) -> dict[str, Paused]:
+    async def paused_names(self) -> dict[str, PausedName]:
         """The paused names, with when and why each was paused."""
         store = self._store
         return {
-            document["_id"]: Paused(document["paused_at"], str(document.get("reason") or ""))
+            document["_id"]: PausedName(document["paused_at"], str(document.get("reason") or ""))
             async for document in store.pauses.collection.find(q.EVERY)
         }
 
     @driver_errors
     async def finished_counts(
         self, *, until: dt.datetime, bucket: dt.timedelta, buckets: int
-    ) -> list[Finished]:
+    ) -> list[FinishedCount]:
         """How many tasks succeeded and failed in each of ``buckets`` buckets ending at ``until``,
         oldest first: two counts per bucket, each a range of the finished index (a count of
         index keys, no document read)."""
@@ -197,5 +168,5 @@ class Browse:
                 )
                 for state in (TaskState.SUCCESS, TaskState.FAIL)
             ]
-            found.append(Finished(start, end, counts[0], counts[1]))
+            found.append(FinishedCount(start, end, counts[0], counts[1]))
         return found

@@ -221,7 +221,7 @@ def flat(pages: list[list[str]]) -> list[str]:
 async def every_page(sched: ms.Scheduler, **filters: str) -> list[list[str]]:
     pages, after = [], None
     while True:
-        page = await sched.store.browse.task_page(limit=3, after=after, **filters)
+        page = await sched.browse.task_page(limit=3, after=after, **filters)
         pages.append([task.key for task in page.tasks])
         if page.after is None:
             return pages

@@ -296,6 +296,38 @@ async def test_while_the_control_hub_watches_own_reads_no_controls(
         assert await sched.own(["job"], worker_id="w") == []
 
 
+async def test_a_process_following_the_controls_owns_without_reading_them(
+    scheduler: ms.Scheduler,
+    discover: Callable[[], Awaitable[None]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """With no consumer, each `own` reads the paused names and the limits; inside
+    `following_controls` (what `mscheduler serve` holds) the process's control hub keeps
+    them, so after the first claim `own` reads none, until a change."""
+    sched = scheduler
+    await _publish(sched, 10)
+    reads: list[str] = []
+    for part, method in ((sched.store.pauses, "paused"), (sched.store.limits, "of")):
+        original = getattr(part, method)
+
+        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
+            reads.append(_name)
+            return await _original(*args)
+
+        monkeypatch.setattr(part, method, counted)
+    for _ in range(2):
+        assert len(await sched.own(["job"], worker_id="w")) == 1
+    assert reads == ["paused", "of"] * 2  # no hub: read on every claim
+    async with sched.following_controls():
+        await discover()
+        reads.clear()
+        for _ in range(2):
+            assert len(await sched.own(["job"], worker_id="w")) == 1
+        assert reads == ["paused", "of"]  # the first claim's; the second took the hub's
+        await sched.pause("job")
+        assert await sched.own(["job"], worker_id="w") == []
+
+
 async def test_extending_and_ending_a_lease_is_one_fenced_write_each(
     scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
 ):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import anyio
 import pytest
@@ -121,3 +122,23 @@ async def test_an_option_publish_or_schedule_does_not_know_is_refused_writing_no
         await scheduler.schedule("nightly", name="email", cron="0 3 * * *", **options)  # type: ignore[arg-type]
     assert await scheduler.get("email:1") is None
     assert await scheduler.schedules() == []
+
+
+async def test_an_option_connect_own_or_replace_does_not_know_is_refused(
+    scheduler: ms.Scheduler,
+):
+    """Their options too are declared once (`ConnectParams`, `OwnParams`, `TaskParams`) and
+    taken as keywords: one misspelt, or a required one left out, is refused as a signature
+    would refuse it, and nothing is written."""
+    await scheduler.publish("email:1", name="email")
+    misspelt: dict[str, Any] = {"worker": "w1"}
+    with pytest.raises(TypeError, match="'worker'"):
+        await scheduler.own(["email"], worker_id="w1", **misspelt)
+    with pytest.raises(TypeError, match="worker_id"):
+        await scheduler.own(["email"])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'delay'"):
+        await scheduler.replace("email:1", name="email", delay=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'database_name'"):
+        await ms.Scheduler.connect("memory://", database_name="app")  # type: ignore[call-arg]
+    task = await scheduler.get("email:1")
+    assert task is not None and task.state is ms.TaskState.PENDING and not task.worker_states

@@ -24,6 +24,7 @@ from mscheduler.errors import (
     PayloadError,
     TaskNotFound,
 )
+from mscheduler.sync_scheduler import _Blocking
 from mscheduler.testing import Clock, ManualClock
 from tests.engines import MEMORY_ONE_THREAD
 
@@ -141,6 +142,26 @@ def test_wait_returns_once_another_thread_ends_the_task(engine: str, target: Tar
     assert task.error is not None and "done elsewhere" in task.error.message
 
 
+def test_threads_waiting_at_once_through_one_scheduler_each_see_their_task_end(
+    engine: str, target: Target
+) -> None:
+    """A web server's threads wait on one `SyncScheduler` at once: each wait runs the
+    discovery hub of its own thread's scheduler, in its own call's loop."""
+    if engine == "memory":
+        pytest.skip(MEMORY_ONE_THREAD)
+    keys = [f"report:{n}" for n in range(3)]
+    with target.sync() as sync:
+        for key in keys:
+            sync.publish(key, name="report")
+        with concurrent.futures.ThreadPoolExecutor(len(keys)) as pool:
+            waits = [pool.submit(sync.wait, key, 30, poll_interval_ms=10) for key in keys]
+            for key in keys:
+                assert sync.cancel(key, "done")
+            ended = [waited.result(timeout=30) for waited in waits]
+    assert [task.key for task in ended] == keys
+    assert all(task.state is ms.TaskState.CANCELLED for task in ended)
+
+
 def test_wraps_a_pymongo_collection_and_leaves_its_client_open(engine: str, target: Target) -> None:
     if engine == "memory":
         pytest.skip("memory:// has no pymongo Collection to wrap (SyncScheduler.connect opens it)")
@@ -246,3 +267,20 @@ def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None
         clock.advance(60)
         with pytest.raises(LeaseLost):
             sync.succeed(found)
+
+
+# What outlives one blocking call (a consumer, the iterators of changes, a block that follows
+# the controls) or returns an async object (`Browse`): `Scheduler`'s alone.
+ASYNC_ONLY = {"browse", "consumer", "consumers", "events", "following_controls", "watch"}
+
+
+def test_every_operation_of_the_scheduler_blocks_here_or_is_async_only() -> None:
+    """A method added to `Scheduler` is offered blocking, as the very async method
+    (`_Blocking`), or named here as one that cannot block."""
+    public = {name for name in vars(ms.Scheduler) if not name.startswith("_")}
+    offered = {name for name in vars(ms.SyncScheduler) if not name.startswith("_")}
+    assert public - ASYNC_ONLY - offered == set()
+    assert public >= ASYNC_ONLY and not ASYNC_ONLY & offered
+    for name, member in vars(ms.SyncScheduler).items():
+        if isinstance(member, _Blocking):
+            assert member._method is vars(ms.Scheduler)[name], name

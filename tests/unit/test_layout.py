@@ -1,6 +1,7 @@
 """The package's layout is its architecture: layers call downward only, nothing imports in a
-cycle, only the store talks to MongoDB. A module is sized by its concept, not by a count of
-lines (a module trimmed to fit a number is worse than a long one).
+cycle, only the store talks to MongoDB, the faces use the public API alone. A module is sized
+by its concept, not by a count of lines (a module trimmed to fit a number is worse than a
+long one).
 
 Reads the source with `ast` (imports under ``TYPE_CHECKING`` and inside functions count too:
 a cycle for the type checker is a cycle for the reader)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -41,16 +43,23 @@ LAYERS = {
     "backends": 2,
     "services": 3,  # the process-lifetime services (hubs, waiters, batcher) over the store
     "consumer": 4,
-    "api": 5,
+    "browse": 5,  # `Scheduler.browse`: the operator's reads, over the store
     "handlers": 5,  # the public home of what handlers use: re-exports from consumer/
     "testing": 5,
-    "dashboard": 6,  # pages over the Scheduler (and store.browse); the cli serves it
-    "http": 6,  # the HTTP API over the Scheduler; the cli serves it
-    "sync_scheduler": 6,  # a Scheduler run from blocking code
-    "__init__": 7,
-    "cli": 7,
-    "__main__": 8,  # python -m mscheduler: the cli
+    "api": 6,
+    "dashboard": 7,  # pages over the public API; the cli serves it
+    "http": 7,  # the HTTP API over the public API; the cli serves it
+    "sync_scheduler": 7,  # a Scheduler run from blocking code
+    "__init__": 8,
+    "cli": 8,
+    "__main__": 9,  # python -m mscheduler: the cli
 }
+# The faces: what users meet (the command, the dashboard, the HTTP API, the blocking
+# scheduler). They reach data only through the public API (`Scheduler`, its `browse`, and the
+# public modules: models, errors, handlers, ...): never a scheduler's store, never a module of
+# the layers below it.
+FACES = {"dashboard", "http", "cli", "sync_scheduler"}
+INTERNALS = {"store", "queries", "services", "consumer"}
 # The store's composition builds the process's services beside its parts (one hub, one
 # control hub, one finish batcher per store): these modules alone of the store import them.
 COMPOSES_SERVICES = {
@@ -105,13 +114,14 @@ def _group(module: str) -> str:
     return parts[1]
 
 
-def _imports(module: str) -> set[str]:
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def _import_lines(tree: ast.AST, package: str) -> Iterator[tuple[int, str]]:
+    """Each module of the package a module's source imports (``package``: the one its
+    relative imports start from), with the line of the import."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets.update(a.name for a in node.names if a.name.startswith("mscheduler"))
+            for alias in node.names:
+                if alias.name.startswith("mscheduler"):
+                    yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -123,7 +133,13 @@ def _imports(module: str) -> set[str]:
                 continue
             for alias in node.names:
                 submodule = f"{origin}.{alias.name}"
-                targets.add(submodule if submodule in MODULES else origin)
+                yield node.lineno, submodule if submodule in MODULES else origin
+
+
+def _imports(module: str) -> set[str]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets = {target for _, target in _import_lines(ast.parse(path.read_text()), package)}
     return {target for target in targets if target in MODULES and target != module}
 
 
@@ -491,3 +507,70 @@ def test_the_memory_backend_is_reached_only_through_its_package():
     assert not {module: found for module, found in reached.items() if found}
     # Guards the guard: the package's own import of its server is an edge the check sees.
     assert f"{MEMORY_BACKEND}.server" in GRAPH[MEMORY_BACKEND]
+
+
+# ------------------------------------------------------------ the faces use the public API
+
+
+def _past_the_api(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """Where a face reaches past the public API: an import of a module of `INTERNALS`
+    (under ``TYPE_CHECKING`` and inside functions too), or the ``store`` of a scheduler
+    (``scheduler.store``, ``self._scheduler.store``)."""
+    found = []
+    for line, target in _import_lines(tree, module.rpartition(".")[0]):
+        if target.startswith("mscheduler.") and _group(target) in INTERNALS:
+            found.append((line, f"imports {target}"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "store":
+            found.append((node.lineno, f"reaches {ast.unparse(node)}"))
+    return sorted(found)
+
+
+def test_the_faces_reach_data_only_through_the_public_api():
+    """The command, the dashboard, the HTTP API and `SyncScheduler` are users of the library
+    like any other: what one of them needs that the API lacks is an addition to the API
+    (`Scheduler.browse`, `Scheduler.in_use`, ...), which then serves every user."""
+    found = []
+    for module, path in MODULES.items():
+        if _group(module) not in FACES:
+            continue
+        for line, what in _past_the_api(ast.parse(path.read_text()), module):
+            found.append(f"{module}:{line} {what}")
+    assert not found, "\n".join(found)
+
+
+def test_the_faces_check_sees_an_internal_import():
+    planted = ast.parse(
+        "from ..store import browse\n"
+        "from ..consumer.owner import MAX_TASKS\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..services.task_events import TaskEvents\n"
+        "def pipeline():\n"
+        "    from mscheduler.queries.changes import changes_pipeline\n"
+        "from ..api import Scheduler\n"
+        "from ..handlers import Consumer\n"
+        "from ..models import TaskPage\n"
+    )
+    assert _past_the_api(planted, "mscheduler.dashboard.planted") == [
+        (1, "imports mscheduler.store.browse"),
+        (2, "imports mscheduler.consumer.owner"),
+        (4, "imports mscheduler.services.task_events"),
+        (6, "imports mscheduler.queries.changes"),
+    ]
+    faces = {_group(module) for module in MODULES} & FACES
+    assert faces == FACES  # each face is a group the check walks
+
+
+def test_the_faces_check_sees_a_reach_into_the_store():
+    planted = ast.parse(
+        "async def page(scheduler):\n"
+        "    await scheduler.store.browse.task_page()\n"
+        "    await scheduler.browse.task_page()\n"
+        "class Sync:\n"
+        "    def wait(self, keys):\n"
+        "        return self._scheduler.store.get_many(keys)\n"
+    )
+    assert _past_the_api(planted, "mscheduler.sync_scheduler") == [
+        (2, "reaches scheduler.store"),
+        (6, "reaches self._scheduler.store"),
+    ]

@@ -4,6 +4,7 @@ one release, with a warning naming their home."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import typing
@@ -15,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 import mscheduler as ms
-from mscheduler import collection, errors, handlers, models, testing
+from mscheduler import browse, collection, errors, handlers, models, testing
 
 PUBLIC_MODULES: dict[str, ModuleType] = {
     "mscheduler": ms,
@@ -23,6 +24,7 @@ PUBLIC_MODULES: dict[str, ModuleType] = {
     "mscheduler.models": models,
     "mscheduler.handlers": handlers,
     "mscheduler.testing": testing,
+    "mscheduler.browse": browse,
     "mscheduler.collection": collection,
 }
 # Reached through a public method, yet internal: `Handlers.spec` serves the consumer only.
@@ -236,3 +238,45 @@ def test_dir_of_the_package_shows_its_public_names_only() -> None:
     assert shown == {*ms.__all__, *public_modules}
     for name in shown:
         assert getattr(ms, name) is not None
+
+
+def _keywords(function: Any) -> set[str]:
+    """The keyword options ``function`` takes: its keyword-only parameters, and the fields
+    of the declaration its ``**params: Unpack[...]`` names."""
+    hints = typing.get_type_hints(function)
+    found: set[str] = set()
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            found.add(name)
+        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            (declared,) = typing.get_args(hints[name])
+            found |= set(typing.get_type_hints(declared))
+    return found
+
+
+def test_connect_takes_the_same_options_blocking_or_not() -> None:
+    """`ConnectParams` declares them once: an option added to one ``connect`` alone (a
+    keyword of its own) is one the other lacks."""
+    declared = set(typing.get_type_hints(models.ConnectParams))
+    assert _keywords(ms.Scheduler.connect) == _keywords(ms.SyncScheduler.connect) == declared
+
+
+def test_own_takes_the_options_the_owner_reads() -> None:
+    """`OwnParams` declares them once for `Scheduler.own` (and so `SyncScheduler.own`) and
+    the owner that reads them."""
+    from mscheduler.consumer.owner import Owner
+
+    declared = set(typing.get_type_hints(models.OwnParams))
+    assert _keywords(ms.Scheduler.own) == _keywords(Owner.own) == declared
+
+
+def test_replace_takes_every_option_of_the_task_it_publishes() -> None:
+    """`TaskParams` declares what a task is published with; `PublishSpec.of` reads them, and
+    takes besides only what decides how ``publish`` treats the key it finds."""
+    from mscheduler.specs import PublishSpec
+
+    declared = set(typing.get_type_hints(models.TaskParams))
+    publish_only = {"update_payload", "replace_finished", "debounce"}
+    assert _keywords(ms.Scheduler.replace) == _keywords(PublishSpec.of) - publish_only
+    assert _keywords(ms.Scheduler.replace) == {"name", *declared}
+    assert declared <= set(typing.get_type_hints(models.PublishParams))

@@ -23,6 +23,7 @@ recovery. And what only a real server would otherwise show:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import datetime as dt
 from collections.abc import Mapping, Sequence
@@ -73,6 +74,7 @@ class ChangeFeed:
         self._sequence = 0
         self._forgotten_before = 1  # the oldest sequence a stream may still resume from
         self._changed = anyio.Event()
+        self._changed_loop: object = None  # the event loop `_changed` was first waited in
         self._pending_errors: list[PyMongoError] = []
         self._generation = 0  # bumped by end_streams(): older streams stop
         # Sequences of invalidate events, and the collection each ended the streams of.
@@ -177,6 +179,24 @@ class ChangeFeed:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+        self._changed_loop = None
+
+    def changed(self) -> anyio.Event:
+        """The event the next write sets, for a waiter in the running event loop. An event
+        serves the loop it was first waited in, and a blocking client (`SyncScheduler`) runs
+        each call in a loop of its own, one after another on its thread: a waiter in another
+        loop than the event's gets a fresh one (the waiters of the loop before are gone with
+        the call that ran it; the backend serves one thread at a time)."""
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio: one loop for the process
+            loop = None
+        if self._changed_loop is None:
+            self._changed_loop = loop
+        elif self._changed_loop is not loop:
+            self._changed = anyio.Event()
+            self._changed_loop = loop
+        return self._changed
 
     def _events_after(self, sequence: int) -> list[dict[str, Any]]:
         if sequence + 1 < self._forgotten_before:
@@ -296,7 +316,7 @@ class MemoryChangeStream:
             event = await self.try_next()
             if event is not None:
                 return event
-            changed = self._feed._changed
+            changed = self._feed.changed()
             if self._nothing_new():
                 await changed.wait()
 
@@ -307,7 +327,7 @@ class MemoryChangeStream:
         scanned = self._scanned
         event = await self._try_next()
         if event is None and self._awaits and scanned == self._scanned and self._nothing_new():
-            await self._feed._changed.wait()
+            await self._feed.changed().wait()
             event = await self._try_next()
         return event
 
