@@ -41,9 +41,8 @@ from .models import (
 )
 from .periodic import Schedule, new_schedule
 from .services.task_events import TaskEvents
-from .specs import PublishSpec, Step, publish_spec
+from .specs import PublishSpec, Step, limit_spec, publish_spec
 from .store.components import Store
-from .store.limits import limit_spec
 from .worker_options import Discovery, WorkerOptions
 
 

@@ -1,5 +1,6 @@
-"""What to publish, as data: `PublishSpec` (one publish, checked once where it enters and
-handed down whole), `TaskSpec` and the structures built from it: `chain`, `group`, `chord`.
+"""The input specs, checked once where they enter and handed down whole: what to publish
+(`PublishSpec`, one publish; `TaskSpec` and the structures built from it: `chain`, `group`,
+`chord`) and the limits of a name (`LimitSpec`).
 
 A structure is only specs with their ``depends_on`` filled in; `Scheduler.publish_many`
 writes it in one all-or-nothing call. Keys stay the caller's: re-publishing a structure is
@@ -281,3 +282,47 @@ def dependency_order(specs: Sequence[TaskSpec]) -> list[TaskSpec]:
     for key in by_key:
         visit(key, ())
     return ordered
+
+
+def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
+    """``per`` in milliseconds, once every value is one a limit can have."""
+    for field, value in (("rate", rate), ("max_running", max_running)):
+        number = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and not (number and 1 <= value <= 1_000_000):
+            raise ConfigurationError(
+                f"{field}: expected an integer from 1 to 1000000, got {value!r}"
+            )
+    if (rate is None) != (per is None):
+        raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
+    if rate is None and max_running is None:
+        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
+    if per is None:
+        return None
+    longest = dt.timedelta(days=366)
+    if not isinstance(per, dt.timedelta) or not dt.timedelta(milliseconds=1) <= per <= longest:
+        raise ConfigurationError(f"per: expected a timedelta from 1 ms to a year, got {per!r}")
+    return round(per.total_seconds() * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSpec:
+    """The limits of one name, checked (`limit_spec`): what `Limits.set` writes."""
+
+    name: str
+    rate: int | None
+    per_ms: int | None
+    max_running: int | None
+
+
+def limit_spec(
+    name: str,
+    *,
+    rate: int | None = None,
+    per: dt.timedelta | None = None,
+    max_running: int | None = None,
+) -> LimitSpec:
+    """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
+    naming its field."""
+    name = checked(check_name, name)
+    per_ms = _checked_limits(rate, per, max_running)
+    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)

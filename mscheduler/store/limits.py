@@ -4,20 +4,18 @@ limited name takes first (see `queries.limits` for the protocol and its invarian
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
 from ..clock import to_bson_time
-from ..errors import ConfigurationError
 from ..models import Limit, WorkerStateKind, check_name, checked
 from ..queries import limits as lq
 from ..queries import tasks as q
+from ..specs import LimitSpec
 from .base import BesideTasks
 from .driver import driver_errors
 
@@ -31,50 +29,6 @@ START_HOLD = dt.timedelta(seconds=10)
 
 def _ms(duration: dt.timedelta) -> int:
     return round(duration.total_seconds() * 1000)
-
-
-def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
-    """``per`` in milliseconds, once every value is one a limit can have."""
-    for field, value in (("rate", rate), ("max_running", max_running)):
-        number = isinstance(value, int) and not isinstance(value, bool)
-        if value is not None and not (number and 1 <= value <= 1_000_000):
-            raise ConfigurationError(
-                f"{field}: expected an integer from 1 to 1000000, got {value!r}"
-            )
-    if (rate is None) != (per is None):
-        raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
-    if rate is None and max_running is None:
-        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
-    if per is None:
-        return None
-    longest = dt.timedelta(days=366)
-    if not isinstance(per, dt.timedelta) or not dt.timedelta(milliseconds=1) <= per <= longest:
-        raise ConfigurationError(f"per: expected a timedelta from 1 ms to a year, got {per!r}")
-    return round(per.total_seconds() * 1000)
-
-
-@dataclasses.dataclass(frozen=True)
-class LimitSpec:
-    """The limits of one name, checked (`limit_spec`): what `Limits.set` writes."""
-
-    name: str
-    rate: int | None
-    per_ms: int | None
-    max_running: int | None
-
-
-def limit_spec(
-    name: str,
-    *,
-    rate: int | None = None,
-    per: dt.timedelta | None = None,
-    max_running: int | None = None,
-) -> LimitSpec:
-    """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
-    naming its field."""
-    name = checked(check_name, name)
-    per_ms = _checked_limits(rate, per, max_running)
-    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
 
 
 class Limits(BesideTasks):
