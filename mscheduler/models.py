@@ -713,14 +713,6 @@ class WorkerInfo(BaseModel):
         return self.model_copy(update={"alive": alive, "dead_since": None if alive else dead_since})
 
 
-# A consumer held back by max_running asks again this often: a slot frees when a task ends,
-# which no write tells it of (a consumer of the same process is told at once).
-RUNNING_RECHECK = dt.timedelta(seconds=1)
-# A full window whose freeing start is still held (its handler about to start) is asked again
-# after ``per``, as that start will likely count until then, and never sooner than this.
-_HELD_RECHECK = dt.timedelta(milliseconds=50)
-
-
 class _Entry(BaseModel):
     id: str
     until: UtcDatetime | None = None
@@ -749,27 +741,6 @@ class Limit(BaseModel):
             "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
             "running": sum(1 for e in self.slots if e.until and e.until > now),
         }
-
-    def free_at(self, now: dt.datetime) -> dt.datetime:
-        """When to ask for a token again: for a full window, when its oldest start leaves it
-        (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
-        from now, whichever is first (a task may end, and free its slot, at any moment)."""
-        # A start counting beyond ``per`` from now is held: no write tells us when its
-        # handler's start confirms it (which ends it sooner), so it is looked at again then.
-        held = now + max(dt.timedelta(milliseconds=self.per_ms or 0), _HELD_RECHECK)
-        times = []
-        for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
-            live = sorted(
-                min(e.until, held) if entries is self.starts else e.until
-                for e in entries
-                if e.until is not None and e.until > now
-            )
-            if limit is not None and len(live) >= limit:
-                free = live[len(live) - limit]
-                times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
-        # Not full when read: a slot freed between the refused write and this read. Asked
-        # again after the recheck, never at once (a loop of requests), never dropped.
-        return max(times, default=now + RUNNING_RECHECK)
 
 
 class PublishParams(TypedDict, total=False):
