@@ -30,6 +30,7 @@ from pydantic import (
 from . import constants as c
 from .clock import UTC, to_bson_time
 from .errors import ConfigurationError, field_errors
+from .retry_policy import BACKOFF_DEFAULTS
 
 
 class TaskState(str, enum.Enum):
@@ -207,12 +208,16 @@ class TaskOptions(BaseModel):
     says ``expired``); a task already running is not affected."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
-    retry_backoff: float = Field(default=1.0, ge=1.0, le=c.MAX_RETRY_BACKOFF)
+    retry_backoff: float = Field(
+        default=BACKOFF_DEFAULTS["retry_backoff"], ge=1.0, le=c.MAX_RETRY_BACKOFF
+    )
     """After the n-th unexpected failure the task waits ``unexpected_retry_delay_ms`` times
-    ``retry_backoff ** (n - 1)`` (`queries.retry_delay`); 1: the same delay every time."""
-    retry_backoff_max_ms: int | None = Field(default=None, gt=0, le=c.MAX_RETRY_DELAY_MS)
+    ``retry_backoff ** (n - 1)`` (`retry_policy`); 1: the same delay every time."""
+    retry_backoff_max_ms: int | None = Field(
+        default=BACKOFF_DEFAULTS["retry_backoff_max_ms"], gt=0, le=c.MAX_RETRY_DELAY_MS
+    )
     """The longest a failure's delay grows to before jitter; None: no maximum of its own."""
-    retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    retry_jitter: float = Field(default=BACKOFF_DEFAULTS["retry_jitter"], ge=0.0, le=1.0)
     """Each failure's delay is multiplied by a factor drawn uniformly from
     ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
 
@@ -252,18 +257,9 @@ class TaskOptions(BaseModel):
         their defaults pays nothing for them, and every reader (the failure's write
         included) takes a missing one as its default."""
         left_out = {"not_before"} | {
-            name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
+            name for name, default in BACKOFF_DEFAULTS.items() if getattr(self, name) == default
         }
         return self.model_dump(exclude=left_out)
-
-
-# The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
-# reads a missing one as this default too).
-_BACKOFF_DEFAULTS: dict[str, Any] = {
-    "retry_backoff": 1.0,
-    "retry_backoff_max_ms": None,
-    "retry_jitter": 0.0,
-}
 
 
 class ErrorInfo(BaseModel):

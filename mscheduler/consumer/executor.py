@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context
+from .. import context, retry_policy
 from ..clock import Clock, sleep
 from ..errors import (
     Abort,
@@ -28,7 +28,6 @@ from ..errors import (
     PayloadError,
     RetryLater,
     StoreError,
-    TaskTimeout,
 )
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..observability import otel_metrics, tracing
@@ -275,16 +274,12 @@ class Executor:
                         task, lambda: self._may_start(entry), lambda: self._gate.started(task)
                     )
                 return _Outcome(result=result)
-            except (Abort, RetryLater) as exc:
-                # the handler's decision: no local retry
-                return _Outcome(error=exc, final=isinstance(exc, Abort))
             except Exception as exc:
-                if not self._handlers[task.name].retries(exc):
-                    return _Outcome(error=exc, final=True)  # not in retry_on: no retry at all
-                if isinstance(exc, TaskTimeout) or attempt == self._options.handler_retries:
-                    # A timed-out attempt is not retried locally: the limit bounds how long
-                    # the task is held, and the task's own retries decide what comes next.
-                    return _Outcome(error=exc)
+                final = retry_policy.ends_the_task(exc, self._handlers[task.name].retry_on)
+                if final or not retry_policy.retries_locally(
+                    exc, attempt, self._options.handler_retries
+                ):
+                    return _Outcome(error=exc, final=final)
                 self._stats.record("handler_retries", task.name)
                 log.info(
                     "handler failed, retrying locally",

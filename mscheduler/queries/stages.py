@@ -202,6 +202,17 @@ def sweep_expired(now: dt.datetime) -> Document:
     )
 
 
+def retries_left() -> Document:
+    """The task may run again after its failures: no more unexpected failures (`failures`)
+    than ``max_unexpected_retries``."""
+    return {"$lte": [failures(), "$options.max_unexpected_retries"]}
+
+
+def out_of_retries() -> Document:
+    """More unexpected failures than ``max_unexpected_retries``: the task fails."""
+    return {"$gt": [failures(), "$options.max_unexpected_retries"]}
+
+
 def tries_left() -> Document:
     """Another attempt is allowed: no ``max_tries``, or fewer attempts than it."""
     return {

@@ -40,10 +40,10 @@ from .stages import (
     Document,
     Pipeline,
     count_states,
-    failures,
     is_live,
     lease_expiry,
     literal,
+    retries_left,
     state_is,
     sweep_expired,
     tries_left,
@@ -307,13 +307,12 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
     exhausts the retries."""
     live = count_states(is_live(now))
     succeeded = count_states(state_is(SUCCESS))
-    failed = failures()
     return {
         **_own_states_excluded(worker_id, now),
         "$expr": {
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
-                {"$lte": [failed, "$options.max_unexpected_retries"]},
+                retries_left(),
                 {"$or": [tries_left(), {"$eq": [live, 0]}]},
             ]
         },
@@ -457,7 +456,6 @@ def _new_state(worker: Any, run_id: Any, now: dt.datetime, expires: Any) -> Docu
 
 
 def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pipeline:
-    failed_after_sweep = failures()
     new_state = _new_state(literal(worker_id), literal(run_id), now, expires)
     # Ours is appended unless the sweep exhausted the retries, or no try is left (the
     # claim filter admits that only to end the task: `_claimable_by_states`); sweeping
@@ -470,7 +468,7 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
                     "$cond": [
                         {
                             "$and": [
-                                {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                                retries_left(),
                                 tries_left(),
                             ]
                         },

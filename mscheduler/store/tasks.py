@@ -17,6 +17,7 @@ from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
+from .. import retry_policy
 from ..clock import Clock
 from ..collection import TasksCollection
 from ..encoding import check_result
@@ -32,7 +33,6 @@ from ..models import (
     new_run_id,
 )
 from ..queries import lease as lq
-from ..queries import retry_delay
 from ..queries import tasks as q
 from ..services.finishes import FinishBatcher
 from . import claims
@@ -415,7 +415,7 @@ class TaskStore:
     @driver_errors
     async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
         now = self.clock.now()
-        retry_at = retry_delay.retry_later_at(now, delay)
+        retry_at = retry_policy.retry_later_at(now, delay)
         update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 

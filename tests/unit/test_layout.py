@@ -20,6 +20,7 @@ FOUNDATION = {
     "__about__",
     "collection",
     "reconnect_backoff",
+    "retry_policy",
     "clock",
     "constants",
     "context",
