@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import logging
 import secrets
 import traceback
 from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
@@ -83,13 +82,9 @@ def finished_states_to_replace(value: object) -> frozenset[TaskState]:
     return frozenset(states)
 
 
-log = logging.getLogger(__name__)
-
 # What every document format keeps: a document of a format newer than this version knows
 # (`constants.DOCUMENT_FORMAT`) is read as these fields alone, and left to a newer worker.
 _ENVELOPE = ("_id", "key", "name", "created_at", "updated_at", "format")
-# The newer formats this process has logged that it leaves (one line each, not one per task).
-_LEFT_FORMATS: set[int] = set()
 
 
 class WorkerStateKind(str, enum.Enum):
@@ -326,13 +321,6 @@ class WorkerState(BaseModel):
     error: ErrorInfo | None = None
     result: Any = None
 
-    def is_live(self, now: dt.datetime) -> bool:
-        return (
-            self.state is WorkerStateKind.RUNNING
-            and self.ping_expire_at is not None
-            and self.ping_expire_at > now
-        )
-
 
 class EarlierAttempt(WorkerState):
     """An attempt of an earlier run of the key, as it ended (kept across a retry or a
@@ -455,48 +443,6 @@ class Task(BaseModel):
                 before = self.worker_states[index - 1]
                 return before if before.state is WorkerStateKind.TIMEOUT else None
         return None
-
-    def next_claim_for(
-        self, worker_id: str, now: dt.datetime, held: Collection[str] = ()
-    ) -> dt.datetime | None:
-        """When ``worker_id`` might claim this task (None: not as things stand). ``held``: the
-        run_ids the caller runs now.
-
-        The client-side half of the claim filter, used only to decide what to try: the claim
-        itself re-checks everything atomically on the server. A live state of ``worker_id``
-        that the caller does not hold is a previous life's (a restart under the same id): like
-        any lease, it ends at its expiry, which no write announces, so it gives a time to try
-        again, never None (the task would wait for some unrelated write for ever).
-
-        A task of a newer document format is never ours (`newer_format`): said once per
-        format in the process's log."""
-        if self.newer_format:
-            if self.format not in _LEFT_FORMATS:
-                _LEFT_FORMATS.add(self.format)
-                log.warning(
-                    "task %r is in document format %d, newer than this version of mscheduler "
-                    "reads (%d): left to workers of a newer version; upgrade this worker",
-                    self.key,
-                    self.format,
-                    c.DOCUMENT_FORMAT,
-                    extra={"action": "newer_format", "key": self.key, "format": self.format},
-                )
-            return None
-        if self.state not in CLAIMABLE_STATES or self.deps_pending:
-            return None
-        if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:
-            return None
-        when = self.next_claim_at
-        for ws in self.worker_states:
-            if ws.worker_id != worker_id:
-                continue
-            if ws.state is WorkerStateKind.SUCCESS or (ws.is_live(now) and ws.run_id in held):
-                return None
-            if ws.is_live(now) and ws.ping_expire_at is not None:
-                # The claim refuses a worker its second live state of a task, whichever life
-                # holds the first: claimable by us once that one expires.
-                when = ws.ping_expire_at if when is None else max(when, ws.ping_expire_at)
-        return when
 
 
 class StatsRow(BaseModel):
@@ -622,11 +568,6 @@ class TaskEvent(BaseModel):
     progress: Progress | None = None  # ``progress`` only
 
 
-# A worker is dead once it missed this many heartbeats: one late write is not a death, and
-# two heartbeats are a task's lease at the default ping interval and worker timeout.
-STALE_AFTER_BEATS = 2
-
-
 class FoundDead(BaseModel):
     """When a worker was first found dead, and why, as the reader that found it recorded
     it (`store.workers`)."""
@@ -638,7 +579,7 @@ class FoundDead(BaseModel):
 class WorkerInfo(BaseModel):
     """One consumer as it last described itself, with what it holds now read from the tasks
     (``running``, ``running_keys``) and ``alive`` and ``dead_since`` judged against a clock
-    when read (`judged`): a worker that stopped gracefully has no document at all."""
+    when read (`liveness.judged`): a worker that stopped gracefully has no document at all."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -656,8 +597,8 @@ class WorkerInfo(BaseModel):
     # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
     # written by a version that did not draw one.
     instance: str = ""
-    alive: bool = True  # set by the reader (`judged`)
-    dead_since: UtcDatetime | None = None  # set by the reader (`judged`): when it was found dead
+    alive: bool = True  # set by the reader (`liveness.judged`)
+    dead_since: UtcDatetime | None = None  # set by the reader (`liveness.judged`): when found dead
     # The latest expiry of its leases that are live, and of those that expired (set by the
     # reader, from the tasks): why it was found dead, or that it still pings.
     lease_until: UtcDatetime | None = None
@@ -678,35 +619,6 @@ class WorkerInfo(BaseModel):
         if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
             return "its leases expired"
         return "it missed its heartbeats"
-
-    def stale_at(self) -> dt.datetime:
-        """When it breaks its heartbeat promise, unless it beats again."""
-        return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
-
-    def is_alive(self, now: dt.datetime) -> bool:
-        return self.judged(now).alive
-
-    def judged(self, now: dt.datetime) -> WorkerInfo:
-        """This entry with ``alive`` and ``dead_since`` as of ``now``. Dead since the first
-        promise it broke: a heartbeat (`stale_at`), or its leases, when all of them expired
-        after its last heartbeat (a worker that beat since was alive then: it only lost a
-        lease, say to a stall). A lease lost to a takeover is a ``timeout`` state of a task
-        that runs again, counted in ``lease_lost_at`` too, so the worker stays dead while
-        that task runs; once it ended, only the heartbeat rule is left to judge by (the
-        tasks that ended are not read: their number grows without bound). Leases claimed
-        before this instance started (a worker restarted under the same id) are its previous
-        life's: they say nothing of this one. A death recorded (`found_dead`) is kept."""
-        if self.found_dead is not None:
-            return self.model_copy(update={"alive": False, "dead_since": self.found_dead.since})
-        dead_since = self.stale_at()
-        lost = self.lease_lost_at
-        pinging = self.lease_until is not None and self.lease_until > now
-        claimed = self.lease_lost_claimed_at
-        previous_life = claimed is not None and claimed < self.started_at
-        if lost is not None and lost > self.last_seen_at and not pinging and not previous_life:
-            dead_since = min(dead_since, lost)
-        alive = now < dead_since
-        return self.model_copy(update={"alive": alive, "dead_since": None if alive else dead_since})
 
 
 class _Entry(BaseModel):

@@ -29,6 +29,7 @@ from ..errors import (
     RetryLater,
     StoreError,
 )
+from ..liveness import expiry_margin, lease_expiry
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..observability import otel_metrics, tracing
 from ..reconnect_backoff import Backoff
@@ -47,17 +48,6 @@ _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before 
 # Real seconds a release may take after a stop-now (`Executor.hurry`): the user asked for an
 # exit, so a database that does not answer by then leaves the lease to expire.
 HURRIED_RELEASE_TIMEOUT_S = 2.0
-
-
-def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
-    """How long before its lease expires a worker stops the handler: a tenth of the timeout.
-
-    Another worker judges the lease by its own clock. If the holder stopped only at the
-    expiry by *its* clock, a holder whose clock is behind would still run while the other
-    claims. With this margin, at most ``concurrent_worker_cnt``
-    handlers run at once while the workers' clocks differ by less than a tenth of
-    ``worker_timeout_ms``."""
-    return dt.timedelta(milliseconds=worker_timeout_ms / 10)
 
 
 @dataclasses.dataclass
@@ -492,7 +482,7 @@ class Executor:
                     self._stats.record("lease_lost", entry.lease.task.name)
                     entry.stop("the lease was lost (found at ping)", release=False)
                 else:
-                    entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)
+                    entry.expire_at = lease_expiry(now, entry.worker_timeout_ms)
                     entry.next_ping_at = now + dt.timedelta(milliseconds=entry.ping_interval_ms)
                     if entry.lease.reported_progress is not None:
                         entry.progress_written_at = now

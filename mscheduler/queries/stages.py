@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import constants as c
-from ..models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
+from ..models import CLAIMABLE_STATES, TERMINAL_STATES, ErrorInfo, WorkerStateKind
 from .templates import templated
 
 Document = dict[str, Any]
@@ -24,7 +24,7 @@ FAIL = WorkerStateKind.FAIL.value
 TIMEOUT = WorkerStateKind.TIMEOUT.value
 RELEASED = WorkerStateKind.RELEASED.value
 TERMINAL = sorted(s.value for s in TERMINAL_STATES)
-CLAIMABLE = [TaskState.PENDING.value, TaskState.RUNNING.value]
+CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
 
 WORKER_STATE_FIELDS = (
     "worker_id",

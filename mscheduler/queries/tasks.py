@@ -212,7 +212,7 @@ def claim_filter(
     plus succeeded states never exceed ``concurrent_worker_cnt``; a worker never holds two live
     states of one task (whichever life of it holds the first: a worker restarted under its id
     waits for its previous life's lease to expire, as for any lease, and its consumer tries
-    then, `Task.next_claim_for`) nor runs a task it already succeeded; only
+    then, `consumer.claimable.next_claim_for`) nor runs a task it already succeeded; only
     ``specific_worker_ids`` (when set) claim; nothing is claimed before
     ``not_before``/``retry_at`` (both folded into ``next_claim_at``) or while dependencies
     are pending. ``next_claim_at`` serves the index; the ``$expr`` re-derives the slot count
@@ -651,7 +651,7 @@ def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
         ]
     }
     # When each lost lease was claimed: a worker restarted under the same id did not lose the
-    # leases of its previous life (`models.WorkerInfo.judged` compares it with its start).
+    # leases of its previous life (`liveness.judged` compares it with its start).
     lost_claimed_at = {
         "$cond": [
             {"$eq": [state, TIMEOUT]},

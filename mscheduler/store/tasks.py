@@ -22,6 +22,7 @@ from ..clock import Clock
 from ..collection import TasksCollection
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
+from ..liveness import lease_is_live
 from ..models import (
     ErrorInfo,
     Lease,
@@ -269,7 +270,7 @@ class TaskStore:
         async for document in self.collection.find(lq.by_runs(list(run_ids))):
             task = Task.model_validate(document)
             for ws in task.worker_states:
-                if ws.run_id in wanted and ws.worker_id == worker_id and ws.is_live(now):
+                if ws.run_id in wanted and ws.worker_id == worker_id and lease_is_live(ws, now):
                     lease = Lease(key=task.key, worker_id=worker_id, run_id=ws.run_id, task=task)
                     leases.append(lease)
         return leases
@@ -347,7 +348,7 @@ class TaskStore:
             (ws.worker_id, ws.run_id)
             async for document in cursor
             for ws in Task.model_validate(document).worker_states
-            if ws.is_live(now)
+            if lease_is_live(ws, now)
         }
         return [lease for lease in leases if (lease.worker_id, lease.run_id) not in live]
 

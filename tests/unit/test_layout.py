@@ -28,6 +28,7 @@ FOUNDATION = {
     "encoding",
     "errors",
     "host_guard",
+    "liveness",
     "layout",
     "models",
     "periodic",
