@@ -39,9 +39,9 @@ from .models import (
     TaskState,
     WorkerInfo,
 )
-from .periodic import Schedule, new_schedule
+from .periodic import Schedule
 from .services.task_events import TaskEvents
-from .specs import PublishSpec, Step, limit_spec, publish_spec
+from .specs import PublishSpec, Step, limit_spec, new_schedule, publish_spec
 from .store.components import Store
 from .worker_options import Discovery, WorkerOptions
 

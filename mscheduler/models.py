@@ -679,7 +679,7 @@ CatchUp = Literal["latest", "all", "none"]
 
 class ScheduleParams(TypedDict, total=False):
     """The keyword options of `Scheduler.schedule` (and `SyncScheduler.schedule`), declared
-    once and read by `periodic.new_schedule`, which holds their defaults.
+    once and read by `specs.new_schedule`, which holds their defaults.
 
     Either ``cron`` (an expression, in ``timezone``, an IANA name, ``UTC`` by default) or
     ``every`` (a timedelta). ``payload`` and ``options``: each occurrence's.

@@ -1,6 +1,8 @@
-"""The input specs, checked once where they enter and handed down whole: what to publish
-(`PublishSpec`, one publish; `TaskSpec` and the structures built from it: `chain`, `group`,
-`chord`) and the limits of a name (`LimitSpec`).
+"""The input specs: the API's arguments checked once where they enter (a bad one raises a
+`ConfigurationError` naming its field) and handed down whole. What to publish
+(`publish_spec` into `PublishSpec`; `TaskSpec` and the structures built from it: `chain`,
+`group`, `chord`), the limits of a name (`limit_spec` into `LimitSpec`) and a schedule
+(`new_schedule` into a `periodic.Schedule`, which computes its occurrences).
 
 A structure is only specs with their ``depends_on`` filled in; `Scheduler.publish_many`
 writes it in one all-or-nothing call. Keys stay the caller's: re-publishing a structure is
@@ -14,14 +16,15 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from typing_extensions import Unpack
 
-from .encoding import to_storable
-from .errors import ConfigurationError, DependencyError
+from .encoding import check_document_size, to_storable
+from .errors import ConfigurationError, DependencyError, field_errors
 from .models import (
     PublishParams,
     ReplaceFinished,
+    ScheduleParams,
     TaskOptions,
     TaskState,
     check_key,
@@ -29,6 +32,7 @@ from .models import (
     checked,
     finished_states_to_replace,
 )
+from .periodic import Schedule, check_schedule_id
 from .start_delay import with_start_delay
 
 
@@ -326,3 +330,49 @@ def limit_spec(
     name = checked(check_name, name)
     per_ms = _checked_limits(rate, per, max_running)
     return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
+
+
+def new_schedule(
+    schedule_id: str, *, name: str, now: dt.datetime, **params: Unpack[ScheduleParams]
+) -> Schedule:
+    """A validated schedule whose first occurrence is the first one after ``now``; the
+    options a call leaves out take their defaults here."""
+    unknown = sorted(set(params) - set(ScheduleParams.__annotations__))
+    if unknown:  # as a signature that lists them would (the type checker refuses them too)
+        raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
+    checked(check_schedule_id, schedule_id)
+    every = params.get("every")
+    jitter = params.get("jitter")
+    for field, span in (("every", every), ("jitter", jitter)):
+        if span is not None and not isinstance(span, dt.timedelta):
+            raise ConfigurationError(f"{field}: expected a timedelta, got {type(span).__name__}")
+    options = params.get("options")
+    payload = params.get("payload")
+    fields: dict[str, Any] = {
+        "_id": schedule_id,
+        "name": name,
+        "cron": params.get("cron"),
+        "every_ms": None if every is None else round(every.total_seconds() * 1000),
+        "timezone": params.get("timezone", "UTC"),
+        "payload": to_storable(payload, "payload"),  # as each occurrence's is
+        "options": options or TaskOptions(),
+        "skip_if_running": params.get("skip_if_running", False),
+        "catch_up": params.get("catch_up", "latest"),
+        "jitter_ms": 0 if jitter is None else round(jitter.total_seconds() * 1000),
+        "anchor": now,
+        "next_at": now,  # replaced below, once the schedule can compute it
+        "created_at": now,
+        "updated_at": now,
+    }
+    if not isinstance(fields["options"], TaskOptions):
+        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+    if fields["options"].not_before is not None:
+        raise ConfigurationError(
+            "options.not_before: a schedule sets each occurrence's start itself"
+        )
+    try:
+        draft = Schedule.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigurationError(field_errors(exc, "schedule")) from None
+    check_document_size({"payload": payload}, draft.options)  # each occurrence's payload
+    return draft.model_copy(update={"next_at": draft.after(now)})
