@@ -183,7 +183,7 @@ class TaskOptions(BaseModel):
         default=c.DEFAULT_MAX_UNEXPECTED_RETRIES, ge=0, le=c.MAX_UNEXPECTED_RETRIES
     )
     # Durations are bounded so that no date computed from them (here or on the server) can
-    # overflow: an unbounded one was accepted by publish, then crashed the consumer.
+    # overflow: an unbounded one would be accepted by publish, then crash the consumer.
     unexpected_retry_delay_ms: int = Field(
         default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=c.MAX_RETRY_DELAY_MS
     )

@@ -186,8 +186,8 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
             "$set": {
                 # Every expression of a stage reads the document as it entered the stage: the
                 # values from before this write, kept for `wakes` in the next stage. (Not
-                # computed there from the expression of next_claim_at: that evaluated it three
-                # times, the most costly part of every write on the memory backend.)
+                # computed there from the expression of next_claim_at: that would evaluate it
+                # three times, the most costly part of every write on the memory backend.)
                 WAS_NEXT_CLAIM_AT: {"$ifNull": ["$next_claim_at", None]},
                 WAS_DEPENDENTS_NOTIFIED: {"$ifNull": ["$dependents_notified", None]},
                 "next_claim_at": next_claim_at,
