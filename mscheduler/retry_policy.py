@@ -23,7 +23,8 @@ The rules decided on the server, inside every write of a task (query builders, s
 counts and the decision are those of the document the write changes):
 
 - **How many failures a task survives**: ``max_unexpected_retries`` unexpected failures
-  (attempts ended ``fail`` or ``timeout``, `queries.stages.failures`);
+  (attempts ended ``fail`` or ``timeout``, `queries.stages.failures`), so it runs
+  `attempts_on_failures` times when every attempt fails;
   `queries.stages.retries_left` in the claim filter and the claim's write
   (`queries.tasks`), `queries.stages.out_of_retries` in `queries.derived.recompute`, which
   fails the task.
@@ -79,6 +80,12 @@ def retries_locally(error: BaseException, attempt: int, handler_retries: int) ->
     if isinstance(error, (Abort, RetryLater, TaskTimeout)):
         return False
     return attempt < handler_retries
+
+
+def attempts_on_failures(max_unexpected_retries: int) -> int:
+    """How many attempts a task makes when each one fails: the first and its retries (the
+    server fails the task at the failure past ``max_unexpected_retries``)."""
+    return max_unexpected_retries + 1
 
 
 def doubling_delay_s(base_ms: int, max_ms: int, attempt: int) -> float:
