@@ -455,46 +455,6 @@ def test_the_layout_check_sees_a_second_declaration():
     assert sorted(line for line, _ in _layout_declarations(planted)) == [1, 2, 2, 4]
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        "mscheduler.store",
-        "mscheduler.services",
-        "mscheduler.services.discovery",
-        "mscheduler.queries",
-    ],
-)
-def test_a_package_docstring_lists_every_module(package: str):
-    """The list of modules is the package's map: one left out is one a reader cannot find."""
-    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
-    modules = {
-        module.rsplit(".", 1)[1] for module in MODULES if module.rpartition(".")[0] == package
-    }
-    missing = sorted(name for name in modules if f"`{name}`" not in docstring)
-    assert not missing, f"{package}'s docstring does not list {missing}"
-
-
-MEMORY_BACKEND = "mscheduler.backends.memory"
-
-
-def _memory_internals_reached(module: str) -> set[str]:
-    """The modules of the memory backend that ``module`` imports other than through its
-    package (a module inside the backend may import its siblings)."""
-    if module == MEMORY_BACKEND or module.startswith(MEMORY_BACKEND + "."):
-        return set()
-    return {target for target in GRAPH[module] if target.startswith(MEMORY_BACKEND + ".")}
-
-
-def test_the_memory_backend_is_reached_only_through_its_package():
-    """The emulator (a copy of mongomock's engine and our corrections to it) stays out of the
-    paths a maintainer reads: the library names only what ``mscheduler.backends.memory``
-    exports, so its modules can change without the rest of the library knowing."""
-    reached = {module: _memory_internals_reached(module) for module in GRAPH}
-    assert not {module: found for module, found in reached.items() if found}
-    # Guards the guard: the package's own import of its server is an edge the check sees.
-    assert f"{MEMORY_BACKEND}.server" in GRAPH[MEMORY_BACKEND]
-
-
 # ------------------------------------------------------------ one home per policy
 
 LIVENESS = "mscheduler.liveness"
@@ -622,3 +582,43 @@ def test_the_retry_check_sees_a_rule_written_again():
     assert _misplaced_retry_reads("mscheduler.queries.stages", planted) == [
         "mscheduler.queries.stages:2 reads $options.max_unexpected_retries in claim_filter"
     ]
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "mscheduler.store",
+        "mscheduler.services",
+        "mscheduler.services.discovery",
+        "mscheduler.queries",
+    ],
+)
+def test_a_package_docstring_lists_every_module(package: str):
+    """The list of modules is the package's map: one left out is one a reader cannot find."""
+    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    modules = {
+        module.rsplit(".", 1)[1] for module in MODULES if module.rpartition(".")[0] == package
+    }
+    missing = sorted(name for name in modules if f"`{name}`" not in docstring)
+    assert not missing, f"{package}'s docstring does not list {missing}"
+
+
+MEMORY_BACKEND = "mscheduler.backends.memory"
+
+
+def _memory_internals_reached(module: str) -> set[str]:
+    """The modules of the memory backend that ``module`` imports other than through its
+    package (a module inside the backend may import its siblings)."""
+    if module == MEMORY_BACKEND or module.startswith(MEMORY_BACKEND + "."):
+        return set()
+    return {target for target in GRAPH[module] if target.startswith(MEMORY_BACKEND + ".")}
+
+
+def test_the_memory_backend_is_reached_only_through_its_package():
+    """The emulator (a copy of mongomock's engine and our corrections to it) stays out of the
+    paths a maintainer reads: the library names only what ``mscheduler.backends.memory``
+    exports, so its modules can change without the rest of the library knowing."""
+    reached = {module: _memory_internals_reached(module) for module in GRAPH}
+    assert not {module: found for module, found in reached.items() if found}
+    # Guards the guard: the package's own import of its server is an edge the check sees.
+    assert f"{MEMORY_BACKEND}.server" in GRAPH[MEMORY_BACKEND]
