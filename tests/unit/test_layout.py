@@ -517,6 +517,45 @@ def test_the_liveness_check_sees_a_second_judgement():
     assert [line for line, _ in _liveness_judged(planted)] == [2, 4, 6]
 
 
+MODELS = "mscheduler.models"
+# What a limit document counts at a time, which every face shows as it reads the limit
+# (`limit ls`, the HTTP API): a reading of the document, not a decision.
+MODEL_READINGS_AT_A_TIME = {"usage"}
+
+
+def _judged_at_a_time(tree: ast.AST) -> list[tuple[int, str]]:
+    """The functions and methods of a module that take ``now``: a judgement as of a time
+    (alive, live, due, free), which is a policy of its own."""
+    return sorted(
+        (node.lineno, node.name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(argument.arg == "now" for argument in node.args.args + node.args.kwonlyargs)
+        and node.name not in MODEL_READINGS_AT_A_TIME
+    )
+
+
+def test_the_models_hold_documents_and_their_validation_not_policies():
+    """When a worker or a lease is dead (`liveness`), a task is retried (`retry_policy`), a
+    task may be claimed (`consumer.claimable`) or a limit's token asked again
+    (`store.limits`) is decided in the module of its concept; `mscheduler.models` keeps the
+    documents, read and validated."""
+    found = _judged_at_a_time(ast.parse(MODULES[MODELS].read_text()))
+    assert not found, f"{MODELS} judges as of a time in {found}"
+
+
+def test_the_models_check_sees_a_policy():
+    planted = ast.parse(
+        "class WorkerInfo(BaseModel):\n"
+        "    def judged(self, now: dt.datetime) -> WorkerInfo: ...\n"
+        "class Limit(BaseModel):\n"
+        "    def usage(self, now: dt.datetime) -> dict: ...\n"
+        "def next_claim_for(task, worker_id, now, held=()): ...\n"
+        "def check_name(name: str) -> str: ...\n"
+    )
+    assert _judged_at_a_time(planted) == [(2, "judged"), (5, "next_claim_for")]
+
+
 # The task options that decide its retries, and the server-side builders that read them
 # (inside every write's pipeline, so they stay query builders): each read once.
 RETRY_OPTIONS = {
