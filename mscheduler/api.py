@@ -38,11 +38,10 @@ from .models import (
     TaskState,
     WorkerInfo,
 )
-from .periodic import Schedule, new_schedule
+from .periodic import Schedule
 from .services.task_events import TaskEvents
-from .specs import PublishSpec, Step, publish_spec
+from .specs import PublishSpec, Step, limit_spec, new_schedule, publish_spec
 from .store.components import Store
-from .store.limits import limit_spec
 from .worker_options import Discovery, WorkerOptions
 
 

@@ -42,8 +42,9 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
     # Idempotent publish and every per-task write: publishing a key twice never makes two tasks.
     ("key_unique", (("key", 1),), {"unique": True}),
     # claim_next: equality on name and state, sort by priority (high first), age and _id (ties
-    # of one batch stay FIFO), range on next_claim_at (Equality-Sort-Range order). Version 2:
-    # the first "claim_order" had no _id; a deployment may drop it.
+    # of one batch stay FIFO), range on next_claim_at (Equality-Sort-Range order). Named
+    # apart from "claim_order", the same keys without _id, which no query uses: a database
+    # that holds it may drop it.
     (
         "claim_order_v2",
         (

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import logging
 import secrets
 import traceback
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing_extensions import Required
 from . import constants as c
 from .clock import UTC, Clock, to_bson_time
 from .errors import ConfigurationError, field_errors
+from .retry_policy import BACKOFF_DEFAULTS
 
 
 class TaskState(str, enum.Enum):
@@ -84,13 +84,9 @@ def finished_states_to_replace(value: object) -> frozenset[TaskState]:
     return frozenset(states)
 
 
-log = logging.getLogger(__name__)
-
 # What every document format keeps: a document of a format newer than this version knows
 # (`constants.DOCUMENT_FORMAT`) is read as these fields alone, and left to a newer worker.
 _ENVELOPE = ("_id", "key", "name", "created_at", "updated_at", "format")
-# The newer formats this process has logged that it leaves (one line each, not one per task).
-_LEFT_FORMATS: set[int] = set()
 
 
 class WorkerStateKind(str, enum.Enum):
@@ -189,7 +185,7 @@ class TaskOptions(BaseModel):
         default=c.DEFAULT_MAX_UNEXPECTED_RETRIES, ge=0, le=c.MAX_UNEXPECTED_RETRIES
     )
     # Durations are bounded so that no date computed from them (here or on the server) can
-    # overflow: an unbounded one was accepted by publish, then crashed the consumer.
+    # overflow: an unbounded one would be accepted by publish, then crash the consumer.
     unexpected_retry_delay_ms: int = Field(
         default=c.DEFAULT_UNEXPECTED_RETRY_DELAY_MS, ge=0, le=c.MAX_RETRY_DELAY_MS
     )
@@ -209,12 +205,16 @@ class TaskOptions(BaseModel):
     says ``expired``); a task already running is not affected."""
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     """When a dependency fails or is cancelled: cancel this task too, or run it anyway."""
-    retry_backoff: float = Field(default=1.0, ge=1.0, le=c.MAX_RETRY_BACKOFF)
+    retry_backoff: float = Field(
+        default=BACKOFF_DEFAULTS["retry_backoff"], ge=1.0, le=c.MAX_RETRY_BACKOFF
+    )
     """After the n-th unexpected failure the task waits ``unexpected_retry_delay_ms`` times
-    ``retry_backoff ** (n - 1)`` (`queries.retry_delay`); 1: the same delay every time."""
-    retry_backoff_max_ms: int | None = Field(default=None, gt=0, le=c.MAX_RETRY_DELAY_MS)
+    ``retry_backoff ** (n - 1)`` (`retry_policy`); 1: the same delay every time."""
+    retry_backoff_max_ms: int | None = Field(
+        default=BACKOFF_DEFAULTS["retry_backoff_max_ms"], gt=0, le=c.MAX_RETRY_DELAY_MS
+    )
     """The longest a failure's delay grows to before jitter; None: no maximum of its own."""
-    retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    retry_jitter: float = Field(default=BACKOFF_DEFAULTS["retry_jitter"], ge=0.0, le=1.0)
     """Each failure's delay is multiplied by a factor drawn uniformly from
     ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
 
@@ -254,18 +254,9 @@ class TaskOptions(BaseModel):
         their defaults pays nothing for them, and every reader (the failure's write
         included) takes a missing one as its default."""
         left_out = {"not_before"} | {
-            name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
+            name for name, default in BACKOFF_DEFAULTS.items() if getattr(self, name) == default
         }
         return self.model_dump(exclude=left_out)
-
-
-# The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
-# reads a missing one as this default too).
-_BACKOFF_DEFAULTS: dict[str, Any] = {
-    "retry_backoff": 1.0,
-    "retry_backoff_max_ms": None,
-    "retry_jitter": 0.0,
-}
 
 
 class ErrorInfo(BaseModel):
@@ -331,13 +322,6 @@ class WorkerState(BaseModel):
     finished_at: UtcDatetime | None = None
     error: ErrorInfo | None = None
     result: Any = None
-
-    def is_live(self, now: dt.datetime) -> bool:
-        return (
-            self.state is WorkerStateKind.RUNNING
-            and self.ping_expire_at is not None
-            and self.ping_expire_at > now
-        )
 
 
 class EarlierAttempt(WorkerState):
@@ -461,48 +445,6 @@ class Task(BaseModel):
                 before = self.worker_states[index - 1]
                 return before if before.state is WorkerStateKind.TIMEOUT else None
         return None
-
-    def next_claim_for(
-        self, worker_id: str, now: dt.datetime, held: Collection[str] = ()
-    ) -> dt.datetime | None:
-        """When ``worker_id`` might claim this task (None: not as things stand). ``held``: the
-        run_ids the caller runs now.
-
-        The client-side half of the claim filter, used only to decide what to try: the claim
-        itself re-checks everything atomically on the server. A live state of ``worker_id``
-        that the caller does not hold is a previous life's (a restart under the same id): like
-        any lease, it ends at its expiry, which no write announces, so it gives a time to try
-        again, never None (the task would wait for some unrelated write for ever).
-
-        A task of a newer document format is never ours (`newer_format`): said once per
-        format in the process's log."""
-        if self.newer_format:
-            if self.format not in _LEFT_FORMATS:
-                _LEFT_FORMATS.add(self.format)
-                log.warning(
-                    "task %r is in document format %d, newer than this version of mscheduler "
-                    "reads (%d): left to workers of a newer version; upgrade this worker",
-                    self.key,
-                    self.format,
-                    c.DOCUMENT_FORMAT,
-                    extra={"action": "newer_format", "key": self.key, "format": self.format},
-                )
-            return None
-        if self.state not in CLAIMABLE_STATES or self.deps_pending:
-            return None
-        if self.options.specific_worker_ids and worker_id not in self.options.specific_worker_ids:
-            return None
-        when = self.next_claim_at
-        for ws in self.worker_states:
-            if ws.worker_id != worker_id:
-                continue
-            if ws.state is WorkerStateKind.SUCCESS or (ws.is_live(now) and ws.run_id in held):
-                return None
-            if ws.is_live(now) and ws.ping_expire_at is not None:
-                # The claim refuses a worker its second live state of a task, whichever life
-                # holds the first: claimable by us once that one expires.
-                when = ws.ping_expire_at if when is None else max(when, ws.ping_expire_at)
-        return when
 
 
 class StatsRow(BaseModel):
@@ -658,11 +600,6 @@ class TaskEvent(BaseModel):
     progress: Progress | None = None  # ``progress`` only
 
 
-# A worker is dead once it missed this many heartbeats: one late write is not a death, and
-# two heartbeats are a task's lease at the default ping interval and worker timeout.
-STALE_AFTER_BEATS = 2
-
-
 class FoundDead(BaseModel):
     """When a worker was first found dead, and why, as the reader that found it recorded
     it (`store.workers`)."""
@@ -674,7 +611,7 @@ class FoundDead(BaseModel):
 class WorkerInfo(BaseModel):
     """One consumer as it last described itself, with what it holds now read from the tasks
     (``running``, ``running_keys``) and ``alive`` and ``dead_since`` judged against a clock
-    when read (`judged`): a worker that stopped gracefully has no document at all."""
+    when read (`liveness.judged`): a worker that stopped gracefully has no document at all."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -692,8 +629,8 @@ class WorkerInfo(BaseModel):
     # its id before (a remote stop is for one instance: `store.stops`). Empty in entries
     # written by a version that did not draw one.
     instance: str = ""
-    alive: bool = True  # set by the reader (`judged`)
-    dead_since: UtcDatetime | None = None  # set by the reader (`judged`): when it was found dead
+    alive: bool = True  # set by the reader (`liveness.judged`)
+    dead_since: UtcDatetime | None = None  # set by the reader (`liveness.judged`): when found dead
     # The latest expiry of its leases that are live, and of those that expired (set by the
     # reader, from the tasks): why it was found dead, or that it still pings.
     lease_until: UtcDatetime | None = None
@@ -714,43 +651,6 @@ class WorkerInfo(BaseModel):
         if self.lease_lost_at is not None and self.dead_since == self.lease_lost_at:
             return "its leases expired"
         return "it missed its heartbeats"
-
-    def stale_at(self) -> dt.datetime:
-        """When it breaks its heartbeat promise, unless it beats again."""
-        return self.last_seen_at + dt.timedelta(milliseconds=self.heartbeat_ms * STALE_AFTER_BEATS)
-
-    def is_alive(self, now: dt.datetime) -> bool:
-        return self.judged(now).alive
-
-    def judged(self, now: dt.datetime) -> WorkerInfo:
-        """This entry with ``alive`` and ``dead_since`` as of ``now``. Dead since the first
-        promise it broke: a heartbeat (`stale_at`), or its leases, when all of them expired
-        after its last heartbeat (a worker that beat since was alive then: it only lost a
-        lease, say to a stall). A lease lost to a takeover is a ``timeout`` state of a task
-        that runs again, counted in ``lease_lost_at`` too, so the worker stays dead while
-        that task runs; once it ended, only the heartbeat rule is left to judge by (the
-        tasks that ended are not read: their number grows without bound). Leases claimed
-        before this instance started (a worker restarted under the same id) are its previous
-        life's: they say nothing of this one. A death recorded (`found_dead`) is kept."""
-        if self.found_dead is not None:
-            return self.model_copy(update={"alive": False, "dead_since": self.found_dead.since})
-        dead_since = self.stale_at()
-        lost = self.lease_lost_at
-        pinging = self.lease_until is not None and self.lease_until > now
-        claimed = self.lease_lost_claimed_at
-        previous_life = claimed is not None and claimed < self.started_at
-        if lost is not None and lost > self.last_seen_at and not pinging and not previous_life:
-            dead_since = min(dead_since, lost)
-        alive = now < dead_since
-        return self.model_copy(update={"alive": alive, "dead_since": None if alive else dead_since})
-
-
-# A consumer held back by max_running asks again this often: a slot frees when a task ends,
-# which no write tells it of (a consumer of the same process is told at once).
-RUNNING_RECHECK = dt.timedelta(seconds=1)
-# A full window whose freeing start is still held (its handler about to start) is asked again
-# after ``per``, as that start will likely count until then, and never sooner than this.
-_HELD_RECHECK = dt.timedelta(milliseconds=50)
 
 
 class _Entry(BaseModel):
@@ -781,27 +681,6 @@ class Limit(BaseModel):
             "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
             "running": sum(1 for e in self.slots if e.until and e.until > now),
         }
-
-    def free_at(self, now: dt.datetime) -> dt.datetime:
-        """When to ask for a token again: for a full window, when its oldest start leaves it
-        (known in advance); for ``max_running``, when a slot expires or `RUNNING_RECHECK`
-        from now, whichever is first (a task may end, and free its slot, at any moment)."""
-        # A start counting beyond ``per`` from now is held: no write tells us when its
-        # handler's start confirms it (which ends it sooner), so it is looked at again then.
-        held = now + max(dt.timedelta(milliseconds=self.per_ms or 0), _HELD_RECHECK)
-        times = []
-        for limit, entries in ((self.rate, self.starts), (self.max_running, self.slots)):
-            live = sorted(
-                min(e.until, held) if entries is self.starts else e.until
-                for e in entries
-                if e.until is not None and e.until > now
-            )
-            if limit is not None and len(live) >= limit:
-                free = live[len(live) - limit]
-                times.append(free if entries is self.starts else min(free, now + RUNNING_RECHECK))
-        # Not full when read: a slot freed between the refused write and this read. Asked
-        # again after the recheck, never at once (a loop of requests), never dropped.
-        return max(times, default=now + RUNNING_RECHECK)
 
 
 def check_params(params: Mapping[str, object], declared: type, method: str) -> None:
@@ -882,7 +761,7 @@ CatchUp = Literal["latest", "all", "none"]
 
 class ScheduleParams(TypedDict, total=False):
     """The keyword options of `Scheduler.schedule` (and `SyncScheduler.schedule`), declared
-    once and read by `periodic.new_schedule`, which holds their defaults.
+    once and read by `specs.new_schedule`, which holds their defaults.
 
     Either ``cron`` (an expression, in ``timezone``, an IANA name, ``UTC`` by default) or
     ``every`` (a timedelta). ``payload`` and ``options``: each occurrence's.

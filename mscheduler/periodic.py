@@ -1,4 +1,5 @@
-"""Periodic tasks: what a schedule is, and which occurrences are due (pure, no I/O).
+"""Periodic tasks: what a schedule is, and which occurrences are due (pure, no I/O); a
+schedule is built from the API's arguments by `specs.new_schedule`.
 
 A schedule is a document of its own (``<collection>.schedules``). Any consumer may publish its
 due occurrences: each occurrence is a task whose key is the schedule's id and the
@@ -20,24 +21,18 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from typing_extensions import Unpack
 
 from . import constants as c
 from .clock import UTC, to_bson_time
-from .encoding import check_document_size, to_storable
-from .errors import ConfigurationError, field_errors
 from .models import (
     CatchUp,
-    ScheduleParams,
     TaskOptions,
     UtcDatetime,
     check_key,
     check_name,
-    checked,
 )
 
 # With catch_up="none", an occurrence is still run if found at most this late (a consumer
@@ -170,52 +165,6 @@ def check_schedule_id(value: str) -> str:
     return value
 
 
-def new_schedule(
-    schedule_id: str, *, name: str, now: dt.datetime, **params: Unpack[ScheduleParams]
-) -> Schedule:
-    """A validated schedule whose first occurrence is the first one after ``now``; the
-    options a call leaves out take their defaults here."""
-    unknown = sorted(set(params) - set(ScheduleParams.__annotations__))
-    if unknown:  # as a signature that lists them would (the type checker refuses them too)
-        raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
-    checked(check_schedule_id, schedule_id)
-    every = params.get("every")
-    jitter = params.get("jitter")
-    for field, span in (("every", every), ("jitter", jitter)):
-        if span is not None and not isinstance(span, dt.timedelta):
-            raise ConfigurationError(f"{field}: expected a timedelta, got {type(span).__name__}")
-    options = params.get("options")
-    payload = params.get("payload")
-    fields: dict[str, Any] = {
-        "_id": schedule_id,
-        "name": name,
-        "cron": params.get("cron"),
-        "every_ms": None if every is None else round(every.total_seconds() * 1000),
-        "timezone": params.get("timezone", "UTC"),
-        "payload": to_storable(payload, "payload"),  # as each occurrence's is
-        "options": options or TaskOptions(),
-        "skip_if_running": params.get("skip_if_running", False),
-        "catch_up": params.get("catch_up", "latest"),
-        "jitter_ms": 0 if jitter is None else round(jitter.total_seconds() * 1000),
-        "anchor": now,
-        "next_at": now,  # replaced below, once the schedule can compute it
-        "created_at": now,
-        "updated_at": now,
-    }
-    if not isinstance(fields["options"], TaskOptions):
-        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
-    if fields["options"].not_before is not None:
-        raise ConfigurationError(
-            "options.not_before: a schedule sets each occurrence's start itself"
-        )
-    try:
-        draft = Schedule.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigurationError(field_errors(exc, "schedule")) from None
-    check_document_size({"payload": payload}, draft.options)  # each occurrence's payload
-    return draft.model_copy(update={"next_at": draft.after(now)})
-
-
 # What a registration defines; the other fields are the schedule's state, which it keeps.
 _DEFINITION = (
     "name",
@@ -238,13 +187,13 @@ def _times(schedule: Schedule) -> tuple[Any, ...]:
 
 
 def reregistered(stored: Schedule, wanted: Schedule, now: dt.datetime) -> Schedule:
-    """``wanted`` (`new_schedule`, anchored at ``now``) registered over ``stored``, the same id:
-    ``stored`` itself when nothing of the definition changed. A change keeps the schedule's
-    state: its ``anchor`` (an ``every`` keeps its phase), ``last_key`` (``skip_if_running``
-    still sees the occurrence that runs) and ``next_at`` (occurrences missed meanwhile are
-    caught up). Only a change of the occurrences' times (``cron``, ``timezone`` of a cron,
-    ``every``) moves ``next_at``: to the new times' first one not before the first unhandled
-    occurrence, or after ``now`` if that one is still to come."""
+    """``wanted`` (`specs.new_schedule`, anchored at ``now``) registered over ``stored``, the
+    same id: ``stored`` itself when nothing of the definition changed. A change keeps the
+    schedule's state: its ``anchor`` (an ``every`` keeps its phase), ``last_key``
+    (``skip_if_running`` still sees the occurrence that runs) and ``next_at`` (occurrences
+    missed meanwhile are caught up). Only a change of the occurrences' times (``cron``,
+    ``timezone`` of a cron, ``every``) moves ``next_at``: to the new times' first one not
+    before the first unhandled occurrence, or after ``now`` if that one is still to come."""
     before, after = schedule_document(stored), schedule_document(wanted)
     if all(before[field] == after[field] for field in _DEFINITION):
         return stored
@@ -276,6 +225,5 @@ __all__ = [
     "CatchUp",
     "Schedule",
     "due",
-    "new_schedule",
     "reregistered",
 ]

@@ -4,7 +4,7 @@ ping or a limited name's start sent again.
 
 Every loop of the package that waits out an unreachable database goes through here: a test's
 `ManualClock` drives its delays (no real sleep), and a change to how retries wait is made once.
-Not a task's retry delay after its handler failed: that is `queries.retry_delay`.
+Not a task's retry delay after its handler failed: that is `retry_policy`'s.
 
 Not tenacity or stamina: their waits are measured on the real clock (stamina's testing mode
 only turns them off), and the finish of every task passes through this code, where their

@@ -1,5 +1,8 @@
-"""What to publish, as data: `PublishSpec` (one publish, checked once where it enters and
-handed down whole), `TaskSpec` and the structures built from it: `chain`, `group`, `chord`.
+"""The input specs: the API's arguments checked once where they enter (a bad one raises a
+`ConfigurationError` naming its field) and handed down whole. What to publish
+(`publish_spec` into `PublishSpec`; `TaskSpec` and the structures built from it: `chain`,
+`group`, `chord`), the limits of a name (`limit_spec` into `LimitSpec`) and a schedule
+(`new_schedule` into a `periodic.Schedule`, which computes its occurrences).
 
 A structure is only specs with their ``depends_on`` filled in; `Scheduler.publish_many`
 writes it in one all-or-nothing call. Keys stay the caller's: re-publishing a structure is
@@ -13,14 +16,15 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from typing_extensions import Unpack
 
-from .encoding import to_storable
-from .errors import ConfigurationError, DependencyError
+from .encoding import check_document_size, to_storable
+from .errors import ConfigurationError, DependencyError, field_errors
 from .models import (
     PublishParams,
     ReplaceFinished,
+    ScheduleParams,
     TaskOptions,
     TaskParams,
     TaskState,
@@ -30,6 +34,7 @@ from .models import (
     checked,
     finished_states_to_replace,
 )
+from .periodic import Schedule, check_schedule_id
 from .start_delay import with_start_delay
 
 
@@ -284,3 +289,93 @@ def dependency_order(specs: Sequence[TaskSpec]) -> list[TaskSpec]:
     for key in by_key:
         visit(key, ())
     return ordered
+
+
+def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
+    """``per`` in milliseconds, once every value is one a limit can have."""
+    for field, value in (("rate", rate), ("max_running", max_running)):
+        number = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and not (number and 1 <= value <= 1_000_000):
+            raise ConfigurationError(
+                f"{field}: expected an integer from 1 to 1000000, got {value!r}"
+            )
+    if (rate is None) != (per is None):
+        raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
+    if rate is None and max_running is None:
+        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
+    if per is None:
+        return None
+    longest = dt.timedelta(days=366)
+    if not isinstance(per, dt.timedelta) or not dt.timedelta(milliseconds=1) <= per <= longest:
+        raise ConfigurationError(f"per: expected a timedelta from 1 ms to a year, got {per!r}")
+    return round(per.total_seconds() * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSpec:
+    """The limits of one name, checked (`limit_spec`): what `Limits.set` writes."""
+
+    name: str
+    rate: int | None
+    per_ms: int | None
+    max_running: int | None
+
+
+def limit_spec(
+    name: str,
+    *,
+    rate: int | None = None,
+    per: dt.timedelta | None = None,
+    max_running: int | None = None,
+) -> LimitSpec:
+    """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
+    naming its field."""
+    name = checked(check_name, name)
+    per_ms = _checked_limits(rate, per, max_running)
+    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
+
+
+def new_schedule(
+    schedule_id: str, *, name: str, now: dt.datetime, **params: Unpack[ScheduleParams]
+) -> Schedule:
+    """A validated schedule whose first occurrence is the first one after ``now``; the
+    options a call leaves out take their defaults here."""
+    unknown = sorted(set(params) - set(ScheduleParams.__annotations__))
+    if unknown:  # as a signature that lists them would (the type checker refuses them too)
+        raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
+    checked(check_schedule_id, schedule_id)
+    every = params.get("every")
+    jitter = params.get("jitter")
+    for field, span in (("every", every), ("jitter", jitter)):
+        if span is not None and not isinstance(span, dt.timedelta):
+            raise ConfigurationError(f"{field}: expected a timedelta, got {type(span).__name__}")
+    options = params.get("options")
+    payload = params.get("payload")
+    fields: dict[str, Any] = {
+        "_id": schedule_id,
+        "name": name,
+        "cron": params.get("cron"),
+        "every_ms": None if every is None else round(every.total_seconds() * 1000),
+        "timezone": params.get("timezone", "UTC"),
+        "payload": to_storable(payload, "payload"),  # as each occurrence's is
+        "options": options or TaskOptions(),
+        "skip_if_running": params.get("skip_if_running", False),
+        "catch_up": params.get("catch_up", "latest"),
+        "jitter_ms": 0 if jitter is None else round(jitter.total_seconds() * 1000),
+        "anchor": now,
+        "next_at": now,  # replaced below, once the schedule can compute it
+        "created_at": now,
+        "updated_at": now,
+    }
+    if not isinstance(fields["options"], TaskOptions):
+        raise ConfigurationError(f"options: expected TaskOptions, got {type(options).__name__}")
+    if fields["options"].not_before is not None:
+        raise ConfigurationError(
+            "options.not_before: a schedule sets each occurrence's start itself"
+        )
+    try:
+        draft = Schedule.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigurationError(field_errors(exc, "schedule")) from None
+    check_document_size({"payload": payload}, draft.options)  # each occurrence's payload
+    return draft.model_copy(update={"next_at": draft.after(now)})

@@ -1,5 +1,5 @@
 """The start delay of a published task: a relative start (``publish(delay=...)``,
-``debounce=``) turned into ``not_before``. Not a retry delay (`queries.retry_delay`) nor the
+``debounce=``) turned into ``not_before``. Not a retry delay (`retry_policy`) nor the
 wait while the database is unreachable (`reconnect_backoff`)."""
 
 from __future__ import annotations

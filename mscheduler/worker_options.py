@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .models import check_worker_id
+from .retry_policy import doubling_delay_s
 
 
 def _default_worker_id() -> str:
@@ -100,14 +101,11 @@ class WorkerOptions(BaseModel):
         return check_worker_id(worker_id)
 
     def handler_retry_delay(self, attempt: int) -> float:
-        """Seconds before local handler retry ``attempt`` (0-based): doubling, capped."""
-        return _doubling(self.retry_backoff_ms, self.retry_backoff_max_ms, attempt)
+        """Seconds before local handler retry ``attempt`` (0-based): doubling, capped
+        (`retry_policy`)."""
+        return doubling_delay_s(self.retry_backoff_ms, self.retry_backoff_max_ms, attempt)
 
     def reconnect_delay(self, attempt: int) -> float:
-        """Seconds before retrying the database after ``attempt`` failures: doubling, capped."""
-        return _doubling(self.reconnect_backoff_ms, self.reconnect_backoff_max_ms, attempt)
-
-
-def _doubling(base_ms: int, max_ms: int, attempt: int) -> float:
-    delay_ms: int = min(base_ms * 2 ** min(attempt, 32), max_ms)
-    return delay_ms / 1000
+        """Seconds before retrying the database after ``attempt`` failures: the same doubling
+        curve, capped."""
+        return doubling_delay_s(self.reconnect_backoff_ms, self.reconnect_backoff_max_ms, attempt)

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from ..models import Task, TaskOptions, TaskState, WorkerState, WorkerStateKind
+from ..retry_policy import attempts_on_failures
 from .output import extended, when
 
 # A frame of `traceback.format_tb`: its "File" line and the source line under it, if any.
@@ -95,7 +96,7 @@ def render(task: Task, now: dt.datetime) -> str:
             lines.append(f"{label + ':':<13}{value}")
 
     options = task.options
-    tries = options.max_unexpected_retries + 1
+    tries = attempts_on_failures(options.max_unexpected_retries)
     field("key", task.key)
     field("name", task.name)
     field("state", f"{task.state.value} (attempt {task.attempts}; {tries} allowed on failures)")

@@ -6,6 +6,7 @@
 - ``listener``: the discovery hub's events of its names into the heap and the executor;
 - ``heap``: what it may claim next, one entry per key, earliest first;
 - ``claimer``: the claim path: claim what is due, put back the rest, recover lost replies;
+- ``claimable``: when this worker might claim a task (the claim filter's client-side half);
 - ``spread``: the ``spread`` claim policy (long tasks shared across the live workers);
 - ``limits``: `Limiter`, the one claim core of every surface (the consumer, `own`, isolated
   handlers): the tokens a claim of a limited name takes, confirms, extends and frees;

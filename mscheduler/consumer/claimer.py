@@ -31,6 +31,7 @@ from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Limit, Task
 from ..worker_options import WorkerOptions
 from . import takeover
+from .claimable import next_claim_for
 from .heap import ClaimHeap
 from .stats import ConsumerStats
 
@@ -331,7 +332,7 @@ class Claimer:
         now = self._clock.now()
         held = self._slots.held_runs
         for task in tasks:
-            when = task.next_claim_for(self._worker_id, now, held)
+            when = next_claim_for(task, self._worker_id, now, held)
             if when is not None and when > now:
                 self._feed.offer(task)
         return False

@@ -32,6 +32,7 @@ from ..models import Task
 from ..reconnect_backoff import retrying
 from ..store.components import Store
 from ..worker_options import WorkerOptions
+from .claimable import next_claim_for
 from .claimer import Claimer
 from .controls import Controls
 from .executor import Executor
@@ -274,7 +275,7 @@ class Consumer:
         """A task in the heap at its next claim time (`claimer.Feed`)."""
         held = self._executor.held_runs
         when = self._limiter.offered(
-            task, task.next_claim_for(self.worker_id, self._clock.now(), held)
+            task, next_claim_for(task, self.worker_id, self._clock.now(), held)
         )
         self._presence.spread.offered(task.key, bool(task.options.specific_worker_ids))
         if self._heap.offer(task.key, when, task.version, task.id, task.name):
@@ -436,7 +437,7 @@ class Consumer:
         held = self._executor.held_runs
         due = []
         for task in tasks:
-            when = task.next_claim_for(self.worker_id, now, held)
+            when = next_claim_for(task, self.worker_id, now, held)
             if when is not None and when <= now:
                 due.append(task)
         return due

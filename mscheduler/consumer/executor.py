@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import context
+from .. import context, retry_policy
 from ..clock import Clock, sleep
 from ..constants import HURRIED_RELEASE_TIMEOUT_S
 from ..errors import (
@@ -29,8 +29,8 @@ from ..errors import (
     PayloadError,
     RetryLater,
     StoreError,
-    TaskTimeout,
 )
+from ..liveness import expiry_margin, lease_expiry
 from ..models import ErrorInfo, Lease, Task, WorkerStateKind
 from ..observability import otel_metrics, tracing
 from ..reconnect_backoff import Backoff
@@ -46,17 +46,6 @@ log = logging.getLogger(__name__)
 # A handler's progress is written at most this often per task (it brings the ping forward).
 PROGRESS_EVERY = dt.timedelta(seconds=1)
 _RELEASE_TIMEOUT_S = 10.0  # real seconds a release may take at shutdown before we give up
-
-
-def expiry_margin(worker_timeout_ms: int) -> dt.timedelta:
-    """How long before its lease expires a worker stops the handler: a tenth of the timeout.
-
-    Another worker judges the lease by its own clock. If the holder stopped only at the
-    expiry by *its* clock, a holder whose clock is behind would still run while the other
-    claims. With this margin, at most ``concurrent_worker_cnt``
-    handlers run at once while the workers' clocks differ by less than a tenth of
-    ``worker_timeout_ms``."""
-    return dt.timedelta(milliseconds=worker_timeout_ms / 10)
 
 
 @dataclasses.dataclass
@@ -273,16 +262,12 @@ class Executor:
                         task, lambda: self._may_start(entry), lambda: self._gate.started(task)
                     )
                 return _Outcome(result=result)
-            except (Abort, RetryLater) as exc:
-                # the handler's decision: no local retry
-                return _Outcome(error=exc, final=isinstance(exc, Abort))
             except Exception as exc:
-                if not self._handlers[task.name].retries(exc):
-                    return _Outcome(error=exc, final=True)  # not in retry_on: no retry at all
-                if isinstance(exc, TaskTimeout) or attempt == self._options.handler_retries:
-                    # A timed-out attempt is not retried locally: the limit bounds how long
-                    # the task is held, and the task's own retries decide what comes next.
-                    return _Outcome(error=exc)
+                final = retry_policy.ends_the_task(exc, self._handlers[task.name].retry_on)
+                if final or not retry_policy.retries_locally(
+                    exc, attempt, self._options.handler_retries
+                ):
+                    return _Outcome(error=exc, final=final)
                 self._stats.record("handler_retries", task.name)
                 log.info(
                     "handler failed, retrying locally",
@@ -495,7 +480,7 @@ class Executor:
                     self._stats.record("lease_lost", entry.lease.task.name)
                     entry.stop("the lease was lost (found at ping)", release=False)
                 else:
-                    entry.expire_at = now + dt.timedelta(milliseconds=entry.worker_timeout_ms)
+                    entry.expire_at = lease_expiry(now, entry.worker_timeout_ms)
                     entry.next_ping_at = now + dt.timedelta(milliseconds=entry.ping_interval_ms)
                     if entry.lease.reported_progress is not None:
                         entry.progress_written_at = now

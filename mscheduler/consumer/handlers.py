@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 from ..errors import ConfigurationError
 from ..models import Task, check_name
+from ..retry_policy import ExceptionTypes
 
 Handler = Callable[[Task], Any]
 """``async def handler(task) -> result``, or a plain ``def`` (run in a worker thread)."""
 F = TypeVar("F", bound=Handler)
-ExceptionTypes = tuple[type[BaseException], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,12 +108,8 @@ def isolated(
 class HandlerSpec:
     function: Handler
     is_async: bool
-    retry_on: ExceptionTypes | None  # None: every exception retries
+    retry_on: ExceptionTypes | None  # None: every exception retries (`retry_policy`)
     isolated: Isolated | None = None  # runs in a child process (`isolated`)
-
-    def retries(self, error: BaseException) -> bool:
-        """Whether a failure with ``error`` may be retried (else it ends the task)."""
-        return self.retry_on is None or isinstance(error, self.retry_on)
 
 
 def _is_async(function: Any) -> bool:

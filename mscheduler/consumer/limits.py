@@ -41,6 +41,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..errors import BackendUnavailable, ClaimUncertain, StoreError
+from ..liveness import lease_expiry
 from ..models import Lease, Limit, Task, new_run_id
 from ..reconnect_backoff import Backoff
 from ..store.components import Store
@@ -513,7 +514,7 @@ class Limiter:
 
 def _lease_end(lease: Lease, now: dt.datetime) -> dt.datetime:
     """The end of a running lease pinged now: its task's timeout from now."""
-    return now + dt.timedelta(milliseconds=lease.task.options.worker_timeout_ms)
+    return lease_expiry(now, lease.task.options.worker_timeout_ms)
 
 
 def _first_end(slot: _Slot, now: dt.datetime) -> dt.datetime:

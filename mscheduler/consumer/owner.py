@@ -44,6 +44,7 @@ from typing_extensions import Unpack
 
 from ..constants import MAX_TASKS
 from ..errors import BackendUnavailable, ConfigurationError, LeaseLost
+from ..liveness import lease_is_live
 from ..models import (
     ErrorInfo,
     Lease,
@@ -59,6 +60,7 @@ from ..services.discovery import Subscription
 from ..store.components import Store
 from ..worker_options import WorkerOptions
 from . import takeover
+from .claimable import next_claim_for
 from .limits import Limiter
 
 log = logging.getLogger(__name__)
@@ -237,7 +239,7 @@ class Owner:
             return None
         soonest: dt.datetime | None = None
         for task in await self._store.fetch(free, worker_id, _SOONEST_PAGE, _SOONEST_PAGE):
-            when = self._limiter.offered(task, task.next_claim_for(worker_id, now))
+            when = self._limiter.offered(task, next_claim_for(task, worker_id, now))
             if when is not None and when > now and (soonest is None or when < soonest):
                 soonest = when
         return soonest
@@ -374,7 +376,7 @@ class Owner:
         now = self._clock.now()
         if task is not None:
             for ws in task.worker_states:
-                if ws.run_id == run_id and ws.worker_id == worker_id and ws.is_live(now):
+                if ws.run_id == run_id and ws.worker_id == worker_id and lease_is_live(ws, now):
                     return Lease(key=key, worker_id=worker_id, run_id=run_id, task=task)
         raise LeaseLost(
             f"task {key!r}: worker {worker_id!r} holds no live lease with run {run_id!r}",

@@ -10,7 +10,8 @@ collections and indexes they rely on are `layout`.
 - `templates`: update pipelines built once per shape, their arguments filled in per call;
 - `timing`: expiry and debounce: when a waiting task may start;
 - `history`: what a task's new run takes over from the old (earlier attempts, bounded);
-- `retry_delay`: when a failed task is tried again (its backoff, a handler's retry later);
+- `retry_delay`: the delay after a failure, grown and spread, in the failure's write (every
+  other retry rule, and where it is applied: `mscheduler.retry_policy`);
 - `browse`: the dashboard's pages, projections and orders;
 - `changes`: change-stream pipelines (the hub's, a watch's, `SyncScheduler`'s wait);
 - `schedules`: schedule documents; `limits`: limits and their slots; `pauses`: paused names;

@@ -20,9 +20,9 @@ from .stages import (
     count_states,
     earliest_lease_expiry,
     failure_error,
-    failures,
     latest,
     map_states,
+    out_of_retries,
     rebuilt_state,
     state_is,
     tries_exhausted,
@@ -130,7 +130,6 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
     """
     succeeded = count_states(state_is(SUCCESS))
     running = count_states(state_is(RUNNING))
-    failed = failures()
     state = {
         "$switch": {
             "branches": [
@@ -144,7 +143,7 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                     "then": TaskState.SUCCESS.value,
                 },
                 {
-                    "case": {"$gt": [failed, "$options.max_unexpected_retries"]},
+                    "case": out_of_retries(),
                     "then": TaskState.FAIL.value,
                 },
                 {"case": tries_exhausted(running), "then": TaskState.FAIL.value},
@@ -187,8 +186,8 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
             "$set": {
                 # Every expression of a stage reads the document as it entered the stage: the
                 # values from before this write, kept for `wakes` in the next stage. (Not
-                # computed there from the expression of next_claim_at: that evaluated it three
-                # times, the most costly part of every write on the memory backend.)
+                # computed there from the expression of next_claim_at: that would evaluate it
+                # three times, the most costly part of every write on the memory backend.)
                 WAS_NEXT_CLAIM_AT: {"$ifNull": ["$next_claim_at", None]},
                 WAS_DEPENDENTS_NOTIFIED: {"$ifNull": ["$dependents_notified", None]},
                 "next_claim_at": next_claim_at,

@@ -32,7 +32,7 @@ Clocks: ``now`` is the acquiring worker's clock (`$$NOW` is missing on the memor
 mongomock), so a worker whose clock runs δ ahead of another's ends that one's starts δ
 early. With the workers' clocks within δ of each other, at most ``rate`` start in any
 ``per_ms - δ``; the bound on δ is the one leases already assume
-(`consumer.executor.expiry_margin`).
+(`liveness.expiry_margin`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""When a task whose run did not succeed may be claimed again: its ``retry_at``.
-
-- A handler failure (`lease.fail_update`) delays the next claim by the task's
-  ``options.unexpected_retry_delay_ms``, grown by ``retry_backoff`` per failure up to
-  ``retry_backoff_max_ms`` and spread by ``retry_jitter`` (`_failure_delay_ms`). The server
-  computes it in the failure's own write, so the delay is the one of the options (and the
-  failures) the task holds when it fails (`after_failure`).
-- A handler that raised `RetryLater` names its own delay (`retry_later_at`); it is not a
-  failure and counts against no retries.
-- A timeout or a lost lease adds nothing: the worker timeout was the delay.
-
-``recompute`` (`derived`) then makes the task claimable from ``max(not_before, retry_at)``.
-Before any of these, a consumer may retry a failed handler call within its claim
-(``WorkerOptions.handler_retries``), waiting `WorkerOptions.handler_retry_delay` (doubling
-from ``retry_backoff_ms``). Neither is the wait while the database is unreachable
-(`mscheduler.reconnect_backoff`) nor a publish's start delay (`mscheduler.start_delay`).
+"""The delay after a failure, computed on the server in the failure's own write
+(`lease.fail_update`): the task's ``options.unexpected_retry_delay_ms``, grown by
+``retry_backoff`` per failure up to ``retry_backoff_max_ms`` and spread by ``retry_jitter``
+(`_failure_delay_ms`), so the delay is the one of the options (and the failures) the task
+holds when it fails (`after_failure`). Every other retry rule, and where each is applied, is
+listed in `mscheduler.retry_policy`.
 """
 
 from __future__ import annotations
@@ -21,14 +11,14 @@ from __future__ import annotations
 import datetime as dt
 
 from .. import constants as c
-from ..clock import to_bson_time
+from ..retry_policy import BACKOFF_DEFAULTS
 from .stages import Document, failures, literal
 
 # The options' defaults, read for a task that does not store them (`TaskOptions.to_document`
-# leaves them out at their defaults): the same delay after every failure, no jitter.
-_BACKOFF: Document = {"$ifNull": ["$options.retry_backoff", 1.0]}
+# leaves them out at their defaults); no maximum of its own is the largest delay.
+_BACKOFF: Document = {"$ifNull": ["$options.retry_backoff", BACKOFF_DEFAULTS["retry_backoff"]]}
 _BACKOFF_MAX_MS: Document = {"$ifNull": ["$options.retry_backoff_max_ms", c.MAX_RETRY_DELAY_MS]}
-_JITTER: Document = {"$ifNull": ["$options.retry_jitter", 0.0]}
+_JITTER: Document = {"$ifNull": ["$options.retry_jitter", BACKOFF_DEFAULTS["retry_jitter"]]}
 
 # A backoff from this value up reaches `constants.MAX_RETRY_DELAY_MS` within
 # `_STEEP_EXPONENT` failures from a delay of 1 ms (1.5 ** 64 > 2 ** 37), so its exponent is
@@ -69,8 +59,3 @@ def _failure_delay_ms(spread: float) -> Document:
 def after_failure(now: dt.datetime, spread: float) -> Document:
     """The stage that sets a failed task's ``retry_at``: ``now`` plus `_failure_delay_ms`."""
     return {"$set": {"retry_at": {"$add": [now, _failure_delay_ms(spread)]}}}
-
-
-def retry_later_at(now: dt.datetime, delay_s: float) -> dt.datetime:
-    """The ``retry_at`` of a run that asked to be retried ``delay_s`` seconds from ``now``."""
-    return to_bson_time(now + dt.timedelta(seconds=delay_s))

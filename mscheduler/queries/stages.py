@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import constants as c
-from ..models import TERMINAL_STATES, ErrorInfo, TaskState, WorkerStateKind
+from ..models import CLAIMABLE_STATES, TERMINAL_STATES, ErrorInfo, WorkerStateKind
 from .templates import templated
 
 Document = dict[str, Any]
@@ -24,7 +24,7 @@ FAIL = WorkerStateKind.FAIL.value
 TIMEOUT = WorkerStateKind.TIMEOUT.value
 RELEASED = WorkerStateKind.RELEASED.value
 TERMINAL = sorted(s.value for s in TERMINAL_STATES)
-CLAIMABLE = [TaskState.PENDING.value, TaskState.RUNNING.value]
+CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
 
 WORKER_STATE_FIELDS = (
     "worker_id",
@@ -200,6 +200,17 @@ def sweep_expired(now: dt.datetime) -> Document:
             error=literal(_TIMEOUT_ERROR),
         ),
     )
+
+
+def retries_left() -> Document:
+    """The task may run again after its failures: no more unexpected failures (`failures`)
+    than ``max_unexpected_retries``."""
+    return {"$lte": [failures(), "$options.max_unexpected_retries"]}
+
+
+def out_of_retries() -> Document:
+    """More unexpected failures than ``max_unexpected_retries``: the task fails."""
+    return {"$gt": [failures(), "$options.max_unexpected_retries"]}
 
 
 def tries_left() -> Document:

@@ -40,10 +40,10 @@ from .stages import (
     Document,
     Pipeline,
     count_states,
-    failures,
     is_live,
     lease_expiry,
     literal,
+    retries_left,
     state_is,
     sweep_expired,
     tries_left,
@@ -212,7 +212,7 @@ def claim_filter(
     plus succeeded states never exceed ``concurrent_worker_cnt``; a worker never holds two live
     states of one task (whichever life of it holds the first: a worker restarted under its id
     waits for its previous life's lease to expire, as for any lease, and its consumer tries
-    then, `Task.next_claim_for`) nor runs a task it already succeeded; only
+    then, `consumer.claimable.next_claim_for`) nor runs a task it already succeeded; only
     ``specific_worker_ids`` (when set) claim; nothing is claimed before
     ``not_before``/``retry_at`` (both folded into ``next_claim_at``) or while dependencies
     are pending. ``next_claim_at`` serves the index; the ``$expr`` re-derives the slot count
@@ -307,13 +307,12 @@ def _claimable_by_states(worker_id: str, now: dt.datetime) -> Document:
     exhausts the retries."""
     live = count_states(is_live(now))
     succeeded = count_states(state_is(SUCCESS))
-    failed = failures()
     return {
         **_own_states_excluded(worker_id, now),
         "$expr": {
             "$and": [
                 {"$lt": [{"$add": [live, succeeded]}, "$options.concurrent_worker_cnt"]},
-                {"$lte": [failed, "$options.max_unexpected_retries"]},
+                retries_left(),
                 {"$or": [tries_left(), {"$eq": [live, 0]}]},
             ]
         },
@@ -457,7 +456,6 @@ def _new_state(worker: Any, run_id: Any, now: dt.datetime, expires: Any) -> Docu
 
 
 def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pipeline:
-    failed_after_sweep = failures()
     new_state = _new_state(literal(worker_id), literal(run_id), now, expires)
     # Ours is appended unless the sweep exhausted the retries, or no try is left (the
     # claim filter admits that only to end the task: `_claimable_by_states`); sweeping
@@ -470,7 +468,7 @@ def _claiming(worker_id: str, run_id: str, now: dt.datetime, expires: Any) -> Pi
                     "$cond": [
                         {
                             "$and": [
-                                {"$lte": [failed_after_sweep, "$options.max_unexpected_retries"]},
+                                retries_left(),
                                 tries_left(),
                             ]
                         },
@@ -653,7 +651,7 @@ def held_by_worker_pipeline(now: dt.datetime, listed: int) -> Pipeline:
         ]
     }
     # When each lost lease was claimed: a worker restarted under the same id did not lose the
-    # leases of its previous life (`models.WorkerInfo.judged` compares it with its start).
+    # leases of its previous life (`liveness.judged` compares it with its start).
     lost_claimed_at = {
         "$cond": [
             {"$eq": [state, TIMEOUT]},

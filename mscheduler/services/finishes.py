@@ -40,6 +40,7 @@ import anyio
 from pymongo.errors import BulkWriteError
 
 from ..errors import BackendUnavailable
+from ..liveness import lease_is_live
 from ..models import Lease, Task, WorkerStateKind
 from ..queries import lease as lq
 from ..store import finishes
@@ -223,6 +224,6 @@ def _live(document: Document | None, finish: _Finish) -> bool:
     return any(
         state.run_id == lease.run_id
         and state.worker_id == lease.worker_id
-        and state.is_live(finish.now)
+        and lease_is_live(state, finish.now)
         for state in Task.model_validate(document).worker_states
     )

@@ -33,6 +33,7 @@ from ..errors import (
     PreconditionFailed,
     TaskRunning,
 )
+from ..liveness import lease_is_live
 from ..models import (
     Lease,
     PublishResult,
@@ -425,8 +426,7 @@ async def _check_leases(store: WholeStore, leases: Sequence[Lease]) -> None:
     for lease in leases:
         task = tasks.get(lease.key)
         live = task is not None and any(
-            ws.run_id == lease.run_id and ws.state is WorkerStateKind.RUNNING and ws.is_live(now)
-            for ws in task.worker_states
+            ws.run_id == lease.run_id and lease_is_live(ws, now) for ws in task.worker_states
         )
         if not live:
             raise LeaseLost(f"commit: worker {lease.worker_id!r} no longer holds {lease.key!r}")

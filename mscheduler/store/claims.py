@@ -24,22 +24,21 @@ do for `TaskStore.claim`. What differs, and why it is safe:
 
 The batches of one store take turns (`TaskStore.claim_many`). Consumers sharing a store free
 their slots together (their finishes share a bulk write), so at once they would read the same
-best candidates and split them: rounds of three round trips for a few tasks each (on
-the wire engine, many rounds won nothing). In turn, each reads past what the one before
-it won.
+best candidates and split them: rounds of three round trips for a few tasks each, many of
+them winning nothing. In turn, each reads past what the one before it won.
 Taking a free turn does not yield: the memory backend's calls never do, so its consumers'
 claims and finishes stay in one turn of the event loop, and their finishes in one batch
-(yielding there split them into a batch per consumer, and more round trips per task).
+(yielding there would split them into a batch per consumer, and more round trips per task).
 
 Other processes race: several that free their slots at once read the same best candidates,
-and the first write takes them all (at 3 processes of 16 slots, nearly half the reads won
-nothing). So a store that lost candidates to others reads a wider window of the best
-candidates (`Window`) and claims a random ``limit`` of it: processes that read the same
-window then mostly claim different tasks, and a lost race costs a few candidates, not a
-whole round. Priority holds: every candidate of a higher priority than the ``limit``-th is
-claimed, and only among the candidates of that priority (oldest first, within the window)
-does the choice spread. A store that does not lose reads exactly ``limit``: the window
-costs the documents it examines only while others race it.
+and the first write takes them all, so the others' reads win nothing. So a store that lost
+candidates to others reads a wider window of the best candidates (`Window`) and claims a
+random ``limit`` of it: processes that read the same window then mostly claim different
+tasks, and a lost race costs a few candidates, not a whole round. Priority holds: every
+candidate of a higher priority than the ``limit``-th is claimed, and only among the
+candidates of that priority (oldest first, within the window) does the choice spread. A
+store that does not lose reads exactly ``limit``: the window costs the documents it examines
+only while others race it.
 """
 
 from __future__ import annotations

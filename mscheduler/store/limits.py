@@ -4,77 +4,57 @@ limited name takes first (see `queries.limits` for the protocol and its invarian
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
 from ..clock import to_bson_time
-from ..errors import ConfigurationError
 from ..models import Limit, WorkerStateKind, check_name, checked
 from ..queries import limits as lq
 from ..queries import tasks as q
+from ..specs import LimitSpec
 from .base import BesideTasks
 from .driver import driver_errors
 
 # A consumer held back by max_running asks again this often: a slot frees when a task ends,
 # which no write tells it of (a consumer of the same process is told at once).
 RUNNING_RECHECK = dt.timedelta(seconds=1)
+# A full window whose freeing start is still held (its handler about to start) is asked again
+# after ``per``, as that start will likely count until then, and never sooner than this.
+_HELD_RECHECK = dt.timedelta(milliseconds=50)
 # How long a start is held beyond its window until its handler's start confirms it
 # (`queries.limits`): a handler that starts later than this after it takes a start of its own.
 START_HOLD = dt.timedelta(seconds=10)
 
 
+def free_at(limit: Limit, now: dt.datetime) -> dt.datetime:
+    """When to ask for a token of ``limit``'s name again: for a full window, when its oldest
+    start leaves it (known in advance); for ``max_running``, when a slot expires or
+    `RUNNING_RECHECK` from now, whichever is first (a task may end, and free its slot, at any
+    moment)."""
+    # A start counting beyond ``per`` from now is held: no write tells us when its
+    # handler's start confirms it (which ends it sooner), so it is looked at again then.
+    held = now + max(dt.timedelta(milliseconds=limit.per_ms or 0), _HELD_RECHECK)
+    times = []
+    for most, entries in ((limit.rate, limit.starts), (limit.max_running, limit.slots)):
+        live = sorted(
+            min(e.until, held) if entries is limit.starts else e.until
+            for e in entries
+            if e.until is not None and e.until > now
+        )
+        if most is not None and len(live) >= most:
+            free = live[len(live) - most]
+            times.append(free if entries is limit.starts else min(free, now + RUNNING_RECHECK))
+    # Not full when read: a slot freed between the refused write and this read. Asked
+    # again after the recheck, never at once (a loop of requests), never dropped.
+    return max(times, default=now + RUNNING_RECHECK)
+
+
 def _ms(duration: dt.timedelta) -> int:
     return round(duration.total_seconds() * 1000)
-
-
-def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
-    """``per`` in milliseconds, once every value is one a limit can have."""
-    for field, value in (("rate", rate), ("max_running", max_running)):
-        number = isinstance(value, int) and not isinstance(value, bool)
-        if value is not None and not (number and 1 <= value <= 1_000_000):
-            raise ConfigurationError(
-                f"{field}: expected an integer from 1 to 1000000, got {value!r}"
-            )
-    if (rate is None) != (per is None):
-        raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
-    if rate is None and max_running is None:
-        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
-    if per is None:
-        return None
-    longest = dt.timedelta(days=366)
-    if not isinstance(per, dt.timedelta) or not dt.timedelta(milliseconds=1) <= per <= longest:
-        raise ConfigurationError(f"per: expected a timedelta from 1 ms to a year, got {per!r}")
-    return round(per.total_seconds() * 1000)
-
-
-@dataclasses.dataclass(frozen=True)
-class LimitSpec:
-    """The limits of one name, checked (`limit_spec`): what `Limits.set` writes."""
-
-    name: str
-    rate: int | None
-    per_ms: int | None
-    max_running: int | None
-
-
-def limit_spec(
-    name: str,
-    *,
-    rate: int | None = None,
-    per: dt.timedelta | None = None,
-    max_running: int | None = None,
-) -> LimitSpec:
-    """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
-    naming its field."""
-    name = checked(check_name, name)
-    per_ms = _checked_limits(rate, per, max_running)
-    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
 
 
 class Limits(BesideTasks):
@@ -148,7 +128,7 @@ class Limits(BesideTasks):
         if taken is not None:
             return token
         found = await self.collection.find_one(lq.by_name(name))
-        return None if found is None else Limit.model_validate(found).free_at(now)
+        return None if found is None else free_at(Limit.model_validate(found), now)
 
     @driver_errors
     async def start(self, name: str) -> str | dt.datetime | None:
@@ -164,7 +144,7 @@ class Limits(BesideTasks):
         if found is None:
             return None
         limit = Limit.model_validate(found)
-        return limit.model_copy(update={"max_running": None}).free_at(now)
+        return free_at(limit.model_copy(update={"max_running": None}), now)
 
     @driver_errors
     async def confirm(self, name: str, tokens: Sequence[str]) -> None:

@@ -17,10 +17,12 @@ from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
 from .. import constants as c
+from .. import retry_policy
 from ..clock import Clock
 from ..collection import TasksCollection
 from ..encoding import check_result
 from ..errors import ClaimUncertain, ConfigurationError, LeaseLost
+from ..liveness import lease_is_live
 from ..models import (
     ErrorInfo,
     Lease,
@@ -32,7 +34,6 @@ from ..models import (
     new_run_id,
 )
 from ..queries import lease as lq
-from ..queries import retry_delay
 from ..queries import tasks as q
 from ..services.finishes import FinishBatcher
 from . import claims
@@ -269,7 +270,7 @@ class TaskStore:
         async for document in self.collection.find(lq.by_runs(list(run_ids))):
             task = Task.model_validate(document)
             for ws in task.worker_states:
-                if ws.run_id in wanted and ws.worker_id == worker_id and ws.is_live(now):
+                if ws.run_id in wanted and ws.worker_id == worker_id and lease_is_live(ws, now):
                     lease = Lease(key=task.key, worker_id=worker_id, run_id=ws.run_id, task=task)
                     leases.append(lease)
         return leases
@@ -347,7 +348,7 @@ class TaskStore:
             (ws.worker_id, ws.run_id)
             async for document in cursor
             for ws in Task.model_validate(document).worker_states
-            if ws.is_live(now)
+            if lease_is_live(ws, now)
         }
         return [lease for lease in leases if (lease.worker_id, lease.run_id) not in live]
 
@@ -415,7 +416,7 @@ class TaskStore:
     @driver_errors
     async def retry_later(self, lease: Lease, delay: float, reason: str = "retry later") -> Task:
         now = self.clock.now()
-        retry_at = retry_delay.retry_later_at(now, delay)
+        retry_at = retry_policy.retry_later_at(now, delay)
         update = lq.retry_later_update(lease.worker_id, lease.run_id, reason, retry_at, now)
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 

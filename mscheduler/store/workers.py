@@ -8,8 +8,8 @@ running tasks' worker states (`queries.tasks.held_by_worker_pipeline`), exact as
 task's last write (a claim, a ping, a finish), at no write of its own.
 
 A worker that died without stopping (kill -9, a lost host) leaves its document behind. It is
-judged dead (`WorkerInfo.judged`) from the first of two promises it broke: a heartbeat every
-``heartbeat_ms`` (dead `models.STALE_AFTER_BEATS` heartbeats after the last), and a ping of every
+judged dead (`liveness.judged`) from the first of two promises it broke: a heartbeat every
+``heartbeat_ms`` (dead `liveness.STALE_AFTER_BEATS` heartbeats after the last), and a ping of every
 task it runs before its lease expires (dead when its leases expired after its last
 heartbeat, and none is live). The first read that finds it dead records when and why in its
 document (`WorkerInfo.found_dead`), which later reads keep until it beats again: the tasks
@@ -27,7 +27,7 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from .. import layout
+from .. import layout, liveness
 from ..clock import to_bson_time
 from ..models import WorkerInfo
 from ..queries import tasks as q
@@ -98,7 +98,7 @@ class Workers(BesideTasks):
         """``entries`` judged as of ``now``, each death found for the first time recorded in
         its entry (one bulk write, only when there is one): later reads keep its time and
         reason (`WorkerInfo.found_dead`)."""
-        judged = [info.judged(now) for info in entries]
+        judged = [liveness.judged(info, now) for info in entries]
         newly = [info for info in judged if not info.alive and info.found_dead is None]
         if newly:
             await self.collection.bulk_write(
@@ -123,7 +123,7 @@ class Workers(BesideTasks):
         now = self._tasks.clock.now()
         found = []
         async for document in self.collection.find(wq.serving(names)):
-            found.append(WorkerInfo.model_validate(document).judged(now))
+            found.append(liveness.judged(WorkerInfo.model_validate(document), now))
         return found
 
     async def _held(self, now: dt.datetime) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,9 @@ from hypothesis.stateful import (
 )
 
 import mscheduler as ms
+from mscheduler.consumer.claimable import next_claim_for
 from mscheduler.errors import LeaseLost, TaskNotFound
+from mscheduler.liveness import lease_is_live
 from mscheduler.models import Lease, WorkerStateKind
 from mscheduler.testing import ManualClock
 from tests.engines import ENGINES, WIRE_DATABASE, Tally
@@ -55,7 +57,7 @@ def _live_holder(task: ms.Task | None, lease: Lease, now: dt.datetime) -> bool:
     if task is None or task.state.is_terminal:
         return False
     return any(
-        ws.run_id == lease.run_id and ws.worker_id == lease.worker_id and ws.is_live(now)
+        ws.run_id == lease.run_id and ws.worker_id == lease.worker_id and lease_is_live(ws, now)
         for ws in task.worker_states
     )
 
@@ -116,12 +118,12 @@ class ClaimProtocol(RuleBasedStateMachine):
         else:
             lease = self.run(self.sched.store.tasks.claim, worker, names=["job"])
         if lease is None:
-            if before is not None and before.next_claim_for(worker, self.clock.now()) is None:
+            if before is not None and next_claim_for(before, worker, self.clock.now()) is None:
                 pass  # refused for a reason the client can see; fine
             return multiple()
         now = self.clock.now()
         assert lease.worker_id == worker
-        live = [ws for ws in lease.task.worker_states if ws.is_live(now)]
+        live = [ws for ws in lease.task.worker_states if lease_is_live(ws, now)]
         assert sum(1 for ws in live if ws.worker_id == worker) == 1, (
             "two live states for one worker"
         )

@@ -13,7 +13,7 @@ from bson import json_util
 
 import mscheduler as ms
 from mscheduler import constants as c
-from mscheduler import models
+from mscheduler.consumer import claimable
 from mscheduler.models import WorkerStateKind as K
 from mscheduler.testing import ManualClock
 from tests.engines import until_idle
@@ -78,7 +78,7 @@ async def test_a_task_of_a_newer_format_is_left_to_a_newer_worker(
 ):
     """Its fields may mean what this version cannot know (here an option of another type):
     it is never claimed, by any path, nor misread; the others run; the process says so once."""
-    monkeypatch.setattr(models, "_LEFT_FORMATS", set())
+    monkeypatch.setattr(claimable, "_LEFT_FORMATS", set())
     await scheduler.publish_many(ms.TaskSpec(key=f"t{n}", name="job") for n in range(6))
     newer = c.DOCUMENT_FORMAT + 1
     for key in ("t0", "t3"):
@@ -91,7 +91,7 @@ async def test_a_task_of_a_newer_format_is_left_to_a_newer_worker(
     assert sorted(lease.key for lease in leases) == ["t2", "t4", "t5"]
     await scheduler.publish_many(ms.TaskSpec(key=f"u{n}", name="job") for n in range(4))
     recorder = Recorder()
-    with caplog.at_level(logging.WARNING, logger="mscheduler.models"):
+    with caplog.at_level(logging.WARNING, logger="mscheduler.consumer.claimable"):
         async with consumers(scheduler, recorder, count=2):
             await until_idle()
     assert sorted(key for key, _ in recorder.runs) == ["u0", "u1", "u2", "u3"]

@@ -16,6 +16,7 @@ import pytest
 import mscheduler as ms
 from mscheduler.errors import BackendUnavailable, ConfigurationError
 from mscheduler.models import Limit
+from mscheduler.store.limits import free_at
 from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS, until_idle
 from tests.faults import LosesBesideWrites, LosesClaimAndLookUp
@@ -344,7 +345,7 @@ def test_a_slot_freed_between_the_refusal_and_its_read_is_asked_again_soon():
     loop of requests) and never as "due now" (the consumer would drop the keys)."""
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     limit = Limit.model_validate({"_id": "render", "max_running": 1, "slots": []})
-    assert now < limit.free_at(now) <= now + dt.timedelta(seconds=1)
+    assert now < free_at(limit, now) <= now + dt.timedelta(seconds=1)
 
 
 async def test_max_running_holds_whatever_the_ping_interval(
@@ -758,10 +759,10 @@ def test_a_window_full_of_held_starts_is_asked_again_after_per_not_after_the_hol
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     held = {"id": "a", "until": now + dt.timedelta(seconds=11)}
     limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [held]})
-    assert limit.free_at(now) == now + dt.timedelta(seconds=1)
+    assert free_at(limit, now) == now + dt.timedelta(seconds=1)
     confirmed = {"id": "a", "until": now + dt.timedelta(milliseconds=300)}
     limit = Limit.model_validate({"_id": "nv", "rate": 1, "per_ms": 1000, "starts": [confirmed]})
-    assert limit.free_at(now) == now + dt.timedelta(milliseconds=300)
+    assert free_at(limit, now) == now + dt.timedelta(milliseconds=300)
 
 
 async def test_the_slot_of_a_consumer_that_vanished_frees_with_its_lease(

@@ -12,7 +12,8 @@ import pytest
 
 import mscheduler as ms
 from mscheduler.errors import ConfigurationError
-from mscheduler.periodic import Schedule, due, new_schedule
+from mscheduler.periodic import Schedule, due
+from mscheduler.specs import new_schedule
 from mscheduler.testing import ManualClock
 from tests.engines import POLL_MS
 

@@ -22,6 +22,7 @@ FOUNDATION = {
     "__about__",
     "collection",
     "reconnect_backoff",
+    "retry_policy",
     "clock",
     "constants",
     "context",
@@ -29,6 +30,7 @@ FOUNDATION = {
     "encoding",
     "errors",
     "host_guard",
+    "liveness",
     "layout",
     "models",
     "periodic",
@@ -467,6 +469,174 @@ def test_the_layout_check_sees_a_second_declaration():
         "await collection.create_indexes([IndexModel(list(keys), name='finished_ttl')])\n"
     )
     assert sorted(line for line, _ in _layout_declarations(planted)) == [1, 2, 2, 4]
+
+
+# ------------------------------------------------------------ one home per policy
+
+LIVENESS = "mscheduler.liveness"
+# A lease's end, as written (``ping_expire_at``) and as a worker's entry reports it.
+LEASE_ENDS = {"ping_expire_at", "lease_until"}
+# How long a lease or a heartbeat lasts: turned into a time, it is a deadline of liveness.
+LIVENESS_LENGTHS = {"worker_timeout_ms", "heartbeat_ms", "STALE_AFTER_BEATS"}
+
+
+def _attribute_or_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _liveness_judged(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module judges a lease or a worker itself: compares a lease's end with a time
+    (a test against None aside), or makes a deadline of a lease's or a heartbeat's length
+    (``timedelta(milliseconds=...)`` of it)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                continue
+            if any(_attribute_or_name(o) in LEASE_ENDS for o in [node.left, *node.comparators]):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and _attribute_or_name(node.func) == "timedelta":
+            parts = [part for argument in node.keywords for part in ast.walk(argument.value)]
+            if any(_attribute_or_name(part) in LIVENESS_LENGTHS for part in parts):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_only_liveness_judges_a_lease_or_a_worker_dead():
+    """When a lease or a worker is dead is decided in `mscheduler.liveness` alone (its
+    server-side half is `queries.stages`, whose queries compare stored fields, not these
+    attributes): a second copy of the rule elsewhere could judge otherwise."""
+    found = []
+    for module, path in MODULES.items():
+        if module == LIVENESS:
+            continue
+        for line, what in _liveness_judged(ast.parse(path.read_text())):
+            found.append(f"{module}:{line} {what}")
+    assert not found, "\n".join(found)
+
+
+def test_the_liveness_check_sees_a_second_judgement():
+    planted = ast.parse(
+        "def live(ws, now):\n"
+        "    return ws.state == 'running' and ws.ping_expire_at > now\n"
+        "def end(now, task):\n"
+        "    return now + dt.timedelta(milliseconds=task.options.worker_timeout_ms)\n"
+        "def stale(w):\n"
+        "    return w.last_seen_at + timedelta(milliseconds=w.heartbeat_ms * 2)\n"
+        "held = lease.ping_expire_at is not None\n"
+        "late = timedelta(milliseconds=options.ping_interval_ms)\n"
+    )
+    assert [line for line, _ in _liveness_judged(planted)] == [2, 4, 6]
+
+
+MODELS = "mscheduler.models"
+# What a limit document counts at a time, which every face shows as it reads the limit
+# (`limit ls`, the HTTP API): a reading of the document, not a decision.
+MODEL_READINGS_AT_A_TIME = {"usage"}
+
+
+def _judged_at_a_time(tree: ast.AST) -> list[tuple[int, str]]:
+    """The functions and methods of a module that take ``now``: a judgement as of a time
+    (alive, live, due, free), which is a policy of its own."""
+    return sorted(
+        (node.lineno, node.name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(argument.arg == "now" for argument in node.args.args + node.args.kwonlyargs)
+        and node.name not in MODEL_READINGS_AT_A_TIME
+    )
+
+
+def test_the_models_hold_documents_and_their_validation_not_policies():
+    """When a worker or a lease is dead (`liveness`), a task is retried (`retry_policy`), a
+    task may be claimed (`consumer.claimable`) or a limit's token asked again
+    (`store.limits`) is decided in the module of its concept; `mscheduler.models` keeps the
+    documents, read and validated."""
+    found = _judged_at_a_time(ast.parse(MODULES[MODELS].read_text()))
+    assert not found, f"{MODELS} judges as of a time in {found}"
+
+
+def test_the_models_check_sees_a_policy():
+    planted = ast.parse(
+        "class WorkerInfo(BaseModel):\n"
+        "    def judged(self, now: dt.datetime) -> WorkerInfo: ...\n"
+        "class Limit(BaseModel):\n"
+        "    def usage(self, now: dt.datetime) -> dict: ...\n"
+        "def next_claim_for(task, worker_id, now, held=()): ...\n"
+        "def check_name(name: str) -> str: ...\n"
+    )
+    assert _judged_at_a_time(planted) == [(2, "judged"), (5, "next_claim_for")]
+
+
+# The task options that decide its retries, and the server-side builders that read them
+# (inside every write's pipeline, so they stay query builders): each read once.
+RETRY_OPTIONS = {
+    "$options.max_unexpected_retries": {"retries_left", "out_of_retries"},
+    "$options.max_tries": {"tries_left", "tries_exhausted"},
+    "$options.unexpected_retry_delay_ms": {"_failure_delay_ms"},
+    "$options.retry_backoff": {"<module>"},
+    "$options.retry_backoff_max_ms": {"<module>"},
+    "$options.retry_jitter": {"<module>"},
+}
+RETRY_OPTION_MODULES = {"mscheduler.queries.stages", "mscheduler.queries.retry_delay"}
+
+
+def _retry_option_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """Each read of a retry option in a query (``"$options.max_tries"``...): its line, the
+    option, and the top-level function it is in (``<module>`` for none)."""
+    found = []
+    for statement in getattr(tree, "body", []):
+        where = (
+            statement.name
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef))
+            else "<module>"
+        )
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Constant) and node.value in RETRY_OPTIONS:
+                found.append((node.lineno, node.value, where))
+    return found
+
+
+def _misplaced_retry_reads(module: str, tree: ast.AST) -> list[str]:
+    return [
+        f"{module}:{line} reads {option} in {where}"
+        for line, option, where in _retry_option_reads(tree)
+        if module not in RETRY_OPTION_MODULES or where not in RETRY_OPTIONS[option]
+    ]
+
+
+def test_every_retry_rule_of_the_server_is_one_named_builder():
+    """Whether a task is retried is decided on the server by the builders that
+    `mscheduler.retry_policy` lists (`queries.stages.retries_left`, ``tries_left``, ...,
+    `queries.retry_delay`): a query that reads a retry option itself is a second copy of
+    the rule, which the next change to it would miss."""
+    found = []
+    for module, path in MODULES.items():
+        found += _misplaced_retry_reads(module, ast.parse(path.read_text()))
+    assert not found, "\n".join(found)
+    # Guards the guard: the builders' own reads are seen, and each option is read.
+    stages = _retry_option_reads(ast.parse(MODULES["mscheduler.queries.stages"].read_text()))
+    assert {where for _, _, where in stages} >= {"retries_left", "tries_left"}
+
+
+def test_the_retry_check_sees_a_rule_written_again():
+    planted = ast.parse(
+        "def claim_filter(now):\n"
+        "    return {'$expr': {'$lte': [failures(), '$options.max_unexpected_retries']}}\n"
+        "def retries_left():\n"
+        "    return {'$lte': [failures(), '$options.max_unexpected_retries']}\n"
+    )
+    assert _misplaced_retry_reads("mscheduler.queries.tasks", planted) == [
+        "mscheduler.queries.tasks:2 reads $options.max_unexpected_retries in claim_filter",
+        "mscheduler.queries.tasks:4 reads $options.max_unexpected_retries in retries_left",
+    ]
+    assert _misplaced_retry_reads("mscheduler.queries.stages", planted) == [
+        "mscheduler.queries.stages:2 reads $options.max_unexpected_retries in claim_filter"
+    ]
 
 
 @pytest.mark.parametrize(

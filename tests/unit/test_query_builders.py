@@ -341,6 +341,8 @@ def as_probe(builder: str, built: Any) -> tuple[str, Any]:
         "$arrayElemAt",
         "$ifNull",
         "$max",
+        "$gt",
+        "$lte",
     }:
         if "$set" in built:  # a stage
             return "update", ({}, [built])

@@ -149,8 +149,8 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, dt.datetime, O
 
 def document_copy(value: Any) -> Any:
     """A deep copy of a stored document: its dicts and lists copied, immutable values shared.
-    mongomock copies every document it reads or updates with `copy.deepcopy`, which was the
-    largest part of its reads; anything else (a subclass, a Timestamp) still goes to it."""
+    mongomock copies every document it reads or updates with `copy.deepcopy`, the largest part
+    of its reads; anything else (a subclass, a Timestamp) still goes to it."""
     kind = type(value)
     if kind in _IMMUTABLE:
         return value
