@@ -11,6 +11,7 @@
   handlers): the tokens a claim of a limited name takes, confirms, extends and frees;
 - ``controls``: schedules, pauses, limits and a remote stop, kept current;
 - ``executor``: running handlers: local retries, pings, the fenced finish, release;
+- ``takeover``: a lease taken over from another worker, logged and counted;
 - ``calls``: one handler call (its own asyncio task, a thread for ``def``, the time limit);
 - ``handlers``: the registry (`Handlers`), ``retry_on``, `isolated`;
 - ``batching``: `mscheduler.handlers.batch`, one handler call for many tasks;

@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..errors import ConfigurationError
 from ..models import Task
 from ..reconnect_backoff import retrying
-from ..store.components import Store
+from ..services.root import Services
 from ..worker_options import WorkerOptions
 from .claimer import Claimer
 from .controls import Controls
@@ -53,12 +53,12 @@ class Consumer:
     """Claims and runs tasks of the handled names until `stop` or cancellation.
 
     Exported as a type only (to annotate, to read `stats` or call `stop`): get one from
-    `Scheduler.consumer` or `Scheduler.consumers`. The constructor takes the internal store
-    and may change in any release."""
+    `Scheduler.consumer` or `Scheduler.consumers`. The constructor takes the internal
+    services (`services.root.Services`) and may change in any release."""
 
     def __init__(
         self,
-        store: Store,
+        services: Services,
         handlers: Mapping[str, Handler],
         options: WorkerOptions | None = None,
     ) -> None:
@@ -72,8 +72,10 @@ class Consumer:
         self.names = sorted(self.handlers)
         self.worker_id = self.options.worker_id
         self.stats = ConsumerStats()
+        store = services.store
         self._store = store
-        self._clock = store.clock
+        self._owed = services.owed
+        self._clock = services.clock
         self._heap = ClaimHeap(self.options.heap_size)
         self._stop_requested = anyio.Event()
         self.stopped_remotely = False  # the stop came from `Scheduler.stop_worker`
@@ -90,7 +92,7 @@ class Consumer:
             gate=self._limiter,
         )
         self._listener = ChangeListener(
-            store,
+            services.task_hub,
             self.names,
             self.options,
             self._clock,
@@ -104,7 +106,7 @@ class Consumer:
         # Keys of finished tasks whose dependents may be stranded, and when to check.
         self._recovery_checks: dict[str, dt.datetime] = {}
         self._recovery_wake = anyio.Event()
-        self._controls = Controls(store, self.names, self.options, self.fetch, self._limits)
+        self._controls = Controls(services, self.names, self.options, self.fetch, self._limits)
         self._presence = Presence(store, self.names, self.options, self._heap, lambda: self.running)
         self._claimer = Claimer(
             store.tasks,
@@ -323,7 +325,7 @@ class Consumer:
 
     async def _read_claimable(self) -> list[Task]:
         tasks = await self.claimable_soonest()
-        await self._store.tasks.recover_dependents()
+        await self._owed.recover()
         return tasks
 
     async def claimable_soonest(self) -> list[Task]:
@@ -338,12 +340,10 @@ class Consumer:
 
     async def _recovery_loop(self) -> None:
         """Dependents not told of a finished task are told without waiting for a restart:
-        when this process failed to tell them (`TaskStore.owed`), and when a change event shows
-        a finished task still ``dependents_notified: false`` after a grace period. Idle, it
-        makes no call."""
-        self._store.tasks.owed_listeners.append(self._wake_recovery)
-        if self._store.tasks.owed:
-            self._wake_recovery()
+        when this process failed to tell them (`services.dependents.OwedDependents`), and
+        when a change event shows a finished task still ``dependents_notified: false`` after
+        a grace period. Idle, it makes no call."""
+        unlisten = self._owed.listen(self._wake_recovery)
         try:
             while True:
                 self._recovery_wake = wake = anyio.Event()
@@ -353,7 +353,7 @@ class Consumer:
                     await self._clock.wait_until(due, wake)
                     continue
                 await retrying(
-                    self._store.tasks.recover_dependents,
+                    self._owed.recover,
                     clock=self._clock,
                     delay=self.options.reconnect_delay,
                     logger=log,
@@ -363,7 +363,7 @@ class Consumer:
                 # (a task that ended meanwhile) stay.
                 self._recovery_checks = {k: t for k, t in self._recovery_checks.items() if t > now}
         finally:
-            self._store.tasks.owed_listeners.remove(self._wake_recovery)
+            unlisten()
 
     # ------------------------------------------------------------ waking the claimer
 

@@ -23,6 +23,7 @@ from pymongo.errors import PyMongoError
 from ..errors import MSchedulerError
 from ..observability import otel_metrics
 from ..reconnect_backoff import retrying
+from ..services.root import Services
 from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .presence import Presence
@@ -47,20 +48,20 @@ async def refresh_task_counts(store: Store) -> None:
 class Controls:
     def __init__(
         self,
-        store: Store,
+        services: Services,
         names: Sequence[str],
         options: WorkerOptions,
         fetch: Callable[[], Awaitable[None]],
         read_limits: Callable[[], Awaitable[None]],
     ) -> None:
         self._read_limits = read_limits  # the consumer's: reads them, wakes what they free
-        self._store = store
-        self._clock = store.clock
+        self._store = services.store
+        self._clock = services.clock
         self._names = list(names)
         self._options = options
         self._fetch = fetch  # the consumer's: a resumed name's tasks go back in its heap
         self.paused: set[str] = set()
-        self._hub = store.control_hub
+        self._hub = services.control_hub
 
     async def schedule_loop(self) -> None:
         """Publish the due occurrences of the schedules of our names (`periodic`) and end

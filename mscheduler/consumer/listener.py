@@ -23,8 +23,7 @@ from anyio.abc import TaskStatus
 
 from ..clock import Clock, sleep
 from ..models import Task
-from ..services.discovery import RESYNC, Subscription
-from ..store.components import Store
+from ..services.discovery import RESYNC, Subscription, TaskHub
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 class ChangeListener:
     def __init__(
         self,
-        store: Store,
+        hub: TaskHub,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,
@@ -45,7 +44,7 @@ class ChangeListener:
         """``on_resync``: read again everything the hub may have lost for this consumer (its
         claimable tasks and its running ones); ``fetch``: a page of the claimable tasks,
         the backstop's read."""
-        self._hub = store.task_hub
+        self._hub = hub
         self._options = options
         self._clock = clock
         self._on_change = on_change

@@ -129,7 +129,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with anyio.create_task_group() as task_group:
-            task_group.start_soon(scheduler.store.control_hub.serve, WorkerOptions())
+            task_group.start_soon(scheduler.services.control_hub.serve, WorkerOptions())
             yield
             task_group.cancel_scope.cancel()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import anyio
 from pymongo import ReturnDocument, UpdateOne
@@ -34,11 +34,10 @@ from ..models import (
 from ..queries import lease as lq
 from ..queries import retry_delay
 from ..queries import tasks as q
-from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
 from .driver import driver_errors
-from .finishes import Quiet, lease_lost
+from .finishes import FinishWrites, Quiet, lease_lost
 from .flows import Flows
 
 log = logging.getLogger(__name__)
@@ -51,21 +50,42 @@ def _draw_spread() -> float:
     return random.uniform(-1.0, 1.0)
 
 
+class DependentsOwed(Protocol):
+    """Where a write that ended tasks, whose dependents it then failed to tell, says so: the
+    process's record of them (`services.dependents.OwedDependents`), which wakes what tells
+    them (`recover_dependents`)."""
+
+    def owe(self, *tasks: str) -> None: ...
+
+
+class _Unattached:
+    """What a `TaskStore` sends finishes through, and owes dependents to, before the
+    composition root attaches the process's services: a clear error, never a silent drop."""
+
+    def _refuse(self) -> RuntimeError:
+        return RuntimeError(
+            "this store's services are not attached: build it through services.root.Services"
+        )
+
+    async def write(self, *args: Any, **kwargs: Any) -> None:
+        raise self._refuse()
+
+    def owe(self, *tasks: str) -> None:
+        raise self._refuse()
+
+
 class TaskStore:
     """The store's task part (``store.tasks``): claim, the lease's fenced writes, and what a
     write that ended a task owes its dependents; each a fenced or conditional write on one
     document, through the store's collection (so inside `StoreBase.bound`, through its
-    session)."""
+    session). It keeps no process state: finishes go through, and owed dependents go to, the
+    services `attach` hands it."""
 
     def __init__(self, base: StoreBase, flows: Flows) -> None:
         self._base = base
         self._flows = flows
-        # Finished tasks (keys, or ids where no key was read) whose dependents this process
-        # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
-        # added.
-        self.owed: set[str] = set()
-        self.owed_listeners: list[Callable[[], None]] = []
-        self._finishes = FinishBatcher(base, self.fenced_document)
+        self._finishes: FinishWrites = _Unattached()
+        self._owed: DependentsOwed = _Unattached()
         self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
         # How wide this process reads its batches' candidates, from what other processes took
         # from under them (`claims.Window`); its counts are the benchmarks'.
@@ -89,6 +109,12 @@ class TaskStore:
 
     async def ready(self) -> None:
         await self._base.ready()
+
+    def attach(self, finishes: FinishWrites, owed: DependentsOwed) -> None:
+        """Called once, by the composition root, with the services built over this store:
+        what sends its finishes, and what records the dependents its writes failed to tell."""
+        self._finishes = finishes
+        self._owed = owed
 
     # ------------------------------------------------------------ after a write: the dependents
 
@@ -115,14 +141,8 @@ class TaskStore:
                     exc,
                     extra={"action": "dependents_owed", "key": task.key},
                 )
-                self._owe(task.key)
+                self._owed.owe(task.key)
         return task
-
-    def _owe(self, *tasks: str) -> None:
-        """`recover_dependents` catches up every unnotified task; this only wakes it."""
-        self.owed.update(tasks)
-        for listener in self.owed_listeners:
-            listener()
 
     # ------------------------------------------------------------ claim and the lease
 
@@ -229,7 +249,7 @@ class TaskStore:
                 exc,
                 extra={"action": "dependents_owed"},
             )
-            self._owe(*(str(task_id) for task_id in task_ids))
+            self._owed.owe(*(str(task_id) for task_id in task_ids))
 
     async def _claimed_by(self, worker_id: str, run_id: str) -> Task | None:
         """The task that a claim of ``worker_id`` with ``run_id`` went to, if it was applied."""
@@ -427,10 +447,8 @@ class TaskStore:
 
     @driver_errors
     async def recover_dependents(self) -> int:
-        """Tell the dependents of every finished task whose writer did not (owed here, or
-        left by a crashed writer anywhere); returns how many tasks were caught up."""
+        """Tell the dependents of every finished task whose writer did not (owed by this
+        process, or left by a crashed writer anywhere); returns how many tasks were caught
+        up."""
         await self.ready()
-        owed = set(self.owed)
-        told = await self._flows.recover()
-        self.owed -= owed
-        return told
+        return await self._flows.recover()

@@ -450,7 +450,7 @@ async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
     assert dead is not None and dead.state is ms.TaskState.FAIL
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.BLOCKED
-    assert sched.store.tasks.owed  # told later, by `recover_dependents`
+    assert sched.services.owed.keys  # told later, by `recover_dependents`
     await sched.store.tasks.recover_dependents()
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.CANCELLED

@@ -183,7 +183,14 @@ class TaskHub:
     async def _serve(
         self, sub: Subscription, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        await self._runner.serve(lambda started: self._run(sub.options, started), task_status)
+        await self.serve(sub.options, task_status=task_status)
+
+    async def serve(
+        self, options: WorkerOptions, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the stream or the poll loop if none runs in this process, else stand by to
+        take over (`runner.Service`); a subscriber serves it through `subscription`."""
+        await self._runner.serve(lambda started: self._run(options, started), task_status)
 
     def _cover(self) -> None:
         for sub in self._subs:
