@@ -1,11 +1,16 @@
 """The worker: runs handlers for the tasks of some names. It reaches MongoDB only through
 `mscheduler.store`.
 
-- ``consumer``: `Consumer`, its task group, wiring the parts below;
+- ``consumer``: `Consumer`, its task group: builds the parts below and wires them once, each
+  to the narrow collaborators it needs (no part receives the consumer);
+- ``stopping``: its stop, as the parts see it: asked for, then complete;
 - ``group``: several consumers started and stopped together;
-- ``listener``: the discovery hub's events of its names into the heap and the executor;
-- ``heap``: what it may claim next, one entry per key, earliest first;
-- ``claimer``: the claim path: claim what is due, put back the rest, recover lost replies;
+- ``listener``: the discovery hub's events of its names, handed to the intake;
+- ``intake``: each task heard or read, to the executor, the limiter and the claimer's heap;
+  the fetches; the dependents a writer did not tell;
+- ``heap``: what it may claim next, one entry per key, earliest first (the claimer's);
+- ``claimer``: the claim path: owns the heap and the claim policy; claims what is due, puts
+  back the rest, recovers lost replies, stops a consumer whose work is done;
 - ``spread``: the ``spread`` claim policy (long tasks shared across the live workers);
 - ``limits``: `Limiter`, the one claim core of every surface (the consumer, `own`, isolated
   handlers): the tokens a claim of a limited name takes, confirms, extends and frees;
@@ -18,6 +23,6 @@
 - ``isolation``: the worker's pool of child processes for isolated handlers;
 - ``child``: a child process's side of isolated handlers;
 - ``owner``: the pull API (`Scheduler.own`), through the same claim core;
-- ``presence``: its entry in the live workers;
+- ``presence``: its entry in the live workers, and the peer counts of the claim policy;
 - ``stats``: what it counts, and the observers told (the exporters of `observability`).
 """

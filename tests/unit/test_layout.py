@@ -267,6 +267,69 @@ def test_the_private_check_sees_a_reach_into_the_store():
     assert _private_reaches(helper, _private_names_defined(helper)) == [(3, "self._store._lost")]
 
 
+# ------------------------------------------------------------ the consumer wires its parts
+
+CONSUMER = "mscheduler.consumer.consumer"
+# Above the consumer's parts: what runs several consumers at once (`Scheduler.consumers`).
+RUNS_CONSUMERS = {"mscheduler.consumer.group"}
+
+
+def _passes_self(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a call is handed ``self`` itself (an argument or a keyword's value): an object
+    giving itself to another as its collaborator."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            values = [*node.args, *(keyword.value for keyword in node.keywords)]
+            if any(isinstance(value, ast.Name) and value.id == "self" for value in values):
+                found.append((node.lineno, ast.unparse(node.func)))
+    return found
+
+
+def _consumer_handed_over(consumer: ast.AST, graph: dict[str, set[str]]) -> list[str]:
+    """Where the consumer hands itself to a call, and which part of it imports it."""
+    found = [f"{CONSUMER}:{line} hands itself to {call}" for line, call in _passes_self(consumer)]
+    found += [
+        f"{module} imports {CONSUMER}"
+        for module, targets in sorted(graph.items())
+        if module.startswith("mscheduler.consumer.")
+        and module not in RUNS_CONSUMERS
+        and CONSUMER in targets
+    ]
+    return found
+
+
+def test_no_part_of_the_consumer_receives_the_consumer():
+    """The consumer builds its parts and wires them once, each to the narrow collaborators it
+    needs: it hands itself to none (a part that held the consumer would reach every other
+    part through it, and the consumer would forward for it), and no part imports it."""
+    found = _consumer_handed_over(ast.parse(MODULES[CONSUMER].read_text()), GRAPH)
+    assert not found, "\n".join(found)
+
+
+def test_the_wiring_check_sees_the_consumer_hand_itself_over():
+    planted = ast.parse(
+        "class Consumer:\n"
+        "    def __init__(self, store):\n"
+        "        self._executor = Executor(store, freed=self)\n"
+        "        self._claimer = Claimer(store.tasks, self._heap, self)\n"
+        "        self._presence = Presence(store, lambda: self.running)\n"
+        "        self._listener = ChangeListener(store, self._on_change)\n"
+    )
+    graph = {
+        **GRAPH,
+        "mscheduler.consumer.claimer": _imports_in(
+            "mscheduler.consumer.claimer",
+            "if TYPE_CHECKING:\n    from .consumer import Consumer\n",
+        ),
+    }
+    assert _consumer_handed_over(planted, graph) == [
+        f"{CONSUMER}:3 hands itself to Executor",
+        f"{CONSUMER}:4 hands itself to Claimer",
+        f"mscheduler.consumer.claimer imports {CONSUMER}",
+    ]
+
+
 # ------------------------------------------------------------ one kind of code per layer
 
 # What only a process-lifetime service does: loop until cancelled, run a task group, sleep,
