@@ -14,6 +14,7 @@ every consumer, waiter and watch of the process.
   first caller runs it, the others stand by;
 - `finishes`: the finish batcher (`FinishBatcher`): finishes in flight together go out as one
   bulk write (the store sends its finishes through it: `store.finishes.FinishWrites`);
+- `claim_turns`: `ClaimTurns`, the process's turns at batched claims and how wide they read;
 - `dependents`: `OwedDependents`, the finished tasks whose dependents this process failed to
   tell, and the consumers woken to tell them;
 - `waiting`: waiting for tasks to end, and watching them change (`Waiting`);

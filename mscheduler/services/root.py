@@ -13,6 +13,7 @@ from .. import layout
 from ..clock import Clock
 from ..collection import TasksCollection
 from ..store.components import Store
+from .claim_turns import ClaimTurns
 from .controls import ControlHub
 from .dependents import OwedDependents
 from .discovery import TaskHub
@@ -24,7 +25,8 @@ from .waiting import Waiting
 class Services:
     """The store and every process-lifetime service over it, built once for its lifetime:
     ``store`` (the round trips), ``finishes`` (the finish batcher its finishes go through),
-    ``owed`` (the dependents its writes failed to tell), ``task_hub`` (the process's one
+    ``owed`` (the dependents its writes failed to tell), ``claim_turns`` (its batched claims'
+    turns, and how wide they read), ``task_hub`` (the process's one
     change stream or poll loop), ``control_hub`` (control changes, from the hub or on its
     own), ``waiting`` (wait and watch)."""
 
@@ -33,7 +35,8 @@ class Services:
         self.store = Store(collection, clock)
         self.finishes = FinishBatcher(self.store, self.store.tasks.fenced_document)
         self.owed = OwedDependents(self.store.tasks)
-        self.store.tasks.attach(self.finishes, self.owed)
+        self.claim_turns = ClaimTurns()
+        self.store.tasks.attach(self.finishes, self.owed, self.claim_turns)
         # The process's one change stream (or poll loop), the controls' changes on it too.
         self.task_hub = TaskHub(
             self.store, clock, controls_suffix=layout.CONTROLS, signal=self.store.signal

@@ -3,8 +3,8 @@ collection and turns documents into models and driver errors into mscheduler err
 method per round trip (or per bounded walk of them); no loops that outlive a call, no task
 groups: those are `services`. It imports nothing of them and keeps no process state: the
 composition root (`services.root`) builds the store, then the services over it, and hands the
-store what its writes tell them (the Protocols `finishes.FinishWrites` and
-`tasks.DependentsOwed`).
+store what its writes tell them (the Protocols `finishes.FinishWrites`,
+`tasks.DependentsOwed` and `claims.ClaimTurns`).
 
 - `components`: `Store`, each capability a part of it, all built there (``store.publisher``,
   ``store.operations``, ``store.batches`` ...);

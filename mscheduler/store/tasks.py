@@ -12,7 +12,6 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import anyio
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
@@ -59,8 +58,9 @@ class DependentsOwed(Protocol):
 
 
 class _Unattached:
-    """What a `TaskStore` sends finishes through, and owes dependents to, before the
-    composition root attaches the process's services: a clear error, never a silent drop."""
+    """What a `TaskStore` sends finishes through, owes dependents to and takes claim turns
+    of, before the composition root attaches the process's services: a clear error, never a
+    silent drop."""
 
     def _refuse(self) -> RuntimeError:
         return RuntimeError(
@@ -71,6 +71,12 @@ class _Unattached:
         raise self._refuse()
 
     def owe(self, *tasks: str) -> None:
+        raise self._refuse()
+
+    async def __aenter__(self) -> claims.Window:
+        raise self._refuse()
+
+    async def __aexit__(self, *exc_info: object) -> None:
         raise self._refuse()
 
 
@@ -86,10 +92,7 @@ class TaskStore:
         self._flows = flows
         self._finishes: FinishWrites = _Unattached()
         self._owed: DependentsOwed = _Unattached()
-        self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
-        # How wide this process reads its batches' candidates, from what other processes took
-        # from under them (`claims.Window`); its counts are the benchmarks'.
-        self.claim_window = claims.Window()
+        self._claim_turns: claims.ClaimTurns = _Unattached()
 
     @property
     def collection(self) -> TasksCollection:
@@ -110,11 +113,15 @@ class TaskStore:
     async def ready(self) -> None:
         await self._base.ready()
 
-    def attach(self, finishes: FinishWrites, owed: DependentsOwed) -> None:
+    def attach(
+        self, finishes: FinishWrites, owed: DependentsOwed, claim_turns: claims.ClaimTurns
+    ) -> None:
         """Called once, by the composition root, with the services built over this store:
-        what sends its finishes, and what records the dependents its writes failed to tell."""
+        what sends its finishes, what records the dependents its writes failed to tell, and
+        the process's turns at batched claims (with how wide they read)."""
         self._finishes = finishes
         self._owed = owed
+        self._claim_turns = claim_turns
 
     # ------------------------------------------------------------ after a write: the dependents
 
@@ -216,7 +223,7 @@ class TaskStore:
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys, until=until)
             return [] if lease is None else [lease]
         await self.ready()
-        async with self._claim_turn:  # batches of this process take turns (`claims`)
+        async with self._claim_turns as window:  # this process's batches take turns
             return await claims.claim_many(
                 self._base,
                 worker_id,
@@ -225,7 +232,7 @@ class TaskStore:
                 exclude_keys,
                 self.notify_if_ended,
                 until,
-                self.claim_window,
+                window,
             )
 
     async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:

@@ -149,8 +149,8 @@ def test_layers_import_downward_only():
 
 
 def test_the_layer_check_sees_the_store_import_a_service():
-    """Guards the guard: a store module that names a service (as the store once built its
-    finish batcher and hubs) is an upward import."""
+    """Guards the guard: a store module that names a service (its finish batcher, say, even
+    under ``TYPE_CHECKING``) is an upward import."""
     planted = _imports_in(
         "mscheduler.store.tasks",
         "from .flows import Flows\n"
