@@ -25,10 +25,10 @@ from .waiting import Waiting
 class Services:
     """The store and every process-lifetime service over it, built once for its lifetime:
     ``store`` (the round trips), ``finishes`` (the finish batcher its finishes go through),
-    ``owed`` (the dependents its writes failed to tell), ``claim_turns`` (its batched claims'
-    turns, and how wide they read), ``task_hub`` (the process's one
-    change stream or poll loop), ``control_hub`` (control changes, from the hub or on its
-    own), ``waiting`` (wait and watch)."""
+    ``owed`` (the dependents its writes failed to tell), ``claim_turns`` (its batched
+    claims' turns, and how wide they read), ``task_hub`` (the process's one change stream or
+    poll loop), ``control_hub`` (control changes, from the hub or on its own), ``waiting``
+    (wait and watch)."""
 
     def __init__(self, collection: TasksCollection, clock: Clock) -> None:
         self.clock = clock

@@ -84,8 +84,8 @@ class TaskStore:
     """The store's task part (``store.tasks``): claim, the lease's fenced writes, and what a
     write that ended a task owes its dependents; each a fenced or conditional write on one
     document, through the store's collection (so inside `StoreBase.bound`, through its
-    session). It keeps no process state: finishes go through, and owed dependents go to, the
-    services `attach` hands it."""
+    session). It keeps no process state: its finishes, the dependents it owes and its turns
+    at batched claims go to the services `attach` hands it."""
 
     def __init__(self, base: StoreBase, flows: Flows) -> None:
         self._base = base
