@@ -96,7 +96,7 @@ async def idle_load(uri: str, consumers: int, seconds: float) -> None:
     the control version only where the server refuses a stream on the database) and reads
     per idle minute (without change streams: the process's poll)."""
     sched, counting, connection = await counted_scheduler(uri)
-    controls, tasks = sched.store.control_hub, sched.store.task_hub
+    controls, tasks = sched.services.control_hub, sched.services.task_hub
 
     async def handler(task: ms.Task) -> None:
         return None

@@ -198,7 +198,7 @@ def child_mscheduler(child: Child) -> None:
     async def main() -> None:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(child.uri)
         sched = ms.Scheduler(client[child.db]["tasks"])
-        window = sched.store.tasks.claim_window
+        window = sched.services.claim_turns.window
         counted_from = (0, 0)
 
         def claim_reads() -> dict[str, int]:

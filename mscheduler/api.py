@@ -1,5 +1,6 @@
-"""`Scheduler`: the public entry point. It owns a `Store` (each capability a component of it,
-reached alike) and, after `connect`, the client."""
+"""`Scheduler`: the public entry point. It owns the composition root (`services.root.Services`:
+the `Store`, each capability a component of it, reached alike, and the process's services over
+it) and, after `connect`, the client."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ from .models import (
     WorkerInfo,
 )
 from .periodic import Schedule
+from .services.root import Services
 from .services.task_events import TaskEvents
 from .specs import PublishSpec, Step, limit_spec, new_schedule, publish_spec
-from .store.components import Store
 from .worker_options import Discovery, WorkerOptions
 
 
@@ -56,8 +57,10 @@ class Scheduler:
     def __init__(self, collection: TasksCollection, *, clock: Clock | None = None) -> None:
         check_collection(collection)
         self.clock: Clock = clock or SystemClock()
-        self.store = Store(collection, self.clock)
-        self._owner = Owner(self.store)
+        # The composition root: the store, then the process's services over it.
+        self.services = Services(collection, self.clock)
+        self.store = self.services.store
+        self._owner = Owner(self.services)
         self._browse = Browse(self.store)
         self._connection: Connection | None = None
 
@@ -219,7 +222,7 @@ class Scheduler:
         a consumer (the HTTP API's server) holds while it serves. A process whose consumers
         run follows them already."""
         async with anyio.create_task_group() as task_group:
-            task_group.start_soon(self.store.control_hub.serve, WorkerOptions())
+            task_group.start_soon(self.services.control_hub.serve, WorkerOptions())
             try:
                 yield
             finally:
@@ -257,7 +260,7 @@ class Scheduler:
         plain ``def``, run in a worker thread; or an `ms.Handlers` registry); the return value
         is stored as the result. Start it with ``await consumer.run()`` or
         ``async with consumer:``; several at once with `consumers`."""
-        return Consumer(self.store, handlers, options)
+        return Consumer(self.services, handlers, options)
 
     @contextlib.asynccontextmanager
     async def consumers(
@@ -322,7 +325,7 @@ class Scheduler:
         poll_interval_ms: int = 1_000,
     ) -> dict[str, Task]:
         """Every task of ``keys`` once terminal, in the order given (see `wait`)."""
-        return await self.store.waiting.wait(
+        return await self.services.waiting.wait(
             keys,
             timeout=timeout,
             missing_ok=missing_ok,
@@ -431,7 +434,7 @@ class Scheduler:
         """Every change to a task (of ``names``) as it happens: through the process's
         discovery hub while its consumers or a waiter run it, else from a change stream (or
         poll) of its own. Closing the iterator, or dropping it, unsubscribes it."""
-        return self.store.waiting.watch(names)
+        return self.services.waiting.watch(names)
 
     def events(
         self, names: Sequence[str] | None = None, *, poll_interval_ms: int = 1_000
@@ -448,7 +451,7 @@ class Scheduler:
         iterated bare, a listener alone in its process reopens the stream after each wait."""
         if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
             raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
-        return TaskEvents(self.store, names, poll_interval_ms)
+        return TaskEvents(self.store, self.services.task_hub, names, poll_interval_ms)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> bool:
         """Cancel a task that has not finished: True if this call cancelled it, False if it

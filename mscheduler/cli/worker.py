@@ -298,7 +298,7 @@ async def serve_worker(
             async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
                 async with consumer:  # returns once the change stream is open
                     task_status.started()
-                    await consumer.wait_stopped()
+                    await consumer.wait_stop_requested()
                     if consumer.done_by_itself is not None:
                         typer.echo(
                             f"worker {consumer.worker_id} done ({consumer.done_by_itself}): "

@@ -10,10 +10,18 @@ A claim whose reply was lost and could not be looked up (`ClaimUncertain`) leave
 that may hold leases of ours: they are looked up (`TaskStore.find_claims`) before any new
 claim, and at shutdown, so each lease that landed runs or is released.
 
+The claimer owns what it claims from: the heap of next-claim times (`heap.ClaimHeap`), and
+the claim policy that decides which due keys to claim now (`spread.ClaimSpread`, which lets
+some wait in that heap). A task reaches the heap through `Claimer.offer`; the live workers the
+policy counts come from the heartbeats (`presence`) and, when the count is stale as it
+decides, from one read of its own.
+
 The claimer sees each collaborator through one small interface, declared here with the
-invariant it relies on: `Claims` (the store), `Slots` (the executor), `LimitedClaims` (the
-limiter), `Feed` (the consumer that fills the heap). A freed slot comes back here
-(`Claimer.slot_freed`), the one place that decides what it makes due again.
+invariant it relies on: `Claims` (the store's claims), `ClaimableReads` (the store's read of
+the tasks claimable soonest), `Slots` (the executor), `LimitedClaims` (the limiter), `Paused`
+(the controls), `Feed` (what refills the heap from the database, given to `run`). A freed
+slot comes back here (`Claimer.slot_freed`), the one place that decides what it makes due
+again.
 """
 
 from __future__ import annotations
@@ -29,11 +37,15 @@ import anyio.lowlevel
 from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, ClaimUncertain
 from ..models import Lease, Limit, Task
+from ..reconnect_backoff import retrying
 from ..worker_options import WorkerOptions
 from . import takeover
 from .claimable import next_claim_for
 from .heap import ClaimHeap
+from .presence import LiveWorkers, count_peers
+from .spread import ClaimSpread
 from .stats import ConsumerStats
+from .stopping import Stopping
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,22 @@ class Claims(Protocol):
     def find_claims(self, worker_id: str, run_ids: Sequence[str]) -> Awaitable[list[Lease]]: ...
 
 
+class ClaimableReads(Protocol):
+    """The store's read of the tasks ``worker_id`` may claim first (`StoreBase.fetch`).
+    Invariant: it changes nothing, and returns at most ``limit`` tasks, soonest first."""
+
+    def fetch(
+        self, names: Sequence[str], worker_id: str, limit: int, batch_size: int
+    ) -> Awaitable[list[Task]]: ...
+
+
+class Paused(Protocol):
+    """The names paused now (`controls.Controls`): none of their tasks is claimed."""
+
+    @property
+    def paused(self) -> set[str]: ...
+
+
 class Slots(Protocol):
     """The executor's slots, as the claimer asks for capacity. Invariant: `start` takes
     every lease handed to it (it runs it, or releases it when it may not run), so a lease won
@@ -70,6 +98,9 @@ class Slots(Protocol):
 
     @property
     def held_runs(self) -> set[str]: ...
+
+    @property
+    def started(self) -> int: ...
 
     def start(self, lease: Lease) -> None: ...
 
@@ -90,45 +121,27 @@ class LimitedClaims(Protocol):
 
     def ended(self, key: str) -> str | None: ...
 
+    def offered(self, task: Task, when: dt.datetime | None) -> dt.datetime | None: ...
+
 
 class Feed(Protocol):
-    """The consumer that fills the heap. Invariant: `fetch` adds the page of tasks claimable
-    soonest to the heap (and wakes the claimer); `claimable_soonest` reads that page and
-    changes nothing; `offer` puts a task back at its next claim time; `admit` keeps the due
-    keys the claim policy lets this consumer claim now, and `observe` tells that policy, at
-    each turn of the claimer, whether work is due beyond the free slots, and `claimed` how many
-    tasks the claim of the admitted keys won of those it asked; `paused` names are never claimed.
-    `out_of_work` (``burst`` or ``max_tasks`` only) is asked when this consumer runs nothing
-    and nothing in its heap is due: it stops the consumer and returns None when it is done,
-    else it has put what is claimable now in the heap and returns when to ask again if no
-    claim starts meanwhile."""
-
-    @property
-    def paused(self) -> set[str]: ...
-
-    async def admit(self, due: list[str], now: dt.datetime) -> list[str]: ...
-
-    def claimed(self, asked: int, won: int, now: dt.datetime) -> None: ...
-
-    def observe(self, free_slots: int, due: bool) -> None: ...
-
-    async def out_of_work(self, now: dt.datetime) -> dt.datetime | None: ...
+    """What refills the heap from the database (`intake.Intake`). Invariant: `fetch` reads
+    the page of tasks claimable soonest, hands each to the consumer as a change (so to
+    `Claimer.offer`), and tells `Claimer.fetched`; retried until the database answers."""
 
     async def fetch(self) -> None: ...
-
-    async def claimable_soonest(self) -> list[Task]: ...
-
-    def offer(self, task: Task) -> None: ...
 
 
 class Claimer:
     def __init__(
         self,
         claims: Claims,
-        heap: ClaimHeap,
+        reads: ClaimableReads,
+        workers: LiveWorkers,
         slots: Slots,
         limiter: LimitedClaims,
-        feed: Feed,
+        paused: Paused,
+        stopping: Stopping,
         *,
         names: Sequence[str],
         options: WorkerOptions,
@@ -136,10 +149,18 @@ class Claimer:
         stats: ConsumerStats,
     ) -> None:
         self._claims = claims
-        self._heap = heap
+        self._reads = reads
+        self._workers = workers
+        self._heap = ClaimHeap(options.heap_size)
+        # The claim policy: it lets due keys wait in this claimer's heap. Its peer counts
+        # come from the heartbeats (`presence.Presence`, handed this policy) and `_admit`.
+        self.spread = ClaimSpread(
+            options.claim_spread_ms, self._heap, options.heap_size, options.worker_id
+        )
         self._slots = slots
         self._limiter = limiter
-        self._feed = feed
+        self._paused = paused
+        self._stopping = stopping
         self._names = names
         self._options = options
         self._worker_id = options.worker_id
@@ -164,11 +185,12 @@ class Claimer:
         waiting keys of its name when that name is limited (a slot of its limit freed), and
         ``key`` itself when the run ended without writing (lease lost or expired, outcome not
         recorded), as no change event will bring it back, or when its written end was
-        handed in before the run ended (`_set_aside_running`). Then the claimer looks again."""
+        handed in before the run ended (`_set_aside_running`). Then the claimer looks again
+        (one wake-up)."""
         now = self._clock.now()
         name = self._limiter.ended(key)
         if name is not None:
-            self.limit_freed(name)
+            self._nudge_names([name], now)
         if key in self._after_run:  # its new version was handed in already: none will come
             self._heap.nudge(key, now, self._after_run.pop(key))
         elif not written:
@@ -176,17 +198,50 @@ class Claimer:
         self._ask_done_at = None
         self.wake()
 
-    def limit_freed(self, name: str) -> None:
-        """A slot of limited ``name`` freed (here, or in another process: `Limiter`): its
-        waiting keys are tried again now."""
-        now = self._clock.now()
-        for waiting in self._heap.keys_of([name]):
-            self._heap.nudge(waiting, now)
+    def limit_freed(self, *names: str) -> None:
+        """A slot of limited ``names`` freed (here, or in another process: `Limiter`), or
+        their limits changed (a removed or raised limit lets them start now, whatever window
+        they were waiting for): their waiting keys are tried again now."""
+        self._nudge_names(names, self._clock.now())
         self.wake()
 
-    async def run(self) -> None:
+    def _nudge_names(self, names: Sequence[str], now: dt.datetime) -> None:
+        for waiting in self._heap.keys_of(names):
+            self._heap.nudge(waiting, now)
+
+    # ------------------------------------------------------------ filling the heap
+
+    def offer(self, task: Task) -> None:
+        """``task`` in the heap at its next claim time for this worker (a limited name's not
+        before its window frees), noted by the claim policy; the claimer looks again if that
+        is sooner than it knew."""
+        held = self._slots.held_runs
+        when = self._limiter.offered(
+            task, next_claim_for(task, self._worker_id, self._clock.now(), held)
+        )
+        self.spread.offered(task.key, bool(task.options.specific_worker_ids))
+        if self._heap.offer(task.key, when, task.version, task.id, task.name):
+            self.wake()
+
+    def fetched(self, count: int) -> None:
+        """A fetch offered ``count`` tasks (`Feed.fetch`): look again once the heap drains
+        only if it may have left some out *and* gave the claimer something to do (a full
+        fetch of tasks none of which we can claim now, our own running ones, say, would
+        otherwise be repeated back to back for ever)."""
+        page = min(self._options.heap_size, self._options.fetch_batch_size)
+        self._heap.overflowed = count >= page and len(self._heap) > 0
+        self.wake()
+
+    async def claimable_soonest(self) -> list[Task]:
+        """The tasks we may claim, soonest first: one page (reading the whole heap's worth read
+        thousands of tasks of a large backlog each time)."""
+        limit = min(self._options.heap_size, self._options.fetch_batch_size)
+        return await self._reads.fetch(self._names, self._worker_id, limit, limit)
+
+    async def run(self, feed: Feed) -> None:
         """Claim while a slot is free and something is due; sleep until the earliest due
-        key, a wake-up, or a free slot."""
+        key, a wake-up, or a free slot. ``feed`` refills the heap once it drained after
+        dropping entries (given here: it offers what it reads to this claimer)."""
         while True:
             self._wake = wake = anyio.Event()
             now = self._clock.now()
@@ -194,13 +249,13 @@ class Claimer:
             if self._uncertain_runs and self._slots.free_slots > 0:
                 earliest = now  # a lease of ours may be waiting to run (see _claim_due)
             # The spread policy claims greedily while work is due beyond our free slots.
-            self._feed.observe(self._slots.free_slots, earliest is not None and earliest <= now)
+            self.spread.observe(self._slots.free_slots, earliest is not None and earliest <= now)
             if self._slots.free_slots <= 0 or earliest is None or earliest > now:
                 if earliest is None and self._heap.overflowed:
                     # Drained after dropping entries: look again, letting the rest of the
                     # process run first (the memory backend's calls never yield).
                     await anyio.lowlevel.checkpoint()
-                    await self._feed.fetch()
+                    await feed.fetch()
                     continue
                 deadline = earliest if self._slots.free_slots > 0 else None
                 if self._stops_by_itself and not self._slots.running_keys:
@@ -220,18 +275,86 @@ class Claimer:
                 await sleep(self._clock, self._options.reconnect_delay(0))
 
     async def _done(self, now: dt.datetime) -> dt.datetime | None:
-        """``burst`` or ``max_tasks``, with nothing running and nothing due in the heap: ask
-        the feed whether the work is done (None: it is stopping) or when to ask again. Asked
-        at once after a run started or ended (`slot_freed`, `_start`), else no sooner than
-        the feed said, so a task that looks claimable yet is not (an expired one not yet
-        cancelled, say) costs one read per interval, not a loop of reads."""
+        """``burst`` or ``max_tasks``, with nothing running and nothing due in the heap:
+        whether the work is done (None: it is stopping) or when to ask again. Asked at once
+        after a run started or ended (`slot_freed`, `_start`), else no sooner than
+        `_out_of_work` said, so a task that looks claimable yet is not (an expired one not
+        yet cancelled, say) costs one read per interval, not a loop of reads."""
         if self._ask_done_at is not None and self._ask_done_at > now:
             return self._ask_done_at
         if self._uncertain_runs:
             return now  # recovered first: a lease of ours may be waiting to run
-        again = await self._feed.out_of_work(now)
+        again = await self._out_of_work(now)
         self._ask_done_at = again
         return again
+
+    async def _out_of_work(self, now: dt.datetime) -> dt.datetime | None:
+        """Stop, and return None, once ``max_tasks`` runs were started (and so have ended),
+        or, with ``burst``, once a fresh read finds no task of our unpaused names that we may
+        claim now (the heap, bounded and fed by events, may not hold every one). Otherwise
+        the tasks claimable now go to the heap (held by a limit, they wait there for its
+        window), and the claimer asks again after a poll interval unless a run starts or
+        ends first.
+
+        Invariant: the consumer stops only with no handler running and no claim in flight
+        (asked only then, from this claimer's loop), so it exits as a graceful stop does."""
+        if self._options.max_tasks is not None and self._slots.started >= self._options.max_tasks:
+            self._done_by_itself("max_tasks")
+            return None
+        if self._options.burst:
+            due = await self._claimable_now(now)
+            if not due:
+                self._done_by_itself("burst")
+                return None
+            for task in due:
+                self.offer(task)
+        return now + dt.timedelta(milliseconds=self._options.poll_interval_ms)
+
+    async def _claimable_now(self, now: dt.datetime) -> list[Task]:
+        """The tasks of our unpaused names that we may claim at ``now``, of one page of those
+        claimable soonest (read again, retried until the database answers)."""
+        paused = self._paused.paused
+        names = [name for name in self._names if name not in paused]
+        if not names:
+            return []
+        limit = min(self._options.heap_size, self._options.fetch_batch_size)
+        tasks = await retrying(
+            lambda: self._reads.fetch(names, self._worker_id, limit, limit),
+            clock=self._clock,
+            delay=self._options.reconnect_delay,
+            logger=log,
+            action="fetch_retry",
+        )
+        held = self._slots.held_runs
+        due = []
+        for task in tasks:
+            when = next_claim_for(task, self._worker_id, now, held)
+            if when is not None and when <= now:
+                due.append(task)
+        return due
+
+    def _done_by_itself(self, reason: str) -> None:
+        log.info(
+            "consumer done by itself",
+            extra={
+                "action": "consumer_done",
+                "worker_id": self._worker_id,
+                "reason": reason,
+                "runs": self._slots.started,
+            },
+        )
+        self._stopping.done(reason)
+
+    async def _admit(self, due: list[str], now: dt.datetime) -> list[str]:
+        """Of the due keys, those the claim policy lets this consumer claim now. Before it
+        decides on peers counted more than a spread ago, it counts them again: peers that
+        stopped or filled up since are not waited for, and peers that started since get
+        their share."""
+        running = len(self._slots.running_keys)
+        if self.spread.stale(now) and self.spread.decides(due, running):
+            await count_peers(self._workers, self._names, self._worker_id, self.spread, self._clock)
+            now = self._clock.now()
+        return self.spread.admit(due, running, self._options.max_running, now)
 
     async def _claim_due(self, now: dt.datetime) -> bool:
         """Claim what is due; True when the database failed (the caller backs off)."""
@@ -240,14 +363,14 @@ class Claimer:
             if self._uncertain_runs:
                 await self._recover_uncertain_claims()
                 return False
-            paused = self._feed.paused
+            paused = self._paused.paused
             names = [name for name in self._names if name not in paused]
             if not names:  # all paused: resuming fetches them again
                 self._heap.pop_due(now)
                 return False
             self._set_aside_running(now)
             asked = self._heap.due_keys(now, self._slots.free_slots)
-            due = await self._feed.admit(asked, now)
+            due = await self._admit(asked, now)
             if asked and not due:
                 # The claim policy let them wait (back in the heap for a while): nothing was
                 # tried, so nothing is learnt of the other due keys, which stay in the heap
@@ -291,7 +414,7 @@ class Claimer:
             log.warning(str(exc), extra={"action": "claim_retry"})
             self._start_all(leases)
             return True
-        self._feed.claimed(len(due), len(leases), now)
+        self.spread.claimed(len(due), len(leases), now)
         if not leases:
             return await self._reschedule(self._heap.pop_due(now))
         self._start_all(leases)
@@ -323,7 +446,7 @@ class Claimer:
             return False
         self._stats.record("rescheduled")
         try:
-            tasks = await self._feed.claimable_soonest()
+            tasks = await self.claimable_soonest()
         except BackendUnavailable as exc:
             log.warning(str(exc), extra={"action": "reschedule_retry"})
             for key in keys:  # look again after the delay, as for a failed claim
@@ -334,7 +457,7 @@ class Claimer:
         for task in tasks:
             when = next_claim_for(task, self._worker_id, now, held)
             if when is not None and when > now:
-                self._feed.offer(task)
+                self.offer(task)
         return False
 
     def _start_all(self, leases: list[Lease]) -> None:

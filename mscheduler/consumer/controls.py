@@ -23,6 +23,7 @@ from pymongo.errors import PyMongoError
 from ..errors import MSchedulerError
 from ..observability import otel_metrics
 from ..reconnect_backoff import retrying
+from ..services.root import Services
 from ..store.components import Store
 from ..worker_options import WorkerOptions
 from .presence import Presence
@@ -47,20 +48,16 @@ async def refresh_task_counts(store: Store) -> None:
 class Controls:
     def __init__(
         self,
-        store: Store,
+        services: Services,
         names: Sequence[str],
         options: WorkerOptions,
-        fetch: Callable[[], Awaitable[None]],
-        read_limits: Callable[[], Awaitable[None]],
     ) -> None:
-        self._read_limits = read_limits  # the consumer's: reads them, wakes what they free
-        self._store = store
-        self._clock = store.clock
+        self._store = services.store
+        self._clock = services.clock
         self._names = list(names)
         self._options = options
-        self._fetch = fetch  # the consumer's: a resumed name's tasks go back in its heap
         self.paused: set[str] = set()
-        self._hub = store.control_hub
+        self._hub = services.control_hub
 
     async def schedule_loop(self) -> None:
         """Publish the due occurrences of the schedules of our names (`periodic`) and end
@@ -91,18 +88,25 @@ class Controls:
         return await self._store.schedules.next_due(self._names)
 
     async def pause_loop(
-        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        fetch: Callable[[], Awaitable[None]],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Keep `paused` current: re-read on each change of the controls. A resumed name is
-        fetched again."""
-        await self._follow(self._read_pauses, "pause_retry", task_status)
+        fetched again (``fetch``: its tasks go back in the heap)."""
+        await self._follow(lambda: self._read_pauses(fetch), "pause_retry", task_status)
 
     async def limit_loop(
-        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        read_limits: Callable[[], Awaitable[None]],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Keep the limits of our names current: re-read on each change of the controls, so
-        a set, lowered, raised or removed limit holds within one event (or poll interval)."""
-        await self._follow(self._read_limits, "limit_retry", task_status)
+        """Keep the limits of our names current: ``read_limits`` (it reads them and wakes
+        what they free) on each change of the controls, so a set, lowered, raised or removed
+        limit holds within one event (or poll interval)."""
+        await self._follow(read_limits, "limit_retry", task_status)
 
     async def stop_loop(
         self,
@@ -130,7 +134,7 @@ class Controls:
 
         await self._follow(read, "stop_retry", task_status)
 
-    async def _read_pauses(self) -> None:
+    async def _read_pauses(self, fetch: Callable[[], Awaitable[None]]) -> None:
         now_paused = set(await self._store.pauses.paused(self._names))
         resumed = self.paused - now_paused
         if now_paused != self.paused:
@@ -141,7 +145,7 @@ class Controls:
             )
         self.paused = now_paused
         if resumed:
-            await self._fetch()
+            await fetch()
 
     async def serve_hub(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the process's `ControlHub` (or stand by to take it over); started once it

@@ -113,7 +113,6 @@ class Executor:
         clock: Clock,
         stats: ConsumerStats,
         *,
-        freed: FreedSlots,
         gate: StartGate,
     ) -> None:
         self._store = store
@@ -131,7 +130,7 @@ class Executor:
         self._options = options
         self._clock = clock
         self._stats = stats
-        self._freed = freed
+        self._freed: FreedSlots | None = None  # the claimer, given at `bind`
         self._gate = gate  # a start, a local retry's too, counts against its name's rate
         self._running: dict[str, _Running] = {}
         self.started = 0  # leases handed to `start`: what ``max_tasks`` counts
@@ -179,8 +178,12 @@ class Executor:
             entry.stop("the lease expired before its handler started", release=False)
         return entry.stop_reason is None
 
-    def bind(self, task_group: TaskGroup) -> None:
+    def bind(self, task_group: TaskGroup, freed: FreedSlots) -> None:
+        """The consumer's task group, and where each run's freed slot goes (the claimer,
+        which is built on this executor's slots: so given here, once, as the consumer
+        starts, before the first lease)."""
         self._task_group = task_group
+        self._freed = freed
 
     # ------------------------------------------------------------ running one task
 
@@ -243,10 +246,12 @@ class Executor:
             # for some other write to it (it was excluded from claims while it ran). An
             # abandoned handler frees its slots (ours, its name's) only once it returns.
             abandoned = self._calls.abandoned.get(key)
+            freed = self._freed
+            assert freed is not None, "Executor.bind() first"
             if abandoned is None:
-                self._freed.slot_freed(key, written)
+                freed.slot_freed(key, written)
             else:
-                abandoned.add_done_callback(lambda _: self._freed.slot_freed(key, written))
+                abandoned.add_done_callback(lambda _: freed.slot_freed(key, written))
 
     async def _call_handler(self, entry: _Running) -> _Outcome:
         task = entry.lease.task

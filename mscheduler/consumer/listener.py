@@ -15,46 +15,53 @@ reads only the first page of the tasks due.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
 from ..clock import Clock, sleep
 from ..models import Task
-from ..services.discovery import RESYNC, Subscription
-from ..store.components import Store
+from ..services.discovery import RESYNC, Subscription, TaskHub
 from ..worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
 
 
+class Changes(Protocol):
+    """Where the listener hands what it hears (`intake.Intake`). Invariant: `heard` takes a
+    write of the consumer's names, or of a task it runs, as the task after it; `resync` reads
+    again everything the hub may have lost for this consumer (its claimable tasks and its
+    running ones); `fetch` reads a page of the claimable tasks, the backstop's read; `holds`
+    says whether the consumer runs ``key`` (its every change is heard, whatever woke)."""
+
+    def heard(self, task: Task) -> None: ...
+
+    async def resync(self) -> None: ...
+
+    async def fetch(self) -> None: ...
+
+    def holds(self, key: str) -> bool: ...
+
+
 class ChangeListener:
     def __init__(
         self,
-        store: Store,
+        hub: TaskHub,
         names: Sequence[str],
         options: WorkerOptions,
         clock: Clock,
-        on_change: Callable[[Task], None],
-        on_resync: Callable[[], Awaitable[None]],
-        fetch: Callable[[], Awaitable[None]],
-        holds: Callable[[str], bool] = lambda key: False,
+        changes: Changes,
     ) -> None:
-        """``on_resync``: read again everything the hub may have lost for this consumer (its
-        claimable tasks and its running ones); ``fetch``: a page of the claimable tasks,
-        the backstop's read."""
-        self._hub = store.task_hub
+        self._hub = hub
         self._options = options
         self._clock = clock
-        self._on_change = on_change
-        self._on_resync = on_resync
-        self._fetch = fetch
+        self._changes = changes
         # Only writes that may give us work (not pings, claims or finishes): see hub_pipeline.
         # And every change of a task we run (its options, a cancel), whatever woke.
         self.subscription = Subscription(
-            options, wakes=names, holds=holds, worker_id=options.worker_id
+            options, wakes=names, holds=changes.holds, worker_id=options.worker_id
         )
         self.backstops = 0
 
@@ -81,9 +88,9 @@ class ChangeListener:
             while True:
                 item = await subscription.next()
                 if item is RESYNC:
-                    await self._on_resync()
+                    await self._changes.resync()
                 else:
-                    self._on_change(item)
+                    self._changes.heard(item)
 
     async def poll_loop(self) -> None:
         """The backstop: one page of claimable tasks every ``backstop_interval_ms``, streaming
@@ -93,4 +100,4 @@ class ChangeListener:
         while True:
             await sleep(self._clock, backstop_s)
             self.backstops += 1
-            await self._fetch()  # one page, as every fetch
+            await self._changes.fetch()  # one page, as every fetch

@@ -57,7 +57,7 @@ from ..models import (
     checked,
 )
 from ..services.discovery import Subscription
-from ..store.components import Store
+from ..services.root import Services
 from ..worker_options import WorkerOptions
 from . import takeover
 from .claimable import next_claim_for
@@ -77,9 +77,9 @@ class ControlView:
     """The paused names and the limits of the names asked about, kept while the process's
     `ControlHub` watches (read again after each change it sees), else read at each call."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._hub = store.control_hub
+    def __init__(self, services: Services) -> None:
+        self._store = services.store
+        self._hub = services.control_hub
         self._version = -1
         self._paused: dict[str, bool] = {}
         self._limits: dict[str, Limit | None] = {}
@@ -152,13 +152,15 @@ class Owner:
     """The pull API over one store. Stateless across calls: any process may extend or end a
     lease another one owned."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._clock = store.clock
-        self.controls = ControlView(store)
+    def __init__(self, services: Services) -> None:
+        self._store = services.store
+        self._task_hub = services.task_hub
+        self._control_hub = services.control_hub
+        self._clock = services.clock
+        self.controls = ControlView(services)
         # The one claim core, as a consumer's claimer uses it; it holds no lease (a pull
         # lease is its worker's: `handed_out`, `extend`, its end).
-        self._limiter = Limiter(store)
+        self._limiter = Limiter(services.store)
 
     async def own(self, names: Sequence[str], **params: Unpack[OwnParams]) -> list[Lease]:
         """`Scheduler.own`: its options (`OwnParams`) read here, with their defaults."""
@@ -199,9 +201,9 @@ class Owner:
         first task it may claim is due; ``[]`` at ``deadline``. Subscribed before the first
         claim, so a task published meanwhile is not missed."""
         subscription = Subscription(WorkerOptions(), wakes=names)
-        hub = self._store.control_hub
+        hub = self._control_hub
         async with (
-            self._store.task_hub.subscription(subscription),
+            self._task_hub.subscription(subscription),
             anyio.create_task_group() as task_group,
         ):
             # A pull-only process hears control changes made elsewhere while it waits.
@@ -257,7 +259,7 @@ class Owner:
                 wake.set()
 
             async def controls_changed() -> None:
-                await self._store.control_hub.changed(seen)
+                await self._control_hub.changed(seen)
                 wake.set()
 
             async def written_here() -> None:

@@ -1,9 +1,12 @@
 """A consumer's entry in the live workers (`store.workers`): written at start, rewritten every
 ``heartbeat_ms`` with what it runs, deleted at stop. It costs one small upsert per heartbeat
 (two a minute by default) and one delete at stop, on the collection beside the tasks; a
-failed write is logged and retried at the next beat, never the consumer's end. The ``spread``
-claim policy (`spread`) reads the live workers here too: at each heartbeat, and before it lets
-a task wait on a count older than a spread."""
+failed write is logged and retried at the next beat, never the consumer's end.
+
+It also supplies the peer counts of the ``spread`` claim policy (`spread`, owned by the
+claimer): the live workers serving its names, read after each heartbeat and handed to the
+policy (`PeerCounts`); the claimer reads them the same way (`count_peers`) before it lets a
+task wait on a count older than a spread."""
 
 from __future__ import annotations
 
@@ -12,23 +15,68 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ..clock import sleep
+from ..clock import Clock, sleep
 from ..errors import BackendUnavailable, StoreError
 from ..models import WorkerInfo
 from ..store.components import Store
 from ..store.workers import MAX_LISTED_KEYS
 from ..worker_options import WorkerOptions
-from .heap import ClaimHeap
-from .spread import ClaimSpread
 
 log = logging.getLogger(__name__)
 
 _REMOVE_TIMEOUT_S = 5.0  # real seconds the delete at stop may take before we give up
+
+
+class LiveWorkers(Protocol):
+    """The live workers' entries (`store.workers`): those serving any of ``names``."""
+
+    def registered(self, names: Sequence[str]) -> Awaitable[list[WorkerInfo]]: ...
+
+
+class PeerCounts(Protocol):
+    """What the peer counts are handed to: the claimer's spread policy (`ClaimSpread`).
+    Invariant: each count replaces the last one; a failed read keeps it (`count_failed`)."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def count_peers(self, peers: Iterable[WorkerInfo], now: dt.datetime) -> None: ...
+
+    def count_failed(self, now: dt.datetime) -> None: ...
+
+
+class Running(Protocol):
+    """The keys this worker runs now (the executor), listed in its entry."""
+
+    @property
+    def running_keys(self) -> list[str]: ...
+
+
+async def count_peers(
+    workers: LiveWorkers, names: Sequence[str], worker_id: str, counts: PeerCounts, clock: Clock
+) -> None:
+    """One small read of the live workers serving ``names``, handed to ``counts``, only when
+    that policy is on (a failure keeps the count it had, read again a spread later at the
+    soonest)."""
+    if not counts.enabled:
+        return
+    try:
+        peers = await workers.registered(names)
+    except (BackendUnavailable, StoreError) as exc:
+        log.warning(
+            "live workers not counted: %s",
+            exc,
+            extra={"action": "peers_not_counted", "worker_id": worker_id},
+        )
+        counts.count_failed(clock.now())
+        return
+    counts.count_peers(peers, clock.now())
 
 
 class Presence:
@@ -37,17 +85,14 @@ class Presence:
         store: Store,
         names: Sequence[str],
         options: WorkerOptions,
-        heap: ClaimHeap,
-        running_keys: Callable[[], list[str]],
+        running: Running,
+        counts: PeerCounts,
     ) -> None:
-        # The claim policy that needs the live workers this entry is among (`spread`).
-        self.spread = ClaimSpread(
-            options.claim_spread_ms, heap, options.heap_size, options.worker_id
-        )
         self._store = store
         self._names = list(names)
         self._options = options
-        self._running_keys = running_keys
+        self._running = running
+        self._counts = counts  # handed the peers read after each heartbeat
         self._started_at: dt.datetime | None = None
         self.instance = uuid.uuid4().hex  # this run of the worker id (`WorkerInfo.instance`)
 
@@ -60,7 +105,7 @@ class Presence:
         now = self._store.clock.now()
         if self._started_at is None:
             self._started_at = now
-        keys = self._running_keys()
+        keys = self._running.running_keys
         return WorkerInfo(
             worker_id=self._options.worker_id,
             host=socket.gethostname(),
@@ -75,17 +120,6 @@ class Presence:
             instance=self.instance,
         )
 
-    async def admit(self, due: list[str], now: dt.datetime) -> list[str]:
-        """Of the due keys, those the claim policy lets this consumer claim now. Before it
-        decides on peers counted more than a spread ago, it counts them again: peers that
-        stopped or filled up since are not waited for, and peers that started since get
-        their share."""
-        running = len(self._running_keys())
-        if self.spread.stale(now) and self.spread.decides(due, running):
-            await self._count_peers()
-            now = self._store.clock.now()
-        return self.spread.admit(due, running, self._options.max_running, now)
-
     async def beat(self) -> None:
         try:
             await self._store.workers.beat(self.info())
@@ -95,24 +129,13 @@ class Presence:
                 exc,
                 extra={"action": "heartbeat_failed", "worker_id": self._options.worker_id},
             )
-        await self._count_peers()
-
-    async def _count_peers(self) -> None:
-        """One small read of the live workers serving our names, for the spread policy only
-        (a failure keeps the count it had, read again a spread later at the soonest)."""
-        if not self.spread.enabled:
-            return
-        try:
-            peers = await self._store.workers.registered(self._names)
-        except (BackendUnavailable, StoreError) as exc:
-            log.warning(
-                "live workers not counted: %s",
-                exc,
-                extra={"action": "peers_not_counted", "worker_id": self._options.worker_id},
-            )
-            self.spread.count_failed(self._store.clock.now())
-            return
-        self.spread.count_peers(peers, self._store.clock.now())
+        await count_peers(
+            self._store.workers,
+            self._names,
+            self._options.worker_id,
+            self._counts,
+            self._store.clock,
+        )
 
     async def start(self, task_group: TaskGroup) -> None:
         """The first beat, before the consumer says it started; then one per heartbeat."""

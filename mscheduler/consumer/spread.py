@@ -48,12 +48,27 @@ takes to see a new task: a moment with change streams, the poll interval
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable
 
 from ..models import WorkerInfo
 from .heap import ClaimHeap
+
+
+@dataclasses.dataclass
+class _Wave:
+    """The keys of a name that waited once, while some are due (`ClaimSpread._share`):
+    ``share``, how many of them this worker may claim (``ceil(waited / workers)``, counted at
+    the wave's first look), and ``admitted``, how many it admitted so far."""
+
+    share: int
+    admitted: int = 0
+
+    def owed(self) -> int:
+        """How many more of the wave this worker may claim."""
+        return self.share - self.admitted
 
 
 class ClaimSpread:
@@ -63,9 +78,8 @@ class ClaimSpread:
         self._bound = bound
         self._worker_id = worker_id
         self._waits: dict[str, int] = {}  # how many times a key let peers go first
-        # Per name, while keys that waited once are due: the share of them this worker may
-        # claim, and how many it admitted (reset once none is due).
-        self._waves: dict[str, list[int]] = {}
+        # Per name, while keys that waited once are due: its wave (reset once none is due).
+        self._waves: dict[str, _Wave] = {}
         # Keys of tasks only some workers may claim (``specific_worker_ids``): not shared out,
         # since the peers this policy would wait for may be unable to claim them.
         self._pinned: set[str] = set()
@@ -241,12 +255,12 @@ class ClaimSpread:
                 # burst seen in several events was let wait a moment apart).
                 wave_keys = [key for key in self._heap.keys_of([name]) if waits.get(key) == 1]
             if name not in self._waves:  # the first look of a wave: what is its share
-                self._waves[name] = [math.ceil(len(wave_keys) / live), 0]
+                self._waves[name] = _Wave(share=math.ceil(len(wave_keys) / live))
             wave = self._waves[name]
-            owed = wave[0] - wave[1] - sum(waits.get(key) == 1 for key in admitted)
+            owed = wave.owed() - sum(waits.get(key) == 1 for key in admitted)
             taken = set(admitted)
             admitted += [key for key in waited if key not in taken][: max(0, owed)]
-            wave[1] += sum(waits.get(key) == 1 for key in admitted)
+            wave.admitted += sum(waits.get(key) == 1 for key in admitted)
             if idle and set(admitted).issuperset(wave_keys):
                 # None of what waited for the idle peers was taken by them in a spread (an
                 # idle peer claims at once): if this claim wins it all, they are not alive.

@@ -1,11 +1,31 @@
-"""`OneRunner`: one watch per process, however many callers serve it."""
+"""`Service`: how every loop-owning service of the process is run; `OneRunner`: one watch per
+process, however many callers serve it."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
+
+from ..worker_options import WorkerOptions
+
+
+class Service(Protocol):
+    """The one start/stop contract of a loop-owning service (the discovery hub, the control
+    hub): it runs in its caller's task group, never in one of its own that would outlive the
+    caller (a `Scheduler` needs no ``async with``). Started: ``await task_group.start(
+    service.serve, options)`` returns once its loop is up (a first read after it misses no
+    change); stopped: the caller cancels it (its scope, or its task group).
+
+    Invariant: many callers may serve one service at once; one of them runs the loop and the
+    others stand by to take over if it stops (`OneRunner`), so the process never holds two of
+    the same loop, and never none while a caller still serves it."""
+
+    async def serve(
+        self, options: WorkerOptions, *, task_status: TaskStatus[None] = ...
+    ) -> None: ...
 
 
 class OneRunner:

@@ -50,7 +50,7 @@ from ..models import (
 )
 from ..store.whole import WholeStore
 from ..worker_options import WorkerOptions
-from .discovery import CLOCK_SKEW, RESYNC, Subscription
+from .discovery import CLOCK_SKEW, RESYNC, Subscription, TaskHub
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +221,14 @@ class TaskEvents:
     from its newest version."""
 
     def __init__(
-        self, store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+        self,
+        store: WholeStore,
+        hub: TaskHub,
+        names: Sequence[str] | None,
+        poll_interval_ms: int = 1_000,
     ) -> None:
         self._store = store
+        self._hub = hub
         self._names = list(names) if names else None
         self._sub = Subscription(
             WorkerOptions(poll_interval_ms=poll_interval_ms), every=self._names or [None]
@@ -246,7 +251,7 @@ class TaskEvents:
             raise RuntimeError("these events are iterated already: enter them before")
         held = contextlib.AsyncExitStack()
         self._subscribed()  # before the subscription: a task published meanwhile is told
-        await held.enter_async_context(self._store.task_hub.subscription(self._sub))
+        await held.enter_async_context(self._hub.subscription(self._sub))
         self._held = held
         return self
 
@@ -269,7 +274,7 @@ class TaskEvents:
             return await self._sub.next()
         if self._follow is None:
             self._subscribed()
-            self._follow = self._store.task_hub.follow(self._sub)
+            self._follow = self._hub.follow(self._sub)
         return await anext(self._follow)
 
     async def _told(self, write: Task | None) -> list[TaskEvent]:

@@ -39,7 +39,7 @@ from ..store.streams import (
 )
 from ..store.whole import WholeStore
 from ..worker_options import Discovery, WorkerOptions
-from .discovery import CLOCK_SKEW, RESYNC, Subscription
+from .discovery import CLOCK_SKEW, RESYNC, Subscription, TaskHub
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,14 @@ class _Waiter:
     def __init__(
         self,
         store: WholeStore,
+        hub: TaskHub,
         keys: Sequence[str],
         poll_interval_ms: int,
         missing_ok: bool,
         discovery: Discovery,
     ) -> None:
         self._store = store
+        self._hub = hub
         self._missing_ok = missing_ok
         self._keys = list(dict.fromkeys(keys))  # the order given, for the result
         self._wanted = frozenset(self._keys)  # each finish is a set lookup, not a list walk
@@ -101,7 +103,7 @@ class _Waiter:
         """Subscribed to the process's hub before the first read, so a task that finishes in
         between is seen by the read or by the hub; a resync reads the states again."""
         try:
-            async with self._store.task_hub.subscription(self._subscription) as subscription:
+            async with self._hub.subscription(self._subscription) as subscription:
                 await self._read_all()
                 self.looked.set()
                 while not self.done.is_set():
@@ -136,6 +138,7 @@ def _deadline(store: WholeStore, timeout: object) -> dt.datetime | None:
 
 async def wait_for(
     store: WholeStore,
+    hub: TaskHub,
     keys: Sequence[str],
     *,
     timeout: float | None,  # noqa: ASYNC109 - the API (DESIGN.md), on the injectable clock
@@ -151,7 +154,7 @@ async def wait_for(
     if not isinstance(poll_interval_ms, int) or poll_interval_ms < 10:
         raise ConfigurationError(f"poll_interval_ms: {poll_interval_ms!r} is not an int >= 10")
     deadline = _deadline(store, timeout)
-    waiter = _Waiter(store, keys, poll_interval_ms, missing_ok, discovery)
+    waiter = _Waiter(store, hub, keys, poll_interval_ms, missing_ok, discovery)
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(waiter.follow)
         await store.clock.wait_until(deadline, waiter.done)
@@ -167,7 +170,7 @@ async def wait_for(
 
 
 async def watch_tasks(
-    store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int = 1_000
+    store: WholeStore, hub: TaskHub, names: Sequence[str] | None, poll_interval_ms: int = 1_000
 ) -> AsyncIterator[Task]:
     """Every change to a task (of ``names``), as the task after the change. In a process
     whose hub runs (consumers or a waiter hold it) the watch shares it (`_shared_watch`);
@@ -179,8 +182,9 @@ async def watch_tasks(
     (``invalidate``); the watch goes on after it (``startAfter``), with the tasks written to
     the collection of that name from then on. A server that refuses change streams is polled
     instead (`_poll_changes`), said once."""
-    if store.task_hub.subscribers:
-        async with contextlib.aclosing(_shared_watch(store, names, poll_interval_ms)) as shared:
+    if hub.subscribers:
+        shared_watch = _shared_watch(store, hub, names, poll_interval_ms)
+        async with contextlib.aclosing(shared_watch) as shared:
             async for task in shared:
                 yield task
         return
@@ -225,7 +229,7 @@ async def watch_tasks(
 
 
 async def _shared_watch(
-    store: WholeStore, names: Sequence[str] | None, poll_interval_ms: int
+    store: WholeStore, hub: TaskHub, names: Sequence[str] | None, poll_interval_ms: int
 ) -> AsyncGenerator[Task, None]:
     """The watch as a subscriber of the process's hub: every write of its names, in the hub's
     order, and the hub's reconnects and poll fallback. Unsubscribed when the caller closes the
@@ -233,7 +237,6 @@ async def _shared_watch(
     than the hub keeps, or the stream lost its place) reads the tasks written since the last
     one shown, less `CLOCK_SKEW`: changes meanwhile show as the latest of them, and a task
     shown just before may show again."""
-    hub = store.task_hub
     options = WorkerOptions(poll_interval_ms=poll_interval_ms)
     sub = Subscription(options, every=list(names) if names else [None])
     latest = store.clock.now()
@@ -280,10 +283,12 @@ async def _poll_changes(
 
 
 class Waiting:
-    """Waiting for tasks to end, and watching them change (`Store` ``.waiting``)."""
+    """Waiting for tasks to end, and watching them change, through the process's hub
+    (`root.Services` ``.waiting``)."""
 
-    def __init__(self, store: WholeStore) -> None:
+    def __init__(self, store: WholeStore, hub: TaskHub) -> None:
         self._store = store
+        self._hub = hub
 
     async def wait(
         self,
@@ -296,6 +301,7 @@ class Waiting:
     ) -> dict[str, Task]:
         return await wait_for(
             self._store,
+            self._hub,
             keys,
             timeout=timeout,
             missing_ok=missing_ok,
@@ -304,4 +310,4 @@ class Waiting:
         )
 
     def watch(self, names: Sequence[str] | None) -> AsyncIterator[Task]:
-        return watch_tasks(self._store, names)
+        return watch_tasks(self._store, self._hub, names)

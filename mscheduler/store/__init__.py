@@ -1,16 +1,17 @@
 """The only code that sends anything to MongoDB: it runs the builders of `queries` against a
 collection and turns documents into models and driver errors into mscheduler errors. One
 method per round trip (or per bounded walk of them); no loops that outlive a call, no task
-groups: those are `services`.
+groups: those are `services`. It imports nothing of them and keeps no process state: the
+composition root (`services.root`) builds the store, then the services over it, and hands the
+store what its writes tell them (the Protocols `finishes.FinishWrites`,
+`tasks.DependentsOwed` and `claims.ClaimTurns`).
 
-- `components`: `Store`, the one object the API holds, each capability a part of it, all
-  built there (``store.publisher``, ``store.operations``, ``store.batches``, ``store.waiting`` ...);
+- `components`: `Store`, each capability a part of it, all built there (``store.publisher``,
+  ``store.operations``, ``store.batches`` ...);
 - `base`: the state every part shares, reads by key, indexes, a batch's session; `collection`:
   `TasksCollection`, the collection as the calls we make; `whole`: the store as the parts built
   on it see it;
 - `tasks`: `TaskStore` (``store.tasks``), claim, the lease's fenced writes;
-  `components` builds the process's services beside the parts (`services.discovery`,
-  `services.controls`, `services.finishes`);
 - `driver`: pymongo's errors become mscheduler's (`driver_errors`);
 - `claims`: batched claims, up to k tasks in two round trips;
 - `finishes`: the round trips of a batch of finishes (its bulk write and its read back);

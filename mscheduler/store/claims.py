@@ -22,7 +22,8 @@ do for `TaskStore.claim`. What differs, and why it is safe:
   uncertain (`ClaimUncertain`) and the consumer looks them up before claiming again, as for a
   single claim: a landed claim is never left to expire unrun.
 
-The batches of one store take turns (`TaskStore.claim_many`). Consumers sharing a store free
+The batches of one store take turns (`TaskStore.claim_many`, holding the process's
+`ClaimTurns`, a service the composition root attaches). Consumers sharing a store free
 their slots together (their finishes share a bulk write), so at once they would read the same
 best candidates and split them: rounds of three round trips for a few tasks each, many of
 them winning nothing. In turn, each reads past what the one before it won.
@@ -48,7 +49,7 @@ import datetime as dt
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure
@@ -108,6 +109,16 @@ class Window:
             if self.calm >= _CALM_ROUNDS and self.batches > 1:
                 self.batches -= 1
                 self.calm = 0
+
+
+class ClaimTurns(Protocol):
+    """The process's turns at batched claims (`services.claim_turns.ClaimTurns`), held for
+    one batch: its batches take turns, and each reads the window it returns. Invariant: one
+    batch of the process holds it at a time."""
+
+    async def __aenter__(self) -> Window: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
 
 
 def choose(documents: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:

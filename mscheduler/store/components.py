@@ -1,8 +1,10 @@
-"""`Store`: the one object the API holds, and the one place its parts are built.
+"""`Store`: the round trips the API sends, and the one place its parts are built.
 
 Each capability is a part reached the same way: ``store.tasks.claim(...)``,
-``store.publisher.publish(spec)``, ``store.operations.cancel(key)``,
-``store.waiting.wait(keys)`` ... The store itself is the state every part shares
+``store.publisher.publish(spec)``, ``store.operations.cancel(key)`` ... It holds no process
+state and builds no service: the composition root (`services.root.Services`) builds it, then
+the process's services over it, and hands the store what its writes tell them
+(`tasks.TaskStore.attach`). The store itself is the state every part shares
 (`base.StoreBase`: the collection, the clock, the indexes, reads by key). A part that needs
 another is handed it here; the parts built on the whole store take it as `whole.WholeStore`.
 A batch of writes binds only its session (`StoreBase.bound`): no part is built again for it.
@@ -10,12 +12,8 @@ A batch of writes binds only its session (`StoreBase.bound`): no part is built a
 
 from __future__ import annotations
 
-from .. import layout
 from ..clock import Clock
 from ..collection import TasksCollection
-from ..services.controls import ControlHub
-from ..services.discovery import TaskHub
-from ..services.waiting import Waiting
 from .base import StoreBase
 from .batches import Batches
 from .browse import Browse
@@ -49,13 +47,9 @@ class Store(StoreBase):
         self.stops = Stops(self)
         # What writers bump while some process polls, and a polling process reads often.
         self.signal = Signal(self)
-        # The process's one change stream (or poll loop), the controls' changes on it too.
-        self.task_hub = TaskHub(self, clock, controls_suffix=layout.CONTROLS, signal=self.signal)
         self.control_version = ControlVersion(self)
-        self.control_hub = ControlHub(self, self.control_version, self.task_hub, clock)
         self.operations = Operations(self)
         self.batches = Batches(self)
-        self.waiting = Waiting(self)
         self.browse = Browse(self)
 
     async def control_changed(self) -> None:

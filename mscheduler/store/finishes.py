@@ -1,13 +1,14 @@
 """The round trips of a batch of finishes (`services.finishes.FinishBatcher` groups them):
 the fenced writes sent as one unordered bulk write, and the read of their documents after it.
 Also what a finish's writer needs to tell of its outcome: a quiet finish's added conditions
-(`Quiet`) and how a lease was lost (`lease_lost`)."""
+(`Quiet`) and how a lease was lost (`lease_lost`); and `FinishWrites`, how the store sees the
+service that sends its finishes (the store declares it, the composition root hands it one)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo import UpdateOne
 
@@ -29,6 +30,25 @@ class Quiet:
 
     fence: Document
     update: list[Document] | Document
+
+
+class FinishWrites(Protocol):
+    """What sends a finish's fenced write (`TaskStore`'s succeed, fail, retry later, release):
+    the process's finish batcher, which groups the finishes in flight together.
+
+    Invariant the store relies on: the write is the fenced update given (or, ``quiet``, its
+    quiet form), sent once; the document after it comes back, or `LeaseLost`, or the
+    driver's error; None only for a quiet write that landed without a read."""
+
+    async def write(
+        self,
+        lease: Lease,
+        update: list[Document],
+        now: Any,
+        wrote: WorkerStateKind,
+        *,
+        quiet: Quiet | None = None,
+    ) -> Document | None: ...
 
 
 async def write_many(

@@ -9,10 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-import anyio
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import ConnectionFailure
 
@@ -35,11 +34,10 @@ from ..models import (
 )
 from ..queries import lease as lq
 from ..queries import tasks as q
-from ..services.finishes import FinishBatcher
 from . import claims
 from .base import StoreBase
 from .driver import driver_errors
-from .finishes import Quiet, lease_lost
+from .finishes import FinishWrites, Quiet, lease_lost
 from .flows import Flows
 
 log = logging.getLogger(__name__)
@@ -52,25 +50,50 @@ def _draw_spread() -> float:
     return random.uniform(-1.0, 1.0)
 
 
+class DependentsOwed(Protocol):
+    """Where a write that ended tasks, whose dependents it then failed to tell, says so: the
+    process's record of them (`services.dependents.OwedDependents`), which wakes what tells
+    them (`recover_dependents`)."""
+
+    def owe(self, *tasks: str) -> None: ...
+
+
+class _Unattached:
+    """What a `TaskStore` sends finishes through, owes dependents to and takes claim turns
+    of, before the composition root attaches the process's services: a clear error, never a
+    silent drop."""
+
+    def _refuse(self) -> RuntimeError:
+        return RuntimeError(
+            "this store's services are not attached: build it through services.root.Services"
+        )
+
+    async def write(self, *args: Any, **kwargs: Any) -> None:
+        raise self._refuse()
+
+    def owe(self, *tasks: str) -> None:
+        raise self._refuse()
+
+    async def __aenter__(self) -> claims.Window:
+        raise self._refuse()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        raise self._refuse()
+
+
 class TaskStore:
     """The store's task part (``store.tasks``): claim, the lease's fenced writes, and what a
     write that ended a task owes its dependents; each a fenced or conditional write on one
     document, through the store's collection (so inside `StoreBase.bound`, through its
-    session)."""
+    session). It keeps no process state: its finishes, the dependents it owes and its turns
+    at batched claims go to the services `attach` hands it."""
 
     def __init__(self, base: StoreBase, flows: Flows) -> None:
         self._base = base
         self._flows = flows
-        # Finished tasks (keys, or ids where no key was read) whose dependents this process
-        # failed to tell (see `after_write`), and the callbacks (consumers) to wake when one is
-        # added.
-        self.owed: set[str] = set()
-        self.owed_listeners: list[Callable[[], None]] = []
-        self._finishes = FinishBatcher(base, self.fenced_document)
-        self._claim_turn = anyio.Lock(fast_acquire=True)  # no yield when free (`claims`)
-        # How wide this process reads its batches' candidates, from what other processes took
-        # from under them (`claims.Window`); its counts are the benchmarks'.
-        self.claim_window = claims.Window()
+        self._finishes: FinishWrites = _Unattached()
+        self._owed: DependentsOwed = _Unattached()
+        self._claim_turns: claims.ClaimTurns = _Unattached()
 
     @property
     def collection(self) -> TasksCollection:
@@ -90,6 +113,16 @@ class TaskStore:
 
     async def ready(self) -> None:
         await self._base.ready()
+
+    def attach(
+        self, finishes: FinishWrites, owed: DependentsOwed, claim_turns: claims.ClaimTurns
+    ) -> None:
+        """Called once, by the composition root, with the services built over this store:
+        what sends its finishes, what records the dependents its writes failed to tell, and
+        the process's turns at batched claims (with how wide they read)."""
+        self._finishes = finishes
+        self._owed = owed
+        self._claim_turns = claim_turns
 
     # ------------------------------------------------------------ after a write: the dependents
 
@@ -116,14 +149,8 @@ class TaskStore:
                     exc,
                     extra={"action": "dependents_owed", "key": task.key},
                 )
-                self._owe(task.key)
+                self._owed.owe(task.key)
         return task
-
-    def _owe(self, *tasks: str) -> None:
-        """`recover_dependents` catches up every unnotified task; this only wakes it."""
-        self.owed.update(tasks)
-        for listener in self.owed_listeners:
-            listener()
 
     # ------------------------------------------------------------ claim and the lease
 
@@ -197,7 +224,7 @@ class TaskStore:
             lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys, until=until)
             return [] if lease is None else [lease]
         await self.ready()
-        async with self._claim_turn:  # batches of this process take turns (`claims`)
+        async with self._claim_turns as window:  # this process's batches take turns
             return await claims.claim_many(
                 self._base,
                 worker_id,
@@ -206,7 +233,7 @@ class TaskStore:
                 exclude_keys,
                 self.notify_if_ended,
                 until,
-                self.claim_window,
+                window,
             )
 
     async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:
@@ -230,7 +257,7 @@ class TaskStore:
                 exc,
                 extra={"action": "dependents_owed"},
             )
-            self._owe(*(str(task_id) for task_id in task_ids))
+            self._owed.owe(*(str(task_id) for task_id in task_ids))
 
     async def _claimed_by(self, worker_id: str, run_id: str) -> Task | None:
         """The task that a claim of ``worker_id`` with ``run_id`` went to, if it was applied."""
@@ -428,10 +455,8 @@ class TaskStore:
 
     @driver_errors
     async def recover_dependents(self) -> int:
-        """Tell the dependents of every finished task whose writer did not (owed here, or
-        left by a crashed writer anywhere); returns how many tasks were caught up."""
+        """Tell the dependents of every finished task whose writer did not (owed by this
+        process, or left by a crashed writer anywhere); returns how many tasks were caught
+        up."""
         await self.ready()
-        owed = set(self.owed)
-        told = await self._flows.recover()
-        self.owed -= owed
-        return told
+        return await self._flows.recover()

@@ -1,9 +1,10 @@
 """`WholeStore`: what the parts built on the whole store reach of it.
 
-Operations, batches, waiting, browsing and task events work through several parts at once
-(a commit finishes leases through ``tasks`` and publishes through ``publisher``, in one
-transaction). They take the store as this declaration, which `components.Store` satisfies,
-so their modules never import the module that builds them (no import cycle).
+Operations, batches and browsing (and, above the store, waiting and task events) work
+through several parts at once (a commit finishes leases through ``tasks`` and publishes
+through ``publisher``, in one transaction). They take the store as this declaration, which
+`components.Store` satisfies, so their modules never import the module that builds them (no
+import cycle).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pymongo import IndexModel
 from ..clock import Clock
 from ..collection import TasksCollection
 from ..models import Task
-from ..services.discovery import TaskHub
 from .flows import Flows
 from .pauses import Pauses
 from .publisher import Publisher
@@ -49,9 +49,6 @@ class WholeStore(Protocol):
 
     @property
     def workers(self) -> Workers: ...
-
-    @property
-    def task_hub(self) -> TaskHub: ...
 
     def bound(self, collection: TasksCollection) -> AbstractContextManager[None]: ...
 

@@ -318,7 +318,7 @@ async def test_a_process_that_others_beat_to_the_best_candidates_still_wins_task
     )
     leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=batch)
     assert leases
-    window = sched.store.tasks.claim_window
+    window = sched.services.claim_turns.window
     assert window.lost_reads == 1 and window.reads == 2  # one round lost, the next won
     assert window.batches == 3  # wider after each round that lost a candidate
     for lease in leases:
@@ -332,7 +332,7 @@ async def test_a_process_alone_reads_only_the_batch_it_claims(scheduler: ms.Sche
     sched = ms.Scheduler(counting, clock=scheduler.store.clock)
     for _ in range(3):
         assert len(await sched.store.tasks.claim_many("w1", names=["job"], limit=8)) == 8
-    window = sched.store.tasks.claim_window
+    window = sched.services.claim_turns.window
     assert (window.batches, window.reads, window.lost_reads) == (1, 3, 0)
 
 
@@ -450,7 +450,7 @@ async def test_a_batch_keeps_its_leases_when_telling_dependents_fails(
     assert dead is not None and dead.state is ms.TaskState.FAIL
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.BLOCKED
-    assert sched.store.tasks.owed  # told later, by `recover_dependents`
+    assert sched.services.owed.keys  # told later, by `recover_dependents`
     await sched.store.tasks.recover_dependents()
     after = await scheduler.get("after")
     assert after is not None and after.state is ms.TaskState.CANCELLED

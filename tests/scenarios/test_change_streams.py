@@ -305,7 +305,7 @@ async def test_a_pause_holds_when_the_process_turns_to_polling_under_its_control
     needs_change_streams(engine)
     scheduler = await open_scheduler()
     operator = await open_scheduler()
-    hub = scheduler.store.task_hub
+    hub = scheduler.services.task_hub
     ran: list[str] = []
 
     async def job(task: ms.Task) -> None:
@@ -337,7 +337,7 @@ async def test_polling_gives_way_to_a_collection_stream_where_the_database_is_re
     tasks collection."""
     needs_change_streams(engine)
     scheduler = await open_scheduler(changestreams=False)
-    hub = scheduler.store.task_hub
+    hub = scheduler.services.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=10, stream_retry_interval_ms=1_000)
     async with scheduler.consumer({"job": _done_handler}, options=options):
         await until_idle()

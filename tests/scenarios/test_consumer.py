@@ -369,6 +369,34 @@ async def test_graceful_stop_lets_a_handler_finish_within_grace(scheduler: ms.Sc
     assert task is not None and task.state is S.SUCCESS
 
 
+async def test_wait_stopped_returns_once_the_running_outcomes_are_written(
+    scheduler: ms.Scheduler,
+):
+    """A user who stops a consumer and awaits `Consumer.wait_stopped` reads the outcome of
+    the task it was running: it returns once the consumer has stopped, not when the stop was
+    asked for (`Consumer.wait_stop_requested` does that)."""
+    await scheduler.publish("k", None, name="job")
+    gate = anyio.Event()
+    recorder = Recorder(gate=gate)
+    consumer = scheduler.consumer({"job": recorder.for_worker("w0")})
+    seen: list[ms.Task | None] = []
+
+    async def stop_and_read() -> None:
+        consumer.stop()
+        await consumer.wait_stopped()
+        seen.append(await scheduler.get("k"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await until_idle()
+        assert recorder.runs == [("k", "w0")]
+        tg.start_soon(stop_and_read)
+        await until_idle()  # the handler still runs, within the grace period
+        gate.set()
+    (task,) = seen
+    assert task is not None and task.state is S.SUCCESS, "read before its outcome was written"
+
+
 async def test_hard_stop_leaves_the_lease_to_expire(scheduler: ms.Scheduler, clock):
     await scheduler.publish("k", None, name="job", options=FAST)
     recorder = Recorder(gate=anyio.Event())
@@ -615,7 +643,7 @@ async def test_a_busy_consumer_keeps_its_heap_bounded(
         for _ in range(40):
             clock.advance(0.5)
             await discover()
-        pairs = [consumer._heap.stored_pairs for consumer in started]
+        pairs = [consumer._claimer._heap.stored_pairs for consumer in started]
         gate.set()
         await discover()
     assert sorted(key for key, _ in recorder.runs) == [f"k{n}" for n in range(6)]

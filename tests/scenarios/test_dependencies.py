@@ -401,7 +401,7 @@ async def test_a_dead_writers_dependents_are_told_by_a_running_consumer(
         lease = await other.store.tasks.claim("outsider", key="dep")
         assert lease is not None
         await other.store.tasks.succeed(lease, "done")  # landed; telling child did not
-        assert other.store.tasks.owed == {"dep"}
+        assert other.services.owed.keys == {"dep"}
         await discover()
         assert recorder.runs == []
         for _ in range(12):

@@ -123,7 +123,7 @@ async def test_a_subscriber_that_falls_behind_resyncs_and_blocks_nobody(
     slow = Subscription(ms.WorkerOptions(poll_interval_ms=POLL_MS), states=keys, buffer_size=2)
     options = ms.WorkerOptions(worker_id="w0", poll_interval_ms=POLL_MS, max_running=64)
     consumer = scheduler.consumer({"job": _runs(ran, "w0")}, options=options)
-    async with consumer, scheduler.store.task_hub.subscription(slow):
+    async with consumer, scheduler.services.task_hub.subscription(slow):
         await scheduler.publish_many(ms.TaskSpec(key=key, name="job") for key in keys)
         for _ in range(3):
             await discover()
@@ -139,7 +139,7 @@ async def test_a_watch_shares_the_consumers_stream(
     once, the consumers' one, reopened wider), polls with them on the wire, and still shows a
     task published after it started, every change of it in order."""
     streams = OpenStreams(scheduler) if engine == "memory" else None
-    hub = scheduler.store.task_hub
+    hub = scheduler.services.task_hub
     ran: list[tuple[str, str]] = []
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     seen: list[tuple[str, ms.TaskState]] = []
@@ -172,7 +172,7 @@ async def test_a_watch_abandoned_mid_iteration_leaves_no_subscriber(
 ) -> None:
     """The caller breaks out of the watch without closing it, or closes it: either way the
     hub forgets it (so its filter no longer widens the process's stream)."""
-    hub = scheduler.store.task_hub
+    hub = scheduler.services.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     async with scheduler.consumer({"job": _runs([], "w")}, options=options):
         await until_idle()
@@ -223,7 +223,7 @@ async def test_a_shared_watch_goes_on_after_the_consumers_stop(
                 await discover()
                 await scheduler.publish("during", None, name="job")
                 await discover()
-            assert scheduler.store.task_hub.subscribers == 1  # the watch alone
+            assert scheduler.services.task_hub.subscribers == 1  # the watch alone
             await scheduler.publish("after", None, name="job")
             for _ in range(2):
                 clock.advance(1)
@@ -237,7 +237,7 @@ async def test_a_shared_watch_told_to_resync_shows_what_it_lost(
     """The hub drops the events waiting for a watch (it fell behind, or the stream lost its
     place) for one resync: the watch reads the tasks written since the last one it showed, so
     the dropped change still shows (a task shown just before may show again)."""
-    hub = scheduler.store.task_hub
+    hub = scheduler.services.task_hub
     options = ms.WorkerOptions(worker_id="w", poll_interval_ms=POLL_MS)
     async with scheduler.consumer({"other": _runs([], "w")}, options=options):
         await until_idle()

@@ -157,7 +157,7 @@ class DiscoveryHubModel(RuleBasedStateMachine):
                 clock=self.clock,
             )
         )
-        self.hub = self.sched.store.task_hub
+        self.hub = self.sched.services.task_hub
         self.subscribers: list[Subscriber] = []
         self.leases: list[Lease] = []
         self.workers = 0

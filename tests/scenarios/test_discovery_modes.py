@@ -125,7 +125,7 @@ async def test_a_polling_waiter_leaves_the_consumers_on_the_stream(clock: Manual
             functools.partial(sched.wait, "waited", discovery="poll", poll_interval_ms=3_600_000)
         )
         await until_idle()
-        assert sched.store.task_hub.polling
+        assert sched.services.task_hub.polling
         options = _options(discovery="stream", poll_interval_ms=3_600_000)
         async with sched.consumer({"job": _done}, options=options) as consumer:
             await until_idle()

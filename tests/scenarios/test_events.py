@@ -210,7 +210,7 @@ async def test_events_iterated_bare_tell_the_same_in_order(
         ("started", None),
         ("succeeded", 7),
     ]
-    assert scheduler.store.task_hub.subscribers == 0
+    assert scheduler.services.task_hub.subscribers == 0
 
 
 def _version(task: ms.Task, **fields: Any) -> ms.Task:

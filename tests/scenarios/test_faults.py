@@ -174,7 +174,7 @@ async def test_duplicate_and_out_of_order_events_change_nothing(
         await until_idle()
         claimed = consumer.stats.claimed
         for stale in (first, first, first.model_copy(update={"version": first.version - 1})):
-            consumer._on_change(stale)  # delivered again, and out of order
+            consumer._intake.changed(stale)  # delivered again, and out of order
         await until_idle()
         assert consumer.stats.claimed == claimed and consumer.running == ["k"]
         gate.set()

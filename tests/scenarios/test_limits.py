@@ -655,13 +655,13 @@ async def test_what_a_consumer_knows_of_its_keys_names_is_bounded_by_its_heap(
             await scheduler.publish(f"n{n}", n, name="nv")
             await discover()
         assert len(started) == 1  # the rest wait for the window
-        assert len(consumer._heap) <= 4
-        assert len(consumer._heap.keys_of(["nv"])) <= 4
+        assert len(consumer._claimer._heap) <= 4
+        assert len(consumer._claimer._heap.keys_of(["nv"])) <= 4
         for n in range(40):
             await scheduler.cancel(f"n{n}")
         clock.advance(3600)
         await discover()
-        assert consumer._heap.keys_of(["nv"]) == []
+        assert consumer._claimer._heap.keys_of(["nv"]) == []
 
 
 async def test_a_start_counts_at_its_handler_start_however_late_its_claim_reply(

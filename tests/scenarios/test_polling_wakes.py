@@ -226,7 +226,7 @@ async def test_a_watch_beside_a_polling_consumer_sees_each_version_once(
                 clock.advance(0.05)
             await until_idle()
             task_group.cancel_scope.cancel()
-        assert side.store.task_hub.signal_reads > 0  # the reads the signal brought ran
+        assert side.services.task_hub.signal_reads > 0  # the reads the signal brought ran
     assert len(seen) == len(set(seen)), f"a version was handed out twice: {seen}"
     for n in range(5):
         versions = [version for key, version, _ in seen if key == f"k{n}"]

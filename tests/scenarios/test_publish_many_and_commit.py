@@ -557,7 +557,7 @@ async def test_a_batch_binds_its_session_for_its_own_task_only(scheduler: ms.Sch
     batch's task alone: a consumer's task running meanwhile writes outside the transaction
     (its finishes batched as usual), and no part of the store is built again for the batch."""
     store = scheduler.store
-    parts = (store.tasks, store.publisher, store.flows, store.task_hub, store.control_hub)
+    parts = (store.tasks, store.publisher, store.flows, store.signal, store.control_version)
     view = SessionCollection(scheduler.collection, session=None)
     seen: list[tuple[bool, bool, bool]] = []
     asked, answered = anyio.Event(), anyio.Event()
@@ -577,4 +577,4 @@ async def test_a_batch_binds_its_session_for_its_own_task_only(scheduler: ms.Sch
             await answered.wait()
         assert store.collection is scheduler.collection and not store.in_batch
     assert seen == [(True, False, False)]
-    assert (store.tasks, store.publisher, store.flows, store.task_hub, store.control_hub) == parts
+    assert (store.tasks, store.publisher, store.flows, store.signal, store.control_version) == parts

@@ -252,7 +252,7 @@ async def test_wait_never_returns_a_version_older_than_it_read(
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await discover()
-        scheduler.store.task_hub._hand_out(failed, True)  # late, as a replay
+        scheduler.services.task_hub._hand_out(failed, True)  # late, as a replay
         await discover()
         assert found == [], f"returned {found[0].state} while the retried task is pending"
         await _finish_later(scheduler, "k", "success", discover)

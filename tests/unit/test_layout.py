@@ -43,7 +43,7 @@ LAYERS = {
     "queries": 1,
     "store": 2,
     "backends": 2,
-    "services": 3,  # the process-lifetime services (hubs, waiters, batcher) over the store
+    "services": 3,  # the composition root, and the process-lifetime services over the store
     "consumer": 4,
     "browse": 5,  # `Scheduler.browse`: the operator's reads, over the store
     "handlers": 5,  # the public home of what handlers use: re-exports from consumer/
@@ -62,13 +62,6 @@ LAYERS = {
 # the layers below it.
 FACES = {"dashboard", "http", "cli", "sync_scheduler"}
 INTERNALS = {"store", "queries", "services", "consumer"}
-# The store's composition builds the process's services beside its parts (one hub, one
-# control hub, one finish batcher per store): these modules alone of the store import them.
-COMPOSES_SERVICES = {
-    "mscheduler.store.tasks",
-    "mscheduler.store.components",
-    "mscheduler.store.whole",
-}
 # Collection methods called on a collection (an expression that names one): only the store,
 # and the backends that make collections, do that.
 COLLECTION_METHODS = {
@@ -116,8 +109,8 @@ def _group(module: str) -> str:
     return parts[1]
 
 
-def _import_lines(tree: ast.AST, package: str) -> Iterator[tuple[int, str]]:
-    """Each module of the package a module's source imports (``package``: the one its
+def _import_lines(tree: ast.AST, package_name: str) -> Iterator[tuple[int, str]]:
+    """Each module of the package a module's source imports (``package_name``: the one its
     relative imports start from), with the line of the import."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -126,7 +119,7 @@ def _import_lines(tree: ast.AST, package: str) -> Iterator[tuple[int, str]]:
                     yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")
+                base = package_name.split(".")
                 base = base[: len(base) - (node.level - 1)]
                 origin = ".".join(base + ([node.module] if node.module else []))
             elif node.module and node.module.startswith("mscheduler"):
@@ -140,26 +133,52 @@ def _import_lines(tree: ast.AST, package: str) -> Iterator[tuple[int, str]]:
 
 def _imports(module: str) -> set[str]:
     path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    targets = {target for _, target in _import_lines(ast.parse(path.read_text()), package)}
+    return _imports_in(module, path.read_text(), package=path.name == "__init__.py")
+
+
+def _imports_in(module: str, source: str, *, package: bool = False) -> set[str]:
+    """The modules of the package that ``source``, as ``module``'s, imports."""
+    package_name = module if package else module.rpartition(".")[0]
+    targets = {target for _, target in _import_lines(ast.parse(source), package_name)}
     return {target for target in targets if target in MODULES and target != module}
 
 
 GRAPH = {module: _imports(module) for module in MODULES}
 
 
-def test_layers_import_downward_only():
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` from a layer to one at or above it, in another package."""
     upward = []
-    for module, targets in GRAPH.items():
+    for module, targets in graph.items():
         for target in targets:
             mine, theirs = _group(module), _group(target)
             if mine == theirs:
                 continue
-            if module in COMPOSES_SERVICES and theirs == "services":
-                continue
             if LAYERS[theirs] >= LAYERS[mine]:
                 upward.append(f"{module} -> {target} ({mine} may not import {theirs})")
-    assert not upward, "\n".join(sorted(upward))
+    return sorted(upward)
+
+
+def test_layers_import_downward_only():
+    """No exception: the store builds no service (the composition root, `services.root`,
+    builds the store and then the services over it)."""
+    upward = _upward(GRAPH)
+    assert not upward, "\n".join(upward)
+
+
+def test_the_layer_check_sees_the_store_import_a_service():
+    """Guards the guard: a store module that names a service (its finish batcher, say, even
+    under ``TYPE_CHECKING``) is an upward import."""
+    planted = _imports_in(
+        "mscheduler.store.tasks",
+        "from .flows import Flows\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..services.finishes import FinishBatcher\n",
+    )
+    assert planted == {"mscheduler.store.flows", "mscheduler.services.finishes"}
+    assert _upward({"mscheduler.store.tasks": planted}) == [
+        "mscheduler.store.tasks -> mscheduler.services.finishes (store may not import services)"
+    ]
 
 
 def test_no_import_cycle():
@@ -202,7 +221,7 @@ def test_only_the_store_calls_the_collection():
 def test_the_checks_see_the_imports_they_judge():
     """Guards the guard: a parser that found no edge would pass everything above."""
     assert "mscheduler.queries.tasks" in GRAPH["mscheduler.store.tasks"]
-    assert "mscheduler.store.components" in GRAPH["mscheduler.consumer.consumer"]
+    assert "mscheduler.store.components" in GRAPH["mscheduler.services.root"]
     assert "mscheduler.store.base" in GRAPH["mscheduler.store.flows"]  # under TYPE_CHECKING
     assert _group("mscheduler.models") == "foundation"
 
@@ -264,6 +283,69 @@ def test_the_private_check_sees_a_reach_into_the_store():
     assert _private_reaches(caller, _private_names_defined(caller)) == [(2, "store._finish_write")]
     helper = ast.parse("class P:\n    async def g(self):\n        await self._store._lost()\n")
     assert _private_reaches(helper, _private_names_defined(helper)) == [(3, "self._store._lost")]
+
+
+# ------------------------------------------------------------ the consumer wires its parts
+
+CONSUMER = "mscheduler.consumer.consumer"
+# Above the consumer's parts: what runs several consumers at once (`Scheduler.consumers`).
+RUNS_CONSUMERS = {"mscheduler.consumer.group"}
+
+
+def _passes_self(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a call is handed ``self`` itself (an argument or a keyword's value): an object
+    giving itself to another as its collaborator."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            values = [*node.args, *(keyword.value for keyword in node.keywords)]
+            if any(isinstance(value, ast.Name) and value.id == "self" for value in values):
+                found.append((node.lineno, ast.unparse(node.func)))
+    return found
+
+
+def _consumer_handed_over(consumer: ast.AST, graph: dict[str, set[str]]) -> list[str]:
+    """Where the consumer hands itself to a call, and which part of it imports it."""
+    found = [f"{CONSUMER}:{line} hands itself to {call}" for line, call in _passes_self(consumer)]
+    found += [
+        f"{module} imports {CONSUMER}"
+        for module, targets in sorted(graph.items())
+        if module.startswith("mscheduler.consumer.")
+        and module not in RUNS_CONSUMERS
+        and CONSUMER in targets
+    ]
+    return found
+
+
+def test_no_part_of_the_consumer_receives_the_consumer():
+    """The consumer builds its parts and wires them once, each to the narrow collaborators it
+    needs: it hands itself to none (a part that held the consumer would reach every other
+    part through it, and the consumer would forward for it), and no part imports it."""
+    found = _consumer_handed_over(ast.parse(MODULES[CONSUMER].read_text()), GRAPH)
+    assert not found, "\n".join(found)
+
+
+def test_the_wiring_check_sees_the_consumer_hand_itself_over():
+    planted = ast.parse(
+        "class Consumer:\n"
+        "    def __init__(self, store):\n"
+        "        self._executor = Executor(store, freed=self)\n"
+        "        self._claimer = Claimer(store.tasks, self._heap, self)\n"
+        "        self._presence = Presence(store, lambda: self.running)\n"
+        "        self._listener = ChangeListener(store, self._on_change)\n"
+    )
+    graph = {
+        **GRAPH,
+        "mscheduler.consumer.claimer": _imports_in(
+            "mscheduler.consumer.claimer",
+            "if TYPE_CHECKING:\n    from .consumer import Consumer\n",
+        ),
+    }
+    assert _consumer_handed_over(planted, graph) == [
+        f"{CONSUMER}:3 hands itself to Executor",
+        f"{CONSUMER}:4 hands itself to Claimer",
+        f"mscheduler.consumer.claimer imports {CONSUMER}",
+    ]
 
 
 # ------------------------------------------------------------ one kind of code per layer
@@ -645,6 +727,7 @@ def test_the_retry_check_sees_a_rule_written_again():
         "mscheduler.store",
         "mscheduler.services",
         "mscheduler.services.discovery",
+        "mscheduler.consumer",
         "mscheduler.queries",
     ],
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -40,6 +41,16 @@ from .subscriptions import RESYNC, Subscription
 log = logging.getLogger(__name__)
 
 
+class Mode(enum.Enum):
+    """How the hub discovers the writes (`TaskHub.mode`)."""
+
+    STREAM = "stream"  # a change stream (or trying to open one)
+    POLLING = "polling"  # the server refused a stream: a poll per interval, the stream retried
+    # Every subscriber asked to poll (``discovery="poll"``): it lasts only while that holds
+    # (`TaskHub._discovery`), and ends with the last subscriber.
+    POLLING_BY_CHOICE = "polling by choice"
+
+
 class TaskHub:
     """One per store. Each subscriber's task group calls `_serve` (through `subscription`):
     one of them runs the stream or the poll loop, the others stand by to take over, from the
@@ -70,15 +81,21 @@ class TaskHub:
         self._coverage = Coverage(())
         self._lost = False  # the stream's place was lost: every subscriber resyncs
         self.position = ResumePoint()
-        self.polling = False
-        # Polling because every subscriber asked to (``discovery="poll"``), not because the
-        # server refused a stream: it lasts only while that holds (`_discovery`).
-        self.polling_by_choice = False
+        self.mode = Mode.STREAM
         self.streams_opened = 0
         self.reopened = 0  # stream reopened after an error or an end
         self.resyncs = 0  # fresh streams after a lost place
         self.polls = 0
         self._poller = Poller(store, clock)
+
+    @property
+    def polling(self) -> bool:
+        """Polling for tasks (the server refused a stream, or by choice), not streaming."""
+        return self.mode is not Mode.STREAM
+
+    @property
+    def polling_by_choice(self) -> bool:
+        return self.mode is Mode.POLLING_BY_CHOICE
 
     @property
     def subscribers(self) -> int:
@@ -183,7 +200,14 @@ class TaskHub:
     async def _serve(
         self, sub: Subscription, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        await self._runner.serve(lambda started: self._run(sub.options, started), task_status)
+        await self.serve(sub.options, task_status=task_status)
+
+    async def serve(
+        self, options: WorkerOptions, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the stream or the poll loop if none runs in this process, else stand by to
+        take over (`runner.Service`); a subscriber serves it through `subscription`."""
+        await self._runner.serve(lambda started: self._run(options, started), task_status)
 
     def _cover(self) -> None:
         for sub in self._subs:
@@ -261,8 +285,8 @@ class TaskHub:
         self._lost = False
         self._coverage = Coverage(())
         self._poller = Poller(self._store, self._clock)
-        if self.polling_by_choice:  # the next subscriber's rule decides
-            self.polling = self.polling_by_choice = False
+        if self.mode is Mode.POLLING_BY_CHOICE:  # the next subscriber's rule decides
+            self.mode = Mode.STREAM
 
     async def _open(self, options: WorkerOptions, attempt: int) -> Any:
         """The stream from the kept place (afresh when there is none, or the server cannot
@@ -397,8 +421,7 @@ class TaskHub:
         return any(sub.options.discovery != "poll" for sub in self._subs)
 
     def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
-        self.polling = True
-        self.polling_by_choice = refusal is None
+        self.mode = Mode.POLLING_BY_CHOICE if refusal is None else Mode.POLLING
         self._tell_controls()  # no longer carried here: the controls' hub reads them itself
         interval = self.poll_interval_ms / 1000
         if refusal is None:
@@ -553,6 +576,6 @@ class TaskHub:
         return False
 
     def _stop_polling(self) -> None:
-        self.polling = self.polling_by_choice = False
+        self.mode = Mode.STREAM
         self._lose_place()  # opened afresh next: every subscriber reads again after it
         self._poller = Poller(self._store, self._clock)
