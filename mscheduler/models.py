@@ -215,6 +215,11 @@ class TaskOptions(BaseModel):
     retry_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     """Each failure's delay is multiplied by a factor drawn uniformly from
     ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
+    partition: str | None = None
+    """The task's partition (a tenant, a customer): among claimable tasks of its name and
+    priority, claims take partitions in turn, and ``set_limit(partition_max_running=N)``
+    runs at most N of each partition at once. None: no partition (the task takes its place
+    by its publish time)."""
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -224,6 +229,13 @@ class TaskOptions(BaseModel):
         for index, worker_id in enumerate(ids):
             _check_text(worker_id, f"specific_worker_ids[{index}]", c.MAX_WORKER_ID_LENGTH)
         return sorted(set(ids))
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, partition: str | None) -> str | None:
+        if partition is None:
+            return None
+        return _check_text(partition, "partition", c.MAX_PARTITION_LENGTH)
 
     @model_validator(mode="after")
     def _timeout_exceeds_ping(self) -> TaskOptions:
@@ -248,9 +260,9 @@ class TaskOptions(BaseModel):
 
     def to_document(self) -> dict[str, Any]:
         """The stored ``options``: ``not_before`` lives at the top level of the task instead.
-        The retry backoff's options are stored only when chosen: a task that keeps them at
-        their defaults pays nothing for them, and every reader (the failure's write
-        included) takes a missing one as its default."""
+        The retry backoff's options and the partition are stored only when chosen: a task
+        that keeps them at their defaults pays nothing for them, and every reader (the
+        failure's write included) takes a missing one as its default."""
         left_out = {"not_before"} | {
             name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
         }
@@ -258,11 +270,12 @@ class TaskOptions(BaseModel):
 
 
 # The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
-# reads a missing one as this default too).
+# reads a missing one as this default too; a missing ``partition`` is no partition).
 _BACKOFF_DEFAULTS: dict[str, Any] = {
     "retry_backoff": 1.0,
     "retry_backoff_max_ms": None,
     "retry_jitter": 0.0,
+    "partition": None,
 }
 
 
@@ -371,7 +384,11 @@ class Task(BaseModel):
     next_claim_at: UtcDatetime | None = None
     not_before: UtcDatetime | None = None
     retry_at: UtcDatetime | None = None
-    created_at: UtcDatetime
+    created_at: UtcDatetime  # when the task was published
+    # A partitioned task's place in its name's claim order (`store.partitions`), stored in the
+    # document's ``created_at`` (the claim index's field), its publish time being then in
+    # ``published_at``; None for a task without a partition, whose place is ``created_at``.
+    turn: UtcDatetime | None = None
     updated_at: UtcDatetime
     version: int = 0
     depends_on: list[str] = Field(default_factory=list)
@@ -417,6 +434,9 @@ class Task(BaseModel):
             # A newer format: what every format keeps, and no more.
             envelope = {field: data[field] for field in _ENVELOPE if field in data}
             return {**envelope, "options": {}, "state": TaskState.BLOCKED.value}
+        if isinstance(data, dict) and data.get("published_at") is not None:
+            # A partitioned task: its document's created_at is its turn (`turn`).
+            data = {**data, "turn": data.get("created_at"), "created_at": data["published_at"]}
         # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
         if isinstance(data, dict) and isinstance(data.get("options"), dict):
             data = dict(data)

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import constants as c
 from ..models import ErrorInfo, TaskOptions, TaskState
-from .derived import recompute, wake_consumers
+from .derived import PUBLISHED_AT, recompute, wake_consumers
 from .stages import (
     CLAIMABLE,
     RUNNING,
@@ -623,7 +623,7 @@ def stats_pipeline() -> Pipeline:
                 "_id": {"name": "$name", "state": "$state"},
                 "count": {"$sum": 1},
                 "running_workers": {"$sum": {"$size": running}},
-                "oldest_created_at": {"$min": "$created_at"},
+                "oldest_created_at": {"$min": PUBLISHED_AT},
             }
         },
     ]

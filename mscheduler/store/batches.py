@@ -45,6 +45,7 @@ from ..models import (
 )
 from ..observability import tracing
 from ..queries import flows as fq
+from ..queries import partitions as pq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
 from .publisher import check_fits, task_document
@@ -138,14 +139,18 @@ async def _publish_many(
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
         replaces = _replaces(ordered, existing)
+        # Partitioned tasks' turns, before (and outside) the batch's transaction; a batch that
+        # replaces writes each spec as `publish` does, which takes its own.
+        new = [spec for spec in ordered if spec.key not in existing]
+        turns = {} if replaces else await store.publisher.turns(new)
 
         async def write(collection: TasksCollection) -> list[PublishResult]:
             with store.bound(collection):
                 if replaces:  # each spec as `publish` does it, in order: see `_replaces`
                     return await _publish_all(store, ordered)
                 if any(spec.depends_on for spec in ordered):
-                    return await _publish_flow(store, ordered, now, drafts)
-                return await _publish_flat(store, ordered, existing, now, drafts)
+                    return await _publish_flow(store, ordered, now, drafts, turns)
+                return await _publish_flat(store, ordered, existing, now, drafts, turns)
 
         published = await run_atomically(store.collection, write)
         await store.work_written()  # once for the batch, after its last write
@@ -172,12 +177,18 @@ def _replaces(specs: Sequence[PublishSpec], existing: Mapping[str, Task]) -> boo
     return replaces
 
 
-async def _upsert(store: WholeStore, documents: Mapping[str, Document]) -> set[str]:
+async def _upsert(
+    store: WholeStore, documents: Mapping[str, Document], turns: Mapping[str, dt.datetime]
+) -> set[str]:
     """One ordered bulk write of idempotent upserts; the keys it inserted (a key a concurrent
     publish inserted in between is matched by its upsert, not inserted again: the unique
-    ``key`` index)."""
+    ``key`` index). ``turns``: the partitioned tasks' places in the claim order, taken
+    before the batch's transaction (`Publisher.turns`)."""
     if not documents:
         return set()
+    for key, turn in turns.items():
+        if key in documents:
+            pq.placed(documents[key], turn)
     order = list(documents)
     requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
     result = await store.collection.bulk_write(requests, ordered=True)
@@ -190,13 +201,14 @@ async def _publish_flat(
     existing: Mapping[str, Task],
     now: dt.datetime,
     drafts: Mapping[str, Document],
+    turns: Mapping[str, dt.datetime],
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
     idempotent upserts (one round trip per task would make a large ``publish_many`` wait
     on the network once per task). A key a concurrent publish inserted in between is read
     back as existing."""
     documents = _planned_documents(specs, existing, now, drafts)
-    created = await _upsert(store, documents)
+    created = await _upsert(store, documents, turns)
     raced = [key for key in documents if key not in created]
     found = dict(existing)
     if raced:
@@ -280,6 +292,7 @@ async def _publish_flow(
     specs: Sequence[PublishSpec],
     now: dt.datetime,
     drafts: Mapping[str, Document],
+    turns: Mapping[str, dt.datetime],
 ) -> list[PublishResult]:
     """A batch with dependencies in a number of round trips that does not grow with it (one
     per task would keep a transaction open past MongoDB's limit for a large flow): one read of
@@ -296,7 +309,7 @@ async def _publish_flow(
     named = {spec.key for spec in specs} | {d for spec in specs for d in spec.depends_on}
     found = {task.key: task for task in await store.get_many(sorted(named))}
     documents = _planned_documents(specs, found, now, drafts)
-    created = await _upsert(store, documents)
+    created = await _upsert(store, documents, turns)
     counts = Counter(d for key in created for d in documents[key]["depends_on"])
     if counts:
         await store.collection.bulk_write(

@@ -24,6 +24,7 @@ from .expiry import Expiry
 from .flows import Flows
 from .limits import Limits
 from .operations import Operations
+from .partitions import Partitions
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
@@ -40,7 +41,8 @@ class Store(StoreBase):
         super().__init__(collection, clock)
         self.flows = Flows(self)
         self.tasks = TaskStore(self, self.flows)
-        self.publisher = Publisher(self, self.flows)
+        self.partitions = Partitions(self)
+        self.publisher = Publisher(self, self.flows, self.partitions)
         self.schedules = ScheduleStore(self, self.publisher)
         self.expiry = Expiry(self, self.tasks.after_write)
         self.pauses = Pauses(self)

@@ -20,11 +20,13 @@ from ..errors import ConfigurationError, StoreError, TaskRunning
 from ..models import PublishResult, Task, TaskState
 from ..observability import tracing
 from ..queries import history as hq
+from ..queries import partitions as pq
 from ..queries import tasks as q
 from ..queries import timing as tq
 from ..specs import PublishSpec
 from .driver import driver_errors
 from .flows import Flows
+from .partitions import Partitions
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -76,9 +78,10 @@ def check_fits(spec: PublishSpec, now: dt.datetime | None = None) -> dict[str, A
 class Publisher:
     """Idempotent publish and replace; driver errors become mscheduler errors here."""
 
-    def __init__(self, store: StoreBase, flows: Flows) -> None:
+    def __init__(self, store: StoreBase, flows: Flows, partitions: Partitions) -> None:
         self._store = store
         self._flows = flows
+        self._partitions = partitions
 
     @property
     def in_transaction(self) -> bool:
@@ -181,7 +184,7 @@ class Publisher:
             present, pending, failed = await self._flows.resolve(
                 spec.key, list(spec.depends_on), spec.allow_missing
             )
-        return task_document(
+        document = task_document(
             spec,
             self._store.clock.now(),
             depends_on=present,
@@ -189,6 +192,15 @@ class Publisher:
             deps_failed=failed,
             trace_context=tracing.carrier(),  # the current span: the publish's (`tracing.producer`)
         )
+        if spec.options.partition is not None:
+            turns = await self._partitions.turns([spec])
+            pq.placed(document, turns[spec.key])
+        return document
+
+    async def turns(self, specs: Sequence[PublishSpec]) -> dict[str, dt.datetime]:
+        """The turns of the partitioned specs of a batch, by key (`Partitions.turns`);
+        nothing is sent for a batch without a partition."""
+        return await self._partitions.turns(specs)
 
     async def _replace(
         self, current: Task, document: dict[str, Any], query: dict[str, Any]

@@ -1,0 +1,206 @@
+"""Partitions (``TaskOptions(partition=...)``): among claimable tasks of one name and
+priority, claims take partitions in turn, so one tenant's burst does not make another's few
+tasks wait behind it; priority still comes first, and tasks without a partition keep their
+FIFO order and pay nothing for the feature. On every engine, with a manual clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from pydantic import ValidationError
+
+import mscheduler as ms
+from mscheduler.backends.counting import CountingCollection
+from mscheduler.store.partitions import Partitions
+from tests.engines import worker
+
+pytestmark = pytest.mark.anyio
+Discover = Callable[[], Awaitable[None]]
+
+
+def part(partition: str | None, **fields: Any) -> ms.TaskOptions:
+    return ms.TaskOptions(partition=partition, **fields)
+
+
+class Starts:
+    """A handler that records the keys it started, in order."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    async def __call__(self, task: ms.Task) -> None:
+        self.keys.append(task.key)
+
+
+async def drain(scheduler: ms.Scheduler, discover: Discover, *names: str) -> list[str]:
+    """The keys of ``names`` in the order one worker running one task at a time starts them."""
+    starts = Starts()
+    options = worker(burst=True, max_running=1)
+    consumer = scheduler.consumer(dict.fromkeys(names, starts), options=options)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(consumer.run)
+        for _ in range(100):
+            await discover()
+            if consumer.stop_requested:
+                break
+        stopped = consumer.stop_requested
+        consumer.stop()
+    assert stopped, "the burst worker ran out of work"
+    return starts.keys
+
+
+async def test_a_partitions_few_tasks_are_not_kept_behind_anothers_burst(
+    scheduler: ms.Scheduler, discover: Discover
+):
+    """BullMQ Pro's groups test: 200 tasks of A published first, then 3 of B; one worker
+    running one task at a time starts all of B's among its first 8 starts."""
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(200)
+    )
+    for n in range(3):
+        await scheduler.publish(f"b{n}", None, name="job", options=part("B"))
+    started = await drain(scheduler, discover, "job")
+    assert len(started) == 203
+    assert {"b0", "b1", "b2"} <= set(started[:8]), started[:8]
+    assert [key for key in started if key.startswith("b")] == ["b0", "b1", "b2"]
+    assert [key for key in started if key.startswith("a")] == [f"a{n}" for n in range(200)]
+
+
+async def test_partitions_published_in_bursts_take_turns(
+    scheduler: ms.Scheduler, clock: Any, discover: Discover
+):
+    """Three partitions publish bursts of different sizes at different times: while each has
+    tasks waiting, the starts go round the three."""
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"x{n}", name="job", options=part("x")) for n in range(30)
+    )
+    clock.advance(1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"y{n}", name="job", options=part("y")) for n in range(10)
+    )
+    clock.advance(1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"z{n}", name="job", options=part("z")) for n in range(5)
+    )
+    started = await drain(scheduler, discover, "job")
+    assert len(started) == 45
+    # The first 15 starts are 5 of each partition, in turn.
+    assert sorted(key[0] for key in started[:15]) == ["x"] * 5 + ["y"] * 5 + ["z"] * 5
+    for window in range(0, 15, 3):
+        assert sorted(key[0] for key in started[window : window + 3]) == ["x", "y", "z"]
+    # Then y and x in turn, then x alone; within a partition, in publish order.
+    assert sorted(key[0] for key in started[15:25]) == ["x"] * 5 + ["y"] * 5
+    assert [key[0] for key in started[25:]] == ["x"] * 20
+    for name, count in (("x", 30), ("y", 10), ("z", 5)):
+        assert [key for key in started if key[0] == name] == [f"{name}{n}" for n in range(count)]
+
+
+async def test_a_partition_publishing_later_starts_at_the_head_of_the_backlog(
+    scheduler: ms.Scheduler, clock: Any, discover: Discover
+):
+    """A partition that publishes long after another's backlog was published takes its turns
+    from the head of that backlog, not behind all of it."""
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(50)
+    )
+    clock.advance(3_600)
+    await scheduler.publish("late", None, name="job", options=part("B"))
+    started = await drain(scheduler, discover, "job")
+    assert "late" in started[:2], started[:2]
+
+
+async def test_priority_comes_before_turns(scheduler: ms.Scheduler, discover: Discover):
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(10)
+    )
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"b{n}", name="job", options=part("B", priority=5)) for n in range(3)
+    )
+    await scheduler.publish("urgent", None, name="job", options=ms.TaskOptions(priority=9))
+    started = await drain(scheduler, discover, "job")
+    assert started[:4] == ["urgent", "b0", "b1", "b2"]
+    assert started[4:] == [f"a{n}" for n in range(10)]
+
+
+async def test_tasks_without_a_partition_keep_fifo_among_the_turns(
+    scheduler: ms.Scheduler, clock: Any, discover: Discover
+):
+    """Tasks without a partition take their place by their publish time, in publish order; a
+    partition's tasks take turns from the head of the claim order, one millisecond apart, so
+    they go among them as a tenant not served yet."""
+    for n in range(3):
+        await scheduler.publish(f"plain{n}", None, name="job")
+        clock.advance(1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(3)
+    )
+    clock.advance(1)
+    await scheduler.publish("plain3", None, name="job")
+    started = await drain(scheduler, discover, "job")
+    assert [key for key in started if key.startswith("plain")] == [f"plain{n}" for n in range(4)]
+    assert started == ["plain0", "a0", "a1", "a2", "plain1", "plain2", "plain3"]
+
+
+async def test_a_partitioned_task_shows_its_partition_and_publish_time(
+    scheduler: ms.Scheduler, clock: Any
+):
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(5)
+    )
+    published = clock.now()
+    clock.advance(10)
+    await scheduler.publish("b", None, name="job", options=part("tenant-7"))
+    task = await scheduler.get("a4")
+    assert task is not None
+    assert task.options.partition == "A"
+    assert task.created_at == published  # its publish time, not its turn
+    assert task.turn is not None and task.turn > published
+    later = await scheduler.get("b")
+    assert later is not None and later.created_at == published + dt.timedelta(seconds=10)
+    assert later.turn is not None and later.turn <= later.created_at
+
+
+async def test_a_task_without_a_partition_pays_nothing(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """No new field on its document; its publish, single or in a batch, costs the round trips
+    it did (`test_publish_many_and_commit`); a partitioned one pays its own."""
+    counting = CountingCollection(scheduler.collection)
+    sched = ms.Scheduler(counting, clock=scheduler.store.clock)
+    await sched.ensure_indexes()
+    # The partitions' collection, beside the tasks, counts in the same tally.
+    beside = CountingCollection(sched.store.partitions.collection)
+    beside.counts = counting.counts
+    monkeypatch.setattr(Partitions, "collection", property(lambda _: beside))
+    await sched.publish("warm", None, name="job", options=part("W"))  # its TTL index, once
+    counting.reset()
+    await sched.publish("plain", None, name="job")
+    single = counting.calls
+    counting.reset()
+    await sched.publish_many(ms.TaskSpec(key=f"p{n}", name="job") for n in range(50))
+    assert counting.calls == 2, counting.counts  # one read of the keys, one bulk write
+    document = await scheduler.collection.find_one({"key": "plain"})
+    assert document is not None
+    assert "published_at" not in document and "partition" not in document["options"]
+
+    counting.reset()
+    await sched.publish("part", None, name="job", options=part("A"))
+    assert counting.calls == single + 2, counting.counts  # the head's read, the turns' update
+    counting.reset()
+    await sched.publish_many(
+        ms.TaskSpec(key=f"q{n}", name="job", options=part("AB"[n % 2])) for n in range(50)
+    )
+    # One read of the head, then one update per partition: not one per task.
+    assert counting.calls == 2 + 1 + 2, counting.counts
+
+
+async def test_bad_partitions_are_refused_naming_the_field(scheduler: ms.Scheduler):
+    for bad in ("", "   ", "x" * 513, "a\x00b", 7):
+        with pytest.raises(ValidationError, match="partition"):
+            ms.TaskOptions(partition=bad)
+    ms.TaskOptions(partition="x" * 512)
+    assert await scheduler.store.get_many(["any"]) == []
