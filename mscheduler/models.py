@@ -744,6 +744,7 @@ _HELD_RECHECK = dt.timedelta(milliseconds=50)
 class _Entry(BaseModel):
     id: str
     until: UtcDatetime | None = None
+    partition: str | None = None  # a slot's: the partition of its run's task, if it counts one
 
 
 class Limit(BaseModel):
@@ -755,20 +756,40 @@ class Limit(BaseModel):
     rate: int | None = None
     per_ms: int | None = None
     max_running: int | None = None
+    partition_max_running: int | None = None  # running at once in each partition of the name
     starts: list[_Entry] = Field(default_factory=list)
     slots: list[_Entry] = Field(default_factory=list)
 
     def usage(self, now: dt.datetime) -> dict[str, Any]:
-        """The limits, and what counts against them at ``now``: the starts within the window
-        and the running slots (what ``limit ls --json`` and the HTTP API show)."""
+        """The limits, and what counts against them at ``now``: the starts within the window,
+        the running slots, and the most running in one partition (what ``limit ls --json``
+        and the HTTP API show)."""
         return {
             "name": self.name,
             "rate": self.rate,
             "per_ms": self.per_ms,
             "max_running": self.max_running,
+            "partition_max_running": self.partition_max_running,
             "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
             "running": sum(1 for e in self.slots if e.until and e.until > now),
+            "busiest_partition_running": max(self.partitions_running(now).values(), default=0),
         }
+
+    def partitions_running(self, now: dt.datetime) -> dict[str, int]:
+        """Live slots per partition at ``now``."""
+        counts: dict[str, int] = {}
+        for entry in self.slots:
+            if entry.partition is not None and entry.until is not None and entry.until > now:
+                counts[entry.partition] = counts.get(entry.partition, 0) + 1
+        return counts
+
+    def full_partitions(self, now: dt.datetime) -> list[str]:
+        """The partitions at their ``partition_max_running`` at ``now``: a claim leaves out
+        their tasks (`consumer.limits.Limiter.take`)."""
+        most = self.partition_max_running
+        if most is None:
+            return []
+        return sorted(p for p, count in self.partitions_running(now).items() if count >= most)
 
     def free_at(self, now: dt.datetime) -> dt.datetime:
         """When to ask for a token again: for a full window, when its oldest start leaves it

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pymongo import ReturnDocument
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
@@ -33,9 +34,16 @@ def _ms(duration: dt.timedelta) -> int:
     return round(duration.total_seconds() * 1000)
 
 
-def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
+def _checked_limits(
+    rate: Any, per: Any, max_running: Any, partition_max_running: Any = None
+) -> int | None:
     """``per`` in milliseconds, once every value is one a limit can have."""
-    for field, value in (("rate", rate), ("max_running", max_running)):
+    counts = (
+        ("rate", rate),
+        ("max_running", max_running),
+        ("partition_max_running", partition_max_running),
+    )
+    for field, value in counts:
         number = isinstance(value, int) and not isinstance(value, bool)
         if value is not None and not (number and 1 <= value <= 1_000_000):
             raise ConfigurationError(
@@ -43,8 +51,10 @@ def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
             )
     if (rate is None) != (per is None):
         raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
-    if rate is None and max_running is None:
-        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
+    if rate is None and max_running is None and partition_max_running is None:
+        raise ConfigurationError(
+            "set_limit: give rate and per, max_running, partition_max_running, or several"
+        )
     if per is None:
         return None
     longest = dt.timedelta(days=366)
@@ -61,6 +71,7 @@ class LimitSpec:
     rate: int | None
     per_ms: int | None
     max_running: int | None
+    partition_max_running: int | None = None
 
 
 def limit_spec(
@@ -69,12 +80,29 @@ def limit_spec(
     rate: int | None = None,
     per: dt.timedelta | None = None,
     max_running: int | None = None,
+    partition_max_running: int | None = None,
 ) -> LimitSpec:
     """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
     naming its field."""
     name = checked(check_name, name)
-    per_ms = _checked_limits(rate, per, max_running)
-    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
+    per_ms = _checked_limits(rate, per, max_running, partition_max_running)
+    return LimitSpec(
+        name=name,
+        rate=rate,
+        per_ms=per_ms,
+        max_running=max_running,
+        partition_max_running=partition_max_running,
+    )
+
+
+class Token(str):
+    """A token taken for a claim (`Limits.acquire`), and the partitions of its name at their
+    ``partition_max_running`` as it was taken, whose tasks the claim leaves out; when the
+    name counts partitions (``partitioned``), the claim binds its slot to the partition of
+    the task it won (`Limits.bind_partition`)."""
+
+    full_partitions: tuple[str, ...] = ()
+    partitioned: bool = False
 
 
 class Limits(BesideTasks):
@@ -85,9 +113,11 @@ class Limits(BesideTasks):
         """Replace the limits of ``spec.name`` (set anew: a field not given is removed). A
         ``max_running`` counts the attempts running now (`adopt_running`), wherever they
         were claimed: no start beyond it from now on."""
-        update = lq.set_limit(spec.name, spec.rate, spec.per_ms, spec.max_running)
+        update = lq.set_limit(
+            spec.name, spec.rate, spec.per_ms, spec.max_running, spec.partition_max_running
+        )
         await self.collection.update_one(*update, upsert=True)
-        if spec.max_running is not None:
+        if spec.max_running is not None or spec.partition_max_running is not None:
             await self.adopt_running(spec.name)
         await self._tasks.control_changed()
         found = await self.collection.find_one(lq.by_name(spec.name))
@@ -101,16 +131,20 @@ class Limits(BesideTasks):
         limit (`consumer.limits.Limiter.apply`), or lapses with its lease's first end."""
         now = self._tasks.clock.now()
         untils: dict[str, dt.datetime] = {}
+        partitions: dict[str, str] = {}
         cursor = self._tasks.collection.find(q.running_of(name), q.RUNNING_ATTEMPTS)
         async for document in cursor:
+            partition = (document.get("options") or {}).get("partition")
             for ws in document.get("worker_states") or []:
                 expires = ws.get("ping_expire_at")
                 if ws.get("state") == WorkerStateKind.RUNNING.value and expires is not None:
                     expires = to_bson_time(expires)
                     if expires > now:
                         untils[ws["run_id"]] = expires
+                        if partition is not None:
+                            partitions[ws["run_id"]] = partition
         if untils:
-            await self.collection.update_one(*lq.adopt(name, untils))
+            await self.collection.update_one(*lq.adopt(name, untils, partitions))
 
     @driver_errors
     async def remove(self, name: str) -> bool:
@@ -139,16 +173,33 @@ class Limits(BesideTasks):
         token, now = token or uuid.uuid4().hex, self._tasks.clock.now()
         update = lq.acquire(name, token, now, until, _ms(START_HOLD))
         try:
-            taken = await self.collection.find_one_and_update(*update)
+            taken = await self.collection.find_one_and_update(
+                *update, return_document=ReturnDocument.AFTER
+            )
         except ConnectionFailure:
             # The token may have been taken with the reply lost: nobody would hold its slot.
             with contextlib.suppress(ConnectionFailure):
                 await self.collection.update_one(*lq.give_back(name, token))
             raise
         if taken is not None:
-            return token
+            taken_limit = Limit.model_validate(taken)
+            given = Token(token)
+            if taken_limit.partition_max_running is not None:
+                given.partitioned = True
+                given.full_partitions = tuple(taken_limit.full_partitions(now))
+            return given
         found = await self.collection.find_one(lq.by_name(name))
         return None if found is None else Limit.model_validate(found).free_at(now)
+
+    @driver_errors
+    async def bind_partition(
+        self, name: str, token: str, partition: str, until: dt.datetime
+    ) -> bool:
+        """The slot of ``token`` counts in ``partition`` and lives until ``until``, if the
+        partition is below its ``partition_max_running`` (`queries.limits.bind_partition`);
+        False if it is not (the caller gives its task back)."""
+        update = lq.bind_partition(name, token, partition, until, self._tasks.clock.now())
+        return bool((await self.collection.update_one(*update)).matched_count)
 
     @driver_errors
     async def start(self, name: str) -> str | dt.datetime | None:
@@ -185,8 +236,13 @@ class Limits(BesideTasks):
         await self.collection.update_one(*lq.give_back(name, token))
 
     @driver_errors
-    async def adopt(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
-        await self.collection.update_one(*lq.adopt(name, untils))
+    async def adopt(
+        self,
+        name: str,
+        untils: Mapping[str, dt.datetime],
+        partitions: Mapping[str, str] | None = None,
+    ) -> None:
+        await self.collection.update_one(*lq.adopt(name, untils, partitions))
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:

@@ -15,6 +15,8 @@ from pydantic import ValidationError
 
 import mscheduler as ms
 from mscheduler.backends.counting import CountingCollection
+from mscheduler.errors import ConfigurationError
+from mscheduler.models import Limit
 from mscheduler.store.partitions import Partitions
 from tests.engines import worker
 
@@ -204,3 +206,145 @@ async def test_bad_partitions_are_refused_naming_the_field(scheduler: ms.Schedul
             ms.TaskOptions(partition=bad)
     ms.TaskOptions(partition="x" * 512)
     assert await scheduler.store.get_many(["any"]) == []
+
+
+# ---------------------------------------------------------------- partition_max_running
+
+
+class Gated:
+    """A handler that runs until its task's gate is set, counting what runs per partition."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, anyio.Event] = {}
+        self.running: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+
+    async def __call__(self, task: ms.Task) -> None:
+        partition = task.options.partition or ""
+        self.running[partition] = self.running.get(partition, 0) + 1
+        self.most[partition] = max(self.most.get(partition, 0), self.running[partition])
+        try:
+            await self.gates.setdefault(task.key, anyio.Event()).wait()
+        finally:
+            self.running[partition] -= 1
+
+    def release(self) -> None:
+        """Every handler running now returns."""
+        for gate in self.gates.values():
+            gate.set()
+
+
+async def test_partition_max_running_holds_across_processes(
+    open_scheduler: Any, clock: Any, discover: Discover
+):
+    """Two schedulers on one collection (two processes), each with room for 4: at most one
+    task of each partition runs at once, while both partitions and tasks without a
+    partition run side by side."""
+    first, second = await open_scheduler(), await open_scheduler()
+    await first.set_limit("job", partition_max_running=1)
+    await first.publish_many(
+        ms.TaskSpec(key=f"{p}{n}", name="job", options=part(p)) for p in "AB" for n in range(3)
+    )
+    await first.publish("plain", None, name="job")
+    handler = Gated()
+    async with (
+        first.consumer({"job": handler}, options=worker("w1", max_running=4)),
+        second.consumer({"job": handler}, options=worker("w2", max_running=4)),
+    ):
+        await discover()
+        assert handler.running == {"A": 1, "B": 1, "": 1}
+        for _ in range(6):
+            handler.release()
+            await discover()
+            clock.advance(1)  # a consumer held back asks again each second
+            await discover()
+            assert all(handler.running.get(p, 0) <= 1 for p in "AB"), handler.running
+    assert handler.most == {"A": 1, "B": 1, "": 1}
+    for key in [f"{p}{n}" for p in "AB" for n in range(3)]:
+        task = await first.get(key)
+        assert task is not None and task.state is ms.TaskState.SUCCESS, key
+
+
+async def test_partition_max_running_holds_for_the_pull_api(scheduler: ms.Scheduler, clock: Any):
+    await scheduler.set_limit("job", partition_max_running=2)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"{p}{n}", name="job", options=part(p)) for p in "AB" for n in range(4)
+    )
+    leases = await scheduler.own(["job"], worker_id="w1", max_tasks=8)
+    assert sorted(lease.key for lease in leases) == ["A0", "A1", "B0", "B1"]
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=8) == []
+    limit = (await scheduler.limits())["job"]
+    assert limit.partitions_running(clock.now()) == {"A": 2, "B": 2}
+    await scheduler.succeed(leases[0])  # frees its partition's slot at once
+    [again] = await scheduler.own(["job"], worker_id="w2", max_tasks=8)
+    assert again.task.options.partition == leases[0].task.options.partition
+
+
+async def test_a_removed_partition_limit_no_longer_holds(scheduler: ms.Scheduler):
+    await scheduler.set_limit("job", partition_max_running=1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(3)
+    )
+    assert len(await scheduler.own(["job"], worker_id="w1", max_tasks=3)) == 1
+    assert await scheduler.remove_limit("job")
+    assert "job" not in await scheduler.limits()
+    assert len(await scheduler.own(["job"], worker_id="w1", max_tasks=3)) == 2
+
+
+async def test_a_partition_limit_set_counts_what_runs_already(scheduler: ms.Scheduler):
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(3)
+    )
+    [running] = await scheduler.own(["job"], worker_id="w1", max_tasks=1)
+    await scheduler.set_limit("job", partition_max_running=1)
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=3) == []
+    await scheduler.succeed(running)
+    assert len(await scheduler.own(["job"], worker_id="w2", max_tasks=3)) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "2", 1_000_001])
+async def test_a_bad_partition_max_running_is_refused_naming_it(scheduler: ms.Scheduler, bad: Any):
+    with pytest.raises(ConfigurationError, match="partition_max_running"):
+        await scheduler.set_limit("job", partition_max_running=bad)
+    assert await scheduler.limits() == {}
+
+
+async def test_a_claim_that_loses_its_partitions_last_slot_gives_its_task_back(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """A claim that read its partition as not full, while another took its last slot
+    meanwhile (here: every claim reads no partition as full), wins the task but cannot count
+    it: the task is given back, unrun and not failed, and the limit holds."""
+    await scheduler.set_limit("job", partition_max_running=1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(2)
+    )
+    [first] = await scheduler.own(["job"], worker_id="w1", max_tasks=2)
+    monkeypatch.setattr(Limit, "full_partitions", lambda self, now: [])
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=2) == []
+    other = await scheduler.get("A1" if first.key == "A0" else "A0")
+    assert other is not None and other.state is ms.TaskState.PENDING
+    assert other.unexpected_failures == 0
+    await scheduler.succeed(first)
+    [second] = await scheduler.own(["job"], worker_id="w2", max_tasks=2)
+    assert second.key == other.key
+
+
+async def test_show_the_task_page_and_the_limits_view_show_partitions(
+    scheduler: ms.Scheduler, clock: Any
+):
+    from mscheduler.cli.show import render
+    from mscheduler.dashboard import create_app
+    from tests.scenarios.test_dashboard import client
+
+    await scheduler.publish("t", None, name="job", options=part("tenant-7"))
+    task = await scheduler.get("t")
+    assert task is not None
+    shown = render(task, clock.now())
+    assert "partition:   tenant-7 (turn " in shown
+    await scheduler.set_limit("job", partition_max_running=3)
+    async with client(create_app(scheduler)) as http:
+        page = (await http.get("/tasks/t")).text
+        overview = (await http.get("/")).text
+    assert 'id="partition"' in page and "tenant-7" in page
+    assert "0/3 per partition" in overview
