@@ -236,8 +236,12 @@ class Limiter:
                 return self._limited(name, now + RUNNING_RECHECK)
             return None
         partition = lease.task.options.partition
-        counted = isinstance(token, Token) and token.partitioned and partition is not None
-        if counted and not await self._bind_partition(name, lease, run_id, partition, first_life):
+        counted = isinstance(token, Token) and token.partitioned
+        if (
+            counted
+            and partition is not None
+            and not await self._bind_partition(name, lease, run_id, partition, first_life)
+        ):
             return self._limited(name, now + RUNNING_RECHECK)
         if lease.run_id != run_id:
             # A sharded cluster's claim chooses its own run_id: the slot moves to it (its
