@@ -31,12 +31,14 @@ class Partitions(BesideTasks):
         now if it is later or there is none: where a partition without a backlog starts.
         One indexed read of one document."""
         now = self._tasks.clock.now()
-        first = await self._tasks.collection.find_one(
-            pq.head_of(name, priority, now), pq.HEAD_PROJECTION, sort=pq.HEAD_SORT
+        # A find of one (not find_one): the memory engine walks its index for a find's limit.
+        cursor = self._tasks.collection.find(
+            pq.head_of(name, priority, now), pq.HEAD_PROJECTION, sort=pq.HEAD_SORT, limit=1
         )
-        if first is None:
+        first = [document async for document in cursor]
+        if not first:
             return now
-        return min(to_bson_time(first["created_at"]), now)
+        return min(to_bson_time(first[0]["created_at"]), now)
 
     @driver_errors
     async def take(self, name: str, partition: str, head: dt.datetime, count: int) -> dt.datetime:

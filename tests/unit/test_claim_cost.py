@@ -160,6 +160,10 @@ async def test_a_claim_examines_at_most_two_documents_in_a_backlog_of_many_parti
         for n in range(10)
         for p in range(1_000)
     )
+    before = collection.docs_examined
+    late = ms.TaskOptions(partition="late")
+    await sched.publish("late", None, name="job", options=late)  # the head's read: one task
+    assert collection.docs_examined - before <= 1
     partitions = []
     for _ in range(50):
         before = collection.docs_examined
