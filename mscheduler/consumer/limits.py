@@ -15,6 +15,12 @@ child process starts them). Nothing else takes, confirms, extends or frees a tok
 - A slot lives exactly as long as its lease: taken with a first life before the lease is
   known, bound to the lease's end as soon as it is (`handed_out`, or a consumer's first
   extension, at once), extended with it, and freed at its end whatever the limits say then.
+- Under a ``partition_max_running``, the claim leaves out the partitions its token saw at
+  their limit (the token's write returns the name's document), and the slot is then counted
+  in the claimed task's partition by a conditional write that also binds it to the lease
+  (`store.limits.bind_partition`); refused (another process filled the partition in
+  between), the task is given back and the token too. A race loses a claim, never breaks
+  the limit: a slot counts in a partition only through that write, below the limit.
 - When a ``max_running`` appears, what runs takes slots: every live attempt, by the limit's
   writer (`store.limits.set`), and a consumer's own runs as it hears of it (`apply`), which
   also covers a claim that landed after the writer's read.
