@@ -348,3 +348,38 @@ async def test_show_the_task_page_and_the_limits_view_show_partitions(
         overview = (await http.get("/")).text
     assert 'id="partition"' in page and "tenant-7" in page
     assert "0/3 per partition" in overview
+
+
+async def test_a_partition_limited_claim_writes_what_a_max_running_claim_writes(
+    open_scheduler: Any, discover: Discover, monkeypatch: pytest.MonkeyPatch
+):
+    """A consumer's task of a name under ``partition_max_running`` costs the writes one under
+    ``max_running`` costs (the token, the claim, the slot bound to the lease; then the
+    finish and the slot freed): counting its slot in its partition is the write that binds
+    the slot to its lease, which a ``max_running`` claim makes anyway."""
+    from mscheduler.store.limits import Limits
+
+    writes = ("update_one", "find_one_and_update", "bulk_write")
+
+    async def one_task(**limit: Any) -> int:
+        scheduler = await open_scheduler(collection=f"c{len(limit)}{next(iter(limit))}")
+        await scheduler.set_limit("job", **limit)
+        await scheduler.publish("t", None, name="job", options=part("A"))
+        tasks = CountingCollection(scheduler.collection)
+        beside = CountingCollection(scheduler.store.limits.collection)
+        beside.counts = tasks.counts
+        monkeypatch.setattr(Limits, "collection", property(lambda _: beside))
+        counted = ms.Scheduler(tasks, clock=scheduler.store.clock)
+        consumer = counted.consumer({"job": Starts()}, options=worker(burst=True, max_running=1))
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(consumer.run)
+            for _ in range(20):
+                await discover()
+                if consumer.stop_requested:
+                    break
+            consumer.stop()
+        task = await scheduler.get("t")
+        assert task is not None and task.state is ms.TaskState.SUCCESS
+        return sum(tasks.counts[name] for name in writes)
+
+    assert await one_task(partition_max_running=1) == await one_task(max_running=1)
