@@ -182,6 +182,7 @@ async def test_a_task_without_a_partition_pays_nothing(
     counting.reset()
     await sched.publish("plain", None, name="job")
     single = counting.calls
+    assert counting.counts == {"find_one_and_update": 1}, counting.counts  # its upsert alone
     counting.reset()
     await sched.publish_many(ms.TaskSpec(key=f"p{n}", name="job") for n in range(50))
     assert counting.calls == 2, counting.counts  # one read of the keys, one bulk write
