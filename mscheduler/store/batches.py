@@ -114,14 +114,18 @@ async def _check_external(
 
 
 async def _publish_all(
-    store: WholeStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
+    store: WholeStore,
+    specs: Sequence[PublishSpec],
+    turns: Mapping[str, dt.datetime],
+    replacing: frozenset[str] = frozenset(),
 ) -> list[PublishResult]:
     """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
-    version (a commit that deletes and publishes one key)."""
+    version (a commit that deletes and publishes one key). ``turns``: the partitioned
+    specs' turns, taken before the transaction (`Publisher.turns`)."""
     return [
-        await store.publisher.replace(spec)
+        await store.publisher.replace(spec, turns.get(spec.key))
         if spec.key in replacing
-        else await store.publisher.publish(spec)
+        else await store.publisher.publish(spec, turns.get(spec.key))
         for spec in specs
     ]
 
@@ -139,15 +143,15 @@ async def _publish_many(
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
         replaces = _replaces(ordered, existing)
-        # Partitioned tasks' turns, before (and outside) the batch's transaction; a batch that
-        # replaces writes each spec as `publish` does, which takes its own.
-        new = [spec for spec in ordered if spec.key not in existing]
-        turns = {} if replaces else await store.publisher.turns(new)
+        # Partitioned tasks' turns, before (and outside) the batch's transaction: of the new
+        # tasks, or, in a batch that replaces finished ones, of every spec.
+        new = [spec for spec in ordered if replaces or spec.key not in existing]
+        turns = await store.publisher.turns(new)
 
         async def write(collection: TasksCollection) -> list[PublishResult]:
             with store.bound(collection):
                 if replaces:  # each spec as `publish` does it, in order: see `_replaces`
-                    return await _publish_all(store, ordered)
+                    return await _publish_all(store, ordered, turns)
                 if any(spec.depends_on for spec in ordered):
                     return await _publish_flow(store, ordered, now, drafts, turns)
                 return await _publish_flat(store, ordered, existing, now, drafts, turns)
@@ -362,6 +366,7 @@ async def _commit(
     if replacing:  # a replaced key keeps its waiting dependents: no cycle through them
         edges = [(dep, spec.key) for spec in ordered for dep in spec.depends_on]
         await store.flows.refuse_cycles(edges, "commit")
+    turns = await store.publisher.turns(ordered)  # before (and outside) the transaction
 
     async def write(collection: TasksCollection) -> list[PublishResult]:
         with store.bound(collection):
@@ -378,7 +383,7 @@ async def _commit(
                         f"commit: a task of {only_deleted} started meanwhile; it is not deleted"
                     )
                 await store.flows.forget(only_deleted)
-            return await _publish_all(store, ordered, replacing=replacing)
+            return await _publish_all(store, ordered, turns, replacing=replacing)
 
     published = await run_atomically(store.collection, write)
     context.mark_completed({lease.run_id for lease, _ in results})

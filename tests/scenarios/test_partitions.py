@@ -384,3 +384,20 @@ async def test_a_partition_limited_claim_writes_what_a_max_running_claim_writes(
         return sum(tasks.counts[name] for name in writes)
 
     assert await one_task(partition_max_running=1) == await one_task(max_running=1)
+
+
+async def test_a_commit_and_a_replacing_batch_publish_partitioned_tasks(
+    scheduler: ms.Scheduler,
+):
+    """Their turns are taken before the transaction, as `publish_many`'s are."""
+    await scheduler.publish("first", None, name="job")
+    [lease] = await scheduler.own(["job"], worker_id="w1")
+    follow = ms.TaskSpec(key="next", name="job", options=part("A"))
+    await scheduler.commit(complete=[lease], publish=[follow])
+    task = await scheduler.get("next")
+    assert task is not None and task.options.partition == "A" and task.turn is not None
+    await scheduler.cancel("next")
+    rerun = ms.TaskSpec(key="next", name="job", options=part("B"), replace_finished=True)
+    [result] = await scheduler.publish_many([rerun])
+    assert result.replaced and result.task.options.partition == "B"
+    assert result.task.turn is not None
