@@ -46,11 +46,7 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
     ("key_unique", (("key", 1),), {"unique": True}),
     # claim_next: equality on name and state, sort by priority (high first), age and _id (ties
     # of one batch stay FIFO), range on next_claim_at (Equality-Sort-Range order). Version 2:
-    # the first "claim_order" had no _id; a deployment may drop it. ``created_at`` is a task's
-    # place in its name's claim order: its publish time, or for a task with a partition its
-    # turn (`queries.partitions`; its publish time is then ``published_at``, which only
-    # partitioned tasks carry). The head of a name and priority's claim order, read as a
-    # partitioned task is published, is served by it too.
+    # the first "claim_order" had no _id; a deployment may drop it.
     (
         "claim_order_v2",
         (
@@ -63,6 +59,11 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
         ),
         {},
     ),
+    # In claim_order_v2, ``created_at`` is a task's place in its name's claim order: its
+    # publish time, or for a task with a partition its turn (`queries.partitions`; its
+    # publish time is then ``published_at``, which only partitioned tasks carry). The head of
+    # a name and priority's claim order, read as a partitioned task is published, is served
+    # by it too.
     # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
     ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
     # A claim whose reply was lost is looked up by the run_id the worker generated for it.

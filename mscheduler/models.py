@@ -266,16 +266,17 @@ class TaskOptions(BaseModel):
         left_out = {"not_before"} | {
             name for name, default in _BACKOFF_DEFAULTS.items() if getattr(self, name) == default
         }
+        if self.partition is None:  # no partition: nothing stored (a missing one is none)
+            left_out.add("partition")
         return self.model_dump(exclude=left_out)
 
 
 # The options `TaskOptions.to_document` leaves out at their defaults (`queries.retry_delay`
-# reads a missing one as this default too; a missing ``partition`` is no partition).
+# reads a missing one as this default too).
 _BACKOFF_DEFAULTS: dict[str, Any] = {
     "retry_backoff": 1.0,
     "retry_backoff_max_ms": None,
     "retry_jitter": 0.0,
-    "partition": None,
 }
 
 
@@ -760,21 +761,6 @@ class Limit(BaseModel):
     starts: list[_Entry] = Field(default_factory=list)
     slots: list[_Entry] = Field(default_factory=list)
 
-    def usage(self, now: dt.datetime) -> dict[str, Any]:
-        """The limits, and what counts against them at ``now``: the starts within the window,
-        the running slots, and the most running in one partition (what ``limit ls --json``
-        and the HTTP API show)."""
-        return {
-            "name": self.name,
-            "rate": self.rate,
-            "per_ms": self.per_ms,
-            "max_running": self.max_running,
-            "partition_max_running": self.partition_max_running,
-            "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
-            "running": sum(1 for e in self.slots if e.until and e.until > now),
-            "busiest_partition_running": max(self.partitions_running(now).values(), default=0),
-        }
-
     def partitions_running(self, now: dt.datetime) -> dict[str, int]:
         """Live slots per partition at ``now``."""
         counts: dict[str, int] = {}
@@ -790,6 +776,21 @@ class Limit(BaseModel):
         if most is None:
             return []
         return sorted(p for p, count in self.partitions_running(now).items() if count >= most)
+
+    def usage(self, now: dt.datetime) -> dict[str, Any]:
+        """The limits, and what counts against them at ``now``: the starts within the window,
+        the running slots, and the most running in one partition (what ``limit ls --json``
+        and the HTTP API show)."""
+        return {
+            "name": self.name,
+            "rate": self.rate,
+            "per_ms": self.per_ms,
+            "max_running": self.max_running,
+            "partition_max_running": self.partition_max_running,
+            "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
+            "running": sum(1 for e in self.slots if e.until and e.until > now),
+            "busiest_partition_running": max(self.partitions_running(now).values(), default=0),
+        }
 
     def free_at(self, now: dt.datetime) -> dt.datetime:
         """When to ask for a token again: for a full window, when its oldest start leaves it
