@@ -95,16 +95,6 @@ def limit_spec(
     )
 
 
-class Token(str):
-    """A token taken for a claim (`Limits.acquire`), and the partitions of its name at their
-    ``partition_max_running`` as it was taken, whose tasks the claim leaves out; when the
-    name counts partitions (``partitioned``), the claim binds its slot to the partition of
-    the task it won (`Limits.bind_partition`)."""
-
-    full_partitions: tuple[str, ...] = ()
-    partitioned: bool = False
-
-
 class Limits(BesideTasks):
     SUFFIX = layout.LIMITS
 
@@ -254,3 +244,13 @@ class Limits(BesideTasks):
     async def extend(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
         """Each slot of ``untils`` (token -> time) lives until its time."""
         await self.collection.update_one(*lq.extend(name, untils))
+
+
+class Token(str):
+    """A token taken for a claim (`Limits.acquire`), and the partitions of its name at their
+    ``partition_max_running`` as it was taken, whose tasks the claim leaves out; when the
+    name counts partitions (``partitioned``), the claim binds its slot to the partition of
+    the task it won (`Limits.bind_partition`)."""
+
+    full_partitions: tuple[str, ...] = ()
+    partitioned: bool = False
