@@ -401,3 +401,28 @@ async def test_a_commit_and_a_replacing_batch_publish_partitioned_tasks(
     [result] = await scheduler.publish_many([rerun])
     assert result.replaced and result.task.options.partition == "B"
     assert result.task.turn is not None
+
+
+async def test_partition_max_running_holds_for_isolated_handlers(
+    scheduler: ms.Scheduler, discover: Discover, tmp_path: Any
+):
+    """An isolated handler's claim goes through the same claim core: with room for three,
+    one task of A and one of B run (each in its child process), the second of A waits."""
+    from mscheduler.handlers import isolated
+    from tests import isolated_handlers as h
+    from tests.scenarios.test_isolated import until
+
+    await scheduler.set_limit("stuck", partition_max_running=1)
+    for key, partition in (("a1", "A"), ("a2", "A"), ("b1", "B")):
+        path = str(tmp_path / f"{key}.pid")
+        await scheduler.publish(key, path, name="stuck", options=part(partition))
+    options = worker(max_running=3, shutdown_grace_ms=0)
+    async with scheduler.consumer({"stuck": isolated(h.stuck)}, options=options):
+        await until(lambda: (tmp_path / "a1.pid").exists() and (tmp_path / "b1.pid").exists())
+        await discover()
+        states = {key: (await scheduler.get(key)) for key in ("a1", "a2", "b1")}
+        assert {key: task.state for key, task in states.items() if task is not None} == {
+            "a1": ms.TaskState.RUNNING,
+            "a2": ms.TaskState.PENDING,
+            "b1": ms.TaskState.RUNNING,
+        }
