@@ -379,15 +379,22 @@ class Scheduler:
         rate: int | None = None,
         per: dt.timedelta | None = None,
         max_running: int | None = None,
+        partition_max_running: int | None = None,
     ) -> Limit:
         """Limit ``name`` across every worker: at most ``rate`` starts in any window of
-        ``per`` (a sliding window, of handler starts), and at most ``max_running`` running
-        at once. A token taken atomically before each claim of the name holds its start
-        until the handler starts, from when it counts; a consumer at the limit sleeps until
-        the window frees. Setting it again replaces the limits."""
-        limit = await self.store.limits.set(
-            limit_spec(name, rate=rate, per=per, max_running=max_running)
+        ``per`` (a sliding window, of handler starts), at most ``max_running`` running at
+        once, and at most ``partition_max_running`` running at once in each partition of it
+        (`TaskOptions.partition`). A token taken atomically before each claim of the name
+        holds its start until the handler starts, from when it counts; a consumer at the
+        limit sleeps until the window frees. Setting it again replaces the limits."""
+        spec = limit_spec(
+            name,
+            rate=rate,
+            per=per,
+            max_running=max_running,
+            partition_max_running=partition_max_running,
         )
+        limit = await self.store.limits.set(spec)
         self._owner.controls.forget()
         return limit
 

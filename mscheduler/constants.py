@@ -18,6 +18,7 @@ DEFAULT_WORKER_TIMEOUT_MS: Final = 60_000
 # Bounds on what callers pass in.
 MAX_KEY_LENGTH: Final = 512
 MAX_NAME_LENGTH: Final = 128
+MAX_PARTITION_LENGTH: Final = 512  # TaskOptions.partition
 MAX_WORKER_ID_LENGTH: Final = 256
 MAX_SPECIFIC_WORKERS: Final = 1_000
 MAX_CONCURRENT_WORKER_CNT: Final = 1_000

@@ -32,6 +32,9 @@ CONTROLS: Final = ".controls"
 # One document, the signal: bumped by writes that may give a polling process work, while one
 # polls (`store.signal`); read by `_id` between polls where the server has no change streams.
 SIGNAL: Final = ".signal"
+# One document per name and partition: where its next task's turn in the claim order is
+# (`store.partitions`, `queries.partitions`); written by publishes of partitioned tasks only.
+PARTITIONS: Final = ".partitions"
 # What operators write beside the tasks: `StoreBase.in_use` looks in these. The control
 # version and the signal are left out, being only the echo of other writes.
 BESIDE_SUFFIXES: Final = (SCHEDULES, PAUSED, LIMITS, WORKERS, STOPS)
@@ -57,6 +60,11 @@ TASK_INDEXES: Final[tuple[Index, ...]] = (
         ),
         {},
     ),
+    # In claim_order_v2, ``created_at`` is a task's place in its name's claim order: its
+    # publish time, or for a task with a partition its turn (`queries.partitions`; its
+    # publish time is then ``published_at``, which only partitioned tasks carry). The head of
+    # a name and priority's claim order, read as a partitioned task is published, is served
+    # by it too.
     # The consumer's fetcher: tasks of some names that are or will become claimable, by time.
     ("claim_time", (("name", 1), ("state", 1), ("next_claim_at", 1)), {}),
     # A claim whose reply was lost is looked up by the run_id the worker generated for it.
@@ -104,6 +112,13 @@ _FORGET_SECONDS: Final = int(FORGET_AFTER.total_seconds())
 WORKERS_TTL: Final[Index] = (
     "last_seen_ttl",
     (("last_seen_at", 1),),
+    {"expireAfterSeconds": _FORGET_SECONDS},
+)
+# A partition's document is forgotten a day after it last took turns (its next task's turn
+# then starts again at the head of the claim order, `queries.partitions`).
+PARTITIONS_TTL: Final[Index] = (
+    "seen_ttl",
+    (("seen_at", 1),),
     {"expireAfterSeconds": _FORGET_SECONDS},
 )
 STOPS_TTL: Final[Index] = (

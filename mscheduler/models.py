@@ -8,6 +8,7 @@ import datetime as dt
 import enum
 import secrets
 import traceback
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -217,6 +218,11 @@ class TaskOptions(BaseModel):
     retry_jitter: float = Field(default=BACKOFF_DEFAULTS["retry_jitter"], ge=0.0, le=1.0)
     """Each failure's delay is multiplied by a factor drawn uniformly from
     ``[1 - retry_jitter, 1 + retry_jitter]``, so tasks that failed together retry apart."""
+    partition: str | None = None
+    """The task's partition (a tenant, a customer): among claimable tasks of its name and
+    priority, claims take partitions in turn, and ``set_limit(partition_max_running=N)``
+    runs at most N of each partition at once. None: no partition (the task takes its place
+    by its publish time)."""
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -226,6 +232,13 @@ class TaskOptions(BaseModel):
         for index, worker_id in enumerate(ids):
             _check_text(worker_id, f"specific_worker_ids[{index}]", c.MAX_WORKER_ID_LENGTH)
         return sorted(set(ids))
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, partition: str | None) -> str | None:
+        if partition is None:
+            return None
+        return _check_text(partition, "partition", c.MAX_PARTITION_LENGTH)
 
     @model_validator(mode="after")
     def _timeout_exceeds_ping(self) -> TaskOptions:
@@ -250,12 +263,14 @@ class TaskOptions(BaseModel):
 
     def to_document(self) -> dict[str, Any]:
         """The stored ``options``: ``not_before`` lives at the top level of the task instead.
-        The retry backoff's options are stored only when chosen: a task that keeps them at
-        their defaults pays nothing for them, and every reader (the failure's write
-        included) takes a missing one as its default."""
+        The retry backoff's options and the partition are stored only when chosen: a task
+        that keeps them at their defaults pays nothing for them, and every reader (the
+        failure's write included) takes a missing one as its default."""
         left_out = {"not_before"} | {
             name for name, default in BACKOFF_DEFAULTS.items() if getattr(self, name) == default
         }
+        if self.partition is None:  # no partition: nothing stored (a missing one is none)
+            left_out.add("partition")
         return self.model_dump(exclude=left_out)
 
 
@@ -357,7 +372,11 @@ class Task(BaseModel):
     next_claim_at: UtcDatetime | None = None
     not_before: UtcDatetime | None = None
     retry_at: UtcDatetime | None = None
-    created_at: UtcDatetime
+    created_at: UtcDatetime  # when the task was published
+    # A partitioned task's place in its name's claim order (`store.partitions`), stored in the
+    # document's ``created_at`` (the claim index's field), its publish time being then in
+    # ``published_at``; None for a task without a partition, whose place is ``created_at``.
+    turn: UtcDatetime | None = None
     updated_at: UtcDatetime
     version: int = 0
     depends_on: list[str] = Field(default_factory=list)
@@ -403,6 +422,9 @@ class Task(BaseModel):
             # A newer format: what every format keeps, and no more.
             envelope = {field: data[field] for field in _ENVELOPE if field in data}
             return {**envelope, "options": {}, "state": TaskState.BLOCKED.value}
+        if isinstance(data, dict) and data.get("published_at") is not None:
+            # A partitioned task: its document's created_at is its turn (`turn`).
+            data = {**data, "turn": data.get("created_at"), "created_at": data["published_at"]}
         # not_before is a top-level field (the claim index uses it); TaskOptions carries it too.
         if isinstance(data, dict) and isinstance(data.get("options"), dict):
             data = dict(data)
@@ -656,6 +678,7 @@ class WorkerInfo(BaseModel):
 class _Entry(BaseModel):
     id: str
     until: UtcDatetime | None = None
+    partition: str | None = None  # a slot's: the partition of its run's task, if it counts one
 
 
 class Limit(BaseModel):
@@ -667,19 +690,28 @@ class Limit(BaseModel):
     rate: int | None = None
     per_ms: int | None = None
     max_running: int | None = None
+    partition_max_running: int | None = None  # running at once in each partition of the name
     starts: list[_Entry] = Field(default_factory=list)
     slots: list[_Entry] = Field(default_factory=list)
 
     def usage(self, now: dt.datetime) -> dict[str, Any]:
-        """The limits, and what counts against them at ``now``: the starts within the window
-        and the running slots (what ``limit ls --json`` and the HTTP API show)."""
+        """The limits, and what counts against them at ``now``: the starts within the window,
+        the running slots, and the most running in one partition (what ``limit ls --json``
+        and the HTTP API show)."""
         return {
             "name": self.name,
             "rate": self.rate,
             "per_ms": self.per_ms,
             "max_running": self.max_running,
+            "partition_max_running": self.partition_max_running,
             "starts_in_window": sum(1 for e in self.starts if e.until and e.until > now),
             "running": sum(1 for e in self.slots if e.until and e.until > now),
+            "busiest_partition_running": max(
+                Counter(
+                    e.partition for e in self.slots if e.partition and e.until and e.until > now
+                ).values(),
+                default=0,
+            ),
         }
 
 

@@ -291,9 +291,16 @@ def dependency_order(specs: Sequence[TaskSpec]) -> list[TaskSpec]:
     return ordered
 
 
-def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
+def _checked_limits(
+    rate: Any, per: Any, max_running: Any, partition_max_running: Any = None
+) -> int | None:
     """``per`` in milliseconds, once every value is one a limit can have."""
-    for field, value in (("rate", rate), ("max_running", max_running)):
+    counts = (
+        ("rate", rate),
+        ("max_running", max_running),
+        ("partition_max_running", partition_max_running),
+    )
+    for field, value in counts:
         number = isinstance(value, int) and not isinstance(value, bool)
         if value is not None and not (number and 1 <= value <= 1_000_000):
             raise ConfigurationError(
@@ -301,8 +308,10 @@ def _checked_limits(rate: Any, per: Any, max_running: Any) -> int | None:
             )
     if (rate is None) != (per is None):
         raise ConfigurationError("per: give rate and per together (rate=100, per=1 minute)")
-    if rate is None and max_running is None:
-        raise ConfigurationError("set_limit: give rate and per, max_running, or both")
+    if rate is None and max_running is None and partition_max_running is None:
+        raise ConfigurationError(
+            "set_limit: give rate and per, max_running, partition_max_running, or several"
+        )
     if per is None:
         return None
     longest = dt.timedelta(days=366)
@@ -319,6 +328,7 @@ class LimitSpec:
     rate: int | None
     per_ms: int | None
     max_running: int | None
+    partition_max_running: int | None = None
 
 
 def limit_spec(
@@ -327,12 +337,19 @@ def limit_spec(
     rate: int | None = None,
     per: dt.timedelta | None = None,
     max_running: int | None = None,
+    partition_max_running: int | None = None,
 ) -> LimitSpec:
     """The spec of `Scheduler.set_limit`'s arguments; a bad one raises a `ConfigurationError`
     naming its field."""
     name = checked(check_name, name)
-    per_ms = _checked_limits(rate, per, max_running)
-    return LimitSpec(name=name, rate=rate, per_ms=per_ms, max_running=max_running)
+    per_ms = _checked_limits(rate, per, max_running, partition_max_running)
+    return LimitSpec(
+        name=name,
+        rate=rate,
+        per_ms=per_ms,
+        max_running=max_running,
+        partition_max_running=partition_max_running,
+    )
 
 
 def new_schedule(

@@ -26,16 +26,27 @@ def set_limit(
     rate: Annotated[int | None, typer.Option(help="Starts allowed per --per window.")] = None,
     per: Annotated[str | None, typer.Option(help="The window, e.g. 1m.")] = None,
     max_running: Annotated[int | None, typer.Option(help="Running at once.")] = None,
+    partition_max_running: Annotated[
+        int | None, typer.Option(help="Running at once in each partition of NAME.")
+    ] = None,
 ) -> None:
-    """Limit NAME: --rate 100 --per 1m, and/or --max-running 5."""
+    """Limit NAME: --rate 100 --per 1m, --max-running 5, --partition-max-running 1, or
+    several."""
     year = dt.timedelta(days=366)
     window = parse_duration(per, "per", maximum=year) if per else None
 
     async def work(sched: Scheduler) -> None:
-        limit = await sched.set_limit(name, rate=rate, per=window, max_running=max_running)
+        limit = await sched.set_limit(
+            name,
+            rate=rate,
+            per=window,
+            max_running=max_running,
+            partition_max_running=partition_max_running,
+        )
         typer.echo(f"limited: {limit.name}")
 
-    run(ctx, work, flags={"max_running": "max-running"})
+    flags = {"max_running": "max-running", "partition_max_running": "partition-max-running"}
+    run(ctx, work, flags=flags)
 
 
 @limits.command("ls")
@@ -55,11 +66,13 @@ def list_limits(
             listed.append(usage)
             rate = f"{starts}/{limit.rate} per {per}" if limit.rate else "-"
             running = f"{slots}/{limit.max_running}" if limit.max_running else "-"
-            table.append([name, rate, running])
+            busiest, most = usage["busiest_partition_running"], limit.partition_max_running
+            per_partition = f"{busiest}/{most} (busiest)" if most else "-"
+            table.append([name, rate, running, per_partition])
         if json_output:
             emit(listed)
         else:
-            rows(("name", "starts", "running"), table)
+            rows(("name", "starts", "running", "per partition"), table)
 
     run(ctx, work)
 

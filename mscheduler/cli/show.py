@@ -101,6 +101,8 @@ def render(task: Task, now: dt.datetime) -> str:
     field("name", task.name)
     field("state", f"{task.state.value} (attempt {task.attempts}; {tries} allowed on failures)")
     field("created", when(task.created_at, now))
+    if options.partition is not None:  # its turn: its place in its name's claim order
+        field("partition", f"{options.partition} (turn {when(task.turn, now)})")
     if task.runs > 1:  # retried or published anew over a finished run
         first = when(task.first_created_at, now)
         field("runs", f"{task.runs} (this is run {task.runs}; the first was created {first})")

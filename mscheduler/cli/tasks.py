@@ -50,6 +50,10 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="The payload as JSON; @FILE reads a file, - reads stdin.")
         ] = "null",
         priority: Annotated[int, typer.Option(help="Higher is claimed first.")] = 0,
+        partition: Annotated[
+            str | None,
+            typer.Option(help="Its partition (a tenant): partitions of a name take turns."),
+        ] = None,
         retries: Annotated[
             int | None, typer.Option(help="Retries after a failure (default 3).")
         ] = None,
@@ -95,6 +99,8 @@ def register(app: typer.Typer) -> None:
         chosen: dict[str, Any] = {"priority": priority}
         if not_before:
             chosen["not_before"] = parse_time(not_before, "not-before")
+        if partition is not None:
+            chosen["partition"] = partition
         if retries is not None:
             chosen["max_unexpected_retries"] = retries
         if concurrency is not None:

@@ -15,6 +15,12 @@ child process starts them). Nothing else takes, confirms, extends or frees a tok
 - A slot lives exactly as long as its lease: taken with a first life before the lease is
   known, bound to the lease's end as soon as it is (`handed_out`, or a consumer's first
   extension, at once), extended with it, and freed at its end whatever the limits say then.
+- Under a ``partition_max_running``, the claim leaves out the partitions its token saw at
+  their limit (the token's write returns the name's document), and the slot is then counted
+  in the claimed task's partition by a conditional write that also binds it to the lease
+  (`store.limits.bind_partition`); refused (another process filled the partition in
+  between), the task is given back and the token too. A race loses a claim, never breaks
+  the limit: a slot counts in a partition only through that write, below the limit.
 - When a ``max_running`` appears, what runs takes slots: every live attempt, by the limit's
   writer (`store.limits.set`), and a consumer's own runs as it hears of it (`apply`), which
   also covers a claim that landed after the writer's read.
@@ -45,7 +51,7 @@ from ..liveness import lease_expiry
 from ..models import Lease, Limit, Task, new_run_id
 from ..reconnect_backoff import Backoff
 from ..store.components import Store
-from ..store.limits import START_HOLD
+from ..store.limits import RUNNING_RECHECK, START_HOLD, Token
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +91,9 @@ class _Slot:
 
 
 def _terms(limit: Limit | None) -> tuple[int | None, ...] | None:
-    return None if limit is None else (limit.rate, limit.per_ms, limit.max_running)
+    if limit is None:
+        return None
+    return (limit.rate, limit.per_ms, limit.max_running, limit.partition_max_running)
 
 
 class Limiter:
@@ -105,6 +113,7 @@ class Limiter:
         self._releasing = 0
         self._released = anyio.Event()
         self._confirming: dict[str, list[str]] = {}  # name -> starts to confirm in one write
+        self._bound_at_claim: set[str] = set()  # run_ids whose slot a partition's write bound
 
     def bind(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
@@ -141,14 +150,25 @@ class Limiter:
         unslotted: dict[str, dict[str, Lease]] = {}
         for lease in running:
             limit = limits.get(lease.task.name)
-            if limit is not None and limit.max_running is not None and lease.key not in self._held:
+            counted = limit is not None and (
+                limit.max_running is not None or limit.partition_max_running is not None
+            )
+            if counted and lease.key not in self._held:
                 unslotted.setdefault(lease.task.name, {})[lease.run_id] = lease
         for name, leases in unslotted.items():
             untils = {run_id: _lease_end(lease, now) for run_id, lease in leases.items()}
             for lease in leases.values():
                 self._adopting[lease.key] = True
+            partitions = {
+                run_id: lease.task.options.partition
+                for run_id, lease in leases.items()
+                if lease.task.options.partition is not None
+            }
             try:
-                await self._store.limits.adopt(name, untils)
+                if partitions:
+                    await self._store.limits.adopt(name, untils, partitions)
+                else:
+                    await self._store.limits.adopt(name, untils)
             finally:
                 for run_id, lease in leases.items():
                     if self._adopting.pop(lease.key, False):
@@ -200,12 +220,16 @@ class Limiter:
                 lease._slot = ""
             return lease
         if isinstance(token, dt.datetime):
-            self.blocked[name] = token
-            log.debug("limit of %r reached until %s", name, token, extra={"action": "limited"})
-            return token
+            return self._limited(name, token)
+        full = token.full_partitions if isinstance(token, Token) else ()
         try:
             lease = await self._store.tasks.claim(
-                worker_id, names=[name], exclude_keys=exclude_keys, run_id=run_id, until=until
+                worker_id,
+                names=[name],
+                exclude_keys=exclude_keys,
+                run_id=run_id,
+                until=until,
+                exclude_partitions=full,
             )
         except ClaimUncertain:
             raise  # the claim may have landed: its slot waits for the look-up, or lapses
@@ -215,14 +239,62 @@ class Limiter:
             raise
         if lease is None:
             await self._give_back(name, run_id)
+            if full:  # tasks may wait in the full partitions: asked again when a slot frees
+                return self._limited(name, now + RUNNING_RECHECK)
             return None
+        partition = lease.task.options.partition
+        counted = isinstance(token, Token) and token.partitioned
+        if (
+            counted
+            and partition is not None
+            and not await self._bind_partition(name, lease, run_id, partition, first_life)
+        ):
+            return self._limited(name, now + RUNNING_RECHECK)
         if lease.run_id != run_id:
             # A sharded cluster's claim chooses its own run_id: the slot moves to it (its
             # start stays under the token, held until it expires if never confirmed).
-            await self._store.limits.adopt(name, {lease.run_id: first_life})
+            if partition is not None:
+                partitions = {lease.run_id: partition}
+                await self._store.limits.adopt(name, {lease.run_id: first_life}, partitions)
+            else:
+                await self._store.limits.adopt(name, {lease.run_id: first_life})
             await self._store.limits.release(name, run_id)
         lease._slot = name
         return lease
+
+    def _limited(self, name: str, until: dt.datetime) -> dt.datetime:
+        self.blocked[name] = until
+        log.debug("limit of %r reached until %s", name, until, extra={"action": "limited"})
+        return until
+
+    async def _bind_partition(
+        self, name: str, lease: Lease, token: str, partition: str, first_life: dt.datetime
+    ) -> bool:
+        """The claim's slot counts in its task's partition (`store.limits.bind_partition`),
+        bound to its lease's end as it is (so a consumer's first extension is not needed);
+        else the partition filled between the token and the claim (another process claimed
+        in it meanwhile): the task is given back (released: not a failure) and the token
+        too. A race loses a claim, never breaks the limit."""
+        until = lease.ping_expire_at or first_life
+        try:
+            bound = await self._store.limits.bind_partition(name, token, partition, until)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._give_back_claim(name, lease, token)
+            raise
+        if bound:
+            self._bound_at_claim.add(lease.run_id)
+            return True
+        with anyio.CancelScope(shield=True):
+            await self._give_back_claim(name, lease, token)
+        return False
+
+    async def _give_back_claim(self, name: str, lease: Lease, token: str) -> None:
+        try:
+            await self._store.tasks.release(lease, "its partition is at its partition_max_running")
+        except (BackendUnavailable, StoreError) as exc:  # the lease expires unrun
+            log.warning(str(exc), extra={"action": "claim_given_back_failed"})
+        await self._give_back(name, token)
 
     async def claim(
         self, worker_id: str, name: str, exclude_keys: Sequence[str]
@@ -238,7 +310,13 @@ class Limiter:
             raise
         if isinstance(taken, Lease) and taken._slot:
             now = self._clock.now()
-            self._hold(taken, name, now, now + FIRST_SLOT_LIFE, start=taken.run_id, bound=False)
+            # A slot bound to its partition at the claim lives until its lease's end already.
+            bound = taken.run_id in self._bound_at_claim
+            self._bound_at_claim.discard(taken.run_id)
+            until = (
+                (taken.ping_expire_at or now + FIRST_SLOT_LIFE) if bound else now + FIRST_SLOT_LIFE
+            )
+            self._hold(taken, name, now, until, start=taken.run_id, bound=bound)
         return taken
 
     def _hold(
@@ -256,7 +334,7 @@ class Limiter:
         # consumer that dies after its claim leaves a slot that lapses with its lease, not a
         # minute later. Under a rate alone, slots count for nothing: no write for it.
         limit = self.limited.get(name)
-        counts = limit is None or limit.max_running is not None
+        counts = limit is None or (limit.max_running, limit.partition_max_running) != (None, None)
         slot.extend_at = now if not bound and counts else slot.next_extension(now)
         self._held[lease.key] = slot
         self._wake.set()  # its first extension may be the earliest
@@ -286,6 +364,8 @@ class Limiter:
             if pulled:
                 until = None if length is None else self._clock.now() + length
                 lease = await self.take(worker_id, name, excluded, until)
+                if isinstance(lease, Lease):  # its worker binds its slot (`handed_out`)
+                    self._bound_at_claim.discard(lease.run_id)
             else:
                 lease = await self.claim(worker_id, name, excluded)
             if lease is None:
@@ -428,7 +508,10 @@ class Limiter:
         (its writer releases it right after the write, and signals a process that polls
         then). A rate's window does not free on an end: such a name keeps waiting."""
         limit = self.limited.get(task.name)
-        if limit is None or limit.max_running is None or not task.state.is_terminal:
+        counted = limit is not None and (
+            limit.max_running is not None or limit.partition_max_running is not None
+        )
+        if not counted or not task.state.is_terminal:
             return False
         return self.blocked.pop(task.name, None) is not None
 

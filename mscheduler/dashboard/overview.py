@@ -30,6 +30,8 @@ class LimitView:
     max_running: int | None
     starts: int  # starts in the current window
     in_use: int  # slots held by running tasks
+    partition_max_running: int | None = None
+    busiest_partition: int = 0  # the most slots held by one partition's running tasks
 
 
 @dataclasses.dataclass
@@ -98,6 +100,8 @@ def _limit_view(limit: Limit, now: dt.datetime) -> LimitView:
         max_running=limit.max_running,
         starts=live(limit.starts),
         in_use=live(limit.slots),
+        partition_max_running=limit.partition_max_running,
+        busiest_partition=limit.usage(now)["busiest_partition_running"],
     )
 
 

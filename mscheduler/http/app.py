@@ -327,7 +327,11 @@ def create_app(
     async def set_limit(name: str, body: b.LimitBody) -> b.LimitOut:
         """Limit ``name`` across every worker (set anew: a limit left out is removed)."""
         limit = await scheduler.set_limit(
-            name, rate=body.rate, per=_ms(body.per_ms), max_running=body.max_running
+            name,
+            rate=body.rate,
+            per=_ms(body.per_ms),
+            max_running=body.max_running,
+            partition_max_running=body.partition_max_running,
         )
         return b.LimitOut(**limit.usage(scheduler.clock.now()))
 

@@ -177,12 +177,14 @@ class RetryBody(_Body):
 
 class LimitBody(_Body):
     """The limits of one name (`Scheduler.set_limit`): at most ``rate`` starts in any window
-    of ``per_ms``, and at most ``max_running`` running at once. Set anew: one left out is
-    removed."""
+    of ``per_ms``, at most ``max_running`` running at once, and at most
+    ``partition_max_running`` running at once in each partition of the name. Set anew: one
+    left out is removed."""
 
     rate: int | None = None
     per_ms: int | None = Field(default=None, ge=1)
     max_running: int | None = None
+    partition_max_running: int | None = None
 
 
 class LimitOut(BaseModel):
@@ -192,8 +194,10 @@ class LimitOut(BaseModel):
     rate: int | None
     per_ms: int | None
     max_running: int | None
+    partition_max_running: int | None = None
     starts_in_window: int
     running: int
+    busiest_partition_running: int = 0  # the most running at once in one partition now
 
 
 class Limits(BaseModel):

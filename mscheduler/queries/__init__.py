@@ -15,6 +15,7 @@ collections and indexes they rely on are `layout`.
 - `browse`: the dashboard's pages, projections and orders;
 - `changes`: change-stream pipelines (the hub's, a watch's, `SyncScheduler`'s wait);
 - `schedules`: schedule documents; `limits`: limits and their slots; `pauses`: paused names;
+  `partitions`: partitions' turns in the claim order;
   `workers`: live workers' entries and remote stops; `controls`: the control version;
   `signal`: what writers bump and polling processes read between polls.
 """

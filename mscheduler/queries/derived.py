@@ -62,6 +62,9 @@ def settled_at(now: dt.datetime) -> Document:
 # while it runs and removed by its last stage.
 WAS_NEXT_CLAIM_AT = "_was_next_claim_at"
 WAS_DEPENDENTS_NOTIFIED = "_was_dependents_notified"
+# When a task was published: ``published_at`` for a partitioned task, whose ``created_at`` is
+# its turn in the claim order (`queries.partitions`), else ``created_at``.
+PUBLISHED_AT: Document = {"$ifNull": ["$published_at", "$created_at"]}
 
 
 def wakes_consumers(now: dt.datetime) -> Document:
@@ -122,7 +125,7 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
     - a terminal task holds no running state (they become ``released``), so no late ping,
       success or fail can match it;
     - ``next_claim_at`` is null unless the task is pending or running; with a free slot and
-      a try left it is ``max(not_before, retry_at)`` (or ``created_at``); with every slot
+      a try left it is ``max(not_before, retry_at)`` (or its publish time); with every slot
       held, or no try left while some run, it is the earliest lease expiry, when a slot
       frees up or the task may end (a claim then ends a task whose last try died). So a
       task no claim admits is not due while its leases live, which the batched claim's
@@ -168,7 +171,7 @@ def recompute(now: dt.datetime, run_id: str | None = None) -> Pipeline:
                             tries_left(),
                         ]
                     },
-                    {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, "$created_at"]},
+                    {"$ifNull": [{"$max": ["$not_before", "$retry_at"]}, PUBLISHED_AT]},
                     earliest_lease_expiry(),
                 ]
             },

@@ -1,11 +1,12 @@
 """Limits per task name (``<collection>.limits``, one document per name): the updates, pure.
 
-A document ``{_id: name, rate, per_ms, max_running, starts: [{id, until}], slots: [{id,
-until}]}``: a start counts until ``until``, a slot until its lease ends. A claim of that name
-first takes a token here, in one conditional update that is atomic on this document: it
-succeeds only while fewer than ``rate`` starts are live (``until`` still ahead) and fewer than
-``max_running`` slots are. Expired entries are pruned by the same write, so both arrays stay
-bounded by the limits themselves.
+A document ``{_id: name, rate, per_ms, max_running, partition_max_running, starts: [{id,
+until}], slots: [{id, until, partition}]}``: a start counts until ``until``, a slot until its
+lease ends; a slot with a ``partition`` counts in that partition too (`bind_partition`). A
+claim of that name first takes a token here, in one conditional update that is atomic on
+this document: it succeeds only while fewer than ``rate`` starts are live (``until`` still
+ahead) and fewer than ``max_running`` slots are. Expired entries are pruned by the same
+write, so both arrays stay bounded by the limits themselves.
 
 A start is taken before its handler starts (a claim's reply and the hand-over to the handler
 come between), so it is taken *held*: it counts for ``per_ms`` plus ``hold_ms``, and a handler
@@ -146,9 +147,13 @@ def started(
 
 
 def _slots_until(untils: Mapping[str, dt.datetime]) -> Document:
-    """The slots, those of ``untils`` (token -> time) now lasting until their time."""
+    """The slots, those of ``untils`` (token -> time) now lasting until their time (a slot
+    that counts in a partition still does)."""
     branches = [
-        {"case": {"$eq": ["$$s.id", literal(token)]}, "then": {"id": "$$s.id", "until": until}}
+        {
+            "case": {"$eq": ["$$s.id", literal(token)]},
+            "then": {"id": "$$s.id", "until": until, "partition": "$$s.partition"},
+        }
         for token, until in untils.items()
     ]
     return {
@@ -165,16 +170,25 @@ def give_back(name: str, token: str) -> tuple[Document, Document]:
     return {"_id": name}, {"$pull": {"starts": {"id": token}, "slots": {"id": token}}}
 
 
-def adopt(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipeline]:
+def adopt(
+    name: str,
+    untils: Mapping[str, dt.datetime],
+    partitions: Mapping[str, str] | None = None,
+) -> tuple[Document, Pipeline]:
     """Runs that started before their name was limited take slots, whatever the limit: they
     run already, and claims count them from now on. ``untils``: each run's token (its
     run_id) and when its lease ends. Idempotent: a run whose slot is there already (adopted
     by its holder and by the limit's writer, in either order) keeps one, lasting until the
-    time given now."""
+    time given now. ``partitions``: the partition of each run's task that has one, in which
+    its slot counts (whatever ``partition_max_running`` allows: it runs already)."""
     now_live = {"$ifNull": ["$slots", []]}
+    entries = [
+        {"id": token, "until": until, "partition": (partitions or {}).get(token)}
+        for token, until in untils.items()
+    ]
     missing = {
         "$filter": {
-            "input": literal([{"id": token, "until": until} for token, until in untils.items()]),
+            "input": literal(entries),
             "as": "e",
             "cond": {
                 "$eq": [
@@ -207,17 +221,68 @@ def extend(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipe
 
 
 def set_limit(
-    name: str, rate: int | None, per_ms: int | None, max_running: int | None
+    name: str,
+    rate: int | None,
+    per_ms: int | None,
+    max_running: int | None,
+    partition_max_running: int | None = None,
 ) -> tuple[Document, Document]:
     """The limits of ``name`` set anew; the slots of a removed limit's document stay (their
     runs go on)."""
-    return {"_id": name}, {
-        "$set": {"rate": rate, "per_ms": per_ms, "max_running": max_running},
-        "$setOnInsert": {"starts": [], "slots": []},
+    limits = {"rate": rate, "per_ms": per_ms, "max_running": max_running}
+    limits["partition_max_running"] = partition_max_running
+    return {"_id": name}, {"$set": limits, "$setOnInsert": {"starts": [], "slots": []}}
+
+
+_HAS_LIMIT: Document = {
+    "$or": [
+        {"rate": {"$ne": None}},
+        {"max_running": {"$ne": None}},
+        {"partition_max_running": {"$ne": None}},
+    ]
+}
+
+
+def bind_partition(
+    name: str, token: str, partition: str, until: dt.datetime, now: dt.datetime
+) -> tuple[Document, Pipeline]:
+    """The slot of ``token`` (a claim that won a task of ``partition``) counts in that
+    partition from now, and lives until ``until`` (its lease's end), if fewer than
+    ``partition_max_running`` live slots of the partition are there (or the name has no such
+    limit any more). Atomic on the name's document, as `acquire` is.
+
+    Invariant: a slot counts in a partition only by this write, which admits it only below
+    the partition's limit; so at most ``partition_max_running`` handlers of one partition
+    run at once, whatever races between claims (a claim whose write is refused gives its
+    task back: a race loses a claim, never breaks the limit). Slots taken before the limit
+    counted partitions (`adopt`) count in the partition their runs give."""
+    of_partition = {
+        "$filter": {
+            "input": {"$ifNull": ["$slots", []]},
+            "as": "s",
+            "cond": {
+                "$and": [
+                    {"$gt": ["$$s.until", now]},
+                    {"$eq": ["$$s.partition", literal(partition)]},
+                ]
+            },
+        }
     }
-
-
-_HAS_LIMIT: Document = {"$or": [{"rate": {"$ne": None}}, {"max_running": {"$ne": None}}]}
+    allowed = {
+        "$or": [
+            {"$eq": [{"$ifNull": ["$partition_max_running", None]}, None]},
+            {"$lt": [{"$size": of_partition}, "$partition_max_running"]},
+        ]
+    }
+    bound = {"id": "$$s.id", "until": until, "partition": literal(partition)}
+    slots = {
+        "$map": {
+            "input": {"$ifNull": ["$slots", []]},
+            "as": "s",
+            "in": {"$cond": [{"$eq": ["$$s.id", literal(token)]}, bound, "$$s"]},
+        }
+    }
+    return {"_id": name, "$expr": allowed}, [{"$set": {"slots": slots}}]
 
 
 def by_name(name: str) -> Document:
@@ -235,5 +300,11 @@ def remove_limit(name: str, now: dt.datetime) -> tuple[Document, Pipeline]:
     """``name`` limited no more: its limits null, its window of starts emptied, its live slots
     kept for the runs that hold them (each frees its own, or expires: a dead holder's too),
     so that a limit set again counts them."""
-    unlimited = {"rate": None, "per_ms": None, "max_running": None, "starts": literal([])}
+    unlimited = {
+        "rate": None,
+        "per_ms": None,
+        "max_running": None,
+        "partition_max_running": None,
+        "starts": literal([]),
+    }
     return {"_id": name, **_HAS_LIMIT}, [{"$set": {**unlimited, "slots": _live("slots", now)}}]

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import constants as c
 from ..models import ErrorInfo, TaskOptions, TaskState
-from .derived import recompute, wake_consumers
+from .derived import PUBLISHED_AT, recompute, wake_consumers
 from .stages import (
     CLAIMABLE,
     RUNNING,
@@ -203,10 +203,12 @@ def claim_filter(
     names: Sequence[str] | None = None,
     key: str | None = None,
     exclude_keys: Sequence[str] = (),
+    exclude_partitions: Sequence[str] = (),
 ) -> Document:
     """Tasks ``worker_id`` may claim now (and, by name, none of ``exclude_keys``: the keys its
     executor still runs, say a handler winding down after its lease was lost, so one process
-    never runs two attempts of one key at once).
+    never runs two attempts of one key at once; nor of ``exclude_partitions``, the
+    partitions at their ``partition_max_running``: `consumer.limits.Limiter.take`).
 
     Invariant kept with `claim_update`, atomically per document: after a claim, live running
     plus succeeded states never exceed ``concurrent_worker_cnt``; a worker never holds two live
@@ -231,6 +233,8 @@ def claim_filter(
         query["key"] = {"$nin": list(exclude_keys)}
     if names is not None:
         query["name"] = {"$in": list(names)}
+    if exclude_partitions:
+        query["options.partition"] = {"$nin": list(exclude_partitions)}
     query.update(
         {
             "state": {"$in": CLAIMABLE},
@@ -253,6 +257,7 @@ def candidate_filter(
     *,
     names: Sequence[str],
     exclude_keys: Sequence[str] = (),
+    exclude_partitions: Sequence[str] = (),
 ) -> Document:
     """What a batched claim reads as its candidates: `claim_filter` but the slot, retry and
     try arithmetic over the worker states (its ``$expr``, two thirds of its bytes, and what
@@ -272,7 +277,13 @@ def candidate_filter(
     newer document format, which this read does not test for (the server would evaluate it
     on every waiting task, for the few tasks of a fleet mid-upgrade): the batch that reads one
     (`written_newer`) reads by the whole claim filter instead."""
-    query = claim_filter(worker_id, now, names=names, exclude_keys=exclude_keys)
+    query = claim_filter(
+        worker_id,
+        now,
+        names=names,
+        exclude_keys=exclude_keys,
+        exclude_partitions=exclude_partitions,
+    )
     query["$nor"] = [expired_by(now)]
     query["$and"] = [{"$or": [UNTOUCHED, _own_states_excluded(worker_id, now)]}]
     return query
@@ -621,7 +632,7 @@ def stats_pipeline() -> Pipeline:
                 "_id": {"name": "$name", "state": "$state"},
                 "count": {"$sum": 1},
                 "running_workers": {"$sum": {"$size": running}},
-                "oldest_created_at": {"$min": "$created_at"},
+                "oldest_created_at": {"$min": PUBLISHED_AT},
             }
         },
     ]
@@ -712,6 +723,7 @@ def running_of(name: str) -> Document:
 
 RUNNING_ATTEMPTS: Document = {
     "_id": 0,
+    "options.partition": 1,
     "worker_states.run_id": 1,
     "worker_states.state": 1,
     "worker_states.ping_expire_at": 1,

@@ -16,6 +16,7 @@ store what its writes tell them (the Protocols `finishes.FinishWrites`,
 - `claims`: batched claims, up to k tasks in two round trips;
 - `finishes`: the round trips of a batch of finishes (its bulk write and its read back);
 - `publisher`: idempotent publish and replace of a `PublishSpec`;
+- `partitions`: a partitioned task's turn in its name's claim order, taken as it is published;
 - `flows`: dependencies' writes: publishing dependents, telling them outcomes, late edges;
 - `batches`: all-or-nothing groups of publishes and writes (`publish_many`, `commit`);
 - `transactions`: a MongoDB transaction, or the memory backend's equivalent;

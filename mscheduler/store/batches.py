@@ -46,6 +46,7 @@ from ..models import (
 )
 from ..observability import tracing
 from ..queries import flows as fq
+from ..queries import partitions as pq
 from ..queries import tasks as q
 from ..specs import PublishSpec, Step, dependency_order, flatten
 from .publisher import check_fits, task_document
@@ -114,14 +115,18 @@ async def _check_external(
 
 
 async def _publish_all(
-    store: WholeStore, specs: Sequence[PublishSpec], replacing: frozenset[str] = frozenset()
+    store: WholeStore,
+    specs: Sequence[PublishSpec],
+    turns: Mapping[str, dt.datetime],
+    replacing: frozenset[str] = frozenset(),
 ) -> list[PublishResult]:
     """Publish in order; a key in ``replacing`` replaces the task of that key, continuing its
-    version (a commit that deletes and publishes one key)."""
+    version (a commit that deletes and publishes one key). ``turns``: the partitioned
+    specs' turns, taken before the transaction (`Publisher.turns`)."""
     return [
-        await store.publisher.replace(spec)
+        await store.publisher.replace(spec, turns.get(spec.key))
         if spec.key in replacing
-        else await store.publisher.publish(spec)
+        else await store.publisher.publish(spec, turns.get(spec.key))
         for spec in specs
     ]
 
@@ -139,14 +144,18 @@ async def _publish_many(
         existing = await _check_names(store, ordered)
         await _check_external(store, ordered, allow_missing)
         replaces = _replaces(ordered, existing)
+        # Partitioned tasks' turns, before (and outside) the batch's transaction: of the new
+        # tasks, or, in a batch that replaces finished ones, of every spec.
+        new = [spec for spec in ordered if replaces or spec.key not in existing]
+        turns = await store.publisher.turns(new)
 
         async def write(collection: TasksCollection) -> list[PublishResult]:
             with store.bound(collection):
                 if replaces:  # each spec as `publish` does it, in order: see `_replaces`
-                    return await _publish_all(store, ordered)
+                    return await _publish_all(store, ordered, turns)
                 if any(spec.depends_on for spec in ordered):
-                    return await _publish_flow(store, ordered, now, drafts)
-                return await _publish_flat(store, ordered, existing, now, drafts)
+                    return await _publish_flow(store, ordered, now, drafts, turns)
+                return await _publish_flat(store, ordered, existing, now, drafts, turns)
 
         published = await run_atomically(store.collection, write)
         await store.work_written()  # once for the batch, after its last write
@@ -173,12 +182,18 @@ def _replaces(specs: Sequence[PublishSpec], existing: Mapping[str, Task]) -> boo
     return replaces
 
 
-async def _upsert(store: WholeStore, documents: Mapping[str, Document]) -> set[str]:
+async def _upsert(
+    store: WholeStore, documents: Mapping[str, Document], turns: Mapping[str, dt.datetime]
+) -> set[str]:
     """One ordered bulk write of idempotent upserts; the keys it inserted (a key a concurrent
     publish inserted in between is matched by its upsert, not inserted again: the unique
-    ``key`` index)."""
+    ``key`` index). ``turns``: the partitioned tasks' places in the claim order, taken
+    before the batch's transaction (`Publisher.turns`)."""
     if not documents:
         return set()
+    for key, turn in turns.items():
+        if key in documents:
+            pq.placed(documents[key], turn)
     order = list(documents)
     requests = [UpdateOne(*q.publish_upsert(documents[key]), upsert=True) for key in order]
     result = await store.collection.bulk_write(requests, ordered=True)
@@ -191,13 +206,14 @@ async def _publish_flat(
     existing: Mapping[str, Task],
     now: dt.datetime,
     drafts: Mapping[str, Document],
+    turns: Mapping[str, dt.datetime],
 ) -> list[PublishResult]:
     """A batch without dependencies: the keys that did not exist go out as one bulk write of
     idempotent upserts (one round trip per task would make a large ``publish_many`` wait
     on the network once per task). A key a concurrent publish inserted in between is read
     back as existing."""
     documents = _planned_documents(specs, existing, now, drafts)
-    created = await _upsert(store, documents)
+    created = await _upsert(store, documents, turns)
     raced = [key for key in documents if key not in created]
     found = dict(existing)
     if raced:
@@ -281,6 +297,7 @@ async def _publish_flow(
     specs: Sequence[PublishSpec],
     now: dt.datetime,
     drafts: Mapping[str, Document],
+    turns: Mapping[str, dt.datetime],
 ) -> list[PublishResult]:
     """A batch with dependencies in a number of round trips that does not grow with it (one
     per task would keep a transaction open past MongoDB's limit for a large flow): one read of
@@ -297,7 +314,7 @@ async def _publish_flow(
     named = {spec.key for spec in specs} | {d for spec in specs for d in spec.depends_on}
     found = {task.key: task for task in await store.get_many(sorted(named))}
     documents = _planned_documents(specs, found, now, drafts)
-    created = await _upsert(store, documents)
+    created = await _upsert(store, documents, turns)
     counts = Counter(d for key in created for d in documents[key]["depends_on"])
     if counts:
         await store.collection.bulk_write(
@@ -350,6 +367,7 @@ async def _commit(
     if replacing:  # a replaced key keeps its waiting dependents: no cycle through them
         edges = [(dep, spec.key) for spec in ordered for dep in spec.depends_on]
         await store.flows.refuse_cycles(edges, "commit")
+    turns = await store.publisher.turns(ordered)  # before (and outside) the transaction
 
     async def write(collection: TasksCollection) -> list[PublishResult]:
         with store.bound(collection):
@@ -366,7 +384,7 @@ async def _commit(
                         f"commit: a task of {only_deleted} started meanwhile; it is not deleted"
                     )
                 await store.flows.forget(only_deleted)
-            return await _publish_all(store, ordered, replacing=replacing)
+            return await _publish_all(store, ordered, turns, replacing=replacing)
 
     published = await run_atomically(store.collection, write)
     context.mark_completed({lease.run_id for lease, _ in results})

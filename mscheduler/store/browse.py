@@ -30,7 +30,8 @@ def _position(task: Task, order: str) -> str:
         return "k:" + task.key
     if order == "newest":
         return "i:" + str(task.id)
-    millis = int(to_bson_time(task.created_at).timestamp() * 1000)
+    place = task.turn or task.created_at  # a partitioned task's place is its turn
+    millis = int(to_bson_time(place).timestamp() * 1000)
     return f"c:{task.options.priority}:{millis}:{task.id}"
 
 

@@ -143,6 +143,7 @@ async def claim_many(
     notify_if_ended: Callable[[list[Any]], Awaitable[None]],
     until: dt.datetime | None = None,
     window: Window | None = None,
+    exclude_partitions: Sequence[str] = (),
 ) -> list[Lease]:
     """``window``: the store's (`Window`), which each round reads by and tells what it lost.
     ``notify_if_ended``: `TaskStore.notify_if_ended`, for candidates whose claim ended the
@@ -161,7 +162,17 @@ async def claim_many(
     race: after a round where such a write missed, the rounds read by the whole claim
     filter, so the refused ones are not read again and the batch takes what is behind."""
     window = window or Window()
-    batch = _Batch(store, worker_id, names, limit, exclude_keys, notify_if_ended, until, window)
+    batch = _Batch(
+        store,
+        worker_id,
+        names,
+        limit,
+        exclude_keys,
+        notify_if_ended,
+        until,
+        window,
+        exclude_partitions,
+    )
     exact = False
     for _ in range(_CONTENDED_ROUNDS):
         leases, contended, refused = await batch.round(exact)
@@ -181,13 +192,18 @@ class _Batch:
     notify_if_ended: Callable[[list[Any]], Awaitable[None]]
     until: dt.datetime | None
     window: Window
+    exclude_partitions: Sequence[str] = ()
 
     async def round(self, exact: bool) -> tuple[list[Lease], bool, bool]:
         """(leases won, whether there were candidates, whether a write of the claim filter
         may have missed). ``exact``: read by the claim filter whole."""
         now = self.store.clock.now()
         claim = q.claim_filter(
-            self.worker_id, now, names=self.names, exclude_keys=self.exclude_keys
+            self.worker_id,
+            now,
+            names=self.names,
+            exclude_keys=self.exclude_keys,
+            exclude_partitions=self.exclude_partitions,
         )
         documents = await self._candidates(now, exact)
         if not documents:
@@ -295,7 +311,13 @@ class _Batch:
         found: list[dict[str, Any]] = []
         for names in name_groups(self.names):
             read = q.claim_filter if exact else q.candidate_filter
-            wanted = read(self.worker_id, now, names=names, exclude_keys=self.exclude_keys)
+            wanted = read(
+                self.worker_id,
+                now,
+                names=names,
+                exclude_keys=self.exclude_keys,
+                exclude_partitions=self.exclude_partitions,
+            )
             cursor = self.store.collection.find(wanted, sort=q.CLAIM_SORT, limit=wide)
             found += [document async for document in cursor]
         if not exact and any(q.written_newer(document) for document in found):

@@ -22,6 +22,7 @@ from .expiry import Expiry
 from .flows import Flows
 from .limits import Limits
 from .operations import Operations
+from .partitions import Partitions
 from .pauses import Pauses
 from .publisher import Publisher
 from .schedules import ScheduleStore
@@ -38,7 +39,8 @@ class Store(StoreBase):
         super().__init__(collection, clock)
         self.flows = Flows(self)
         self.tasks = TaskStore(self, self.flows)
-        self.publisher = Publisher(self, self.flows)
+        self.partitions = Partitions(self)
+        self.publisher = Publisher(self, self.flows, self.partitions)
         self.schedules = ScheduleStore(self, self.publisher)
         self.expiry = Expiry(self, self.tasks.after_write)
         self.pauses = Pauses(self)

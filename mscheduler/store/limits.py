@@ -8,6 +8,7 @@ import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
 
+from pymongo import ReturnDocument
 from pymongo.errors import ConnectionFailure
 
 from .. import layout
@@ -53,6 +54,24 @@ def free_at(limit: Limit, now: dt.datetime) -> dt.datetime:
     return max(times, default=now + RUNNING_RECHECK)
 
 
+def partitions_running(limit: Limit, now: dt.datetime) -> dict[str, int]:
+    """Live slots per partition at ``now``."""
+    counts: dict[str, int] = {}
+    for entry in limit.slots:
+        if entry.partition is not None and entry.until is not None and entry.until > now:
+            counts[entry.partition] = counts.get(entry.partition, 0) + 1
+    return counts
+
+
+def full_partitions(limit: Limit, now: dt.datetime) -> list[str]:
+    """The partitions at their ``partition_max_running`` at ``now``: a claim leaves out their
+    tasks (`consumer.limits.Limiter.take`)."""
+    most = limit.partition_max_running
+    if most is None:
+        return []
+    return sorted(p for p, count in partitions_running(limit, now).items() if count >= most)
+
+
 def _ms(duration: dt.timedelta) -> int:
     return round(duration.total_seconds() * 1000)
 
@@ -65,9 +84,11 @@ class Limits(BesideTasks):
         """Replace the limits of ``spec.name`` (set anew: a field not given is removed). A
         ``max_running`` counts the attempts running now (`adopt_running`), wherever they
         were claimed: no start beyond it from now on."""
-        update = lq.set_limit(spec.name, spec.rate, spec.per_ms, spec.max_running)
+        update = lq.set_limit(
+            spec.name, spec.rate, spec.per_ms, spec.max_running, spec.partition_max_running
+        )
         await self.collection.update_one(*update, upsert=True)
-        if spec.max_running is not None:
+        if spec.max_running is not None or spec.partition_max_running is not None:
             await self.adopt_running(spec.name)
         await self._tasks.control_changed()
         found = await self.collection.find_one(lq.by_name(spec.name))
@@ -81,16 +102,20 @@ class Limits(BesideTasks):
         limit (`consumer.limits.Limiter.apply`), or lapses with its lease's first end."""
         now = self._tasks.clock.now()
         untils: dict[str, dt.datetime] = {}
+        partitions: dict[str, str] = {}
         cursor = self._tasks.collection.find(q.running_of(name), q.RUNNING_ATTEMPTS)
         async for document in cursor:
+            partition = (document.get("options") or {}).get("partition")
             for ws in document.get("worker_states") or []:
                 expires = ws.get("ping_expire_at")
                 if ws.get("state") == WorkerStateKind.RUNNING.value and expires is not None:
                     expires = to_bson_time(expires)
                     if expires > now:
                         untils[ws["run_id"]] = expires
+                        if partition is not None:
+                            partitions[ws["run_id"]] = partition
         if untils:
-            await self.collection.update_one(*lq.adopt(name, untils))
+            await self.collection.update_one(*lq.adopt(name, untils, partitions))
 
     @driver_errors
     async def remove(self, name: str) -> bool:
@@ -119,16 +144,33 @@ class Limits(BesideTasks):
         token, now = token or uuid.uuid4().hex, self._tasks.clock.now()
         update = lq.acquire(name, token, now, until, _ms(START_HOLD))
         try:
-            taken = await self.collection.find_one_and_update(*update)
+            taken = await self.collection.find_one_and_update(
+                *update, return_document=ReturnDocument.AFTER
+            )
         except ConnectionFailure:
             # The token may have been taken with the reply lost: nobody would hold its slot.
             with contextlib.suppress(ConnectionFailure):
                 await self.collection.update_one(*lq.give_back(name, token))
             raise
         if taken is not None:
-            return token
+            taken_limit = Limit.model_validate(taken)
+            given = Token(token)
+            if taken_limit.partition_max_running is not None:
+                given.partitioned = True
+                given.full_partitions = tuple(full_partitions(taken_limit, now))
+            return given
         found = await self.collection.find_one(lq.by_name(name))
         return None if found is None else free_at(Limit.model_validate(found), now)
+
+    @driver_errors
+    async def bind_partition(
+        self, name: str, token: str, partition: str, until: dt.datetime
+    ) -> bool:
+        """The slot of ``token`` counts in ``partition`` and lives until ``until``, if the
+        partition is below its ``partition_max_running`` (`queries.limits.bind_partition`);
+        False if it is not (the caller gives its task back)."""
+        update = lq.bind_partition(name, token, partition, until, self._tasks.clock.now())
+        return bool((await self.collection.update_one(*update)).matched_count)
 
     @driver_errors
     async def start(self, name: str) -> str | dt.datetime | None:
@@ -165,8 +207,13 @@ class Limits(BesideTasks):
         await self.collection.update_one(*lq.give_back(name, token))
 
     @driver_errors
-    async def adopt(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
-        await self.collection.update_one(*lq.adopt(name, untils))
+    async def adopt(
+        self,
+        name: str,
+        untils: Mapping[str, dt.datetime],
+        partitions: Mapping[str, str] | None = None,
+    ) -> None:
+        await self.collection.update_one(*lq.adopt(name, untils, partitions))
 
     @driver_errors
     async def release(self, name: str, token: str) -> None:
@@ -178,3 +225,13 @@ class Limits(BesideTasks):
     async def extend(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
         """Each slot of ``untils`` (token -> time) lives until its time."""
         await self.collection.update_one(*lq.extend(name, untils))
+
+
+class Token(str):
+    """A token taken for a claim (`Limits.acquire`), and the partitions of its name at their
+    ``partition_max_running`` as it was taken, whose tasks the claim leaves out; when the
+    name counts partitions (``partitioned``), the claim binds its slot to the partition of
+    the task it won (`Limits.bind_partition`)."""
+
+    full_partitions: tuple[str, ...] = ()
+    partitioned: bool = False

@@ -20,11 +20,13 @@ from ..errors import ConfigurationError, StoreError, TaskRunning
 from ..models import PublishResult, Task, TaskState
 from ..observability import tracing
 from ..queries import history as hq
+from ..queries import partitions as pq
 from ..queries import tasks as q
 from ..queries import timing as tq
 from ..specs import PublishSpec
 from .driver import driver_errors
 from .flows import Flows
+from .partitions import Partitions
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -76,9 +78,10 @@ def check_fits(spec: PublishSpec, now: dt.datetime | None = None) -> dict[str, A
 class Publisher:
     """Idempotent publish and replace; driver errors become mscheduler errors here."""
 
-    def __init__(self, store: StoreBase, flows: Flows) -> None:
+    def __init__(self, store: StoreBase, flows: Flows, partitions: Partitions) -> None:
         self._store = store
         self._flows = flows
+        self._partitions = partitions
 
     @property
     def in_transaction(self) -> bool:
@@ -86,20 +89,21 @@ class Publisher:
 
     @tracing.producer("publish")  # the PRODUCER span whose context the document carries
     @driver_errors
-    async def publish(self, spec: PublishSpec) -> PublishResult:
+    async def publish(self, spec: PublishSpec, turn: dt.datetime | None = None) -> PublishResult:
         """Publish ``spec``, idempotently by key (`Scheduler.publish` says what each of its
-        flags does to an existing task)."""
+        flags does to an existing task). ``turn``: a partitioned task's turn, when the caller
+        took it already (`turns`, before a batch's transaction)."""
         check_fits(spec)
         await self._store.ready()
         if spec.debounce:
-            result = await self._debounce(spec)
+            result = await self._debounce(spec, turn)
         else:
-            result = await self._publish(spec)
+            result = await self._publish(spec, turn)
         await self._store.work_written()
         return result
 
-    async def _publish(self, spec: PublishSpec) -> PublishResult:
-        document = await self._document(spec)
+    async def _publish(self, spec: PublishSpec, turn: dt.datetime | None = None) -> PublishResult:
+        document = await self._document(spec, turn)
         task = await self._insert_unless_exists(document)
         if task.id == document["_id"]:
             log.info("task published", extra={"action": "task_published", "key": task.key})
@@ -111,10 +115,10 @@ class Publisher:
             task = outcome  # changed under us: decide again on what is there now
         raise StoreError(f"publish {task.key!r}: the task kept changing; try again")
 
-    async def _debounce(self, spec: PublishSpec) -> PublishResult:
+    async def _debounce(self, spec: PublishSpec, turn: dt.datetime | None = None) -> PublishResult:
         """Publish, or, if the key waits to start, give it this payload and push its start
         back to ``options.not_before`` (set by the caller from the debounce window)."""
-        result = await self._publish(spec)
+        result = await self._publish(spec, turn)
         if result.created or result.task.attempts or result.task.state.value not in tq.NOT_STARTED:
             return result  # new, or started (running, finished, a retry to come): as publish
         assert spec.options.not_before is not None
@@ -134,7 +138,7 @@ class Publisher:
 
     @tracing.producer("replace")  # the PRODUCER span whose context the document carries
     @driver_errors
-    async def replace(self, spec: PublishSpec) -> PublishResult:
+    async def replace(self, spec: PublishSpec, turn: dt.datetime | None = None) -> PublishResult:
         """Publish anew over a task that is not running, as if it had been cancelled and
         published again (its waiting dependents now wait for the new one)."""
         check_fits(spec)
@@ -146,10 +150,10 @@ class Publisher:
         for _ in range(_PUBLISH_ATTEMPTS):
             current = await self._store.get(spec.key)
             if current is None:
-                return await self.publish(spec)
+                return await self.publish(spec, turn)
             if current.state is TaskState.RUNNING:
                 raise TaskRunning(f"task {spec.key!r} is running; it cannot be replaced now")
-            document = await self._document(spec)
+            document = await self._document(spec, turn)
             query = q.replace_filter(spec.key, current.version)
             replaced = await self._replace(current, document, query)
             if replaced is not None:
@@ -173,7 +177,7 @@ class Publisher:
         await self._store.work_written()
         return PublishResult(task=replaced, created=False, replaced=True)
 
-    async def _document(self, spec: PublishSpec) -> dict[str, Any]:
+    async def _document(self, spec: PublishSpec, turn: dt.datetime | None = None) -> dict[str, Any]:
         present: list[str] = []
         pending: list[str] = []
         failed: list[str] = []
@@ -181,7 +185,7 @@ class Publisher:
             present, pending, failed = await self._flows.resolve(
                 spec.key, list(spec.depends_on), spec.allow_missing
             )
-        return task_document(
+        document = task_document(
             spec,
             self._store.clock.now(),
             depends_on=present,
@@ -189,6 +193,16 @@ class Publisher:
             deps_failed=failed,
             trace_context=tracing.carrier(),  # the current span: the publish's (`tracing.producer`)
         )
+        if spec.options.partition is not None:
+            if turn is None:
+                turn = (await self._partitions.turns([spec]))[spec.key]
+            pq.placed(document, turn)
+        return document
+
+    async def turns(self, specs: Sequence[PublishSpec]) -> dict[str, dt.datetime]:
+        """The turns of the partitioned specs of a batch, by key (`Partitions.turns`);
+        nothing is sent for a batch without a partition."""
+        return await self._partitions.turns(specs)
 
     async def _replace(
         self, current: Task, document: dict[str, Any], query: dict[str, Any]

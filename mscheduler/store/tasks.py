@@ -164,11 +164,12 @@ class TaskStore:
         exclude_keys: Sequence[str] = (),
         run_id: str | None = None,
         until: dt.datetime | None = None,
+        exclude_partitions: Sequence[str] = (),
     ) -> Lease | None:
         """Claim one task: ``key`` if given, else the best of ``names`` (priority, then age)
-        other than ``exclude_keys``. ``run_id``: the claim's token, when the caller chose it
-        (a fresh one otherwise); ``until``: the lease's end, when not the task's
-        ``worker_timeout_ms`` from now.
+        other than ``exclude_keys`` and tasks of ``exclude_partitions``. ``run_id``: the
+        claim's token, when the caller chose it (a fresh one otherwise); ``until``: the
+        lease's end, when not the task's ``worker_timeout_ms`` from now.
 
         None when nothing is claimable, or when the only write was recording timeouts that
         exhausted the task's retries (the task is then ``fail``)."""
@@ -179,7 +180,12 @@ class TaskStore:
             # A mongos refuses a findAndModify without the shard key; one per group of names
             # would take each group's best, not the best of all: candidates, then the best.
             leases = await self.claim_many(
-                worker_id, names=names, limit=1, exclude_keys=exclude_keys, until=until
+                worker_id,
+                names=names,
+                limit=1,
+                exclude_keys=exclude_keys,
+                until=until,
+                exclude_partitions=exclude_partitions,
             )
             return leases[0] if leases else None
         await self.ready()
@@ -187,7 +193,14 @@ class TaskStore:
         now = self.clock.now()
         try:
             found = await self.collection.find_one_and_update(
-                q.claim_filter(worker_id, now, names=names, key=key, exclude_keys=exclude_keys),
+                q.claim_filter(
+                    worker_id,
+                    now,
+                    names=names,
+                    key=key,
+                    exclude_keys=exclude_keys,
+                    exclude_partitions=exclude_partitions,
+                ),
                 q.claim_update(worker_id, run_id, now, until),
                 sort=q.CLAIM_SORT if key is None else None,
                 return_document=ReturnDocument.AFTER,
@@ -214,6 +227,7 @@ class TaskStore:
         limit: int,
         exclude_keys: Sequence[str] = (),
         until: dt.datetime | None = None,
+        exclude_partitions: Sequence[str] = (),
     ) -> list[Lease]:
         """Claim up to ``limit`` of the best tasks of ``names`` in three round trips
         (`claims`); fewer than three: one task is claimed, in one round trip, which costs
@@ -221,7 +235,13 @@ class TaskStore:
         ``until``: the leases' end, when not each task's ``worker_timeout_ms`` from now."""
         worker_id = checked(check_worker_id, worker_id)
         if limit < 3 and len(names) <= c.MAX_NAMES_PER_QUERY and not self.sharded:
-            lease = await self.claim(worker_id, names=names, exclude_keys=exclude_keys, until=until)
+            lease = await self.claim(
+                worker_id,
+                names=names,
+                exclude_keys=exclude_keys,
+                until=until,
+                exclude_partitions=exclude_partitions,
+            )
             return [] if lease is None else [lease]
         await self.ready()
         async with self._claim_turns as window:  # this process's batches take turns
@@ -234,6 +254,7 @@ class TaskStore:
                 self.notify_if_ended,
                 until,
                 window,
+                exclude_partitions,
             )
 
     async def notify_if_ended(self, task_ids: Sequence[Any]) -> None:

@@ -691,9 +691,9 @@ def test_limit_set_ls_rm(uri: str):
     assert cli(uri, "limit", "set", "render", "--max-running", "2")[0] == 0
     out = cli(uri, "limit", "ls")[1]
     assert out.splitlines() == [
-        "name\tstarts\trunning",
-        "email\t0/100 per 1m\t-",
-        "render\t-\t0/2",
+        "name\tstarts\trunning\tper partition",
+        "email\t0/100 per 1m\t-\t-",
+        "render\t-\t0/2\t-",
     ]
     listed = {row["name"]: row for row in json.loads(cli(uri, "limit", "ls", "--json")[1])}
     assert listed["email"]["rate"] == 100 and listed["email"]["per_ms"] == 60_000
@@ -702,6 +702,27 @@ def test_limit_set_ls_rm(uri: str):
     assert cli(uri, "limit", "rm", "render")[:2] == (0, "was not limited: render\n")
     code, _, err = cli(uri, "limit", "set", "email", "--rate", "0", "--per", "1m")
     assert code == 2 and err.startswith("error: rate: expected an integer")
+
+
+def test_limit_set_partition_max_running_and_publish_a_partition(uri: str):
+    code, out, err = cli(uri, "limit", "set", "report", "--partition-max-running", "1")
+    assert code == 0 and out == "limited: report\n", err
+    for key in ("r1", "r2"):
+        code, _, err = cli(uri, "publish", key, "--name", "report", "--partition", "tenant-7")
+        assert code == 0, err
+    assert json.loads(cli(uri, "show", "r1", "--json")[1])["options"]["partition"] == "tenant-7"
+    assert cli(uri, "limit", "ls")[1].splitlines() == [
+        "name\tstarts\trunning\tper partition",
+        "report\t-\t-\t0/1 (busiest)",
+    ]
+    [listed] = json.loads(cli(uri, "limit", "ls", "--json")[1])
+    assert listed["partition_max_running"] == 1 and listed["busiest_partition_running"] == 0
+    code, _, err = cli(uri, "limit", "set", "report", "--partition-max-running", "0")
+    assert code == 2 and err.startswith("error: partition-max-running: expected an integer"), err
+    code, _, err = cli(uri, "publish", "r3", "--name", "report", "--partition", "x" * 513)
+    assert code == 2 and err.startswith("error: partition: 513 characters long"), err
+    assert cli(uri, "show", "r3")[0] != 0  # nothing written
+    assert cli(uri, "limit", "rm", "report")[1] == "unlimited: report\n"
 
 
 def test_refused_credentials_are_said_as_such(monkeypatch: pytest.MonkeyPatch):

@@ -474,8 +474,10 @@ async def test_limits_are_set_read_and_removed_over_http(client: httpx.AsyncClie
         "rate": None,
         "per_ms": None,
         "max_running": 1,
+        "partition_max_running": None,
         "starts_in_window": 0,
         "running": 0,
+        "busiest_partition_running": 0,
     }
     for n in range(2):
         await client.post("/v1/tasks", json={"key": f"t{n}", "name": "job"})
@@ -492,7 +494,12 @@ async def test_limits_are_set_read_and_removed_over_http(client: httpx.AsyncClie
 
 @pytest.mark.parametrize(
     ("body", "field"),
-    [({"rate": 5}, "per"), ({}, "max_running"), ({"max_running": 0}, "max_running")],
+    [
+        ({"rate": 5}, "per"),
+        ({}, "max_running"),
+        ({"max_running": 0}, "max_running"),
+        ({"partition_max_running": 0}, "partition_max_running"),
+    ],
 )
 async def test_a_bad_limit_is_422_naming_the_field(
     client: httpx.AsyncClient, body: dict[str, Any], field: str
@@ -500,6 +507,24 @@ async def test_a_bad_limit_is_422_naming_the_field(
     reply = await client.put("/v1/limits/job", json=body)
     assert reply.status_code == 422 and field in reply.json()["message"]
     assert (await client.get("/v1/limits")).json() == {"limits": []}
+
+
+async def test_partitions_and_their_limit_over_http(client: httpx.AsyncClient):
+    reply = await client.put("/v1/limits/job", json={"partition_max_running": 1})
+    assert reply.status_code == 200 and reply.json()["partition_max_running"] == 1
+    for partition in "AB":
+        for n in range(2):
+            body = {"key": f"{partition}{n}", "name": "job", "options": {"partition": partition}}
+            published = await client.post("/v1/tasks", json=body)
+            assert published.status_code in (200, 201), published.text
+            assert published.json()["options"]["partition"] == partition
+    assert sorted(lease["key"] for lease in await _own(client, max_tasks=4)) == ["A0", "B0"]
+    [limit] = (await client.get("/v1/limits")).json()["limits"]
+    assert (limit["running"], limit["busiest_partition_running"]) == (2, 1)
+    bad = await client.post(
+        "/v1/tasks", json={"key": "x", "name": "job", "options": {"partition": ""}}
+    )
+    assert bad.status_code == 422 and "partition" in bad.text
 
 
 async def test_retry_with_dependents_over_http(client: httpx.AsyncClient):

@@ -126,7 +126,7 @@ async def test_a_crashed_holders_slot_frees_with_its_lease(
         ({"rate": 10}, "per: give rate and per together"),
         ({"rate": 10, "per": dt.timedelta(0)}, "per: expected a timedelta from 1 ms"),
         ({"max_running": True}, "max_running: expected an integer"),
-        ({}, "give rate and per, max_running, or both"),
+        ({}, "give rate and per, max_running, partition_max_running, or several"),
     ],
 )
 async def test_a_bad_limit_names_the_field_and_writes_nothing(

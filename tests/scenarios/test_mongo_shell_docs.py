@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "mongo-shell.md"
 BLOCK = re.compile(r"<!-- check: (?P<check>[\w-]+) -->\s*```js\n(?P<code>.*?)\n```", re.S)
 CALL = re.compile(
-    r'^db\.(?:tasks|getCollection\("tasks\.(?P<beside>schedules|paused|limits)"\))'
+    r'^db\.(?:tasks|getCollection\("tasks\.(?P<beside>schedules|paused|limits|partitions)"\))'
     r"\.(?P<method>find|aggregate)\((?P<args>.*?)\)"
     r"(?:\.sort\((?P<sort>.*?)\))?(?:\.limit\((?P<limit>\d+)\))?;?$"
 )
@@ -58,7 +58,12 @@ async def run_doc_query(sched: ms.Scheduler, code: str) -> list[dict[str, Any]]:
     args = _arguments(match["args"], now)
     # "tasks.schedules" is the schedules beside the tasks (named otherwise on the wire).
     store = sched.store
-    beside = {"schedules": store.schedules, "paused": store.pauses, "limits": store.limits}
+    beside = {
+        "schedules": store.schedules,
+        "paused": store.pauses,
+        "limits": store.limits,
+        "partitions": store.partitions,
+    }
     collection = beside[match["beside"]].collection if match["beside"] else sched.collection
     if match["method"] == "aggregate":
         cursor = await collection.aggregate(args[0])
@@ -80,6 +85,10 @@ async def filled(open_scheduler: Any, clock: ManualClock) -> ms.Scheduler:
     await sched.publish("waiting-old", None, name="email")
     clock.advance(60)
     await sched.publish("waiting-new", None, name="email")
+    tenant = ms.TaskOptions(partition="tenant-7")
+    await sched.publish_many(
+        ms.TaskSpec(key=f"report:{n}", name="reports", options=tenant) for n in (1, 2)
+    )
     await sched.publish("stuck", None, name="sms", options=short)
     assert await sched.store.tasks.claim("vanished", key="stuck") is not None
     await sched.publish("busy", None, name="sms")
@@ -139,11 +148,12 @@ EXPECTED: dict[str, Any] = {
             ("sms", "fail"): 1,
             ("sms", "running"): 2,
             ("welcome", "pending"): 2,
+            ("reports", "pending"): 2,
         }
     ),
     "oldest-pending": lambda rows: (
         {r["_id"]: r["waiting"] for r in rows}
-        == {"crm": 1, "digest": 1, "email": 2, "etl": 1, "welcome": 2}
+        == {"crm": 1, "digest": 1, "email": 2, "etl": 1, "welcome": 2, "reports": 2}
         # a server returns aware datetimes (the client is tz_aware), mongomock naive UTC ones
         and _utc(min(r["oldest"] for r in rows)) == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     ),
@@ -166,6 +176,13 @@ EXPECTED: dict[str, Any] = {
     "paused": lambda rows: [(r["_id"], r["reason"]) for r in rows] == [("sms", "provider outage")],
     "limits": lambda rows: (
         [(r["_id"], r["rate"], r["per_ms"]) for r in rows] == [("email", 100, 60_000)]
+    ),
+    "partitions": lambda rows: (
+        [(r["name"], r["partition"]) for r in rows] == [("reports", "tenant-7")]
+    ),
+    "partition-waiting": lambda rows: (
+        _keys(rows) == ["report:1", "report:2"]
+        and all(_utc(r["published_at"]) <= _utc(r["created_at"]) for r in rows)
     ),
     "progress": lambda rows: (
         _keys(rows) == ["busy"] and rows[0]["progress"]["message"] == "half way"

@@ -146,3 +146,33 @@ def test_a_batchs_candidate_read_sends_at_most_760_bytes():
     worker_id = "build-host-12345-a1b2c3"
     wanted = q.candidate_filter(worker_id, T0, names=["job"], exclude_keys=["job:1"])
     assert len(bson.encode(wanted)) <= 760  # the claim filter whole: 1,841
+
+
+async def test_a_claim_examines_at_most_two_documents_in_a_backlog_of_many_partitions():
+    """10,000 tasks in 1,000 partitions: the partitions' turns are the claim index's order, so
+    a claim takes the head and examines what it did without partitions, and consecutive
+    claims take different partitions."""
+    collection = memory_server("").collection("db", uuid.uuid4().hex, notablescan=True)
+    # Now, not T0: the partitions' TTL index counts from the real time on the memory engine.
+    sched = ms.Scheduler(collection, clock=ManualClock())
+    await sched.publish_many(
+        ms.TaskSpec(key=f"t{p}:{n}", name="job", options=ms.TaskOptions(partition=f"t{p}"))
+        for n in range(10)
+        for p in range(1_000)
+    )
+    before = collection.docs_examined
+    late = ms.TaskOptions(partition="late")
+    await sched.publish("late", None, name="job", options=late)  # the head's read: one task
+    assert collection.docs_examined - before <= 1
+    partitions = []
+    for _ in range(50):
+        before = collection.docs_examined
+        lease = await sched.store.tasks.claim("w1", names=["job"])
+        assert lease is not None
+        assert collection.docs_examined - before <= 2
+        partitions.append(lease.task.options.partition)
+    assert len(set(partitions)) == 50
+    before = collection.docs_examined
+    leases = await sched.store.tasks.claim_many("w1", names=["job"], limit=16)
+    assert len({lease.task.options.partition for lease in leases}) == 16
+    assert collection.docs_examined - before <= 2 * 16

@@ -27,6 +27,7 @@ from mscheduler.models import ErrorInfo, Progress, TaskState
 from mscheduler.queries import browse, derived, limits, retry_delay, schedules, stages, timing
 from mscheduler.queries import flows as flow_queries
 from mscheduler.queries import lease as lease_queries
+from mscheduler.queries import partitions as partition_queries
 from mscheduler.queries import tasks as queries
 from mscheduler.testing import ManualClock
 from tests.engines import WIRE_DATABASE, WireServer
@@ -43,6 +44,7 @@ BUILDER_MODULES: tuple[ModuleType, ...] = (
     timing,
     browse,
     retry_delay,
+    partition_queries,
 )
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 NOW = T0 + dt.timedelta(seconds=90)  # after the seed: some leases live, some expired
@@ -108,6 +110,10 @@ SAMPLES: dict[str, Any] = {
     "after_id": ObjectId("ffffffffffffffffffffffff"),
     "after_name": "job",
     "since": T0,
+    "partition": "tenant-7",
+    "priority": 0,
+    "head": T0,
+    "partition_max_running": 1,
 }
 _NEW = queries.new_task_document(
     key="pending",
@@ -135,6 +141,9 @@ SPECIAL: dict[str, Any] = {
         )
     ),
     "stages.rebuilt_state": lambda: stages.rebuilt_state(state="released"),
+    # Not queries: the turns read back, and a new document placed at its turn (a copy).
+    "partitions.first_of": lambda: partition_queries.first_of({"next_turn": NOW}, 3),
+    "partitions.placed": lambda: partition_queries.placed(dict(_NEW), NOW),
     # On the seed's running task of one state (the fence is `lease_filter`'s, and more).
     "lease.quick_success": lambda: (
         {"key": "running-1"},
