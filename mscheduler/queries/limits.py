@@ -146,13 +146,21 @@ def started(
     return {"_id": name}, [{"$set": fields}]
 
 
-def _slots_until(untils: Mapping[str, dt.datetime]) -> Document:
+def _slots_until(
+    untils: Mapping[str, dt.datetime], partitions: Mapping[str, str] | None = None
+) -> Document:
     """The slots, those of ``untils`` (token -> time) now lasting until their time (a slot
-    that counts in a partition still does)."""
+    that counts in a partition still does). ``partitions``: the partition each run's task
+    has, where its slot counts from now (`adopt`)."""
+    partitions = partitions or {}
+
+    def partition(token: str) -> Any:
+        return literal(partitions[token]) if token in partitions else "$$s.partition"
+
     branches = [
         {
             "case": {"$eq": ["$$s.id", literal(token)]},
-            "then": {"id": "$$s.id", "until": until, "partition": "$$s.partition"},
+            "then": {"id": "$$s.id", "until": until, "partition": partition(token)},
         }
         for token, until in untils.items()
     ]
@@ -180,7 +188,12 @@ def adopt(
     run_id) and when its lease ends. Idempotent: a run whose slot is there already (adopted
     by its holder and by the limit's writer, in either order) keeps one, lasting until the
     time given now. ``partitions``: the partition of each run's task that has one, in which
-    its slot counts (whatever ``partition_max_running`` allows: it runs already)."""
+    its slot counts (whatever ``partition_max_running`` allows: it runs already).
+
+    Invariant: a run adopted with its partition counts in it afterwards, whether its slot
+    was there already or not: a slot taken under an earlier limit (a ``max_running`` or a
+    ``rate``, whose claims count no partition) is counted in its partition as the
+    ``partition_max_running`` appears, so the runs already going fill their partitions."""
     now_live = {"$ifNull": ["$slots", []]}
     entries = [
         {"id": token, "until": until, "partition": (partitions or {}).get(token)}
@@ -206,7 +219,8 @@ def adopt(
             },
         }
     }
-    return {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_slots_until(untils), missing]}}}]
+    slots = {"$concatArrays": [_slots_until(untils, partitions), missing]}
+    return {"_id": name}, [{"$set": {"slots": slots}}]
 
 
 def release(name: str, token: str) -> tuple[Document, Document]:
