@@ -273,8 +273,8 @@ class Limiter:
         """The claim's slot counts in its task's partition (`store.limits.bind_partition`),
         bound to its lease's end as it is (so a consumer's first extension is not needed);
         else the partition filled between the token and the claim (another process claimed
-        in it meanwhile): the task is given back (released: not a failure) and the token
-        too. A race loses a claim, never breaks the limit."""
+        in it meanwhile): the task is given back (its claim undone: not a failure, and no
+        attempt counted) and the token too. A race loses a claim, never breaks the limit."""
         until = lease.ping_expire_at or first_life
         try:
             bound = await self._store.limits.bind_partition(name, token, partition, until)
@@ -291,7 +291,8 @@ class Limiter:
 
     async def _give_back_claim(self, name: str, lease: Lease, token: str) -> None:
         try:
-            await self._store.tasks.release(lease, "its partition is at its partition_max_running")
+            # Its handler never started: no attempt is counted (`Tasks.unclaim`).
+            await self._store.tasks.unclaim(lease)
         except (BackendUnavailable, StoreError) as exc:  # the lease expires unrun
             log.warning(str(exc), extra={"action": "claim_given_back_failed"})
         await self._give_back(name, token)

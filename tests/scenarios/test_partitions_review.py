@@ -34,3 +34,23 @@ async def test_a_partition_limit_added_to_a_limited_name_counts_what_runs_alread
     assert await scheduler.own(["job"], worker_id="w2", max_tasks=3) == []
     await scheduler.succeed(running)
     assert len(await scheduler.own(["job"], worker_id="w2", max_tasks=3)) == 1
+
+
+async def test_a_claim_given_back_for_a_full_partition_does_not_use_up_its_tries(
+    scheduler: ms.Scheduler, monkeypatch: pytest.MonkeyPatch
+):
+    """A claim that loses its partition's last slot to a race gives its task back: the task
+    never ran, so it keeps every try ``max_tries`` allows and runs later."""
+    await scheduler.set_limit("job", partition_max_running=1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A", max_tries=1)) for n in range(2)
+    )
+    [first] = await scheduler.own(["job"], worker_id="w1", max_tasks=2)
+    monkeypatch.setattr(store_limits, "full_partitions", lambda limit, now: [])
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=2) == []
+    other_key = "A1" if first.key == "A0" else "A0"
+    other = await scheduler.get(other_key)
+    assert other is not None and other.state is ms.TaskState.PENDING, other
+    await scheduler.succeed(first)
+    [second] = await scheduler.own(["job"], worker_id="w2", max_tasks=2)
+    assert second.key == other_key
