@@ -54,3 +54,32 @@ async def test_a_claim_given_back_for_a_full_partition_does_not_use_up_its_tries
     await scheduler.succeed(first)
     [second] = await scheduler.own(["job"], worker_id="w2", max_tasks=2)
     assert second.key == other_key
+
+
+async def claimed(scheduler: ms.Scheduler, count: int) -> list[str]:
+    """The keys of the next ``count`` claims of ``job``, one at a time, in claim order."""
+    keys = []
+    for _ in range(count):
+        [lease] = await scheduler.own(["job"], worker_id="w1", max_tasks=1)
+        keys.append(lease.key)
+        await scheduler.succeed(lease)
+    return keys
+
+
+async def test_publishing_a_partitions_existing_task_again_does_not_push_its_turns_back(
+    scheduler: ms.Scheduler,
+):
+    """Publish is idempotent: publishing a key that exists (created=False) takes no turn,
+    so a partition that publishes its tasks again and again (a cron's dedup publish) keeps
+    its place: its next new task still goes among another partition's burst."""
+    await scheduler.publish("a0", None, name="job", options=part("A"))
+    [first] = await scheduler.own(["job"], worker_id="w1", max_tasks=1)  # a0 runs
+    for _ in range(100):
+        result = await scheduler.publish("a0", None, name="job", options=part("A"))
+        assert not result.created
+    await scheduler.succeed(first)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"b{n}", name="job", options=part("B")) for n in range(50)
+    )
+    await scheduler.publish("a1", None, name="job", options=part("A"))
+    assert "a1" in await claimed(scheduler, 3)
