@@ -4,6 +4,7 @@ manual clock."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -106,3 +107,84 @@ async def test_a_partition_whose_burst_drained_quickly_starts_again_at_the_head(
     )
     await scheduler.publish("a-next", None, name="job", options=part("A"))
     assert "a-next" in await claimed(scheduler, 3)
+
+
+async def running_in(scheduler: ms.Scheduler, clock: Any) -> dict[str, int]:
+    limit = (await scheduler.limits())["job"]
+    return store_limits.partitions_running(limit, clock.now())
+
+
+async def test_a_lease_that_expires_frees_its_partitions_slot_once(
+    scheduler: ms.Scheduler, clock: Any
+):
+    """A worker that dies holding a task of A: its slot lapses with its lease, and A's slot
+    goes to one claim, never two."""
+    await scheduler.set_limit("job", partition_max_running=1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(3)
+    )
+    [dead] = await scheduler.own(["job"], worker_id="w1", max_tasks=3)
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=3) == []
+    clock.advance(dead.task.options.worker_timeout_ms / 1000 + 60)
+    taken = await scheduler.own(["job"], worker_id="w2", max_tasks=3)
+    assert len(taken) == 1
+    assert await scheduler.own(["job"], worker_id="w3", max_tasks=3) == []
+    assert await running_in(scheduler, clock) == {"A": 1}
+
+
+async def test_a_failed_partitioned_task_frees_its_slot_and_is_retried_within_the_limit(
+    scheduler: ms.Scheduler, clock: Any
+):
+    await scheduler.set_limit("job", partition_max_running=1)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A", max_unexpected_retries=3))
+        for n in range(2)
+    )
+    [first] = await scheduler.own(["job"], worker_id="w1", max_tasks=2)
+    task = await scheduler.fail(first, "boom")
+    assert task.state is ms.TaskState.PENDING
+    clock.advance(3_600)  # its retry delay passes
+    again = await scheduler.own(["job"], worker_id="w1", max_tasks=2)
+    assert len(again) == 1
+    assert await running_in(scheduler, clock) == {"A": 1}
+
+
+async def test_a_lowered_or_removed_and_set_again_partition_limit_counts_what_runs(
+    scheduler: ms.Scheduler, clock: Any
+):
+    await scheduler.set_limit("job", partition_max_running=2)
+    await scheduler.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(5)
+    )
+    one, two = await scheduler.own(["job"], worker_id="w1", max_tasks=5)
+    await scheduler.set_limit("job", partition_max_running=1)
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=5) == []
+    await scheduler.succeed(one)
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=5) == []  # two still runs
+    assert await scheduler.remove_limit("job")
+    await scheduler.set_limit("job", partition_max_running=1)
+    assert await scheduler.own(["job"], worker_id="w2", max_tasks=5) == []  # two counts
+    await scheduler.succeed(two)
+    assert len(await scheduler.own(["job"], worker_id="w2", max_tasks=5)) == 1
+
+
+async def test_a_retried_or_replaced_partitioned_task_is_shown_at_its_new_publish_time(
+    scheduler: ms.Scheduler, clock: Any
+):
+    """Published anew (retry of a failed task, replace), a partitioned task's ``created_at``
+    is its new publish time and its turn a new one, not its first run's."""
+    await scheduler.publish("t", None, name="job", options=part("A", max_unexpected_retries=0))
+    [lease] = await scheduler.own(["job"], worker_id="w1")
+    await scheduler.fail(lease, "boom")
+    clock.advance(60)
+    retried = (await scheduler.retry("t")).task
+    assert abs(retried.created_at - clock.now()) < dt.timedelta(seconds=1)
+    assert retried.turn is not None and retried.turn >= clock.now() - dt.timedelta(seconds=1)
+    clock.advance(60)
+    replaced = (await scheduler.replace("t", None, name="job", options=part("B"))).task
+    assert abs(replaced.created_at - clock.now()) < dt.timedelta(seconds=1)
+    # A new partition starts at the head of the claim order (here: the task replaced).
+    assert replaced.turn is not None and replaced.turn <= clock.now()
+    clock.advance(60)
+    plain = (await scheduler.replace("t", None, name="job")).task
+    assert plain.turn is None and abs(plain.created_at - clock.now()) < dt.timedelta(seconds=1)
