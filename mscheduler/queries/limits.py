@@ -134,13 +134,18 @@ def _until(tokens: Sequence[str], field: str, until: Any) -> Document:
 
 
 def started(
-    name: str, tokens: Sequence[str], leases: Mapping[str, dt.datetime], now: dt.datetime
+    name: str,
+    tokens: Sequence[str],
+    leases: Mapping[str, dt.datetime],
+    now: dt.datetime,
+    partitions: Mapping[str, str] | None = None,
 ) -> tuple[Document, Pipeline]:
     """As leases are handed to workers that start their work at once (`Scheduler.own`): the
     held starts ``tokens`` confirmed (`confirm`), and each slot of ``leases`` (its token, the
     lease's run_id, to its lease's end) living exactly as long as its lease, whatever life it
-    was taken with: one write."""
-    fields: Document = {"slots": _slots_until(leases)}
+    was taken with, and counting in its task's partition (``partitions``, `extend`): one
+    write."""
+    fields: Document = {"slots": _slots_until(leases, partitions)}
     if tokens:
         fields["starts"] = _confirmed(tokens, now)
     return {"_id": name}, [{"$set": fields}]
@@ -228,10 +233,21 @@ def release(name: str, token: str) -> tuple[Document, Document]:
     return {"_id": name}, {"$pull": {"slots": {"id": token}}}
 
 
-def extend(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipeline]:
+def extend(
+    name: str,
+    untils: Mapping[str, dt.datetime],
+    partitions: Mapping[str, str] | None = None,
+) -> tuple[Document, Pipeline]:
     """The holders still run: each slot of ``untils`` (token -> time) lives until its time,
-    its lease's end (later or sooner than before: a slot lives as long as its lease)."""
-    return {"_id": name}, [{"$set": {"slots": _slots_until(untils)}}]
+    its lease's end (later or sooner than before: a slot lives as long as its lease).
+    ``partitions``: the partition of each run's task that has one, where its slot counts.
+
+    Invariant: the slot of a run of a partitioned task counts in its partition from the
+    write that binds it to its lease (this one, `started`, or `bind_partition`) at the
+    latest: a claim whose token was taken before its name counted partitions, landing after
+    the limit's writer read what runs (`adopt`), runs already and counts as those do; it is
+    never left uncounted for its whole run."""
+    return {"_id": name}, [{"$set": {"slots": _slots_until(untils, partitions)}}]
 
 
 def set_limit(

@@ -188,3 +188,32 @@ async def test_a_retried_or_replaced_partitioned_task_is_shown_at_its_new_publis
     clock.advance(60)
     plain = (await scheduler.replace("t", None, name="job")).task
     assert plain.turn is None and abs(plain.created_at - clock.now()) < dt.timedelta(seconds=1)
+
+
+async def test_a_claim_in_flight_as_a_partition_limit_is_set_counts_in_its_partition(
+    open_scheduler: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """A claim whose token was taken under the name's earlier limit (no partitions counted),
+    and that lands after the new limit's writer read what runs: its task runs already, so
+    it counts in its partition as soon as its slot is bound to its lease, and the next
+    claim of that partition waits."""
+    from mscheduler.store.tasks import TaskStore as Tasks
+
+    first, second = await open_scheduler(), await open_scheduler()
+    await first.set_limit("job", max_running=10)
+    await first.publish_many(
+        ms.TaskSpec(key=f"A{n}", name="job", options=part("A")) for n in range(3)
+    )
+    claim = Tasks.claim
+
+    async def claim_after_the_limit(self: Tasks, *args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(Tasks, "claim", claim)
+        await second.set_limit("job", max_running=10, partition_max_running=1)
+        return await claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tasks, "claim", claim_after_the_limit)
+    [running] = await first.own(["job"], worker_id="w1", max_tasks=1)
+    assert await running_in(second, clock) == {"A": 1}
+    assert await second.own(["job"], worker_id="w2", max_tasks=3) == []
+    await first.succeed(running)
+    assert len(await second.own(["job"], worker_id="w2", max_tasks=3)) == 1
