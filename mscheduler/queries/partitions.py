@@ -98,7 +98,7 @@ def untake_turn(name: str, partition: str, turn: dt.datetime) -> tuple[Document,
     after its own (then its turn stays a gap, as a failed insert's)."""
     after = turn + dt.timedelta(milliseconds=QUANTUM_MS)
     taken_last = {"$gte": after, "$lt": after + dt.timedelta(milliseconds=QUANTUM_MS)}
-    back = {"$subtract": ["$next_turn", QUANTUM_MS]}
+    back = {"$add": ["$next_turn", -QUANTUM_MS]}
     return {"_id": partition_id(name, partition), "next_turn": taken_last}, [
         {"$set": {"next_turn": back}}
     ]
