@@ -217,3 +217,40 @@ async def test_a_claim_in_flight_as_a_partition_limit_is_set_counts_in_its_parti
     assert await second.own(["job"], worker_id="w2", max_tasks=3) == []
     await first.succeed(running)
     assert len(await second.own(["job"], worker_id="w2", max_tasks=3)) == 1
+
+
+async def test_a_partitions_few_tasks_start_early_with_several_workers(
+    open_scheduler: Any, discover: Any
+):
+    """The 200-and-3 case with two processes of four slots each: all of B's tasks start
+    among the first starts of the two, not after A's burst."""
+    import anyio
+
+    from tests.engines import worker
+
+    first, second = await open_scheduler(), await open_scheduler()
+    await first.publish_many(
+        ms.TaskSpec(key=f"a{n}", name="job", options=part("A")) for n in range(200)
+    )
+    for n in range(3):
+        await first.publish(f"b{n}", None, name="job", options=part("B"))
+    starts: list[str] = []
+
+    async def handler(task: ms.Task) -> None:
+        starts.append(task.key)
+
+    consumers = [
+        scheduler.consumer({"job": handler}, options=worker(f"w{n}", burst=True, max_running=4))
+        for n, scheduler in enumerate((first, second))
+    ]
+    async with anyio.create_task_group() as task_group:
+        for consumer in consumers:
+            await task_group.start(consumer.run)
+        for _ in range(200):
+            await discover()
+            if all(consumer.stop_requested for consumer in consumers):
+                break
+        for consumer in consumers:
+            consumer.stop()
+    assert sorted(starts) == sorted([f"a{n}" for n in range(200)] + ["b0", "b1", "b2"])
+    assert {"b0", "b1", "b2"} <= set(starts[:16]), starts[:16]
