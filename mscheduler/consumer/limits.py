@@ -273,8 +273,8 @@ class Limiter:
         """The claim's slot counts in its task's partition (`store.limits.bind_partition`),
         bound to its lease's end as it is (so a consumer's first extension is not needed);
         else the partition filled between the token and the claim (another process claimed
-        in it meanwhile): the task is given back (released: not a failure) and the token
-        too. A race loses a claim, never breaks the limit."""
+        in it meanwhile): the task is given back (its claim undone: not a failure, and no
+        attempt counted) and the token too. A race loses a claim, never breaks the limit."""
         until = lease.ping_expire_at or first_life
         try:
             bound = await self._store.limits.bind_partition(name, token, partition, until)
@@ -291,7 +291,8 @@ class Limiter:
 
     async def _give_back_claim(self, name: str, lease: Lease, token: str) -> None:
         try:
-            await self._store.tasks.release(lease, "its partition is at its partition_max_running")
+            # Its handler never started: no attempt is counted (`Tasks.unclaim`).
+            await self._store.tasks.unclaim(lease)
         except (BackendUnavailable, StoreError) as exc:  # the lease expires unrun
             log.warning(str(exc), extra={"action": "claim_given_back_failed"})
         await self._give_back(name, token)
@@ -391,13 +392,15 @@ class Limiter:
             return
         with anyio.CancelScope(shield=True):
             try:
-                await self._store.limits.started(name, list(ends), ends)
+                await self._store.limits.started(name, list(ends), ends, _partitions(leases))
             except (BackendUnavailable, StoreError) as exc:  # held and first lives: safe side
                 log.warning(str(exc), extra={"action": "start_unconfirmed"})
 
-    async def extend_slot(self, name: str, run_id: str, until: dt.datetime) -> None:
-        """A pull lease extended: its slot (if its name's document has one) lives as long."""
-        await self._store.limits.extend(name, {run_id: until})
+    async def extend_slot(self, lease: Lease, until: dt.datetime) -> None:
+        """A pull lease extended: its slot (if its name's document has one) lives as long,
+        counting in its task's partition."""
+        name, run_id = lease.task.name, lease.run_id
+        await self._store.limits.extend(name, {run_id: until}, _partitions([lease]))
 
     async def free(self, name: str, run_id: str) -> None:
         """A pull lease ended: its slot, if any, frees now (its start still counts). Shielded;
@@ -585,7 +588,8 @@ class Limiter:
                     for token, slot in slots.items()
                 }
                 try:
-                    await self._store.limits.extend(name, untils)
+                    partitions = _partitions([slot.lease for slot in slots.values()])
+                    await self._store.limits.extend(name, untils, partitions)
                 except (BackendUnavailable, StoreError) as exc:
                     log.warning(str(exc), extra={"action": "slot_extend_failed"})
                 else:
@@ -593,6 +597,16 @@ class Limiter:
                         slot.until, slot.bound = untils[token], True
                 for slot in slots.values():
                     slot.extend_at = slot.next_extension(now)
+
+
+def _partitions(leases: Sequence[Lease]) -> dict[str, str]:
+    """The partition of each lease's task that has one, by run_id: where its slot counts
+    (`queries.limits.extend`)."""
+    return {
+        lease.run_id: lease.task.options.partition
+        for lease in leases
+        if lease.task.options.partition is not None
+    }
 
 
 def _lease_end(lease: Lease, now: dt.datetime) -> dt.datetime:

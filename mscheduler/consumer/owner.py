@@ -339,7 +339,7 @@ class Owner:
         extended._slot = lease._slot
         expires = extended.ping_expire_at
         if expires is not None:
-            await self._limiter.extend_slot(lease.task.name, lease.run_id, expires)
+            await self._limiter.extend_slot(lease, expires)
         return extended
 
     async def succeed(self, lease: Lease, result: Any = None) -> Task:

@@ -18,6 +18,7 @@ from .stages import (
     RELEASED,
     RUNNING,
     SUCCESS,
+    WORKER_STATES,
     Document,
     Pipeline,
     lease_expiry,
@@ -232,6 +233,25 @@ def retry_later_update(
         {"$set": {"retry_at": retry_at}},
         *recompute(now, run_id),
     ]
+
+
+def unclaim_update(worker_id: str, run_id: str, now: dt.datetime) -> Pipeline:
+    """Undo a claim whose handler never started (its partition filled in between:
+    `consumer.limits.Limiter.take`): the run's state leaves the history, so the task is as
+    the claim found it, claimable at once.
+
+    Invariant: a run whose handler never started counts as no attempt: ``max_tries`` and
+    the retries count the runs that were given to a handler, so a claim lost to a race
+    uses up none of them (a release, which records the run, would count one)."""
+    others = {
+        "$filter": {
+            "input": WORKER_STATES,
+            "as": "ws",
+            # A run_id is the run's alone (the fence, `lease_filter`, checked its worker).
+            "cond": {"$ne": ["$$ws.run_id", literal(run_id)]},
+        }
+    }
+    return [sweep_expired(now), {"$set": {"worker_states": others}}, *recompute(now)]
 
 
 def release_update(worker_id: str, run_id: str, reason: str, now: dt.datetime) -> Pipeline:

@@ -134,25 +134,38 @@ def _until(tokens: Sequence[str], field: str, until: Any) -> Document:
 
 
 def started(
-    name: str, tokens: Sequence[str], leases: Mapping[str, dt.datetime], now: dt.datetime
+    name: str,
+    tokens: Sequence[str],
+    leases: Mapping[str, dt.datetime],
+    now: dt.datetime,
+    partitions: Mapping[str, str] | None = None,
 ) -> tuple[Document, Pipeline]:
     """As leases are handed to workers that start their work at once (`Scheduler.own`): the
     held starts ``tokens`` confirmed (`confirm`), and each slot of ``leases`` (its token, the
     lease's run_id, to its lease's end) living exactly as long as its lease, whatever life it
-    was taken with: one write."""
-    fields: Document = {"slots": _slots_until(leases)}
+    was taken with, and counting in its task's partition (``partitions``, `extend`): one
+    write."""
+    fields: Document = {"slots": _slots_until(leases, partitions)}
     if tokens:
         fields["starts"] = _confirmed(tokens, now)
     return {"_id": name}, [{"$set": fields}]
 
 
-def _slots_until(untils: Mapping[str, dt.datetime]) -> Document:
+def _slots_until(
+    untils: Mapping[str, dt.datetime], partitions: Mapping[str, str] | None = None
+) -> Document:
     """The slots, those of ``untils`` (token -> time) now lasting until their time (a slot
-    that counts in a partition still does)."""
+    that counts in a partition still does). ``partitions``: the partition each run's task
+    has, where its slot counts from now (`adopt`)."""
+    partitions = partitions or {}
+
+    def partition(token: str) -> Any:
+        return literal(partitions[token]) if token in partitions else "$$s.partition"
+
     branches = [
         {
             "case": {"$eq": ["$$s.id", literal(token)]},
-            "then": {"id": "$$s.id", "until": until, "partition": "$$s.partition"},
+            "then": {"id": "$$s.id", "until": until, "partition": partition(token)},
         }
         for token, until in untils.items()
     ]
@@ -180,7 +193,12 @@ def adopt(
     run_id) and when its lease ends. Idempotent: a run whose slot is there already (adopted
     by its holder and by the limit's writer, in either order) keeps one, lasting until the
     time given now. ``partitions``: the partition of each run's task that has one, in which
-    its slot counts (whatever ``partition_max_running`` allows: it runs already)."""
+    its slot counts (whatever ``partition_max_running`` allows: it runs already).
+
+    Invariant: a run adopted with its partition counts in it afterwards, whether its slot
+    was there already or not: a slot taken under an earlier limit (a ``max_running`` or a
+    ``rate``, whose claims count no partition) is counted in its partition as the
+    ``partition_max_running`` appears, so the runs already going fill their partitions."""
     now_live = {"$ifNull": ["$slots", []]}
     entries = [
         {"id": token, "until": until, "partition": (partitions or {}).get(token)}
@@ -206,7 +224,8 @@ def adopt(
             },
         }
     }
-    return {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_slots_until(untils), missing]}}}]
+    slots = {"$concatArrays": [_slots_until(untils, partitions), missing]}
+    return {"_id": name}, [{"$set": {"slots": slots}}]
 
 
 def release(name: str, token: str) -> tuple[Document, Document]:
@@ -214,10 +233,21 @@ def release(name: str, token: str) -> tuple[Document, Document]:
     return {"_id": name}, {"$pull": {"slots": {"id": token}}}
 
 
-def extend(name: str, untils: Mapping[str, dt.datetime]) -> tuple[Document, Pipeline]:
+def extend(
+    name: str,
+    untils: Mapping[str, dt.datetime],
+    partitions: Mapping[str, str] | None = None,
+) -> tuple[Document, Pipeline]:
     """The holders still run: each slot of ``untils`` (token -> time) lives until its time,
-    its lease's end (later or sooner than before: a slot lives as long as its lease)."""
-    return {"_id": name}, [{"$set": {"slots": _slots_until(untils)}}]
+    its lease's end (later or sooner than before: a slot lives as long as its lease).
+    ``partitions``: the partition of each run's task that has one, where its slot counts.
+
+    Invariant: the slot of a run of a partitioned task counts in its partition from the
+    write that binds it to its lease (this one, `started`, or `bind_partition`) at the
+    latest: a claim whose token was taken before its name counted partitions, landing after
+    the limit's writer read what runs (`adopt`), runs already and counts as those do; it is
+    never left uncounted for its whole run."""
+    return {"_id": name}, [{"$set": {"slots": _slots_until(untils, partitions)}}]
 
 
 def set_limit(

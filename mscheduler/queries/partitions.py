@@ -87,6 +87,23 @@ def take_turns(
     return {"_id": partition_id(name, partition)}, [{"$set": fields}]
 
 
+def untake_turn(name: str, partition: str, turn: dt.datetime) -> tuple[Document, Pipeline]:
+    """Give back ``turn``, the last turn taken of the partition, unused (a publish of a key
+    that exists: `store.partitions.Partitions.untake`): ``next_turn`` moves back to it, only
+    if no turn was taken after it (the filter: ``next_turn`` is still the one that turn left,
+    within its millisecond).
+
+    Invariant: a turn is spent only by a task that takes it; a publish that creates or
+    replaces nothing leaves the partition where it was, unless another publish took turns
+    after its own (then its turn stays a gap, as a failed insert's)."""
+    after = turn + dt.timedelta(milliseconds=QUANTUM_MS)
+    taken_last = {"$gte": after, "$lt": after + dt.timedelta(milliseconds=QUANTUM_MS)}
+    back = {"$add": ["$next_turn", -QUANTUM_MS]}
+    return {"_id": partition_id(name, partition), "next_turn": taken_last}, [
+        {"$set": {"next_turn": back}}
+    ]
+
+
 def first_of(after: dict[str, Any], count: int) -> Any:
     """The first of the ``count`` turns an update of `take_turns` took, from the document
     after it (a time as the driver read it)."""

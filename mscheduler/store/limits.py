@@ -195,11 +195,16 @@ class Limits(BesideTasks):
 
     @driver_errors
     async def started(
-        self, name: str, tokens: Sequence[str], leases: Mapping[str, dt.datetime]
+        self,
+        name: str,
+        tokens: Sequence[str],
+        leases: Mapping[str, dt.datetime],
+        partitions: Mapping[str, str] | None = None,
     ) -> None:
         """Leases handed out for work that starts now: their held starts ``tokens``
-        confirmed, and their slots (run_id -> the lease's end) living as long as they do."""
-        update = lq.started(name, tokens, leases, self._tasks.clock.now())
+        confirmed, and their slots (run_id -> the lease's end) living as long as they do,
+        counting in their tasks' ``partitions`` (`queries.limits.extend`)."""
+        update = lq.started(name, tokens, leases, self._tasks.clock.now(), partitions)
         await self.collection.update_one(*update)
 
     @driver_errors
@@ -222,9 +227,15 @@ class Limits(BesideTasks):
         await self._tasks.work_written()
 
     @driver_errors
-    async def extend(self, name: str, untils: Mapping[str, dt.datetime]) -> None:
-        """Each slot of ``untils`` (token -> time) lives until its time."""
-        await self.collection.update_one(*lq.extend(name, untils))
+    async def extend(
+        self,
+        name: str,
+        untils: Mapping[str, dt.datetime],
+        partitions: Mapping[str, str] | None = None,
+    ) -> None:
+        """Each slot of ``untils`` (token -> time) lives until its time, counting in its
+        task's partition if ``partitions`` names one (`queries.limits.extend`)."""
+        await self.collection.update_one(*lq.extend(name, untils, partitions))
 
 
 class Token(str):

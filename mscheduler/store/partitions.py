@@ -57,6 +57,12 @@ class Partitions(BesideTasks):
             raise StoreError(f"partition {partition!r} of {name!r}: its turns were not returned")
         return to_bson_time(pq.first_of(after, count))
 
+    @driver_errors
+    async def untake(self, name: str, partition: str, turn: dt.datetime) -> None:
+        """``turn``, taken for a publish that created nothing, is given back
+        (`queries.partitions.untake_turn`): one update, only on that path."""
+        await self.collection.update_one(*pq.untake_turn(name, partition, turn))
+
     async def turns(self, specs: Sequence[PublishSpec]) -> dict[str, dt.datetime]:
         """The turn of each partitioned spec of ``specs`` (new tasks), by key, in their order
         within each partition: one read of the head per name and priority, one update per

@@ -111,6 +111,12 @@ class Publisher:
         for _ in range(_PUBLISH_ATTEMPTS):
             outcome = await self._publish_over(task, document, spec)
             if isinstance(outcome, PublishResult):
+                if turn is None and spec.options.partition is not None and not outcome.replaced:
+                    # The turn taken here placed no task: given back, so publishing a key
+                    # that exists does not push its partition's next tasks back.
+                    await self._partitions.untake(
+                        spec.name, spec.options.partition, document["created_at"]
+                    )
                 return outcome
             task = outcome  # changed under us: decide again on what is there now
         raise StoreError(f"publish {task.key!r}: the task kept changing; try again")

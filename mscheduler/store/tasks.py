@@ -469,6 +469,15 @@ class TaskStore:
         return await self._finish_write(lease, update, now, WorkerStateKind.RELEASED)
 
     @driver_errors
+    async def unclaim(self, lease: Lease) -> Task:
+        """Undo the claim of ``lease``, whose handler never started: the task is claimable
+        at once, as if never claimed by it (`queries.lease.unclaim_update`: no attempt
+        counted). A fenced write, as a release is."""
+        now = self.clock.now()
+        update = lq.unclaim_update(lease.worker_id, lease.run_id, now)
+        return await self._fenced_write(lease, update, now)
+
+    @driver_errors
     async def release(self, lease: Lease, reason: str = "released by the worker") -> Task:
         now = self.clock.now()
         update = lq.release_update(lease.worker_id, lease.run_id, reason, now)

@@ -113,6 +113,8 @@ SAMPLES: dict[str, Any] = {
     "partition": "tenant-7",
     "priority": 0,
     "head": T0,
+    "turn": T0,
+    "partitions": {"token-1": "tenant-7"},
     "partition_max_running": 1,
 }
 _NEW = queries.new_task_document(
