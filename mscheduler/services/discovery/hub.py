@@ -422,7 +422,7 @@ class TaskHub:
 
     def _warn_polling(self, refusal: OperationFailure | None, options: WorkerOptions) -> None:
         self.mode = Mode.POLLING_BY_CHOICE if refusal is None else Mode.POLLING
-        self._tell_controls()  # no longer carried here: the controls' hub reads them itself
+        self._tell_controls()  # polling, this hub stops carrying the controls: their hub reads them
         interval = self.poll_interval_ms / 1000
         if refusal is None:
             log.info(
