@@ -258,6 +258,20 @@ async def test_owning_n_costs_the_round_trips_of_the_consumers_batched_claim(
         assert counting.calls == claim_calls == (1 if n == 1 else 2), counting.counts
 
 
+def _count_control_reads(sched: ms.Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The reads of the paused names (``paused``) and the limits (``of``) from now on."""
+    reads: list[str] = []
+    for part, method in ((sched.store.pauses, "paused"), (sched.store.limits, "of")):
+        original = getattr(part, method)
+
+        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
+            reads.append(_name)
+            return await _original(*args)
+
+        monkeypatch.setattr(part, method, counted)
+    return reads
+
+
 async def test_while_the_control_hub_watches_own_reads_no_controls(
     open_scheduler: Callable[..., Awaitable[ms.Scheduler]],
     discover: Callable[[], Awaitable[None]],
@@ -274,15 +288,7 @@ async def test_while_the_control_hub_watches_own_reads_no_controls(
 
     async with sched.consumer({"other": other}, options=ms.WorkerOptions(worker_id="c")):
         await discover()  # the consumer has read its controls: what is read now is own's
-        reads: list[str] = []
-        for part, method in ((sched.store.pauses, "paused"), (sched.store.limits, "of")):
-            original = getattr(part, method)
-
-            async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
-                reads.append(_name)
-                return await _original(*args)
-
-            monkeypatch.setattr(part, method, counted)
+        reads = _count_control_reads(sched, monkeypatch)
         assert len(await sched.own(["job"], worker_id="w")) == 1
         assert reads == ["paused", "of"]
         reads.clear()
@@ -306,15 +312,7 @@ async def test_a_process_following_the_controls_owns_without_reading_them(
     them, so after the first claim `own` reads none, until a change."""
     sched = scheduler
     await _publish(sched, 10)
-    reads: list[str] = []
-    for part, method in ((sched.store.pauses, "paused"), (sched.store.limits, "of")):
-        original = getattr(part, method)
-
-        async def counted(*args: Any, _original: Any = original, _name: str = method) -> Any:
-            reads.append(_name)
-            return await _original(*args)
-
-        monkeypatch.setattr(part, method, counted)
+    reads = _count_control_reads(sched, monkeypatch)
     for _ in range(2):
         assert len(await sched.own(["job"], worker_id="w")) == 1
     assert reads == ["paused", "of"] * 2  # no hub: read on every claim

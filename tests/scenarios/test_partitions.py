@@ -16,6 +16,7 @@ from pydantic import ValidationError
 import mscheduler as ms
 from mscheduler.backends.counting import CountingCollection
 from mscheduler.errors import ConfigurationError
+from mscheduler.handlers import Consumer
 from mscheduler.store import limits as store_limits
 from mscheduler.store.partitions import Partitions
 from tests.engines import worker
@@ -43,16 +44,22 @@ async def drain(scheduler: ms.Scheduler, discover: Discover, *names: str) -> lis
     starts = Starts()
     options = worker(burst=True, max_running=1)
     consumer = scheduler.consumer(dict.fromkeys(names, starts), options=options)
+    assert await run_burst(consumer, discover, 100), "the burst worker ran out of work"
+    return starts.keys
+
+
+async def run_burst(consumer: Consumer, discover: Discover, rounds: int) -> bool:
+    """Run a burst consumer until it stops by itself (True), or ``rounds`` discoveries
+    pass (False: it is stopped then)."""
     async with anyio.create_task_group() as task_group:
         await task_group.start(consumer.run)
-        for _ in range(100):
+        for _ in range(rounds):
             await discover()
             if consumer.stop_requested:
                 break
         stopped = consumer.stop_requested
         consumer.stop()
-    assert stopped, "the burst worker ran out of work"
-    return starts.keys
+    return stopped
 
 
 async def test_a_partitions_few_tasks_are_not_kept_behind_anothers_burst(
@@ -372,13 +379,7 @@ async def test_a_partition_limited_claim_writes_what_a_max_running_claim_writes(
         monkeypatch.setattr(Limits, "collection", property(lambda _: beside))
         counted = ms.Scheduler(tasks, clock=scheduler.store.clock)
         consumer = counted.consumer({"job": Starts()}, options=worker(burst=True, max_running=1))
-        async with anyio.create_task_group() as task_group:
-            await task_group.start(consumer.run)
-            for _ in range(20):
-                await discover()
-                if consumer.stop_requested:
-                    break
-            consumer.stop()
+        await run_burst(consumer, discover, 20)
         task = await scheduler.get("t")
         assert task is not None and task.state is ms.TaskState.SUCCESS
         return sum(tasks.counts[name] for name in writes)
