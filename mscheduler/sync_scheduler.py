@@ -204,7 +204,6 @@ class SyncScheduler:
     purge = _Blocking(Scheduler.purge)
     add_dependencies = _Blocking(Scheduler.add_dependencies)
     set_options = _Blocking(Scheduler.set_options)
-    own = _Blocking(Scheduler.own)
     extend = _Blocking(Scheduler.extend)
     succeed = _Blocking(Scheduler.succeed)
     fail = _Blocking(Scheduler.fail)
@@ -229,3 +228,4 @@ class SyncScheduler:
     # calling thread's scheduler.
     wait = _Blocking(Scheduler.wait, per_thread=True)
     wait_many = _Blocking(Scheduler.wait_many, per_thread=True)
+    own = _Blocking(Scheduler.own, per_thread=True)  # a wait runs the hubs

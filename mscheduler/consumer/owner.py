@@ -33,10 +33,11 @@ would expire unrun and count as an attempt).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -83,7 +84,10 @@ class ControlView:
         self._version = -1
         self._paused: dict[str, bool] = {}
         self._limits: dict[str, Limit | None] = {}
-        self._write: anyio.Event | None = None  # set by the next one
+        # Each waiter's own event, set by the next write (as `ControlHub.changed` gives each
+        # its own): an event serves the loop it was first waited in, and a blocking client
+        # runs each call in a loop of its own.
+        self._writes: set[anyio.Event] = set()
 
     def forget(self) -> None:
         """This process wrote a control: read them again at the next call, not at the hub's
@@ -92,15 +96,20 @@ class ControlView:
         self._version = -1
         self._paused.clear()
         self._limits.clear()
-        if self._write is not None:
-            self._write.set()
-            self._write = None
+        writes, self._writes = self._writes, set()
+        for written in writes:
+            written.set()
 
-    def next_write(self) -> anyio.Event:
-        """Set by the next control write made through this process."""
-        if self._write is None:
-            self._write = anyio.Event()
-        return self._write
+    @contextlib.contextmanager
+    def next_write(self) -> Iterator[anyio.Event]:
+        """An event of the caller's own, set by the next control write made through this
+        process while the block runs."""
+        written = anyio.Event()
+        self._writes.add(written)
+        try:
+            yield written
+        finally:
+            self._writes.discard(written)
 
     def _current(self) -> bool:
         """Whether what is kept is still true: the hub watches and saw no change since."""
@@ -210,16 +219,17 @@ class Owner:
             task_group.start_soon(functools.partial(hub.serve, WorkerOptions()))
             try:
                 while True:
-                    seen, written = hub.version, self.controls.next_write()  # none missed
-                    leases, freed = await self._claim(names, worker_id, max_tasks, length)
-                    if leases:
-                        return leases
-                    now = self._clock.now()
-                    if now >= deadline:
-                        return []
-                    soonest = await self._soonest(names, worker_id, now)
-                    wake_at = min(t for t in (deadline, freed, soonest) if t is not None)
-                    await self._until_event(subscription, seen, written, wake_at)
+                    seen = hub.version
+                    with self.controls.next_write() as written:  # none missed
+                        leases, freed = await self._claim(names, worker_id, max_tasks, length)
+                        if leases:
+                            return leases
+                        now = self._clock.now()
+                        if now >= deadline:
+                            return []
+                        soonest = await self._soonest(names, worker_id, now)
+                        wake_at = min(t for t in (deadline, freed, soonest) if t is not None)
+                        await self._until_event(subscription, seen, written, wake_at)
             finally:
                 task_group.cancel_scope.cancel()
         raise AssertionError("unreachable")  # pragma: no cover

@@ -269,6 +269,40 @@ def test_own_extend_and_return_block_like_the_async_ones(target: Target) -> None
             sync.succeed(found)
 
 
+def test_own_waits_again_after_a_wait_and_a_claim(target: Target) -> None:
+    """A script owns in a loop, waiting each time: every call runs in an event loop of its
+    own, one after another on the thread. The waits are short and real: a call that blocks
+    its thread has no one to advance a manual clock."""
+    with target.sync() as sync:
+        assert sync.own(["job"], worker_id="w", wait=0.05) == []
+        sync.publish("a", name="job")
+        [lease] = sync.own(["job"], worker_id="w", wait=30)
+        assert lease.key == "a"
+        assert sync.own(["job"], worker_id="w", wait=0.05) == []
+        sync.succeed(lease)
+        sync.publish("b", name="job")
+        assert [found.key for found in sync.own(["job"], worker_id="w", wait=30)] == ["b"]
+
+
+def test_threads_owning_at_once_through_one_scheduler_each_get_a_task(
+    engine: str, target: Target
+) -> None:
+    """A web server's threads own with a wait on one `SyncScheduler` at once: each wait runs
+    the discovery hub of its own thread's scheduler, in its own call's loop, and wakes for
+    the tasks published meanwhile."""
+    if engine == "memory":
+        pytest.skip(MEMORY_ONE_THREAD)
+    workers = [f"w{n}" for n in range(3)]
+    with target.sync() as sync, concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
+        owns = [pool.submit(sync.own, ["job"], worker_id=w, wait=30) for w in workers]
+        for n in range(len(workers)):
+            sync.publish(f"job:{n}", name="job")
+        owned = [found.result(timeout=60) for found in owns]
+    assert all(len(leases) == 1 for leases in owned)
+    assert sorted(leases[0].key for leases in owned) == [f"job:{n}" for n in range(3)]
+    assert [leases[0].worker_id for leases in owned] == workers
+
+
 # What outlives one blocking call (a consumer, the iterators of changes, a block that follows
 # the controls) or returns an async object (`Browse`): `Scheduler`'s alone.
 ASYNC_ONLY = {"browse", "consumer", "consumers", "events", "following_controls", "watch"}
