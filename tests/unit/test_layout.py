@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
@@ -200,6 +200,21 @@ def test_no_import_cycle():
     for module in sorted(GRAPH):
         if module not in state:
             visit(module)
+
+
+def _found(
+    checked: Callable[[str], bool],
+    finder: Callable[[ast.AST, str], Iterable[tuple[int, str]]],
+) -> list[str]:
+    """``module:line what`` for each finding of ``finder`` (given a module's tree and name)
+    in the modules ``checked`` keeps."""
+    found = []
+    for module, path in MODULES.items():
+        if not checked(module):
+            continue
+        findings = finder(ast.parse(path.read_text()), module)
+        found += [f"{module}:{line} {what}" for line, what in findings]
+    return found
 
 
 def test_only_the_store_calls_the_collection():
@@ -470,12 +485,10 @@ def _query_literals(tree: ast.AST) -> list[tuple[int, str]]:
 def test_every_query_is_written_in_queries():
     """Every filter, update, pipeline, projection, sort and index key the package sends comes
     from `queries/` (or the layout): a ``{"$in": ...}`` written elsewhere is a leak."""
-    found = []
-    for module, path in MODULES.items():
-        if module.startswith(QUERIES_WRITTEN_IN):
-            continue
-        for line, what in _query_literals(ast.parse(path.read_text())):
-            found.append(f"{module}:{line} {what}")
+    found = _found(
+        lambda module: not module.startswith(QUERIES_WRITTEN_IN),
+        lambda tree, _: _query_literals(tree),
+    )
     assert not found, "\n".join(found)
 
 
@@ -534,12 +547,10 @@ def test_collections_and_indexes_are_declared_only_in_the_layout():
     declared anywhere else is a second definition (the memory backend, which implements
     the server, is left out)."""
     assert {".controls", ".schedules", ".stops"} <= _declared_suffixes()
-    found = []
-    for module, path in MODULES.items():
-        if module == LAYOUT or module.startswith("mscheduler.backends.memory"):
-            continue
-        for line, what in _layout_declarations(ast.parse(path.read_text())):
-            found.append(f"{module}:{line} {what}")
+    found = _found(
+        lambda module: module != LAYOUT and not module.startswith("mscheduler.backends.memory"),
+        lambda tree, _: _layout_declarations(tree),
+    )
     assert not found, "\n".join(found)
 
 
@@ -592,12 +603,7 @@ def test_only_liveness_judges_a_lease_or_a_worker_dead():
     """When a lease or a worker is dead is decided in `mscheduler.liveness` alone (its
     server-side half is `queries.stages`, whose queries compare stored fields, not these
     attributes): a second copy of the rule elsewhere could judge otherwise."""
-    found = []
-    for module, path in MODULES.items():
-        if module == LIVENESS:
-            continue
-        for line, what in _liveness_judged(ast.parse(path.read_text())):
-            found.append(f"{module}:{line} {what}")
+    found = _found(lambda module: module != LIVENESS, lambda tree, _: _liveness_judged(tree))
     assert not found, "\n".join(found)
 
 
@@ -783,12 +789,7 @@ def test_the_faces_reach_data_only_through_the_public_api():
     """The command, the dashboard, the HTTP API and `SyncScheduler` are users of the library
     like any other: what one of them needs that the API lacks is an addition to the API
     (`Scheduler.browse`, `Scheduler.in_use`, ...), which then serves every user."""
-    found = []
-    for module, path in MODULES.items():
-        if _group(module) not in FACES:
-            continue
-        for line, what in _past_the_api(ast.parse(path.read_text()), module):
-            found.append(f"{module}:{line} {what}")
+    found = _found(lambda module: _group(module) in FACES, _past_the_api)
     assert not found, "\n".join(found)
 
 
